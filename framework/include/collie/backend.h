@@ -1,0 +1,100 @@
+// The transport contract (DESIGN §3): tagged non-blocking point-to-point between ranks,
+// optional native collectives, sub-groups and abort. Every blocking call has a timeout.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collie/buffer.h"
+#include "collie/collective.h"
+#include "collie/params.h"
+
+namespace collie {
+
+// Messages between the same two ranks match on their tag, in the order they were posted.
+using Tag = uint64_t;
+
+// Builds a tag that cannot collide across collectives: the collective's sequence number,
+// a phase (reduce-scatter, all-gather, ...) and a step inside the phase.
+constexpr Tag makeTag(uint64_t seq, uint32_t phase, uint32_t step) {
+  return (seq << 24) | (static_cast<uint64_t>(phase & 0xFu) << 20) | (step & 0xFFFFFu);
+}
+
+// A pending send or receive.
+class Request {
+ public:
+  virtual ~Request() = default;
+  // Blocks until the transfer completed. Throws CommError naming the peer and the tag when
+  // `timeout` passes first, when the backend was aborted, or when the sizes disagree.
+  virtual void wait(std::chrono::milliseconds timeout) = 0;
+  // True once the transfer completed (never throws; wait() reports the error).
+  virtual bool test() = 0;
+};
+
+// What a backend can do besides point-to-point.
+struct Capabilities {
+  bool host_memory = true;
+  bool cuda_memory = false;
+  bool native_allreduce = false;
+  bool native_reduce_scatter = false;
+  bool native_allgather = false;
+  bool native_broadcast = false;
+  bool native_barrier = false;
+  // Ranks are threads of one process (the loopback backend): collie runs them as threads.
+  bool in_process = false;
+};
+
+// Everything a backend needs to join its group.
+struct BackendContext {
+  int rank = 0;
+  int size = 1;
+  std::string job_id;  // ranks of one job share it; in-process backends meet through it
+  std::chrono::milliseconds timeout{30000};
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual Capabilities capabilities() const = 0;
+  // The default timeout for this group (params.timeout).
+  virtual std::chrono::milliseconds timeout() const = 0;
+
+  // Starts sending `buf` to `peer`. The buffer must stay untouched until the request
+  // completes. Throws CommError for a bad peer, an unsupported memory kind or after abort().
+  virtual std::unique_ptr<Request> isend(int peer, const Buffer& buf, Tag tag) = 0;
+  // Starts receiving exactly buf.bytes() bytes from `peer` with `tag` into `buf`.
+  virtual std::unique_ptr<Request> irecv(int peer, const Buffer& buf, Tag tag) = 0;
+
+  // A new group of `ranks` (ranks of this group, ascending, including this rank); every
+  // member must call split with the same list, in the same order relative to other splits.
+  virtual std::unique_ptr<Backend> split(const std::vector<int>& ranks) = 0;
+
+  // Runs `args` with the backend's own implementation. Returns a refusal (the framework then
+  // uses a scheduler) when capabilities() does not list it; throws CommError on failure.
+  virtual Decision runNative(const CollectiveArgs& args) {
+    (void)args;
+    return Decision::no("backend has no native collectives");
+  }
+
+  // Makes every pending and future request of this group fail with `reason`. Never blocks.
+  virtual void abort(const std::string& reason) = 0;
+
+  // Blocking helpers built on the two primitives above, with the group's timeout.
+  void send(int peer, const Buffer& buf, Tag tag) { isend(peer, buf, tag)->wait(timeout()); }
+  void recv(int peer, const Buffer& buf, Tag tag) { irecv(peer, buf, tag)->wait(timeout()); }
+};
+
+// Waits for every request in order, then clears the list. The first failure is thrown.
+inline void waitAll(std::vector<std::unique_ptr<Request>>& requests,
+                    std::chrono::milliseconds timeout) {
+  for (auto& request : requests) request->wait(timeout);
+  requests.clear();
+}
+
+}  // namespace collie

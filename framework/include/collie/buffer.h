@@ -1,0 +1,66 @@
+// Element types, reduce operations and the non-owning buffer views that schedulers and
+// backends exchange. Kept free of LibTorch headers so that plugins compile fast.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace collie {
+
+// The element types every scheduler must handle (DESIGN §3).
+enum class DType : uint8_t { kF32, kF64, kF16, kBF16, kI32, kI64 };
+
+// The reductions every scheduler must handle. kAvg is a sum divided by the group size
+// (truncated toward zero for integer types, as NCCL does).
+enum class ReduceOp : uint8_t { kSum, kAvg, kMin, kMax, kProd };
+
+// Where a buffer's bytes live. Backends declare which kinds they can move.
+enum class MemoryKind : uint8_t { kHost, kCuda };
+
+size_t dtypeSize(DType dtype);
+const char* dtypeName(DType dtype);      // "f32", "bf16", ...
+const char* reduceOpName(ReduceOp op);   // "sum", "avg", ...
+// Parse the names above; return false for an unknown name.
+bool parseDType(const std::string& name, DType* out);
+bool parseReduceOp(const std::string& name, ReduceOp* out);
+
+// A typed, non-owning view of `count` elements. Schedulers slice it into chunks and hand
+// byte spans of it to the backend; reductions go through collie::reduceInto (ATen inside).
+struct Buffer {
+  void* data = nullptr;
+  size_t count = 0;  // elements, not bytes
+  DType dtype = DType::kF32;
+  MemoryKind memory = MemoryKind::kHost;
+  int device = 0;  // CUDA device ordinal when memory == kCuda
+
+  size_t bytes() const { return count * dtypeSize(dtype); }
+  // Elements [offset, offset + n) of this view. Throws collie::InternalError when out of range.
+  Buffer slice(size_t offset, size_t n) const;
+};
+
+// dst[i] = op(dst[i], src[i]) for every element. Both views must have the same count,
+// dtype and memory kind. kAvg reduces like kSum; call finishAverage once at the end.
+void reduceInto(const Buffer& dst, const Buffer& src, ReduceOp op);
+
+// For kAvg: divides every element by `group_size` (no-op for every other op).
+void finishAverage(const Buffer& data, ReduceOp op, int group_size);
+
+// Copies src into dst (same count and dtype; host or device memory).
+void copyInto(const Buffer& dst, const Buffer& src);
+
+// Storage for temporaries of the same dtype and memory kind as `like` (scratch chunks).
+class ScratchBuffer {
+ public:
+  ScratchBuffer(const Buffer& like, size_t count);
+  ~ScratchBuffer();
+  ScratchBuffer(const ScratchBuffer&) = delete;
+  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
+  const Buffer& view() const { return view_; }
+
+ private:
+  Buffer view_;
+  void* holder_ = nullptr;  // the owning tensor, opaque so this header stays ATen-free
+};
+
+}  // namespace collie

@@ -1,0 +1,39 @@
+// The collectives collie knows, their arguments, and the status a refusal returns.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "collie/buffer.h"
+
+namespace collie {
+
+enum class Collective : uint8_t { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
+
+const char* collectiveName(Collective coll);  // "allreduce", ...
+bool parseCollective(const std::string& name, Collective* out);
+
+// One collective call. Buffer shapes per collective (n = group size):
+//   allreduce:      data (count) in place.
+//   reduce_scatter: data (n * k) input; output (k) receives this rank's reduced block.
+//   allgather:      data (k) input; output (n * k) receives every rank's block, in rank order.
+//   broadcast:      data (count) in place; root's contents end up on every rank.
+//   barrier:        no buffers.
+struct CollectiveArgs {
+  Collective coll = Collective::kAllReduce;
+  Buffer data;
+  Buffer output;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;
+  uint64_t seq = 0;  // the collective's sequence number in its group; part of every tag
+};
+
+// A cheap, normal refusal (DESIGN §8: statuses where declining is control flow).
+struct Decision {
+  bool accepted = true;
+  std::string reason;  // why not, when !accepted
+  static Decision yes() { return {}; }
+  static Decision no(std::string why) { return {false, std::move(why)}; }
+};
+
+}  // namespace collie

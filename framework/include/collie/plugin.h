@@ -1,0 +1,142 @@
+// The plugin ABI (DESIGN §2): every plugin .so exports exactly one C descriptor,
+// `collie_plugin_v1`, which the loader validates before it calls any plugin code.
+// Plugin authors use COLLIE_BACKEND_PLUGIN / COLLIE_SCHEDULER_PLUGIN and nothing else.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <new>
+
+#include "collie/backend.h"
+#include "collie/config.h"
+#include "collie/error.h"
+#include "collie/params.h"
+#include "collie/scheduler.h"
+
+// "COLL" in ASCII: the first field of every descriptor.
+#define COLLIE_PLUGIN_MAGIC 0x434F4C4Cu
+
+#define COLLIE_STRINGIFY_DETAIL(x) #x
+#define COLLIE_STRINGIFY(x) COLLIE_STRINGIFY_DETAIL(x)
+
+#if defined(__clang__)
+#define COLLIE_COMPILER_ID "clang-" __clang_version__
+#elif defined(__GNUC__)
+#define COLLIE_COMPILER_ID "gcc-" __VERSION__
+#else
+#define COLLIE_COMPILER_ID "unknown-compiler"
+#endif
+
+#ifdef _GLIBCXX_USE_CXX11_ABI
+#define COLLIE_CXX11_ABI COLLIE_STRINGIFY(_GLIBCXX_USE_CXX11_ABI)
+#else
+#define COLLIE_CXX11_ABI "none"
+#endif
+
+// Everything that must agree between the host and a plugin for C++ objects to cross the
+// boundary safely. A plugin built elsewhere with another compiler or LibTorch is rejected.
+#define COLLIE_BUILD_FINGERPRINT                                                   \
+  COLLIE_COMPILER_ID ";cxx11abi=" COLLIE_CXX11_ABI ";torch=" COLLIE_TORCH_VERSION \
+                     ";collie=" COLLIE_VERSION
+
+#define COLLIE_EXPORT __attribute__((visibility("default")))
+
+extern "C" {
+
+enum collie_plugin_kind : uint32_t {
+  COLLIE_KIND_BACKEND = 1,
+  COLLIE_KIND_SCHEDULER = 2,
+  COLLIE_KIND_MODEL = 3,
+};
+
+// Return values of create().
+enum collie_status : int32_t {
+  COLLIE_OK = 0,
+  COLLIE_BAD_PARAMS = 1,  // the params were wrong: a config error (exit 2)
+  COLLIE_FAILED = 2,      // anything else the constructor threw
+};
+
+// The one exported symbol. All fields are plain data, readable without running plugin code.
+struct collie_plugin_descriptor_v1 {
+  uint32_t magic;           // COLLIE_PLUGIN_MAGIC
+  uint16_t abi_major;       // must equal the host's COLLIE_ABI_MAJOR
+  uint16_t abi_minor;       // must be <= the host's COLLIE_ABI_MINOR
+  uint32_t kind;            // collie_plugin_kind
+  const char* name;         // the name configs use: "ring"
+  const char* version;      // the plugin's own version: "1.0.0"
+  const char* description;  // one line for `collie plugins`
+  const char* fingerprint;  // COLLIE_BUILD_FINGERPRINT as the plugin was compiled
+  // Creates the plugin object from `context` (a collie::PluginContext). On success stores a
+  // pointer to the kind's base class (collie::Backend, collie::Scheduler) in *object.
+  // Never throws: failures return a status and a NUL-terminated message in `error`.
+  int32_t (*create)(const void* context, void** object, char* error, size_t error_len) noexcept;
+  // Destroys an object returned by create. Never throws.
+  void (*destroy)(void* object) noexcept;
+};
+
+}  // extern "C"
+
+namespace collie {
+
+// What create() receives. Backends read `backend`; every kind reads `params`.
+struct PluginContext {
+  Params* params = nullptr;
+  BackendContext backend;
+};
+
+namespace detail {
+
+template <typename Base, typename Type>
+int32_t createPlugin(const void* context, void** object, char* error, size_t error_len) noexcept {
+  auto fail = [&](int32_t status, const char* what) {
+    if (error_len > 0) {
+      std::strncpy(error, what, error_len - 1);
+      error[error_len - 1] = '\0';
+    }
+    return status;
+  };
+  try {
+    const auto& ctx = *static_cast<const PluginContext*>(context);
+    *object = static_cast<Base*>(new Type(ctx));
+    return COLLIE_OK;
+  } catch (const ConfigError& e) {
+    return fail(COLLIE_BAD_PARAMS, e.what());
+  } catch (const std::exception& e) {
+    return fail(COLLIE_FAILED, e.what());
+  } catch (...) {
+    return fail(COLLIE_FAILED, "unknown exception");
+  }
+}
+
+template <typename Base>
+void destroyPlugin(void* object) noexcept {
+  delete static_cast<Base*>(object);
+}
+
+}  // namespace detail
+}  // namespace collie
+
+#define COLLIE_DEFINE_PLUGIN_DETAIL(KIND, BASE, NAME, VERSION, DESCRIPTION, TYPE)          \
+  extern "C" COLLIE_EXPORT const collie_plugin_descriptor_v1 collie_plugin_v1 = {         \
+      COLLIE_PLUGIN_MAGIC,                                                                \
+      COLLIE_ABI_MAJOR,                                                                   \
+      COLLIE_ABI_MINOR,                                                                   \
+      KIND,                                                                               \
+      NAME,                                                                               \
+      VERSION,                                                                            \
+      DESCRIPTION,                                                                        \
+      COLLIE_BUILD_FINGERPRINT,                                                           \
+      &::collie::detail::createPlugin<BASE, TYPE>,                                        \
+      &::collie::detail::destroyPlugin<BASE>,                                             \
+  }
+
+// TYPE derives from collie::Backend and has a constructor TYPE(const collie::PluginContext&).
+#define COLLIE_BACKEND_PLUGIN(NAME, VERSION, DESCRIPTION, TYPE) \
+  COLLIE_DEFINE_PLUGIN_DETAIL(COLLIE_KIND_BACKEND, ::collie::Backend, NAME, VERSION, DESCRIPTION, TYPE)
+
+// TYPE derives from collie::Scheduler and has a constructor TYPE(const collie::PluginContext&).
+#define COLLIE_SCHEDULER_PLUGIN(NAME, VERSION, DESCRIPTION, TYPE)                       \
+  COLLIE_DEFINE_PLUGIN_DETAIL(COLLIE_KIND_SCHEDULER, ::collie::Scheduler, NAME, VERSION, \
+                              DESCRIPTION, TYPE)

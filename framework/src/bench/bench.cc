@@ -1,0 +1,169 @@
+// Bench execution: per rank, sizes × schedulers interleaved, timed between barriers.
+#include "bench/bench.h"
+
+#include <ATen/Parallel.h>
+
+#include <chrono>
+#include <mutex>
+
+#include "bench/pattern.h"
+#include "collie/error.h"
+#include "collie/log.h"
+#include "runtime/communicator.h"
+#include "runtime/control.h"
+#include "runtime/in_process.h"
+
+namespace collie::bench {
+namespace {
+
+// Element counts of the input (data) and output buffers for a message of `bytes`.
+struct Shape {
+  size_t data = 0, output = 0, total = 0;
+};
+
+Shape shapeFor(Collective coll, uint64_t bytes, DType dtype, int n) {
+  size_t count = bytes / dtypeSize(dtype);
+  switch (coll) {
+    case Collective::kReduceScatter: {
+      size_t k = count / n;
+      return {k * n, k, k * n};
+    }
+    case Collective::kAllGather: {
+      size_t k = count / n;
+      return {k, k * n, k * n};
+    }
+    default: return {count, 0, count};
+  }
+}
+
+struct Scheduled {
+  std::string label;
+  std::shared_ptr<Scheduler> scheduler;
+};
+
+class RankBench {
+ public:
+  RankBench(const PluginLoader& loader, const config::Experiment& e,
+            std::shared_ptr<Backend> backend)
+      : e_(e), spec_(e.bench), n_(backend->size()), rank_(backend->rank()),
+        comm_(backend, e.backend.label, Topology::singleNode(backend->size())),
+        control_(*backend) {
+    for (const auto& ref : spec_.schedulers) {
+      Params params = ref.params;
+      schedulers_.push_back({ref.label, loader.createScheduler(ref.plugin, params)});
+    }
+  }
+
+  std::vector<Row> run() {
+    std::vector<Row> rows;
+    auto sizes = sweepSizes(spec_.min_bytes, spec_.max_bytes, spec_.step_factor);
+    Shape largest = shapeFor(spec_.collective, sizes.back(), spec_.dtype, n_);
+    Buffer like;
+    like.dtype = spec_.dtype;
+    ScratchBuffer data(like, largest.data), output(like, largest.output);
+    for (uint64_t bytes : sizes) {
+      Shape shape = shapeFor(spec_.collective, bytes, spec_.dtype, n_);
+      CollectiveArgs args;
+      args.coll = spec_.collective;
+      args.data = data.view().slice(0, shape.data);
+      args.output = output.view().slice(0, shape.output);
+      args.op = spec_.op;
+      args.root = spec_.root;
+      for (auto& s : schedulers_) rows.push_back(measure(s, args, shape));
+    }
+    return rows;
+  }
+
+ private:
+  Row measure(Scheduled& s, const CollectiveArgs& args, const Shape& shape) {
+    checkAccepted(s, args);
+    uint64_t wrong = 0;
+    if (spec_.check) {
+      pattern::fillInput(args, rank_, n_);
+      comm_.runWith(s.label, *s.scheduler, args);
+      wrong = pattern::countWrong(args, rank_, n_);
+    }
+    for (int i = 0; i < spec_.warmup_iters; ++i) comm_.runWith(s.label, *s.scheduler, args);
+    control_.barrier();
+    auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < spec_.iters; ++i) comm_.runWith(s.label, *s.scheduler, args);
+    std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    auto all = control_.allGather({took.count() / spec_.iters, static_cast<double>(wrong)});
+
+    Row row;
+    row.run = e_.matrix_point;
+    row.scheduler = s.label;
+    row.backend = e_.backend.label;
+    row.collective = collectiveName(spec_.collective);
+    row.ranks = n_;
+    row.count = shape.total;
+    row.bytes = shape.total * dtypeSize(spec_.dtype);
+    row.dtype = dtypeName(spec_.dtype);
+    row.op = reduceOpName(spec_.op);
+    double seconds = 0;
+    for (const auto& r : all) {
+      seconds = std::max(seconds, r[0]);
+      row.wrong += static_cast<uint64_t>(r[1]);
+    }
+    row.time_us = seconds * 1e6;
+    row.algbw = seconds > 0 ? row.bytes / seconds / 1e9 : 0;
+    row.busbw = row.algbw * busFactor(spec_.collective, n_);
+    logDebug(row.scheduler + " " + std::to_string(row.bytes) + " B: " +
+             std::to_string(row.time_us) + " us");
+    return row;
+  }
+
+  void checkAccepted(const Scheduled& s, const CollectiveArgs& args) const {
+    Decision decision = s.scheduler->accepts(args, comm_.topology());
+    if (!decision.accepted) {
+      throw ConfigError("bench.schedulers: scheduler '" + s.label + "' cannot run " +
+                        collectiveName(args.coll) + ": " + decision.reason +
+                        ". HINT: remove it from bench.schedulers or change bench.collective");
+    }
+  }
+
+  const config::Experiment& e_;
+  const config::BenchSpec& spec_;
+  int n_, rank_;
+  Communicator comm_;
+  Control control_;
+  std::vector<Scheduled> schedulers_;
+};
+
+}  // namespace
+
+std::vector<uint64_t> sweepSizes(uint64_t min_bytes, uint64_t max_bytes, int factor) {
+  std::vector<uint64_t> sizes;
+  for (uint64_t b = min_bytes; b <= max_bytes; b = b == 0 ? 1 : b * factor) {
+    sizes.push_back(b);
+    if (b > max_bytes / factor && b != 0) break;
+  }
+  return sizes;
+}
+
+double busFactor(Collective coll, int n) {
+  switch (coll) {
+    case Collective::kAllReduce: return 2.0 * (n - 1) / n;
+    case Collective::kReduceScatter:
+    case Collective::kAllGather: return static_cast<double>(n - 1) / n;
+    default: return 1.0;
+  }
+}
+
+std::vector<Row> run(const PluginLoader& loader, const config::Experiment& experiment) {
+  at::set_num_threads(experiment.threads_per_rank);
+  std::vector<Row> rows;
+  std::mutex mu;
+  runInProcess(loader, experiment.backend, experiment.nproc_per_node,
+               [&](std::shared_ptr<Backend> backend) {
+                 RankBench bench(loader, experiment, backend);
+                 auto mine = bench.run();
+                 if (backend->rank() == 0) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   rows = std::move(mine);
+                 }
+               });
+  return rows;
+}
+
+}  // namespace collie::bench

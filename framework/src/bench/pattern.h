@@ -1,0 +1,19 @@
+// Closed-form inputs and expected results for every collective, op and dtype: what the
+// bench's #wrong column and the scheduler tests check against. Values are small integers so
+// that every dtype (bf16 included) holds every partial sum exactly, up to 16 ranks.
+#pragma once
+
+#include <cstdint>
+
+#include "collie/collective.h"
+
+namespace collie::pattern {
+
+// Fills this rank's input (args.data) for `args.coll` and clears args.output.
+void fillInput(const CollectiveArgs& args, int rank, int size);
+
+// Counts the elements of this rank's result (args.data or args.output, by collective) that
+// differ from the closed-form expectation (relative tolerance by dtype for averages).
+uint64_t countWrong(const CollectiveArgs& args, int rank, int size);
+
+}  // namespace collie::pattern

@@ -1,0 +1,195 @@
+// The collie command line: run, validate, plugins, --version. Exit codes: 0 success,
+// 1 the run failed, 2 bad input (config, CLI, plugin).
+#include <CLI/CLI.hpp>
+#include <yaml-cpp/yaml.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "bench/bench.h"
+#include "collie/error.h"
+#include "collie/log.h"
+#include "collie/plugin.h"
+#include "config/experiment.h"
+#include "plugin/loader.h"
+#include "util/system.h"
+
+namespace fs = std::filesystem;
+
+namespace collie {
+namespace {
+
+constexpr int kExitRunFailed = 1;
+constexpr int kExitBadInput = 2;
+
+struct Options {
+  std::string config;
+  std::vector<std::string> sets;
+  std::string out;
+  std::string log_level;
+};
+
+std::string timestamp() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  std::ostringstream out;
+  out << std::put_time(&tm, "%Y%m%d-%H%M%S");
+  return out.str();
+}
+
+void applyLogLevel(const std::string& cli_level, LogLevel config_level) {
+  LogLevel level = config_level;
+  if (const char* env = std::getenv("COLLIE_LOG_LEVEL")) parseLogLevel(env, &level);
+  if (!cli_level.empty()) parseLogLevel(cli_level, &level);
+  setLogLevel(level);
+}
+
+void saveConfig(const std::string& path, const YAML::Node& resolved) {
+  std::ofstream out(path);
+  YAML::Emitter emitter;
+  emitter << resolved;
+  out << "# resolved by collie " << COLLIE_VERSION << ": defaults filled in, --set applied\n"
+      << emitter.c_str() << "\n";
+  if (!out) throw Error(ErrorKind::kInternal, "cannot write " + path);
+}
+
+int runCommand(const Options& opt) {
+  auto experiments = config::loadExperiments(opt.config, opt.sets);
+  applyLogLevel(opt.log_level, experiments.front().log_level);
+  const auto& first = experiments.front();
+  fs::path out = opt.out.empty() ? fs::path(first.output_dir) / (first.name + "-" + timestamp())
+                                 : fs::path(opt.out);
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec) throw ConfigError("--out " + out.string() + ": cannot create: " + ec.message());
+
+  PluginLoader loader;
+  std::vector<bench::Row> rows;
+  for (size_t i = 0; i < experiments.size(); ++i) {
+    const auto& e = experiments[i];
+    saveConfig((out / (experiments.size() == 1 ? "config.yaml"
+                                               : "config-" + std::to_string(i) + ".yaml"))
+                   .string(),
+               e.resolved);
+    logInfo("run " + std::to_string(i + 1) + "/" + std::to_string(experiments.size()) + ": " +
+            e.name + (e.matrix_point.empty() ? "" : " [" + e.matrix_point + "]") + ", " +
+            std::to_string(e.nproc_per_node) + " ranks on " + e.backend.label);
+    auto mine = bench::run(loader, e);
+    rows.insert(rows.end(), mine.begin(), mine.end());
+  }
+  bench::printTable(std::cout, rows);
+  bench::writeCsv((out / "results.csv").string(), rows);
+  bench::writeJson((out / "results.json").string(), rows);
+  std::cout << "# Results: " << (out / "results.csv").string() << ", "
+            << (out / "results.json").string() << std::endl;
+  uint64_t wrong = 0;
+  for (const auto& r : rows) wrong += r.wrong;
+  if (wrong > 0) {
+    logError(std::to_string(wrong) + " result elements differ from the expected values: a "
+             "scheduler or backend computed wrong results");
+    return kExitRunFailed;
+  }
+  return 0;
+}
+
+int validateCommand(const Options& opt) {
+  auto experiments = config::loadExperiments(opt.config, opt.sets);
+  std::cout << opt.config << ": OK, " << experiments.size() << " run(s)\n";
+  for (const auto& e : experiments) {
+    if (!e.matrix_point.empty()) std::cout << "  " << e.matrix_point << "\n";
+  }
+  PluginLoader loader;  // every plugin the file names must load, too
+  for (const auto& e : experiments) {
+    loader.open(PluginKind::kBackend, e.backend.plugin);
+    for (const auto& s : e.bench.schedulers) loader.open(PluginKind::kScheduler, s.plugin);
+  }
+  return 0;
+}
+
+int pluginsCommand() {
+  PluginLoader loader;
+  auto scan = loader.scan();
+  std::cout << "Search path (first match wins):\n";
+  for (const auto& dir : loader.searchPath()) std::cout << "  " << dir << "\n";
+  std::cout << "\nPlugins (" << scan.found.size() << "):\n";
+  std::cout << std::left << "  " << std::setw(10) << "KIND" << std::setw(12) << "NAME"
+            << std::setw(9) << "VERSION" << std::setw(6) << "ABI" << "PATH\n";
+  for (const auto& p : scan.found) {
+    std::cout << "  " << std::setw(10) << pluginKindName(p.kind) << std::setw(12) << p.name
+              << std::setw(9) << p.version << std::setw(6)
+              << (std::to_string(p.abi_major) + "." + std::to_string(p.abi_minor)) << p.path
+              << "\n"
+              << "  " << std::setw(37) << "" << p.description << "\n";
+  }
+  if (!scan.rejected.empty()) {
+    std::cout << "\nRejected (" << scan.rejected.size() << "):\n";
+    for (const auto& r : scan.rejected) std::cout << "  " << r.reason << "\n";
+  }
+  return 0;
+}
+
+void printVersion() {
+  std::cout << "collie " << COLLIE_VERSION << " (plugin ABI " << COLLIE_ABI_MAJOR << "."
+            << COLLIE_ABI_MINOR << ")\n"
+            << "build fingerprint: " << COLLIE_BUILD_FINGERPRINT << "\n"
+            << "BLAS: " << detail::blasInUse() << "\n";
+}
+
+void addConfigOptions(CLI::App* cmd, Options& opt) {
+  cmd->add_option("config", opt.config, "experiment file (YAML)")->required();
+  cmd->add_option("--set", opt.sets, "override a key: --set bench.iters=5 (repeatable)")
+      ->type_name("KEY=VALUE");
+}
+
+int dispatch(int argc, char** argv) {
+  CLI::App app{"collie: synchronous data-parallel training and collective-algorithm comparison"};
+  app.require_subcommand(0, 1);
+  Options opt;
+  bool version = false;
+  app.add_flag("--version", version, "print version, build fingerprint and BLAS in use");
+  app.add_option("--log-level", opt.log_level, "trace|debug|info|warn|error|off (or COLLIE_LOG_LEVEL)")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+
+  auto* run = app.add_subcommand("run", "run an experiment file and print its table");
+  addConfigOptions(run, opt);
+  run->add_option("--out", opt.out, "output folder (default: output.dir/NAME-TIMESTAMP)");
+  auto* validate = app.add_subcommand("validate", "check an experiment file without running it");
+  addConfigOptions(validate, opt);
+  auto* plugins = app.add_subcommand("plugins", "list the plugins found and the files rejected");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : kExitBadInput;
+  }
+  if (!opt.log_level.empty()) applyLogLevel(opt.log_level, LogLevel::kInfo);
+  if (version) return printVersion(), 0;
+  if (*run) return runCommand(opt);
+  if (*validate) return validateCommand(opt);
+  if (*plugins) return pluginsCommand();
+  std::cout << app.help();
+  return kExitBadInput;
+}
+
+}  // namespace
+}  // namespace collie
+
+int main(int argc, char** argv) {
+  try {
+    return collie::dispatch(argc, argv);
+  } catch (const collie::Error& e) {
+    std::cerr << "collie: error: " << e.what() << std::endl;
+    return e.exitCode();
+  } catch (const std::exception& e) {
+    std::cerr << "collie: internal error: " << e.what() << std::endl;
+    return 1;
+  }
+}

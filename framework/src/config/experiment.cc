@@ -1,0 +1,258 @@
+// Experiment files: from bytes on disk to validated, typed runs.
+#include "config/experiment.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "collie/error.h"
+#include "config/schema.h"
+#include "util/strings.h"
+
+namespace collie::config {
+namespace {
+
+const char* kHintSchema = "HINT: docs/config.md lists every key; `collie validate FILE` checks one";
+
+std::string location(const std::string& file, const YAML::Node& node) {
+  YAML::Mark mark = node.Mark();
+  if (mark.is_null()) return file;
+  return file + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+}
+
+YAML::Node parse(const std::string& text, const std::string& file) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(file + ":" + std::to_string(e.mark.line + 1) + ":" +
+                      std::to_string(e.mark.column + 1) + ": not valid YAML: " + e.msg);
+  }
+  if (!root.IsDefined() || root.IsNull()) {
+    throw ConfigError(file + ": the file is empty; expected a map of experiment keys. " +
+                      kHintSchema);
+  }
+  if (!root.IsMap()) {
+    throw ConfigError(location(file, root) + ": expected a map of experiment keys at the top "
+                      "level, found " + (root.IsSequence() ? "a list" : "'" + root.Scalar() + "'") +
+                      ". " + kHintSchema);
+  }
+  return root;
+}
+
+// Sets `dotted` (e.g. "bench.iters") in `root`, creating maps on the way.
+void setPath(YAML::Node root, const std::string& dotted, const YAML::Node& value,
+             const std::string& origin) {
+  std::vector<std::string> parts;
+  std::stringstream in(dotted);
+  for (std::string part; std::getline(in, part, '.');) parts.push_back(part);
+  if (parts.empty() || std::any_of(parts.begin(), parts.end(), [](auto& p) { return p.empty(); })) {
+    throw ConfigError(origin + ": '" + dotted + "' is not a dotted key such as bench.iters");
+  }
+  YAML::Node node;
+  node.reset(root);
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    YAML::Node next = node[parts[i]];
+    if (next.IsDefined() && !next.IsNull() && !next.IsMap()) {
+      throw ConfigError(origin + ": cannot set '" + dotted + "': '" + parts[i] +
+                        "' holds a value, not a map");
+    }
+    if (!next.IsDefined() || next.IsNull()) node[parts[i]] = YAML::Node(YAML::NodeType::Map);
+    YAML::Node child = node[parts[i]];
+    node.reset(child);
+  }
+  node[parts.back()] = value;
+}
+
+YAML::Node parseValue(const std::string& text) {
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::Exception&) {
+    return YAML::Node(text);
+  }
+}
+
+struct MatrixAxis {
+  std::string key;
+  std::vector<YAML::Node> values;
+};
+
+std::vector<MatrixAxis> takeMatrix(YAML::Node& root, const std::string& file) {
+  std::vector<MatrixAxis> axes;
+  YAML::Node matrix = root["matrix"];
+  if (!matrix.IsDefined() || matrix.IsNull()) return axes;
+  if (!matrix.IsMap()) {
+    throw ConfigError(location(file, matrix) + ": matrix: expected a map of dotted key: [values], "
+                      "e.g. {bench.dtype: [f32, bf16]}");
+  }
+  for (auto it = matrix.begin(); it != matrix.end(); ++it) {
+    std::string key = it->first.Scalar();
+    if (key == "matrix" || key.rfind("matrix.", 0) == 0) {
+      throw ConfigError(location(file, it->first) + ": matrix." + key + ": a matrix cannot vary itself");
+    }
+    if (!it->second.IsSequence() || it->second.size() == 0) {
+      throw ConfigError(location(file, it->second) + ": matrix." + key +
+                        ": expected a non-empty list of values");
+    }
+    MatrixAxis axis{key, {}};
+    for (const auto& v : it->second) axis.values.push_back(v);
+    axes.push_back(axis);
+  }
+  root.remove("matrix");
+  return axes;
+}
+
+std::string scalarText(const YAML::Node& node) {
+  if (node.IsScalar()) return node.Scalar();
+  YAML::Emitter out;
+  out << YAML::Flow << node;
+  return out.c_str();
+}
+
+PluginRef pluginRef(const YAML::Node& node, const std::string& file, const std::string& kind) {
+  PluginRef ref;
+  ref.plugin = node.IsScalar() ? node.Scalar() : node["plugin"].Scalar();
+  ref.params = Params(kind + " '" + ref.plugin + "'");
+  if (node.IsMap()) {
+    if (node["label"]) ref.label = node["label"].Scalar();
+    if (YAML::Node params = node["params"]) {
+      for (auto it = params.begin(); it != params.end(); ++it) {
+        ref.params.set(it->first.Scalar(), it->second.Scalar(), location(file, it->second));
+      }
+    }
+  }
+  if (ref.label.empty()) ref.label = ref.plugin;
+  return ref;
+}
+
+uint64_t bytesOf(const YAML::Node& node) {
+  uint64_t v = 0;
+  parseBytes(node.Scalar(), &v);
+  return v;
+}
+
+Experiment typed(const YAML::Node& root, const std::string& file) {
+  Experiment e;
+  e.file = file;
+  e.resolved = root;
+  e.name = root["name"] ? root["name"].Scalar()
+                        : std::filesystem::path(file).stem().string();
+  parseLogLevel(root["log_level"].Scalar(), &e.log_level);
+  e.nproc_per_node = root["launch"]["nproc_per_node"].as<int>();
+  e.threads_per_rank = root["launch"]["threads_per_rank"].as<int>();
+  e.backend = pluginRef(root["backend"], file, "backend");
+  const YAML::Node bench = root["bench"];
+  BenchSpec& b = e.bench;
+  parseCollective(bench["collective"].Scalar(), &b.collective);
+  for (const auto& s : bench["schedulers"]) b.schedulers.push_back(pluginRef(s, file, "scheduler"));
+  parseDType(bench["dtype"].Scalar(), &b.dtype);
+  parseReduceOp(bench["op"].Scalar(), &b.op);
+  b.root = bench["root"].as<int>();
+  b.min_bytes = bytesOf(bench["min_bytes"]);
+  b.max_bytes = bytesOf(bench["max_bytes"]);
+  b.step_factor = bench["step_factor"].as<int>();
+  b.warmup_iters = bench["warmup_iters"].as<int>();
+  b.iters = bench["iters"].as<int>();
+  b.check = bench["check"].as<bool>();
+  e.output_dir = root["output"]["dir"].Scalar();
+  return e;
+}
+
+// Checks that span several keys, once the schema has passed.
+void checkConsistency(const Experiment& e, std::vector<Issue>* issues) {
+  const YAML::Node bench = e.resolved["bench"];
+  if (e.bench.min_bytes > e.bench.max_bytes) {
+    issues->push_back({location(e.file, bench["min_bytes"]) + ": bench.min_bytes: expected at most "
+                       "bench.max_bytes (" + formatBytes(e.bench.max_bytes) + "), found " +
+                       formatBytes(e.bench.min_bytes)});
+  }
+  if (e.bench.root >= e.nproc_per_node) {
+    issues->push_back({location(e.file, bench["root"]) + ": bench.root: expected a rank below " +
+                       "launch.nproc_per_node (" + std::to_string(e.nproc_per_node) + "), found " +
+                       std::to_string(e.bench.root)});
+  }
+}
+
+}  // namespace
+
+std::string readConfigFile(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    throw ConfigError(path + ": cannot open config: " + std::strerror(errno) +
+                      ". HINT: shipped experiments are in configs/");
+  }
+  if (S_ISDIR(st.st_mode)) {
+    throw ConfigError(path + ": is a directory, expected a YAML file. HINT: e.g. " +
+                      (std::filesystem::path(path) / "quickstart.yaml").string());
+  }
+  if (!S_ISREG(st.st_mode)) throw ConfigError(path + ": not a regular file");
+  if (static_cast<size_t>(st.st_size) > kMaxConfigBytes) {
+    throw ConfigError(path + ": config is " + std::to_string(st.st_size) + " bytes, larger than "
+                      "the " + formatBytes(kMaxConfigBytes) + " limit; is it really an experiment file?");
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::string text;
+  if (in) text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  if (!in || in.bad()) {
+    throw ConfigError(path + ": cannot read config: " + std::strerror(errno ? errno : EIO));
+  }
+  if (text.find('\0') != std::string::npos) {
+    throw ConfigError(path + ": is a binary file (it holds NUL bytes), expected YAML text");
+  }
+  return text;
+}
+
+std::vector<Experiment> loadExperiments(const std::string& path,
+                                        const std::vector<std::string>& sets) {
+  YAML::Node root = parse(readConfigFile(path), path);
+  std::vector<std::string> overrides;
+  for (const auto& set : sets) {
+    auto eq = set.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      throw ConfigError("--set " + set + ": expected key=value, e.g. --set bench.iters=5");
+    }
+    std::string key = set.substr(0, eq);
+    setPath(root, key, parseValue(set.substr(eq + 1)), "--set " + set);
+    overrides.push_back(key);
+  }
+  std::vector<MatrixAxis> axes = takeMatrix(root, path);
+
+  // Every point of the matrix: an odometer over the axes.
+  std::vector<Experiment> runs;
+  std::vector<size_t> index(axes.size(), 0);
+  std::vector<std::string> problems;
+  while (true) {
+    YAML::Node point = YAML::Clone(root);
+    std::vector<std::string> labels, point_overrides = overrides;
+    for (size_t a = 0; a < axes.size(); ++a) {
+      setPath(point, axes[a].key, YAML::Clone(axes[a].values[index[a]]), path + ": matrix");
+      labels.push_back(axes[a].key + "=" + scalarText(axes[a].values[index[a]]));
+    }
+    std::string label = detail::join(labels, ", ");
+    std::vector<Issue> issues = validate(point, experimentSchema(), path, point_overrides);
+    if (issues.empty()) {
+      Experiment e = typed(point, path);
+      e.matrix_point = label;
+      checkConsistency(e, &issues);
+      if (issues.empty()) runs.push_back(std::move(e));
+    }
+    for (const auto& issue : issues) {
+      std::string line = issue.message + (label.empty() ? "" : " [matrix point " + label + "]");
+      if (std::find(problems.begin(), problems.end(), line) == problems.end()) problems.push_back(line);
+    }
+    size_t a = 0;
+    while (a < axes.size() && ++index[a] == axes[a].values.size()) index[a++] = 0;
+    if (a == axes.size()) break;
+  }
+  if (!problems.empty()) {
+    throw ConfigError(detail::join(problems, "\n") + "\n" + kHintSchema);
+  }
+  return runs;
+}
+
+}  // namespace collie::config

@@ -1,0 +1,62 @@
+// Loading an experiment file: safe reading, --set overrides, matrix expansion, validation,
+// and the typed view of one resolved run.
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <string>
+#include <vector>
+
+#include "collie/buffer.h"
+#include "collie/collective.h"
+#include "collie/log.h"
+#include "collie/params.h"
+
+namespace collie::config {
+
+// Files larger than this are refused before parsing (a config is a page of text).
+constexpr size_t kMaxConfigBytes = 1 << 20;
+
+// A plugin slot of the config: a name or path, its params and a display label.
+struct PluginRef {
+  std::string plugin;
+  Params params;
+  std::string label;  // defaults to the plugin name
+};
+
+struct BenchSpec {
+  Collective collective = Collective::kAllReduce;
+  std::vector<PluginRef> schedulers;
+  DType dtype = DType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;
+  uint64_t min_bytes = 4096, max_bytes = 64 << 20;
+  int step_factor = 2;
+  int warmup_iters = 5, iters = 20;
+  bool check = true;
+};
+
+// One run: a whole file, or one point of its matrix.
+struct Experiment {
+  std::string file;
+  std::string name;
+  std::string matrix_point;  // "bench.dtype=bf16, launch.nproc_per_node=2", or ""
+  YAML::Node resolved;       // defaults filled in, overrides applied: saved with results
+  LogLevel log_level = LogLevel::kInfo;
+  int nproc_per_node = 1;
+  int threads_per_rank = 1;
+  PluginRef backend;
+  BenchSpec bench;
+  std::string output_dir;
+};
+
+// Reads, overrides (each "key=value"), expands and validates. Throws ConfigError listing
+// every problem, each with file:line:col, the dotted key, expected and found.
+std::vector<Experiment> loadExperiments(const std::string& path,
+                                        const std::vector<std::string>& sets);
+
+// The text of a config file, refused with a clear message when it is missing, a directory,
+// unreadable, too large or binary.
+std::string readConfigFile(const std::string& path);
+
+}  // namespace collie::config

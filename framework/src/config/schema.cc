@@ -1,0 +1,340 @@
+// Schema construction and validation of YAML nodes, with file:line:col in every message.
+#include "config/schema.h"
+
+#include <cmath>
+
+#include "collie/buffer.h"
+#include "collie/collective.h"
+#include "collie/params.h"
+#include "util/strings.h"
+
+namespace collie::config {
+
+Schema Schema::map(std::vector<std::pair<std::string, Schema>> fields) {
+  Schema s;
+  s.type_ = Type::kMap;
+  s.fields_ = std::move(fields);
+  return s;
+}
+Schema Schema::list(Schema item, size_t min_items) {
+  Schema s;
+  s.type_ = Type::kList;
+  s.item_ = std::make_shared<Schema>(std::move(item));
+  s.min_items_ = min_items;
+  return s;
+}
+Schema Schema::string() { return Schema(); }
+Schema Schema::integer(int64_t min, int64_t max) {
+  Schema s;
+  s.type_ = Type::kInt;
+  s.min_ = static_cast<double>(min);
+  s.max_ = static_cast<double>(max);
+  return s;
+}
+Schema Schema::number(double min, double max) {
+  Schema s;
+  s.type_ = Type::kFloat;
+  s.min_ = min;
+  s.max_ = max;
+  return s;
+}
+Schema Schema::boolean() {
+  Schema s;
+  s.type_ = Type::kBool;
+  return s;
+}
+Schema Schema::bytes(uint64_t min, uint64_t max) {
+  Schema s;
+  s.type_ = Type::kBytes;
+  s.min_ = static_cast<double>(min);
+  s.max_ = static_cast<double>(max);
+  return s;
+}
+Schema Schema::duration() {
+  Schema s;
+  s.type_ = Type::kDuration;
+  return s;
+}
+Schema Schema::oneOf(std::vector<std::string> choices) {
+  Schema s;
+  s.type_ = Type::kEnum;
+  s.choices_ = std::move(choices);
+  return s;
+}
+Schema Schema::params() {
+  Schema s;
+  s.type_ = Type::kParams;
+  return s;
+}
+Schema Schema::pluginRef() {
+  Schema s;
+  s.type_ = Type::kPluginRef;
+  return s;
+}
+Schema&& Schema::required() && {
+  required_ = true;
+  return std::move(*this);
+}
+Schema&& Schema::byDefault(const std::string& yaml) && {
+  default_ = yaml;
+  return std::move(*this);
+}
+Schema&& Schema::doc(const std::string& text) && {
+  doc_ = text;
+  return std::move(*this);
+}
+
+const Schema* Schema::field(const std::string& name) const {
+  for (const auto& [key, schema] : fields_) {
+    if (key == name) return &schema;
+  }
+  return nullptr;
+}
+
+std::string Schema::expected() const {
+  auto num = [](double v) {
+    std::string s = std::to_string(v);
+    if (v == std::floor(v) && std::fabs(v) < 1e18) s = std::to_string(static_cast<int64_t>(v));
+    return s;
+  };
+  switch (type_) {
+    case Type::kMap: return "a map";
+    case Type::kList: return "a list";
+    case Type::kString: return "a string";
+    case Type::kInt: return "an integer in [" + num(min_) + ", " + num(max_) + "]";
+    case Type::kFloat: return "a number in [" + num(min_) + ", " + num(max_) + "]";
+    case Type::kBool: return "true or false";
+    case Type::kBytes:
+      return "a size between " + formatBytes(static_cast<uint64_t>(min_)) + " and " +
+             formatBytes(static_cast<uint64_t>(max_)) + " (e.g. 4KiB, 64MiB, 25MB)";
+    case Type::kDuration: return "a duration (e.g. 30s, 500ms, 2m)";
+    case Type::kEnum: return "one of " + detail::join(choices_, ", ");
+    case Type::kParams: return "a map of plugin params";
+    case Type::kPluginRef: return "a plugin name, a path, or {plugin: NAME, params: {...}}";
+  }
+  return "?";
+}
+
+namespace {
+
+std::string describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map: return "a map";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Null: return "nothing";
+    default: return "'" + node.Scalar() + "'";
+  }
+}
+
+}  // namespace
+
+class Validator {
+ public:
+  Validator(const std::string& file, const std::vector<std::string>& overrides)
+      : file_(file), overrides_(overrides) {}
+
+  void check(YAML::Node& node, const Schema& schema, const std::string& key) {
+    switch (schema.type_) {
+      case Schema::Type::kMap: return checkMap(node, schema, key);
+      case Schema::Type::kList: return checkList(node, schema, key);
+      case Schema::Type::kParams: return checkParams(node, key);
+      case Schema::Type::kPluginRef: return checkPluginRef(node, key);
+      default: return checkScalar(node, schema, key);
+    }
+  }
+
+  std::vector<Issue> issues;
+
+ private:
+  std::string where(const YAML::Node& node, const std::string& key) const {
+    for (const auto& o : overrides_) {
+      if (key == o || key.rfind(o + ".", 0) == 0 || key.rfind(o + "[", 0) == 0) {
+        return "--set " + o;
+      }
+    }
+    YAML::Mark mark = node.Mark();
+    if (mark.is_null()) return file_;
+    return file_ + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+  }
+
+  void report(const YAML::Node& node, const std::string& key, const std::string& text) {
+    issues.push_back({where(node, key) + ": " + (key.empty() ? "(top level)" : key) + ": " + text});
+  }
+
+  void mismatch(const YAML::Node& node, const Schema& schema, const std::string& key) {
+    report(node, key, "expected " + schema.expected() + ", found " + describe(node));
+  }
+
+  static std::string child(const std::string& key, const std::string& name) {
+    return key.empty() ? name : key + "." + name;
+  }
+
+  void checkMap(YAML::Node& node, const Schema& schema, const std::string& key) {
+    if (!node.IsMap()) return mismatch(node, schema, key);
+    std::vector<std::string> names;
+    for (const auto& [name, s] : schema.fields_) names.push_back(name);
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      if (!it->first.IsScalar()) {
+        report(it->first, key, "map keys must be plain words, found " + describe(it->first));
+        continue;
+      }
+      std::string name = it->first.Scalar();
+      if (schema.field(name) == nullptr) {
+        report(it->first, child(key, name),
+               "unknown key" + detail::didYouMean(name, names) +
+                   "; expected one of: " + detail::join(names, ", "));
+      }
+    }
+    for (const auto& [name, s] : schema.fields_) {
+      YAML::Node value = node[name];
+      if (!value.IsDefined() || value.IsNull()) {
+        if (s.required_) {
+          report(node, child(key, name), "missing required key (" + s.expected() + ")");
+        } else if (!s.default_.empty()) {
+          node[name] = YAML::Load(s.default_);
+        } else if (s.type_ == Schema::Type::kMap) {
+          YAML::Node empty(YAML::NodeType::Map);
+          check(empty, s, child(key, name));  // fills the nested defaults
+          node[name] = empty;
+        }
+        continue;
+      }
+      check(value, s, child(key, name));
+    }
+  }
+
+  void checkList(YAML::Node& node, const Schema& schema, const std::string& key) {
+    if (node.IsScalar()) {  // a single value stands for a list of one
+      YAML::Node list(YAML::NodeType::Sequence);
+      list.push_back(YAML::Clone(node));
+      node = list;
+    }
+    if (!node.IsSequence()) return mismatch(node, schema, key);
+    if (node.size() < schema.min_items_) {
+      report(node, key, "expected at least " + std::to_string(schema.min_items_) +
+                            " item(s), found " + std::to_string(node.size()));
+    }
+    for (size_t i = 0; i < node.size(); ++i) {
+      YAML::Node item = node[i];
+      check(item, *schema.item_, key + "[" + std::to_string(i) + "]");
+    }
+  }
+
+  void checkParams(YAML::Node& node, const std::string& key) {
+    if (!node.IsMap()) return mismatch(node, Schema::params(), key);
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      if (!it->first.IsScalar() || !it->second.IsScalar()) {
+        report(it->second, child(key, it->first.Scalar()),
+               "plugin params must be scalars (numbers, sizes, words), found " +
+                   describe(it->second));
+      }
+    }
+  }
+
+  void checkPluginRef(YAML::Node& node, const std::string& key) {
+    static const Schema kRef =
+        Schema::map({{"plugin", Schema::string().required()},
+                     {"params", Schema::params()},
+                     {"label", Schema::string()}});
+    if (node.IsScalar() && !node.Scalar().empty()) return;
+    if (node.IsMap()) return checkMap(node, kRef, key);
+    mismatch(node, Schema::pluginRef(), key);
+  }
+
+  void checkScalar(YAML::Node& node, const Schema& schema, const std::string& key) {
+    if (!node.IsScalar()) return mismatch(node, schema, key);
+    const std::string& text = node.Scalar();
+    bool ok = true;
+    switch (schema.type_) {
+      case Schema::Type::kInt: {
+        char* end = nullptr;
+        errno = 0;
+        long long v = std::strtoll(text.c_str(), &end, 10);
+        ok = !text.empty() && *end == '\0' && errno == 0 && v >= schema.min_ && v <= schema.max_;
+        break;
+      }
+      case Schema::Type::kFloat: {
+        char* end = nullptr;
+        double v = std::strtod(text.c_str(), &end);
+        ok = !text.empty() && *end == '\0' && std::isfinite(v) && v >= schema.min_ &&
+             v <= schema.max_;
+        break;
+      }
+      case Schema::Type::kBool: {
+        bool b;
+        ok = YAML::convert<bool>::decode(node, b);
+        break;
+      }
+      case Schema::Type::kBytes: {
+        uint64_t v = 0;
+        ok = parseBytes(text, &v) && v >= schema.min_ && v <= schema.max_;
+        break;
+      }
+      case Schema::Type::kDuration: {
+        std::chrono::milliseconds v{};
+        ok = parseDuration(text, &v);
+        break;
+      }
+      case Schema::Type::kEnum: {
+        bool found = false;
+        for (const auto& c : schema.choices_) found = found || c == text;
+        if (!found) {
+          return report(node, key, "expected " + schema.expected() + ", found '" + text + "'" +
+                                       detail::didYouMean(text, schema.choices_));
+        }
+        break;
+      }
+      default: break;
+    }
+    if (!ok) mismatch(node, schema, key);
+  }
+
+  std::string file_;
+  std::vector<std::string> overrides_;
+};
+
+std::vector<Issue> validate(YAML::Node& node, const Schema& schema, const std::string& file,
+                            const std::vector<std::string>& overrides) {
+  Validator validator(file, overrides);
+  validator.check(node, schema, "");
+  return validator.issues;
+}
+
+const Schema& experimentSchema() {
+  static const Schema schema = Schema::map({
+      {"name", Schema::string().doc("experiment name (default: the file name)")},
+      {"description", Schema::string().doc("free text")},
+      {"log_level", Schema::oneOf({"trace", "debug", "info", "warn", "error", "off"})
+                        .byDefault("info")},
+      {"launch",
+       Schema::map({
+           {"nproc_per_node", Schema::integer(1, 1024).byDefault("1").doc("ranks on this node")},
+           {"threads_per_rank",
+            Schema::integer(1, 1024).byDefault("1").doc("intra-op CPU threads per rank")},
+       })},
+      {"backend", Schema::pluginRef().required().doc("the transport between ranks")},
+      {"bench",
+       Schema::map({
+           {"collective",
+            Schema::oneOf({"allreduce", "reduce_scatter", "allgather", "broadcast"})
+                .byDefault("allreduce")},
+           {"schedulers", Schema::list(Schema::pluginRef(), 1).required()},
+           {"dtype", Schema::oneOf({"f32", "f64", "f16", "bf16", "i32", "i64"}).byDefault("f32")},
+           {"op", Schema::oneOf({"sum", "avg", "min", "max", "prod"}).byDefault("sum")},
+           {"root", Schema::integer(0, 1 << 20).byDefault("0").doc("broadcast root")},
+           {"min_bytes", Schema::bytes(0, 1ull << 36).byDefault("4KiB")},
+           {"max_bytes", Schema::bytes(0, 1ull << 36).byDefault("64MiB")},
+           {"step_factor", Schema::integer(2, 1024).byDefault("2")},
+           {"warmup_iters", Schema::integer(0, 100000).byDefault("5")},
+           {"iters", Schema::integer(1, 1000000).byDefault("20")},
+           {"check", Schema::boolean().byDefault("true").doc("count wrong elements (#wrong)")},
+       })},
+      {"output",
+       Schema::map({
+           {"dir", Schema::string().byDefault("runs").doc("results go to DIR/NAME-TIMESTAMP")},
+       })},
+  });
+  return schema;
+}
+
+}  // namespace collie::config

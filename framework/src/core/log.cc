@@ -1,0 +1,80 @@
+// spdlog behind collie/log.h: one stderr logger whose lines carry the calling rank.
+#include "collie/log.h"
+
+#include <spdlog/pattern_formatter.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+
+namespace collie {
+namespace {
+
+thread_local int t_rank = -1;
+
+// %R in the pattern: "r3 " for rank 3, nothing outside a rank.
+class RankFlag : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg&, const std::tm&, spdlog::memory_buf_t& dest) override {
+    if (t_rank < 0) return;
+    std::string text = "r" + std::to_string(t_rank) + " ";
+    dest.append(text.data(), text.data() + text.size());
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<RankFlag>();
+  }
+};
+
+spdlog::level::level_enum toSpd(LogLevel level) {
+  switch (level) {
+    case LogLevel::kTrace: return spdlog::level::trace;
+    case LogLevel::kDebug: return spdlog::level::debug;
+    case LogLevel::kInfo: return spdlog::level::info;
+    case LogLevel::kWarn: return spdlog::level::warn;
+    case LogLevel::kError: return spdlog::level::err;
+    case LogLevel::kOff: return spdlog::level::off;
+  }
+  return spdlog::level::info;
+}
+
+spdlog::logger& logger() {
+  static std::shared_ptr<spdlog::logger> instance = [] {
+    auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
+    auto log = std::make_shared<spdlog::logger>("collie", sink);
+    auto formatter = std::make_unique<spdlog::pattern_formatter>();
+    formatter->add_flag<RankFlag>('R').set_pattern("[%H:%M:%S.%e] [%R%^%l%$] %v");
+    log->set_formatter(std::move(formatter));
+    LogLevel level = LogLevel::kInfo;
+    if (const char* env = std::getenv("COLLIE_LOG_LEVEL")) parseLogLevel(env, &level);
+    log->set_level(toSpd(level));
+    return log;
+  }();
+  return *instance;
+}
+
+}  // namespace
+
+void logMessage(LogLevel level, const std::string& message) {
+  logger().log(toSpd(level), message);
+}
+
+void setLogRank(int rank) { t_rank = rank; }
+
+bool parseLogLevel(const std::string& name, LogLevel* out) {
+  static const std::pair<const char*, LogLevel> kLevels[] = {
+      {"trace", LogLevel::kTrace}, {"debug", LogLevel::kDebug}, {"info", LogLevel::kInfo},
+      {"warn", LogLevel::kWarn},   {"error", LogLevel::kError}, {"off", LogLevel::kOff}};
+  for (const auto& [text, level] : kLevels) {
+    if (name == text) {
+      *out = level;
+      return true;
+    }
+  }
+  return false;
+}
+
+void setLogLevel(LogLevel level) { logger().set_level(toSpd(level)); }
+
+}  // namespace collie

@@ -1,0 +1,298 @@
+// Plugin loading with Boost.DLL: inspect the ELF file, load it, check the descriptor, and
+// only then call create().
+#define BOOST_DLL_USE_STD_FS
+#include "plugin/loader.h"
+
+#include <dlfcn.h>
+
+#include <boost/dll/library_info.hpp>
+#include <boost/dll/shared_library.hpp>
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "collie/error.h"
+#include "collie/log.h"
+#include "collie/plugin.h"
+#include "util/strings.h"
+
+namespace fs = std::filesystem;
+
+namespace collie {
+
+class PluginLibrary {
+ public:
+  boost::dll::shared_library library;
+  const collie_plugin_descriptor_v1* descriptor = nullptr;
+  PluginInfo info;
+};
+
+const PluginInfo& pluginInfo(const PluginLibrary& library) { return library.info; }
+
+namespace {
+
+constexpr const char* kSymbol = "collie_plugin_v1";
+
+[[noreturn]] void reject(const std::string& path, const std::string& what,
+                         const std::string& hint) {
+  throw PluginError("plugin " + path + ": " + what + (hint.empty() ? "" : ". HINT: " + hint));
+}
+
+std::string fileName(PluginKind kind, const std::string& name) {
+  return std::string("libcollie_") + pluginKindName(kind) + "_" + name + ".so";
+}
+
+bool isElf(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  in.read(magic, 4);
+  return in.gcount() == 4 && magic[0] == 0x7f && magic[1] == 'E' && magic[2] == 'L' &&
+         magic[3] == 'F';
+}
+
+// Checks the file itself, before the dynamic loader runs anything in it.
+void inspectFile(const std::string& path) {
+  std::error_code ec;
+  auto status = fs::status(path, ec);
+  if (ec || !fs::exists(status)) reject(path, "no such file", "check the path or the name");
+  if (!fs::is_regular_file(status)) reject(path, "not a regular file", "");
+  if (!isElf(path)) {
+    reject(path, "not a shared library (no ELF header)",
+           "a plugin is a .so built with collie_add_plugin()");
+  }
+  std::vector<std::string> symbols;
+  try {
+    boost::dll::library_info info(fs::path(path), /*throw_if_not_native=*/true);
+    symbols = info.symbols();
+  } catch (const std::exception& e) {
+    reject(path, std::string("unreadable ELF file (") + e.what() + ")", "");
+  }
+  if (std::find(symbols.begin(), symbols.end(), kSymbol) == symbols.end()) {
+    reject(path, std::string("no '") + kSymbol + "' descriptor symbol exported",
+           "define the plugin with COLLIE_BACKEND_PLUGIN or COLLIE_SCHEDULER_PLUGIN");
+  }
+}
+
+std::string text(const char* field) { return field == nullptr ? "" : field; }
+
+PluginKind checkKind(const std::string& path, uint32_t kind) {
+  if (kind < 1 || kind > 3) {
+    reject(path, "descriptor kind " + std::to_string(kind) + " is unknown (expected 1-3)", "");
+  }
+  return static_cast<PluginKind>(kind);
+}
+
+// Validates the descriptor's plain-data fields; no plugin function is called.
+PluginInfo validate(const std::string& path, const collie_plugin_descriptor_v1& d,
+                    const PluginKind* expected_kind) {
+  if (d.magic != COLLIE_PLUGIN_MAGIC) {
+    std::ostringstream found;
+    found << std::hex << "0x" << d.magic;
+    reject(path, "bad descriptor magic: expected 0x434f4c4c, found " + found.str() + "; ignored",
+           "the file exports collie_plugin_v1 but it is not a collie descriptor");
+  }
+  if (d.abi_major != COLLIE_ABI_MAJOR) {
+    reject(path,
+           "plugin ABI " + std::to_string(d.abi_major) + "." + std::to_string(d.abi_minor) +
+               " is not supported: this collie speaks ABI " + std::to_string(COLLIE_ABI_MAJOR) +
+               "." + std::to_string(COLLIE_ABI_MINOR) + "; ignored",
+           "rebuild the plugin against this collie's headers");
+  }
+  if (d.abi_minor > COLLIE_ABI_MINOR) {
+    reject(path,
+           "plugin needs ABI " + std::to_string(d.abi_major) + "." + std::to_string(d.abi_minor) +
+               " but this collie provides only " + std::to_string(COLLIE_ABI_MAJOR) + "." +
+               std::to_string(COLLIE_ABI_MINOR) + "; ignored",
+           "upgrade collie or rebuild the plugin against this collie");
+  }
+  PluginKind kind = checkKind(path, d.kind);
+  if (expected_kind != nullptr && kind != *expected_kind) {
+    reject(path,
+           std::string("is a ") + pluginKindName(kind) + " plugin, but the slot needs a " +
+               pluginKindName(*expected_kind),
+           std::string("name a ") + pluginKindName(*expected_kind) + " here; `collie plugins` lists them");
+  }
+  if (text(d.fingerprint) != COLLIE_BUILD_FINGERPRINT) {
+    reject(path,
+           "build fingerprint mismatch: expected '" + std::string(COLLIE_BUILD_FINGERPRINT) +
+               "', found '" + text(d.fingerprint) + "'",
+           "rebuild the plugin with the same compiler, LibTorch and collie as the host");
+  }
+  if (text(d.name).empty() || d.create == nullptr || d.destroy == nullptr) {
+    reject(path, "descriptor has no name, create or destroy", "");
+  }
+  PluginInfo info;
+  info.path = path;
+  info.kind = kind;
+  info.name = text(d.name);
+  info.version = text(d.version);
+  info.description = text(d.description);
+  info.abi_major = d.abi_major;
+  info.abi_minor = d.abi_minor;
+  return info;
+}
+
+// Calls the plugin's create() and wraps the object so that it keeps its library loaded.
+template <typename Base>
+std::shared_ptr<Base> create(const std::shared_ptr<PluginLibrary>& library,
+                             const PluginContext& context) {
+  void* object = nullptr;
+  char error[1024] = {};
+  const auto& d = *library->descriptor;
+  const PluginInfo& info = library->info;
+  int32_t status = d.create(&context, &object, error, sizeof(error));
+  if (status == COLLIE_BAD_PARAMS) throw ConfigError(error);
+  if (status != COLLIE_OK || object == nullptr) {
+    throw PluginError(std::string(pluginKindName(info.kind)) + " '" + info.name +
+                      "' failed to start: " + (error[0] ? error : "create() returned no object") +
+                      " (plugin " + info.path + ")");
+  }
+  auto destroy = d.destroy;
+  return std::shared_ptr<Base>(static_cast<Base*>(object),
+                               [library, destroy](Base* p) { destroy(p); });
+}
+
+void rejectUnreadParams(const Params& params, const PluginLibrary& library) {
+  auto unread = params.unreadKeys();
+  if (unread.empty()) return;
+  // Every key the plugin asked for is a key it knows, set or not.
+  std::vector<std::string> known(params.readKeys().begin(), params.readKeys().end());
+  const std::string& key = unread.front();
+  throw ConfigError(params.where(key) + params.owner() + ": unknown param '" + key + "'" +
+                    detail::didYouMean(key, known) + "; " + pluginKindName(library.info.kind) +
+                    " '" + library.info.name + "' knows: " +
+                    (known.empty() ? "no params" : detail::join(known, ", ")));
+}
+
+// The folder `collie/` beside the libcollie_core.so that contains this code.
+std::string besideCoreLibrary() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&besideCoreLibrary), &info) == 0 || !info.dli_fname) {
+    return "";
+  }
+  return (fs::path(info.dli_fname).parent_path() / "collie").string();
+}
+
+}  // namespace
+
+const char* pluginKindName(PluginKind kind) {
+  switch (kind) {
+    case PluginKind::kBackend: return "backend";
+    case PluginKind::kScheduler: return "scheduler";
+    case PluginKind::kModel: return "model";
+  }
+  return "unknown";
+}
+
+std::shared_ptr<PluginLibrary> openPluginFile(const std::string& path, const PluginKind* kind) {
+  inspectFile(path);
+  auto library = std::make_shared<PluginLibrary>();
+  try {
+    library->library.load(fs::path(path), boost::dll::load_mode::rtld_lazy |
+                                              boost::dll::load_mode::rtld_local);
+  } catch (const std::exception& e) {
+    const char* why = dlerror();
+    reject(path, std::string("cannot be loaded: ") + (why ? why : e.what()),
+           "check its dependencies with ldd");
+  }
+  library->descriptor = &library->library.get<const collie_plugin_descriptor_v1>(kSymbol);
+  library->info = validate(path, *library->descriptor, kind);
+  return library;
+}
+
+PluginLoader::PluginLoader(std::vector<std::string> dirs) : dirs_(std::move(dirs)) {}
+
+std::vector<std::string> PluginLoader::defaultSearchPath() {
+  std::vector<std::string> dirs;
+  if (const char* env = std::getenv("COLLIE_PLUGIN_PATH")) {
+    std::stringstream in(env);
+    std::string dir;
+    while (std::getline(in, dir, ':')) {
+      if (!dir.empty()) dirs.push_back(dir);
+    }
+  }
+  for (const std::string& dir : {besideCoreLibrary(), std::string(COLLIE_INSTALL_PLUGIN_DIR)}) {
+    if (!dir.empty() && std::find(dirs.begin(), dirs.end(), dir) == dirs.end()) {
+      dirs.push_back(dir);
+    }
+  }
+  return dirs;
+}
+
+PluginLoader::Scan PluginLoader::scan() const {
+  Scan result;
+  std::vector<std::string> seen;
+  for (const auto& dir : dirs_) {
+    std::error_code ec;
+    std::vector<std::string> files;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      std::string name = entry.path().filename().string();
+      if (name.rfind("libcollie_", 0) == 0 && entry.path().extension() == ".so") {
+        files.push_back(entry.path().string());
+      }
+    }
+    std::sort(files.begin(), files.end());
+    for (const auto& file : files) {
+      try {
+        result.found.push_back(openPluginFile(file, nullptr)->info);
+      } catch (const PluginError& e) {
+        result.rejected.push_back({file, e.what()});
+      }
+    }
+  }
+  return result;
+}
+
+std::shared_ptr<PluginLibrary> PluginLoader::open(PluginKind kind,
+                                                  const std::string& name_or_path) const {
+  if (name_or_path.find('/') != std::string::npos) return openPluginFile(name_or_path, &kind);
+  std::string file = fileName(kind, name_or_path);
+  for (const auto& dir : dirs_) {
+    fs::path candidate = fs::path(dir) / file;
+    std::error_code ec;
+    if (!fs::exists(candidate, ec)) continue;
+    auto library = openPluginFile(candidate.string(), &kind);
+    if (library->info.name != name_or_path) {
+      reject(candidate.string(),
+             "declares name '" + library->info.name + "' but was looked up as '" + name_or_path +
+                 "'",
+             "the file name must be " + fileName(kind, library->info.name));
+    }
+    return library;
+  }
+  std::vector<std::string> known;
+  for (const auto& info : scan().found) {
+    if (info.kind == kind) known.push_back(info.name);
+  }
+  throw PluginError(std::string("no ") + pluginKindName(kind) + " plugin named '" + name_or_path +
+                    "'" + detail::didYouMean(name_or_path, known) + "; looked for " + file +
+                    " in: " + detail::join(dirs_, ", ") + "; available: " +
+                    (known.empty() ? "none" : detail::join(known, ", ")) +
+                    ". HINT: `collie plugins` lists every plugin found; set COLLIE_PLUGIN_PATH "
+                    "to add a folder, or give a path");
+}
+
+std::shared_ptr<Backend> PluginLoader::createBackend(const std::string& name, Params& params,
+                                                     const BackendContext& context) const {
+  auto library = open(PluginKind::kBackend, name);
+  PluginContext plugin_context;
+  plugin_context.params = &params;
+  plugin_context.backend = context;
+  auto backend = create<Backend>(library, plugin_context);
+  rejectUnreadParams(params, *library);
+  return backend;
+}
+
+std::shared_ptr<Scheduler> PluginLoader::createScheduler(const std::string& name,
+                                                         Params& params) const {
+  auto library = open(PluginKind::kScheduler, name);
+  PluginContext plugin_context;
+  plugin_context.params = &params;
+  auto scheduler = create<Scheduler>(library, plugin_context);
+  rejectUnreadParams(params, *library);
+  return scheduler;
+}
+
+}  // namespace collie

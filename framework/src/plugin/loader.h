@@ -1,0 +1,72 @@
+// Finds, validates and instantiates plugins (DESIGN §2). A plugin named in a config that
+// cannot be loaded is always a PluginError: there is no silent fallback.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collie/backend.h"
+#include "collie/params.h"
+#include "collie/scheduler.h"
+
+namespace collie {
+
+enum class PluginKind { kBackend = 1, kScheduler = 2, kModel = 3 };
+const char* pluginKindName(PluginKind kind);  // "backend", ...
+
+// What a valid plugin's descriptor says, and where it was found.
+struct PluginInfo {
+  std::string path;
+  PluginKind kind = PluginKind::kBackend;
+  std::string name;
+  std::string version;
+  std::string description;
+  int abi_major = 0;
+  int abi_minor = 0;
+};
+
+// A file that looked like a plugin and was refused, with the one-line reason.
+struct PluginRejection {
+  std::string path;
+  std::string reason;
+};
+
+class PluginLibrary;  // a loaded, validated .so; objects it created keep it alive
+
+class PluginLoader {
+ public:
+  // Searches `dirs` in order. defaultSearchPath(): COLLIE_PLUGIN_PATH (colon-separated), then
+  // the plugin folder beside the running libcollie_core (the build tree or the install
+  // prefix), then the configured install prefix.
+  explicit PluginLoader(std::vector<std::string> dirs = defaultSearchPath());
+  static std::vector<std::string> defaultSearchPath();
+  const std::vector<std::string>& searchPath() const { return dirs_; }
+
+  struct Scan {
+    std::vector<PluginInfo> found;
+    std::vector<PluginRejection> rejected;
+  };
+  // Every libcollie_*.so in the search path, validated (descriptors only; no create()).
+  Scan scan() const;
+
+  // Resolves a bare name ("ring": libcollie_scheduler_ring.so along the search path) or a
+  // path (anything with '/') and validates it for `kind`. Throws PluginError.
+  std::shared_ptr<PluginLibrary> open(PluginKind kind, const std::string& name_or_path) const;
+
+  // open() + create(). `params` keys the plugin did not read are rejected with a
+  // "did you mean". Throws PluginError (or ConfigError for bad params).
+  std::shared_ptr<Backend> createBackend(const std::string& name, Params& params,
+                                         const BackendContext& context) const;
+  std::shared_ptr<Scheduler> createScheduler(const std::string& name, Params& params) const;
+
+ private:
+  std::vector<std::string> dirs_;
+};
+
+// Validates one file as a plugin of `kind` (or of any kind when `kind` is null) without
+// calling into it. Throws PluginError with the one-line reason.
+std::shared_ptr<PluginLibrary> openPluginFile(const std::string& path, const PluginKind* kind);
+const PluginInfo& pluginInfo(const PluginLibrary& library);
+
+}  // namespace collie

@@ -1,0 +1,59 @@
+// Scheduler selection and provenance.
+#include "runtime/communicator.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "collie/error.h"
+#include "collie/params.h"
+
+namespace collie {
+
+Communicator::Communicator(std::shared_ptr<Backend> backend, std::string backend_name,
+                           Topology topology)
+    : backend_(std::move(backend)), backend_name_(std::move(backend_name)),
+      topology_(std::move(topology)) {}
+
+void Communicator::addRule(std::string label, std::shared_ptr<Scheduler> scheduler,
+                           uint64_t max_bytes) {
+  rules_.push_back({std::move(label), std::move(scheduler), max_bytes});
+}
+
+namespace {
+uint64_t bytesOf(const CollectiveArgs& args) {
+  return std::max(args.data.bytes(), args.output.bytes());
+}
+}  // namespace
+
+Provenance Communicator::runWith(const std::string& label, Scheduler& scheduler,
+                                 CollectiveArgs args) {
+  args.seq = next_seq_++;
+  const uint64_t bytes = bytesOf(args);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    scheduler.run(args, *backend_);
+  } catch (const CommError& e) {
+    throw CommError(std::string(collectiveName(args.coll)) + " seq " + std::to_string(args.seq) +
+                    " (" + formatBytes(bytes) + ", scheduler " + label + ", backend " +
+                    backend_name_ + ") failed on rank " + std::to_string(backend_->rank()) + ": " +
+                    e.what());
+  }
+  std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  return {label, backend_name_, args.coll, bytes, args.seq, took.count()};
+}
+
+Provenance Communicator::run(CollectiveArgs args) {
+  const uint64_t bytes = bytesOf(args);
+  std::string refusals;
+  for (const Rule& rule : rules_) {
+    if (rule.max_bytes != 0 && bytes > rule.max_bytes) continue;
+    Decision decision = rule.scheduler->accepts(args, topology_);
+    if (decision.accepted) return runWith(rule.label, *rule.scheduler, args);
+    refusals += "; " + rule.label + ": " + decision.reason;
+  }
+  throw ConfigError(std::string("no scheduler can run ") + collectiveName(args.coll) + " of " +
+                    formatBytes(bytes) + (refusals.empty() ? ": no rule admits this size" : refusals) +
+                    ". HINT: add a scheduler that implements it to the rules");
+}
+
+}  // namespace collie

@@ -1,0 +1,57 @@
+// Backend + scheduler rules + topology (DESIGN §3): picks the scheduler for each collective
+// (first rule whose size limit admits it), numbers it, runs it and records its provenance.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collie/backend.h"
+#include "collie/scheduler.h"
+#include "collie/topology.h"
+
+namespace collie {
+
+// Where one collective ran and what it cost.
+struct Provenance {
+  std::string scheduler;
+  std::string backend;
+  Collective coll = Collective::kAllReduce;
+  uint64_t bytes = 0;
+  uint64_t seq = 0;
+  double seconds = 0;
+};
+
+class Communicator {
+ public:
+  Communicator(std::shared_ptr<Backend> backend, std::string backend_name, Topology topology);
+
+  // Rules are tried in the order added; max_bytes == 0 admits every size.
+  void addRule(std::string label, std::shared_ptr<Scheduler> scheduler, uint64_t max_bytes = 0);
+
+  // Runs `args` (args.seq is assigned here). Throws ConfigError when no rule's scheduler
+  // accepts it (naming each refusal), CommError with the collective, seq and scheduler when
+  // it fails.
+  Provenance run(CollectiveArgs args);
+
+  // Runs `args` with one given scheduler, bypassing the rules (the bench compares them this
+  // way). Shares the sequence numbers with run(), so tags never collide.
+  Provenance runWith(const std::string& label, Scheduler& scheduler, CollectiveArgs args);
+
+  Backend& backend() { return *backend_; }
+  const Topology& topology() const { return topology_; }
+
+ private:
+  struct Rule {
+    std::string label;
+    std::shared_ptr<Scheduler> scheduler;
+    uint64_t max_bytes;
+  };
+  std::shared_ptr<Backend> backend_;
+  std::string backend_name_;
+  Topology topology_;
+  std::vector<Rule> rules_;
+  uint64_t next_seq_ = 1;
+};
+
+}  // namespace collie

@@ -1,0 +1,65 @@
+// Thread-per-rank jobs.
+#include "runtime/in_process.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include "collie/error.h"
+#include "collie/log.h"
+
+namespace collie {
+
+void runInProcess(const PluginLoader& loader, const config::PluginRef& backend_ref, int world,
+                  const std::function<void(std::shared_ptr<Backend>)>& body) {
+  static std::atomic<int> jobs{0};
+  BackendContext context;
+  context.size = world;
+  context.job_id = "job-" + std::to_string(::getpid()) + "-" + std::to_string(jobs++);
+
+  std::mutex mu;
+  std::exception_ptr first_error;
+  std::vector<std::shared_ptr<Backend>> backends(world);
+  auto fail = [&](int rank, std::exception_ptr error) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!first_error) {
+      first_error = error;
+      for (int r = 0; r < world; ++r) {
+        if (backends[r] && r != rank) backends[r]->abort("rank " + std::to_string(rank) + " failed");
+      }
+    }
+  };
+
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      setLogRank(rank);
+      try {
+        Params params = backend_ref.params;
+        BackendContext mine = context;
+        mine.rank = rank;
+        auto backend = loader.createBackend(backend_ref.plugin, params, mine);
+        if (!backend->capabilities().in_process) {
+          throw PluginError("backend '" + backend_ref.plugin + "' runs ranks as separate "
+                            "processes, which this collie cannot launch yet; use the loopback "
+                            "backend");
+        }
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          backends[rank] = backend;
+          if (first_error) backend->abort("another rank failed");
+        }
+        body(backend);
+      } catch (...) {
+        fail(rank, std::current_exception());
+      }
+      setLogRank(-1);
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first_error) std::rethrow_exception(first_error);
+}
+
+}  // namespace collie

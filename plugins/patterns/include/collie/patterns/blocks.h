@@ -1,0 +1,41 @@
+// Peer arithmetic shared by schedulers: how a buffer splits into blocks and segments.
+// Header-only and communication-free, so it is unit-tested alone.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+namespace collie::patterns {
+
+// A contiguous run of elements [offset, offset + count).
+struct Range {
+  size_t offset = 0;
+  size_t count = 0;
+  bool operator==(const Range& o) const { return offset == o.offset && count == o.count; }
+};
+
+// Block `index` of `count` elements split into `parts` near-equal blocks; the first
+// count % parts blocks hold one element more. Blocks tile [0, count) in order.
+inline Range block(size_t count, int parts, int index) {
+  size_t base = count / parts;
+  size_t extra = count % parts;
+  size_t i = static_cast<size_t>(index);
+  return {i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
+}
+
+// `range` cut into pieces of at most `piece` elements (piece >= 1); an empty range gives
+// one empty piece, so that every step still exchanges exactly one message per piece.
+inline std::vector<Range> pieces(Range range, size_t piece) {
+  std::vector<Range> out;
+  if (range.count == 0) return {range};
+  for (size_t done = 0; done < range.count; done += piece) {
+    out.push_back({range.offset + done, std::min(piece, range.count - done)});
+  }
+  return out;
+}
+
+// Euclidean modulo: mod(-1, 4) == 3.
+inline int mod(int a, int n) { return ((a % n) + n) % n; }
+
+}  // namespace collie::patterns

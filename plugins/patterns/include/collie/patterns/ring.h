@@ -1,0 +1,28 @@
+// Ring schedule: who sends which block to whom at each step.
+#pragma once
+
+#include "collie/patterns/blocks.h"
+
+namespace collie::patterns {
+
+inline int ringNext(int rank, int size) { return mod(rank + 1, size); }
+inline int ringPrev(int rank, int size) { return mod(rank - 1, size); }
+
+// The blocks a rank sends to ringNext and receives from ringPrev at one step.
+struct RingStep {
+  int send_block;
+  int recv_block;
+};
+
+// Reduce-scatter, steps 0 .. size-2. After the last step, rank r holds the full reduction
+// of block r (the block it received last), which is what reduce_scatter returns.
+inline RingStep ringReduceScatterStep(int rank, int size, int step) {
+  return {mod(rank - step - 1, size), mod(rank - step - 2, size)};
+}
+
+// All-gather, steps 0 .. size-2, starting with every rank holding its own block r.
+inline RingStep ringAllGatherStep(int rank, int size, int step) {
+  return {mod(rank - step, size), mod(rank - step - 1, size)};
+}
+
+}  // namespace collie::patterns
