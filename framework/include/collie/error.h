@@ -15,6 +15,10 @@ enum class ErrorKind { kConfig, kPlugin, kComm, kCheckpoint, kInternal };
 class Error : public std::runtime_error {
  public:
   Error(ErrorKind kind, const std::string& what) : std::runtime_error(what), kind_(kind) {}
+  // Defined in libcollie_core so that the vtable and type_info of every collie exception live
+  // there: an exception thrown by a plugin stays valid after the plugin is unloaded, and
+  // catch-by-type works across plugins loaded with RTLD_LOCAL.
+  ~Error() override;
   ErrorKind kind() const noexcept { return kind_; }
   // 2 for bad input (config, CLI, plugin), 1 for a run that failed.
   int exitCode() const noexcept {
@@ -28,22 +32,27 @@ class Error : public std::runtime_error {
 class ConfigError : public Error {
  public:
   explicit ConfigError(const std::string& what) : Error(ErrorKind::kConfig, what) {}
+  ~ConfigError() override;
 };
 class PluginError : public Error {
  public:
   explicit PluginError(const std::string& what) : Error(ErrorKind::kPlugin, what) {}
+  ~PluginError() override;
 };
 class CommError : public Error {
  public:
   explicit CommError(const std::string& what) : Error(ErrorKind::kComm, what) {}
+  ~CommError() override;
 };
 class CheckpointError : public Error {
  public:
   explicit CheckpointError(const std::string& what) : Error(ErrorKind::kCheckpoint, what) {}
+  ~CheckpointError() override;
 };
 class InternalError : public Error {
  public:
   explicit InternalError(const std::string& what) : Error(ErrorKind::kInternal, what) {}
+  ~InternalError() override;
 };
 
 namespace detail {

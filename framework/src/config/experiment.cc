@@ -1,7 +1,9 @@
 // Experiment files: from bytes on disk to validated, typed runs.
 #include "config/experiment.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -114,6 +116,16 @@ std::string scalarText(const YAML::Node& node) {
   return out.c_str();
 }
 
+// "ring" for "ring", and for a path ".../libcollie_scheduler_ring.so" too.
+std::string defaultLabel(const std::string& plugin, const std::string& kind) {
+  if (plugin.find('/') == std::string::npos) return plugin;
+  std::string file = std::filesystem::path(plugin).filename().string();
+  std::string prefix = "libcollie_" + kind + "_";
+  if (file.rfind(prefix, 0) == 0) file = file.substr(prefix.size());
+  if (file.size() > 3 && file.compare(file.size() - 3, 3, ".so") == 0) file.resize(file.size() - 3);
+  return file;
+}
+
 PluginRef pluginRef(const YAML::Node& node, const std::string& file, const std::string& kind) {
   PluginRef ref;
   ref.plugin = node.IsScalar() ? node.Scalar() : node["plugin"].Scalar();
@@ -126,7 +138,7 @@ PluginRef pluginRef(const YAML::Node& node, const std::string& file, const std::
       }
     }
   }
-  if (ref.label.empty()) ref.label = ref.plugin;
+  if (ref.label.empty()) ref.label = defaultLabel(ref.plugin, kind);
   return ref;
 }
 
@@ -178,6 +190,28 @@ void checkConsistency(const Experiment& e, std::vector<Issue>* issues) {
   }
 }
 
+// The whole file through read(2), so that an I/O error is reported with its errno.
+std::string readAll(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw ConfigError(path + ": cannot open config: " + std::strerror(errno));
+  std::string text;
+  char buffer[65536];
+  while (true) {
+    ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n == 0) break;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 || text.size() + n > kMaxConfigBytes) {
+      int error = errno;
+      ::close(fd);
+      if (n > 0) throw ConfigError(path + ": config grew past the " + formatBytes(kMaxConfigBytes) + " limit while reading");
+      throw ConfigError(path + ": cannot read config: " + std::strerror(error));
+    }
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return text;
+}
+
 }  // namespace
 
 std::string readConfigFile(const std::string& path) {
@@ -195,22 +229,20 @@ std::string readConfigFile(const std::string& path) {
     throw ConfigError(path + ": config is " + std::to_string(st.st_size) + " bytes, larger than "
                       "the " + formatBytes(kMaxConfigBytes) + " limit; is it really an experiment file?");
   }
-  std::ifstream in(path, std::ios::binary);
-  std::string text;
-  if (in) text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  if (!in || in.bad()) {
-    throw ConfigError(path + ": cannot read config: " + std::strerror(errno ? errno : EIO));
-  }
+  std::string text = readAll(path);
   if (text.find('\0') != std::string::npos) {
     throw ConfigError(path + ": is a binary file (it holds NUL bytes), expected YAML text");
   }
   return text;
 }
 
-std::vector<Experiment> loadExperiments(const std::string& path,
-                                        const std::vector<std::string>& sets) {
-  YAML::Node root = parse(readConfigFile(path), path);
-  std::vector<std::string> overrides;
+// The file with --set applied; parsed afresh on every call so that marks survive (a cloned
+// yaml-cpp node loses them).
+YAML::Node loadWithOverrides(const std::string& text, const std::string& path,
+                             const std::vector<std::string>& sets,
+                             std::vector<std::string>* overrides) {
+  YAML::Node root = parse(text, path);
+  overrides->clear();
   for (const auto& set : sets) {
     auto eq = set.find('=');
     if (eq == std::string::npos || eq == 0) {
@@ -218,8 +250,16 @@ std::vector<Experiment> loadExperiments(const std::string& path,
     }
     std::string key = set.substr(0, eq);
     setPath(root, key, parseValue(set.substr(eq + 1)), "--set " + set);
-    overrides.push_back(key);
+    overrides->push_back(key);
   }
+  return root;
+}
+
+std::vector<Experiment> loadExperiments(const std::string& path,
+                                        const std::vector<std::string>& sets) {
+  const std::string text = readConfigFile(path);
+  std::vector<std::string> overrides;
+  YAML::Node root = loadWithOverrides(text, path, sets, &overrides);
   std::vector<MatrixAxis> axes = takeMatrix(root, path);
 
   // Every point of the matrix: an odometer over the axes.
@@ -227,14 +267,15 @@ std::vector<Experiment> loadExperiments(const std::string& path,
   std::vector<size_t> index(axes.size(), 0);
   std::vector<std::string> problems;
   while (true) {
-    YAML::Node point = YAML::Clone(root);
-    std::vector<std::string> labels, point_overrides = overrides;
+    YAML::Node point = loadWithOverrides(text, path, sets, &overrides);
+    point.remove("matrix");
+    std::vector<std::string> labels;
     for (size_t a = 0; a < axes.size(); ++a) {
       setPath(point, axes[a].key, YAML::Clone(axes[a].values[index[a]]), path + ": matrix");
       labels.push_back(axes[a].key + "=" + scalarText(axes[a].values[index[a]]));
     }
     std::string label = detail::join(labels, ", ");
-    std::vector<Issue> issues = validate(point, experimentSchema(), path, point_overrides);
+    std::vector<Issue> issues = validate(point, experimentSchema(), path, overrides);
     if (issues.empty()) {
       Experiment e = typed(point, path);
       e.matrix_point = label;

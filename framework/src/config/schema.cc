@@ -2,6 +2,7 @@
 #include "config/schema.h"
 
 #include <cmath>
+#include <set>
 
 #include "collie/buffer.h"
 #include "collie/collective.h"
@@ -173,12 +174,17 @@ class Validator {
     if (!node.IsMap()) return mismatch(node, schema, key);
     std::vector<std::string> names;
     for (const auto& [name, s] : schema.fields_) names.push_back(name);
+    std::set<std::string> seen;
     for (auto it = node.begin(); it != node.end(); ++it) {
       if (!it->first.IsScalar()) {
         report(it->first, key, "map keys must be plain words, found " + describe(it->first));
         continue;
       }
       std::string name = it->first.Scalar();
+      if (!seen.insert(name).second) {
+        report(it->first, child(key, name), "duplicate key (YAML would keep only one of them)");
+        continue;
+      }
       if (schema.field(name) == nullptr) {
         report(it->first, child(key, name),
                "unknown key" + detail::didYouMean(name, names) +

@@ -1,0 +1,140 @@
+// Deliberately broken plugins: each is refused with one clear line, and nothing crashes.
+#include <gtest/gtest.h>
+
+#include "collie/error.h"
+#include "plugin/loader.h"
+#include "run_command.h"
+
+namespace collie {
+namespace {
+
+std::string abiPlugin(const std::string& name) {
+  return std::string(COLLIE_TEST_ABI_PLUGIN_DIR) + "/libcollie_scheduler_" + name + ".so";
+}
+
+std::string rejection(const std::string& name) {
+  PluginKind kind = PluginKind::kScheduler;
+  try {
+    openPluginFile(abiPlugin(name), &kind);
+  } catch (const PluginError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+struct BrokenCase {
+  const char* plugin;
+  const char* reason;
+};
+
+void PrintTo(const BrokenCase& c, std::ostream* os) { *os << c.plugin; }
+
+class BrokenPlugin : public ::testing::TestWithParam<BrokenCase> {};
+
+TEST_P(BrokenPlugin, IsRejectedWithOneLineBeforeItRuns) {
+  std::string m = rejection(GetParam().plugin);
+  EXPECT_NE(m.find(GetParam().reason), std::string::npos) << m;
+  EXPECT_NE(m.find(abiPlugin(GetParam().plugin)), std::string::npos) << "names the file: " << m;
+  EXPECT_EQ(m.find('\n'), std::string::npos) << "one line: " << m;
+}
+
+TEST_P(BrokenPlugin, CliExitsTwoWithTheSameLine) {
+  auto r = testing::runCollie({"run", std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/quickstart.yaml",
+                               "--set", "bench.schedulers=[" + abiPlugin(GetParam().plugin) + "]",
+                               "--set", "bench.max_bytes=4KiB"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(GetParam().reason), std::string::npos) << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Abi, BrokenPlugin,
+    ::testing::Values(
+        BrokenCase{"wrong_major", "plugin ABI 2.0 is not supported: this collie speaks ABI 1.0"},
+        BrokenCase{"newer_minor", "plugin needs ABI 1.1 but this collie provides only 1.0"},
+        BrokenCase{"wrong_kind", "is a backend plugin, but the slot needs a scheduler"},
+        BrokenCase{"no_symbol", "no 'collie_plugin_v1' descriptor symbol exported"},
+        BrokenCase{"bad_magic", "bad descriptor magic: expected 0x434f4c4c, found 0xdeadbeef"},
+        BrokenCase{"fingerprint", "build fingerprint mismatch"},
+        BrokenCase{"not_elf", "not a shared library (no ELF header)"}),
+    [](const auto& info) { return std::string(info.param.plugin); });
+
+TEST(PluginAbi, CreateThatThrowsBecomesAPluginError) {
+  PluginLoader loader({COLLIE_TEST_ABI_PLUGIN_DIR});
+  Params params;
+  try {
+    loader.createScheduler("create_throws", params);
+    FAIL() << "no error";
+  } catch (const PluginError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("scheduler 'create_throws' failed to start: deliberate failure"),
+              std::string::npos) << m;
+  }
+  auto r = testing::runCollie({"run", std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/quickstart.yaml",
+                               "--set", "bench.schedulers=[create_throws]"},
+                              {std::string("COLLIE_PLUGIN_PATH=") + COLLIE_TEST_ABI_PLUGIN_DIR});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("deliberate failure in the constructor"), std::string::npos) << r.output;
+}
+
+TEST(PluginAbi, ParamsAreCheckedByThePlugin) {
+  PluginLoader loader({COLLIE_TEST_ABI_PLUGIN_DIR});
+  Params out_of_range("scheduler 'good'");
+  out_of_range.set("knob", "11", "x.yaml:4:9");
+  try {
+    loader.createScheduler("good", out_of_range);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("x.yaml:4:9: scheduler 'good': params.knob: expected an "
+                                         "integer in [0, 10], found '11'"),
+              std::string::npos) << e.what();
+  }
+  Params typo("scheduler 'good'");
+  typo.set("knbo", "1");
+  try {
+    loader.createScheduler("good", typo);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown param 'knbo' (did you mean 'knob'?)"),
+              std::string::npos) << e.what();
+  }
+}
+
+TEST(PluginAbi, ObjectsKeepTheirLibraryLoaded) {
+  std::shared_ptr<Scheduler> scheduler;
+  {
+    PluginLoader loader({COLLIE_TEST_ABI_PLUGIN_DIR});
+    Params params;
+    scheduler = loader.createScheduler("good", params);
+  }  // the loader and every other handle are gone; the object still works
+  CollectiveArgs args;
+  EXPECT_FALSE(scheduler->accepts(args, Topology::singleNode(2)).accepted);
+}
+
+TEST(PluginAbi, LookupByNameAndByPathAndNoSilentFallback) {
+  PluginLoader loader({"/nonexistent-dir", COLLIE_TEST_ABI_PLUGIN_DIR});
+  EXPECT_EQ(pluginInfo(*loader.open(PluginKind::kScheduler, "good")).name, "good");
+  EXPECT_EQ(pluginInfo(*loader.open(PluginKind::kScheduler, abiPlugin("good"))).name, "good");
+  // A broken file found by name is an error, never skipped for another candidate.
+  EXPECT_THROW(loader.open(PluginKind::kScheduler, "bad_magic"), PluginError);
+  try {
+    loader.open(PluginKind::kScheduler, "godo");
+    FAIL();
+  } catch (const PluginError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("did you mean 'good'?"), std::string::npos) << m;
+    EXPECT_NE(m.find("/nonexistent-dir"), std::string::npos) << m;
+  }
+}
+
+TEST(PluginAbi, ScanSeparatesValidAndRejectedFiles) {
+  PluginLoader loader({COLLIE_TEST_ABI_PLUGIN_DIR});
+  auto scan = loader.scan();
+  std::set<std::string> found;
+  for (const auto& p : scan.found) found.insert(p.name);
+  EXPECT_TRUE(found.count("good"));
+  EXPECT_TRUE(found.count("create_throws"));  // its descriptor is fine; create() is not called
+  EXPECT_EQ(scan.rejected.size(), 6u);        // all but wrong_kind, which is a valid backend
+}
+
+}  // namespace
+}  // namespace collie

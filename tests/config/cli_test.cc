@@ -1,0 +1,174 @@
+// The collie command line as a user meets it: exit codes 0/1/2 and one clear error line.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "run_command.h"
+
+namespace collie {
+namespace {
+
+using testing::runCollie;
+using testing::writeTempFile;
+
+const std::string kQuickstart = std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/quickstart.yaml";
+
+// Options that make the quickstart take a second.
+const std::vector<std::string> kShort = {"--set", "bench.max_bytes=64KiB", "--set",
+                                         "bench.iters=2", "--set", "bench.warmup_iters=1"};
+
+std::vector<std::string> args(std::vector<std::string> head, const std::vector<std::string>& tail) {
+  head.insert(head.end(), tail.begin(), tail.end());
+  return head;
+}
+
+void expectBadInput(const testing::CommandResult& r, const std::string& needle) {
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("collie: error: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
+}
+
+TEST(Cli, VersionNamesAbiFingerprintAndBlas) {
+  auto r = runCollie({"--version"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("plugin ABI 1."), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("build fingerprint: "), std::string::npos);
+  EXPECT_NE(r.output.find("BLAS: "), std::string::npos);
+}
+
+TEST(Cli, HelpOnEachCommandExitsZero) {
+  for (auto cmd : {std::vector<std::string>{"--help"}, {"run", "--help"}, {"validate", "--help"},
+                   {"plugins", "--help"}}) {
+    auto r = runCollie(cmd);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("Usage"), std::string::npos);
+  }
+}
+
+TEST(Cli, BadCommandLineExitsTwo) {
+  EXPECT_EQ(runCollie({"frobnicate"}).exit_code, 2);
+  EXPECT_EQ(runCollie({"run"}).exit_code, 2);
+  EXPECT_EQ(runCollie({"--log-level", "loud", "plugins"}).exit_code, 2);
+}
+
+TEST(Cli, PluginsListsTheShippedPlugins) {
+  auto r = runCollie({"plugins"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (auto name : {"loopback", "ring", "tree"}) {
+    EXPECT_NE(r.output.find(std::string(" ") + name + " "), std::string::npos) << r.output;
+  }
+}
+
+TEST(Cli, PluginsListsRejectedFilesWithTheirReason) {
+  auto r = runCollie({"plugins"}, {std::string("COLLIE_PLUGIN_PATH=") + COLLIE_TEST_ABI_PLUGIN_DIR});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Rejected"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bad descriptor magic"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("not a shared library"), std::string::npos) << r.output;
+}
+
+TEST(Cli, QuickstartRunsAndSavesResolvedConfigAndResults) {
+  auto out = std::filesystem::temp_directory_path() / ("collie-cli-" + std::to_string(::getpid()));
+  auto r = runCollie(args({"run", kQuickstart, "--out", out.string()}, kShort));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("#wrong"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Wrong elements: 0"), std::string::npos) << r.output;
+  for (auto f : {"config.yaml", "results.csv", "results.json"}) {
+    EXPECT_TRUE(std::filesystem::exists(out / f)) << f;
+  }
+  std::ifstream saved(out / "config.yaml");
+  std::string text((std::istreambuf_iterator<char>(saved)), {});
+  EXPECT_NE(text.find("max_bytes: 64KiB"), std::string::npos) << text;  // --set applied
+  EXPECT_NE(text.find("step_factor: 2"), std::string::npos) << text;     // default filled
+  std::filesystem::remove_all(out);
+}
+
+TEST(Cli, MatrixRunsCollectIntoOneTable) {
+  auto out = std::filesystem::temp_directory_path() / ("collie-mx-" + std::to_string(::getpid()));
+  std::string config = writeTempFile("matrix.yaml", R"(backend: loopback
+launch: {nproc_per_node: 2}
+bench: {schedulers: [ring, tree], min_bytes: 1KiB, max_bytes: 4KiB, iters: 2, warmup_iters: 0}
+matrix:
+  bench.op: [sum, max]
+  launch.nproc_per_node: [2, 3]
+)");
+  auto r = runCollie({"run", config, "--out", out.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("# run: bench.op=max, launch.nproc_per_node=3"), std::string::npos)
+      << r.output;
+  EXPECT_TRUE(std::filesystem::exists(out / "config-3.yaml"));
+  std::filesystem::remove_all(out);
+}
+
+TEST(Cli, ValidateChecksWithoutRunning) {
+  auto r = runCollie({"validate", kQuickstart});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("OK, 1 run(s)"), std::string::npos) << r.output;
+}
+
+TEST(Cli, BadConfigsExitTwoWithLocation) {
+  std::string path = writeTempFile("typo.yaml", "backend: loopback\nbench:\n  schedulrs: [ring]\n");
+  expectBadInput(runCollie({"run", path}), "typo.yaml:3:3: bench.schedulrs: unknown key (did you mean 'schedulers'?)");
+  expectBadInput(runCollie({"validate", path}), "bench.schedulers: missing required key");
+  expectBadInput(runCollie({"run", kQuickstart, "--set", "bench.iters=-4"}),
+                 "--set bench.iters: bench.iters: expected an integer");
+  expectBadInput(runCollie({"run", "/nonexistent.yaml"}), "cannot open config");
+  expectBadInput(runCollie({"run", COLLIE_TEST_SOURCE_DIR}), "is a directory");
+  expectBadInput(runCollie({"run", writeTempFile("empty.yaml", "")}), "the file is empty");
+  expectBadInput(runCollie({"run", writeTempFile("list.yaml", "- a\n- b\n")}),
+                 "expected a map of experiment keys");
+}
+
+TEST(Cli, UnreadableFileExitsTwo) {
+  std::string path = writeTempFile("secret.yaml", "backend: loopback\n");
+  ::chmod(path.c_str(), 0);
+  if (::geteuid() != 0) {
+    expectBadInput(runCollie({"run", path}), "Permission denied");
+  } else if (::access("/usr/bin/setpriv", X_OK) == 0) {
+    // root reads anything: drop to nobody for this one command.
+    std::string cmd = std::string("/usr/bin/setpriv --reuid=65534 --regid=65534 --clear-groups ") +
+                      COLLIE_TEST_BINARY + " validate " + path + " >/dev/null 2>&1";
+    int status = std::system(cmd.c_str());
+    // 2: refused with a clean error. 126/127: nobody may not execute the build tree here.
+    int code = WEXITSTATUS(status);
+    if (code == 126 || code == 127) GTEST_SKIP() << "nobody cannot run the build tree";
+    EXPECT_EQ(code, 2);
+  }
+  expectBadInput(runCollie({"validate", "/proc/self/mem"}), "cannot read config");
+}
+
+TEST(Cli, MissingPluginIsAHardErrorWithAHint) {
+  auto r = runCollie(args({"run", kQuickstart, "--set", "bench.schedulers=[rnig]"}, kShort));
+  expectBadInput(r, "no scheduler plugin named 'rnig' (did you mean 'ring'?)");
+  EXPECT_NE(r.output.find("HINT: `collie plugins`"), std::string::npos) << r.output;
+  r = runCollie(args({"run", kQuickstart, "--set", "backend=nccl"}, kShort));
+  expectBadInput(r, "no backend plugin named 'nccl'");
+}
+
+TEST(Cli, UnknownPluginParamIsRejected) {
+  auto r = runCollie(args({"run", kQuickstart, "--set",
+                           "bench.schedulers=[{plugin: ring, params: {chunk_byte: 4KiB}}]"},
+                          kShort));
+  expectBadInput(r, "unknown param 'chunk_byte' (did you mean 'chunk_bytes'?)");
+}
+
+TEST(Cli, SchedulerThatCannotRunTheCollectiveIsBadInput) {
+  auto r = runCollie(args({"run", kQuickstart, "--set", "bench.collective=reduce_scatter"}, kShort));
+  expectBadInput(r, "scheduler 'tree' cannot run reduce_scatter");
+}
+
+TEST(Cli, LogLevelFlagAndEnvironment) {
+  auto quiet = runCollie(args({"--log-level", "error", "run", kQuickstart}, kShort));
+  EXPECT_EQ(quiet.exit_code, 0);
+  EXPECT_EQ(quiet.output.find("[info]"), std::string::npos) << quiet.output;
+  auto verbose = runCollie(args({"run", kQuickstart}, kShort), {"COLLIE_LOG_LEVEL=debug"});
+  EXPECT_EQ(verbose.exit_code, 0);
+  EXPECT_NE(verbose.output.find("[r0 debug]"), std::string::npos) << verbose.output;
+}
+
+}  // namespace
+}  // namespace collie

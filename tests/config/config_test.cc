@@ -1,0 +1,169 @@
+// Experiment files: schema errors with locations, units, --set, matrix, and hostile files.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "collie/error.h"
+#include "config/experiment.h"
+#include "run_command.h"
+
+namespace collie::config {
+namespace {
+
+using collie::testing::writeTempFile;
+
+const char* kValid = R"(name: t
+launch:
+  nproc_per_node: 3
+backend: loopback
+bench:
+  schedulers: [ring, {plugin: tree, label: tree-64k, params: {segment_bytes: 64KiB}}]
+  min_bytes: 1KiB
+  max_bytes: 4MiB
+)";
+
+// The ConfigError message of loading `text` with `sets`, or "" when it loads.
+std::string errorOf(const std::string& text, const std::vector<std::string>& sets = {}) {
+  std::string path = writeTempFile("case.yaml", text);
+  try {
+    loadExperiments(path, sets);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expectContains(const std::string& text, const std::vector<std::string>& parts) {
+  for (const auto& p : parts) EXPECT_NE(text.find(p), std::string::npos) << "'" << p << "' not in:\n" << text;
+}
+
+TEST(Config, ValidFileLoadsWithDefaultsAndUnits) {
+  auto runs = loadExperiments(writeTempFile("ok.yaml", kValid), {});
+  ASSERT_EQ(runs.size(), 1u);
+  const Experiment& e = runs[0];
+  EXPECT_EQ(e.nproc_per_node, 3);
+  EXPECT_EQ(e.bench.min_bytes, 1024u);
+  EXPECT_EQ(e.bench.max_bytes, 4u << 20);
+  EXPECT_EQ(e.bench.iters, 20);  // default
+  ASSERT_EQ(e.bench.schedulers.size(), 2u);
+  EXPECT_EQ(e.bench.schedulers[1].label, "tree-64k");
+  EXPECT_EQ(e.bench.schedulers[1].params.getBytes("segment_bytes", 0, 0, 1 << 30), 65536u);
+  EXPECT_EQ(e.resolved["bench"]["warmup_iters"].as<int>(), 5);  // saved config is resolved
+}
+
+TEST(Config, UnknownKeySuggestsTheClosestOne) {
+  std::string m = errorOf(std::string(kValid) + "benhc: {}\n");
+  expectContains(m, {"case.yaml:9:1", "benhc", "unknown key", "did you mean 'bench'"});
+  m = errorOf(std::string(kValid) + "  itres: 4\n");
+  expectContains(m, {"case.yaml:9:3", "bench.itres", "did you mean 'iters'"});
+}
+
+TEST(Config, WrongTypeOutOfRangeAndMissingKey) {
+  std::string m = errorOf(std::string(kValid) + "  iters: many\n");
+  expectContains(m, {"case.yaml:9:10", "bench.iters", "expected an integer", "found 'many'"});
+  m = errorOf(std::string(kValid) + "  iters: 0\n");
+  expectContains(m, {"bench.iters", "[1, 1000000]", "found '0'"});
+  m = errorOf(std::string(kValid) + "  dtype: float33\n");
+  expectContains(m, {"bench.dtype", "one of f32", "found 'float33'"});
+  m = errorOf("bench: {schedulers: [ring]}\n");
+  expectContains(m, {"backend", "missing required key"});
+  m = errorOf(kValid, {"bench.max_bytes=12 parsecs"});
+  expectContains(m, {"--set bench.max_bytes: bench.max_bytes: expected a size"});
+  m = errorOf("backend: loopback\nlaunch: [1, 2]\nbench: {schedulers: [ring]}\n");
+  expectContains(m, {"case.yaml:2:9: launch: expected a map, found a list"});
+  m = errorOf(std::string(kValid) + "  min_bytes: 2KiB\n");
+  expectContains(m, {"case.yaml:9:3: bench.min_bytes: duplicate key"});
+}
+
+TEST(Config, CrossKeyChecks) {
+  std::string m = errorOf(kValid, {"bench.min_bytes=8MiB"});
+  expectContains(m, {"bench.min_bytes", "at most bench.max_bytes (4 MiB), found 8 MiB"});
+  m = errorOf(std::string(kValid) + "  root: 3\n");
+  expectContains(m, {"bench.root", "below launch.nproc_per_node (3)"});
+}
+
+TEST(Config, SetOverridesAnyKeyAndIsNamedInErrors) {
+  auto runs = loadExperiments(writeTempFile("ok.yaml", kValid),
+                              {"bench.iters=3", "launch.nproc_per_node=5", "bench.schedulers=[tree]"});
+  EXPECT_EQ(runs[0].bench.iters, 3);
+  EXPECT_EQ(runs[0].nproc_per_node, 5);
+  ASSERT_EQ(runs[0].bench.schedulers.size(), 1u);
+  EXPECT_EQ(runs[0].bench.schedulers[0].plugin, "tree");
+  std::string m = errorOf(kValid, {"bench.iters=lots"});
+  expectContains(m, {"--set bench.iters", "expected an integer", "found 'lots'"});
+  m = errorOf(kValid, {"noequals"});
+  expectContains(m, {"--set noequals", "key=value"});
+  m = errorOf(kValid, {"bench.schedulers.x=1"});
+  expectContains(m, {"holds a value, not a map"});
+}
+
+TEST(Config, MatrixExpandsTheCartesianProduct) {
+  auto runs = loadExperiments(
+      writeTempFile("m.yaml", std::string(kValid) +
+                                  "matrix:\n  bench.dtype: [f32, bf16]\n  launch.nproc_per_node: [2, 4, 5]\n"),
+      {});
+  ASSERT_EQ(runs.size(), 6u);
+  EXPECT_EQ(runs[0].matrix_point, "bench.dtype=f32, launch.nproc_per_node=2");
+  EXPECT_EQ(runs[5].matrix_point, "bench.dtype=bf16, launch.nproc_per_node=5");
+  EXPECT_EQ(runs[5].bench.dtype, DType::kBF16);
+  std::string m = errorOf(std::string(kValid) + "matrix:\n  bench.dtype: [f32, f99]\n");
+  expectContains(m, {"bench.dtype", "f99", "matrix point bench.dtype=f99"});
+  m = errorOf(std::string(kValid) + "matrix:\n  bench.dtype: f32\n");
+  expectContains(m, {"matrix.bench.dtype", "non-empty list"});
+}
+
+TEST(ConfigFiles, EmptyFile) {
+  expectContains(errorOf(""), {"the file is empty"});
+  expectContains(errorOf("# only a comment\n"), {"the file is empty"});
+}
+
+TEST(ConfigFiles, BinaryGarbage) {
+  std::string garbage;
+  for (int i = 0; i < 4096; ++i) garbage += static_cast<char>((i * 7919 + 13) % 256);
+  expectContains(errorOf(garbage), {"binary file"});
+  expectContains(errorOf("\x7f" "ELF\x02\x01\x01 junk: [\n"), {"case.yaml"});
+}
+
+TEST(ConfigFiles, DeepNestingIsRefusedNotACrash) {
+  std::string deep(100000, '[');
+  EXPECT_FALSE(errorOf(deep).empty());
+  std::string deep_maps;
+  for (int i = 0; i < 100000; ++i) deep_maps += "{a: ";
+  EXPECT_FALSE(errorOf(deep_maps).empty());
+}
+
+TEST(ConfigFiles, HugeFileIsRefusedBeforeParsing) {
+  std::string path = writeTempFile("huge.yaml", "");
+  {
+    std::ofstream out(path);
+    std::string line = "# " + std::string(1022, 'x') + "\n";
+    for (int i = 0; i < 50 * 1024; ++i) out << line;  // 50 MiB
+  }
+  try {
+    loadExperiments(path, {});
+    FAIL();
+  } catch (const ConfigError& e) {
+    expectContains(e.what(), {"larger than the 1 MiB limit"});
+  }
+}
+
+TEST(ConfigFiles, DirectoryMissingAndUnreadable) {
+  EXPECT_THROW(readConfigFile("/tmp"), ConfigError);
+  expectContains([] {
+    try { readConfigFile("/tmp"); } catch (const ConfigError& e) { return std::string(e.what()); }
+    return std::string();
+  }(), {"is a directory"});
+  EXPECT_THROW(readConfigFile("/nonexistent/x.yaml"), ConfigError);
+  // /proc/self/mem opens but every read at offset 0 fails: an unreadable file even for root.
+  try {
+    readConfigFile("/proc/self/mem");
+    FAIL();
+  } catch (const ConfigError& e) {
+    expectContains(e.what(), {"/proc/self/mem", "cannot read config"});
+  }
+}
+
+}  // namespace
+}  // namespace collie::config
