@@ -15,8 +15,8 @@ namespace {
 
 std::string describeTag(Tag tag) {
   std::ostringstream out;
-  out << "tag " << tag << " (seq " << (tag >> 24) << ", phase " << ((tag >> 20) & 0xF)
-      << ", step " << (tag & 0xFFFFF) << ")";
+  out << "tag " << tag << " (seq " << (tag >> 24) << ", phase " << ((tag >> 20) & 0xF) << ", step "
+      << (tag & 0xFFFFF) << ")";
   return out.str();
 }
 
@@ -74,15 +74,17 @@ class RecvRequest : public Request {
  public:
   RecvRequest(std::shared_ptr<World> world, std::shared_ptr<PendingRecv> pending, int rank,
               int peer, Tag tag)
-      : world_(std::move(world)), pending_(std::move(pending)), rank_(rank), peer_(peer),
+      : world_(std::move(world)),
+        pending_(std::move(pending)),
+        rank_(rank),
+        peer_(peer),
         tag_(tag) {}
 
   void wait(std::chrono::milliseconds timeout) override {
     std::unique_lock<std::mutex> lock(world_->mu);
     auto& box = world_->boxes[rank_];
-    bool finished = world_->cv.wait_for(lock, timeout, [&] {
-      return pending_->done || (box.aborted && !pending_->claimed);
-    });
+    bool finished = world_->cv.wait_for(
+        lock, timeout, [&] { return pending_->done || (box.aborted && !pending_->claimed); });
     // A sender that already claimed the buffer is copying into it: let it finish first.
     if (!finished && pending_->claimed) {
       world_->cv.wait(lock, [&] { return pending_->done; });
@@ -180,7 +182,8 @@ class LoopbackBackend : public Backend {
       message = std::move(it->second.front());
       it->second.pop_front();
     }
-    if (message.size() != buf.bytes()) throw CommError(sizeMismatch(peer, tag, message.size(), buf));
+    if (message.size() != buf.bytes())
+      throw CommError(sizeMismatch(peer, tag, message.size(), buf));
     if (!message.empty()) std::memcpy(buf.data, message.data(), message.size());
     return std::make_unique<DoneRequest>();
   }
@@ -212,16 +215,17 @@ class LoopbackBackend : public Backend {
                       std::to_string(peer) + " in a group of " + std::to_string(size_));
     }
     if (buf.memory != MemoryKind::kHost) {
-      throw CommError("loopback: only host memory is supported. HINT: use the nccl backend for "
-                      "CUDA tensors");
+      throw CommError(
+          "loopback: only host memory is supported. HINT: use the nccl backend for "
+          "CUDA tensors");
     }
   }
 
   void throwIfAborted() {
     const auto& box = world_->boxes[rank_];
     if (box.aborted) {
-      throw CommError("loopback: rank " + std::to_string(rank_) + " was aborted: " +
-                      box.abort_reason);
+      throw CommError("loopback: rank " + std::to_string(rank_) +
+                      " was aborted: " + box.abort_reason);
     }
   }
 

@@ -21,7 +21,8 @@ class RingScheduler : public Scheduler {
     switch (args.coll) {
       case Collective::kAllReduce:
       case Collective::kReduceScatter:
-      case Collective::kAllGather: return Decision::yes();
+      case Collective::kAllGather:
+        return Decision::yes();
       default:
         return Decision::no(std::string("ring: ") + collectiveName(args.coll) +
                             " is not implemented (allreduce, reduce_scatter, allgather are)");
@@ -54,7 +55,8 @@ class RingScheduler : public Scheduler {
         if (n > 1) allGather(args.output, args.seq, backend);
         return;
       }
-      default: throw InternalError("ring: run() called for a collective it declined");
+      default:
+        throw InternalError("ring: run() called for a collective it declined");
     }
   }
 
@@ -79,8 +81,8 @@ class RingScheduler : public Scheduler {
         recvs.push_back(backend.irecv(prev, into, makeTag(seq, kReduceScatter, step)));
       }
       for (const Range& c : patterns::pieces(patterns::block(data.count, n, s.send_block), chunk)) {
-        sends.push_back(backend.isend(next, data.slice(c.offset, c.count),
-                                      makeTag(seq, kReduceScatter, step)));
+        sends.push_back(
+            backend.isend(next, data.slice(c.offset, c.count), makeTag(seq, kReduceScatter, step)));
       }
       for (size_t i = 0; i < recv_chunks.size(); ++i) {
         recvs[i]->wait(backend.timeout());
@@ -102,12 +104,12 @@ class RingScheduler : public Scheduler {
     for (int step = 0; step < n - 1; ++step) {
       auto s = patterns::ringAllGatherStep(rank, n, step);
       for (const Range& c : patterns::pieces(patterns::block(data.count, n, s.recv_block), chunk)) {
-        requests.push_back(backend.irecv(prev, data.slice(c.offset, c.count),
-                                         makeTag(seq, kAllGather, step)));
+        requests.push_back(
+            backend.irecv(prev, data.slice(c.offset, c.count), makeTag(seq, kAllGather, step)));
       }
       for (const Range& c : patterns::pieces(patterns::block(data.count, n, s.send_block), chunk)) {
-        requests.push_back(backend.isend(next, data.slice(c.offset, c.count),
-                                         makeTag(seq, kAllGather, step)));
+        requests.push_back(
+            backend.isend(next, data.slice(c.offset, c.count), makeTag(seq, kAllGather, step)));
       }
       waitAll(requests, backend.timeout());  // the next step forwards what this one received
     }
@@ -119,6 +121,6 @@ class RingScheduler : public Scheduler {
 }  // namespace
 }  // namespace collie::ring
 
-COLLIE_SCHEDULER_PLUGIN("ring", "1.0.0",
-                        "ring all-reduce: chunked reduce-scatter then all-gather, bandwidth-optimal",
-                        collie::ring::RingScheduler);
+COLLIE_SCHEDULER_PLUGIN(
+    "ring", "1.0.0", "ring all-reduce: chunked reduce-scatter then all-gather, bandwidth-optimal",
+    collie::ring::RingScheduler);

@@ -22,7 +22,8 @@ class TreeScheduler : public Scheduler {
     switch (args.coll) {
       case Collective::kAllReduce:
       case Collective::kBroadcast:
-      case Collective::kBarrier: return Decision::yes();
+      case Collective::kBarrier:
+        return Decision::yes();
       default:
         return Decision::no(std::string("tree: ") + collectiveName(args.coll) +
                             " is not implemented (allreduce, broadcast, barrier are)");
@@ -85,9 +86,9 @@ class TreeScheduler : public Scheduler {
 
   // Sends each segment from `root` down the tree. With `average`, the root divides the
   // reduced segment by the group size before it goes down.
-  void broadcastDown(const Buffer& data, const std::vector<Range>& segments, int root,
-                     ReduceOp op, bool average, std::vector<std::unique_ptr<Request>>& sends_up,
-                     uint64_t seq, Backend& backend) {
+  void broadcastDown(const Buffer& data, const std::vector<Range>& segments, int root, ReduceOp op,
+                     bool average, std::vector<std::unique_ptr<Request>>& sends_up, uint64_t seq,
+                     Backend& backend) {
     const int rank = backend.rank(), n = backend.size();
     const int parent = patterns::treeParent(rank, root, n);
     const auto children = patterns::treeChildren(rank, root, n);
@@ -121,6 +122,6 @@ class TreeScheduler : public Scheduler {
 }  // namespace
 }  // namespace collie::tree
 
-COLLIE_SCHEDULER_PLUGIN("tree", "1.0.0",
-                        "pipelined binary-tree all-reduce: reduce up, broadcast down, log2(n) latency",
-                        collie::tree::TreeScheduler);
+COLLIE_SCHEDULER_PLUGIN(
+    "tree", "1.0.0", "pipelined binary-tree all-reduce: reduce up, broadcast down, log2(n) latency",
+    collie::tree::TreeScheduler);

@@ -39,9 +39,9 @@ TEST_P(BrokenPlugin, IsRejectedWithOneLineBeforeItRuns) {
 }
 
 TEST_P(BrokenPlugin, CliExitsTwoWithTheSameLine) {
-  auto r = testing::runCollie({"run", std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/quickstart.yaml",
-                               "--set", "bench.schedulers=[" + abiPlugin(GetParam().plugin) + "]",
-                               "--set", "bench.max_bytes=4KiB"});
+  auto r = testing::runCollie(
+      {"run", std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/quickstart.yaml", "--set",
+       "bench.schedulers=[" + abiPlugin(GetParam().plugin) + "]", "--set", "bench.max_bytes=4KiB"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find(GetParam().reason), std::string::npos) << r.output;
 }
@@ -67,11 +67,13 @@ TEST(PluginAbi, CreateThatThrowsBecomesAPluginError) {
   } catch (const PluginError& e) {
     std::string m = e.what();
     EXPECT_NE(m.find("scheduler 'create_throws' failed to start: deliberate failure"),
-              std::string::npos) << m;
+              std::string::npos)
+        << m;
   }
-  auto r = testing::runCollie({"run", std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/quickstart.yaml",
-                               "--set", "bench.schedulers=[create_throws]"},
-                              {std::string("COLLIE_PLUGIN_PATH=") + COLLIE_TEST_ABI_PLUGIN_DIR});
+  auto r =
+      testing::runCollie({"run", std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/quickstart.yaml",
+                          "--set", "bench.schedulers=[create_throws]"},
+                         {std::string("COLLIE_PLUGIN_PATH=") + COLLIE_TEST_ABI_PLUGIN_DIR});
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("deliberate failure in the constructor"), std::string::npos) << r.output;
 }
@@ -86,7 +88,8 @@ TEST(PluginAbi, ParamsAreCheckedByThePlugin) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("x.yaml:4:9: scheduler 'good': params.knob: expected an "
                                          "integer in [0, 10], found '11'"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
   Params typo("scheduler 'good'");
   typo.set("knbo", "1");
@@ -95,7 +98,8 @@ TEST(PluginAbi, ParamsAreCheckedByThePlugin) {
     FAIL();
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("unknown param 'knbo' (did you mean 'knob'?)"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
 }
 

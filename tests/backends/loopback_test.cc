@@ -62,11 +62,14 @@ TEST(Loopback, ZeroByteMessagesAndLargeMessages) {
 TEST(Loopback, ReceiveFromSilentPeerTimesOutNamingPeerAndTag) {
   auto start = std::chrono::steady_clock::now();
   try {
-    runLoopback(2, [](std::shared_ptr<Backend> b) {
-      if (b->rank() != 1) return;
-      std::vector<int32_t> v(4);
-      b->recv(0, view(v), makeTag(12, 1, 3));
-    }, "300ms");
+    runLoopback(
+        2,
+        [](std::shared_ptr<Backend> b) {
+          if (b->rank() != 1) return;
+          std::vector<int32_t> v(4);
+          b->recv(0, view(v), makeTag(12, 1, 3));
+        },
+        "300ms");
     FAIL() << "no timeout";
   } catch (const CommError& e) {
     std::string m = e.what();
@@ -78,26 +81,33 @@ TEST(Loopback, ReceiveFromSilentPeerTimesOutNamingPeerAndTag) {
 }
 
 TEST(Loopback, SizeMismatchIsAnErrorNotACorruption) {
-  EXPECT_THROW(runLoopback(2, [](std::shared_ptr<Backend> b) {
-    std::vector<int32_t> v(b->rank() == 0 ? 4 : 3);
-    if (b->rank() == 0) b->send(1, view(v), 1);
-    else b->recv(0, view(v), 1);
-  }), CommError);
+  EXPECT_THROW(runLoopback(2,
+                           [](std::shared_ptr<Backend> b) {
+                             std::vector<int32_t> v(b->rank() == 0 ? 4 : 3);
+                             if (b->rank() == 0)
+                               b->send(1, view(v), 1);
+                             else
+                               b->recv(0, view(v), 1);
+                           }),
+               CommError);
 }
 
 TEST(Loopback, AbortUnblocksAPendingReceive) {
   std::atomic<bool> aborted{false};
   try {
-    runLoopback(2, [&](std::shared_ptr<Backend> b) {
-      if (b->rank() == 0) throw CommError("rank 0 gives up");  // the runner aborts rank 1
-      std::vector<int32_t> v(1);
-      try {
-        b->recv(0, view(v), 1);
-      } catch (const CommError& e) {
-        aborted = std::string(e.what()).find("aborted") != std::string::npos;
-        throw;
-      }
-    }, "60s");
+    runLoopback(
+        2,
+        [&](std::shared_ptr<Backend> b) {
+          if (b->rank() == 0) throw CommError("rank 0 gives up");  // the runner aborts rank 1
+          std::vector<int32_t> v(1);
+          try {
+            b->recv(0, view(v), 1);
+          } catch (const CommError& e) {
+            aborted = std::string(e.what()).find("aborted") != std::string::npos;
+            throw;
+          }
+        },
+        "60s");
   } catch (const CommError& e) {
     EXPECT_NE(std::string(e.what()).find("rank 0 gives up"), std::string::npos) << e.what();
   }
@@ -105,10 +115,12 @@ TEST(Loopback, AbortUnblocksAPendingReceive) {
 }
 
 TEST(Loopback, BadPeerIsRejected) {
-  EXPECT_THROW(runLoopback(2, [](std::shared_ptr<Backend> b) {
-    std::vector<int32_t> v(1);
-    b->isend(5, view(v), 1);
-  }), CommError);
+  EXPECT_THROW(runLoopback(2,
+                           [](std::shared_ptr<Backend> b) {
+                             std::vector<int32_t> v(1);
+                             b->isend(5, view(v), 1);
+                           }),
+               CommError);
 }
 
 TEST(Loopback, SplitMakesIndependentSubgroups) {

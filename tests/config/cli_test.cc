@@ -17,8 +17,8 @@ using testing::writeTempFile;
 const std::string kQuickstart = std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/quickstart.yaml";
 
 // Options that make the quickstart take a second.
-const std::vector<std::string> kShort = {"--set", "bench.max_bytes=64KiB", "--set",
-                                         "bench.iters=2", "--set", "bench.warmup_iters=1"};
+const std::vector<std::string> kShort = {"--set", "bench.max_bytes=64KiB", "--set", "bench.iters=2",
+                                         "--set", "bench.warmup_iters=1"};
 
 std::vector<std::string> args(std::vector<std::string> head, const std::vector<std::string>& tail) {
   head.insert(head.end(), tail.begin(), tail.end());
@@ -41,7 +41,9 @@ TEST(Cli, VersionNamesAbiFingerprintAndBlas) {
 }
 
 TEST(Cli, HelpOnEachCommandExitsZero) {
-  for (auto cmd : {std::vector<std::string>{"--help"}, {"run", "--help"}, {"validate", "--help"},
+  for (auto cmd : {std::vector<std::string>{"--help"},
+                   {"run", "--help"},
+                   {"validate", "--help"},
                    {"plugins", "--help"}}) {
     auto r = runCollie(cmd);
     EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -64,7 +66,8 @@ TEST(Cli, PluginsListsTheShippedPlugins) {
 }
 
 TEST(Cli, PluginsListsRejectedFilesWithTheirReason) {
-  auto r = runCollie({"plugins"}, {std::string("COLLIE_PLUGIN_PATH=") + COLLIE_TEST_ABI_PLUGIN_DIR});
+  auto r =
+      runCollie({"plugins"}, {std::string("COLLIE_PLUGIN_PATH=") + COLLIE_TEST_ABI_PLUGIN_DIR});
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("Rejected"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("bad descriptor magic"), std::string::npos) << r.output;
@@ -83,7 +86,7 @@ TEST(Cli, QuickstartRunsAndSavesResolvedConfigAndResults) {
   std::ifstream saved(out / "config.yaml");
   std::string text((std::istreambuf_iterator<char>(saved)), {});
   EXPECT_NE(text.find("max_bytes: 64KiB"), std::string::npos) << text;  // --set applied
-  EXPECT_NE(text.find("step_factor: 2"), std::string::npos) << text;     // default filled
+  EXPECT_NE(text.find("step_factor: 2"), std::string::npos) << text;    // default filled
   std::filesystem::remove_all(out);
 }
 
@@ -112,7 +115,8 @@ TEST(Cli, ValidateChecksWithoutRunning) {
 
 TEST(Cli, BadConfigsExitTwoWithLocation) {
   std::string path = writeTempFile("typo.yaml", "backend: loopback\nbench:\n  schedulrs: [ring]\n");
-  expectBadInput(runCollie({"run", path}), "typo.yaml:3:3: bench.schedulrs: unknown key (did you mean 'schedulers'?)");
+  expectBadInput(runCollie({"run", path}),
+                 "typo.yaml:3:3: bench.schedulrs: unknown key (did you mean 'schedulers'?)");
   expectBadInput(runCollie({"validate", path}), "bench.schedulers: missing required key");
   expectBadInput(runCollie({"run", kQuickstart, "--set", "bench.iters=-4"}),
                  "--set bench.iters: bench.iters: expected an integer");
@@ -157,7 +161,8 @@ TEST(Cli, UnknownPluginParamIsRejected) {
 }
 
 TEST(Cli, SchedulerThatCannotRunTheCollectiveIsBadInput) {
-  auto r = runCollie(args({"run", kQuickstart, "--set", "bench.collective=reduce_scatter"}, kShort));
+  auto r =
+      runCollie(args({"run", kQuickstart, "--set", "bench.collective=reduce_scatter"}, kShort));
   expectBadInput(r, "scheduler 'tree' cannot run reduce_scatter");
 }
 

@@ -36,7 +36,8 @@ std::string errorOf(const std::string& text, const std::vector<std::string>& set
 }
 
 void expectContains(const std::string& text, const std::vector<std::string>& parts) {
-  for (const auto& p : parts) EXPECT_NE(text.find(p), std::string::npos) << "'" << p << "' not in:\n" << text;
+  for (const auto& p : parts)
+    EXPECT_NE(text.find(p), std::string::npos) << "'" << p << "' not in:\n" << text;
 }
 
 TEST(Config, ValidFileLoadsWithDefaultsAndUnits) {
@@ -85,8 +86,9 @@ TEST(Config, CrossKeyChecks) {
 }
 
 TEST(Config, SetOverridesAnyKeyAndIsNamedInErrors) {
-  auto runs = loadExperiments(writeTempFile("ok.yaml", kValid),
-                              {"bench.iters=3", "launch.nproc_per_node=5", "bench.schedulers=[tree]"});
+  auto runs =
+      loadExperiments(writeTempFile("ok.yaml", kValid),
+                      {"bench.iters=3", "launch.nproc_per_node=5", "bench.schedulers=[tree]"});
   EXPECT_EQ(runs[0].bench.iters, 3);
   EXPECT_EQ(runs[0].nproc_per_node, 5);
   ASSERT_EQ(runs[0].bench.schedulers.size(), 1u);
@@ -101,8 +103,10 @@ TEST(Config, SetOverridesAnyKeyAndIsNamedInErrors) {
 
 TEST(Config, MatrixExpandsTheCartesianProduct) {
   auto runs = loadExperiments(
-      writeTempFile("m.yaml", std::string(kValid) +
-                                  "matrix:\n  bench.dtype: [f32, bf16]\n  launch.nproc_per_node: [2, 4, 5]\n"),
+      writeTempFile(
+          "m.yaml",
+          std::string(kValid) +
+              "matrix:\n  bench.dtype: [f32, bf16]\n  launch.nproc_per_node: [2, 4, 5]\n"),
       {});
   ASSERT_EQ(runs.size(), 6u);
   EXPECT_EQ(runs[0].matrix_point, "bench.dtype=f32, launch.nproc_per_node=2");
@@ -123,7 +127,9 @@ TEST(ConfigFiles, BinaryGarbage) {
   std::string garbage;
   for (int i = 0; i < 4096; ++i) garbage += static_cast<char>((i * 7919 + 13) % 256);
   expectContains(errorOf(garbage), {"binary file"});
-  expectContains(errorOf("\x7f" "ELF\x02\x01\x01 junk: [\n"), {"case.yaml"});
+  expectContains(errorOf("\x7f"
+                         "ELF\x02\x01\x01 junk: [\n"),
+                 {"case.yaml"});
 }
 
 TEST(ConfigFiles, DeepNestingIsRefusedNotACrash) {
@@ -151,10 +157,16 @@ TEST(ConfigFiles, HugeFileIsRefusedBeforeParsing) {
 
 TEST(ConfigFiles, DirectoryMissingAndUnreadable) {
   EXPECT_THROW(readConfigFile("/tmp"), ConfigError);
-  expectContains([] {
-    try { readConfigFile("/tmp"); } catch (const ConfigError& e) { return std::string(e.what()); }
-    return std::string();
-  }(), {"is a directory"});
+  expectContains(
+      [] {
+        try {
+          readConfigFile("/tmp");
+        } catch (const ConfigError& e) {
+          return std::string(e.what());
+        }
+        return std::string();
+      }(),
+      {"is a directory"});
   EXPECT_THROW(readConfigFile("/nonexistent/x.yaml"), ConfigError);
   // /proc/self/mem opens but every read at offset 0 fails: an unreadable file even for root.
   try {

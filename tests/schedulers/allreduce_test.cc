@@ -54,8 +54,12 @@ void checkCollective(const Case& c, Collective coll, const std::vector<size_t>& 
         for (int root : roots) {
           Buffer like;
           like.dtype = c.dtype;
-          size_t in = coll == Collective::kAllGather ? count : count * (coll == Collective::kReduceScatter ? n : 1);
-          size_t out = coll == Collective::kAllGather ? count * n : (coll == Collective::kReduceScatter ? count : 0);
+          size_t in = coll == Collective::kAllGather
+                          ? count
+                          : count * (coll == Collective::kReduceScatter ? n : 1);
+          size_t out = coll == Collective::kAllGather
+                           ? count * n
+                           : (coll == Collective::kReduceScatter ? count : 0);
           ScratchBuffer data(like, in), output(like, out);
           CollectiveArgs args;
           args.coll = coll;
@@ -65,8 +69,9 @@ void checkCollective(const Case& c, Collective coll, const std::vector<size_t>& 
           args.root = root;
           pattern::fillInput(args, rank, n);
           comm.run(args);
-          std::string label = std::string(collectiveName(coll)) + " count " + std::to_string(count) +
-                              " op " + reduceOpName(op) + " root " + std::to_string(root);
+          std::string label = std::string(collectiveName(coll)) + " count " +
+                              std::to_string(count) + " op " + reduceOpName(op) + " root " +
+                              std::to_string(root);
           EXPECT_EQ(pattern::countWrong(args, rank, n), 0u) << label << " rank " << rank;
           const Buffer& result = coll == Collective::kReduceScatter ? args.output
                                  : coll == Collective::kAllGather   ? args.output
@@ -108,12 +113,13 @@ std::string caseName(const ::testing::TestParamInfo<AllReduce::ParamType>& info)
          dtypeName(std::get<2>(info.param));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Schedulers, AllReduce,
-    ::testing::Combine(::testing::Values("ring", "tree"), ::testing::Values(1, 2, 3, 4, 5, 8),
-                       ::testing::Values(DType::kF32, DType::kF64, DType::kF16, DType::kBF16,
-                                         DType::kI32, DType::kI64)),
-    caseName);
+INSTANTIATE_TEST_SUITE_P(Schedulers, AllReduce,
+                         ::testing::Combine(::testing::Values("ring", "tree"),
+                                            ::testing::Values(1, 2, 3, 4, 5, 8),
+                                            ::testing::Values(DType::kF32, DType::kF64, DType::kF16,
+                                                              DType::kBF16, DType::kI32,
+                                                              DType::kI64)),
+                         caseName);
 
 TEST(RingCollectives, ReduceScatterAndAllGather) {
   for (int world : {1, 2, 3, 5}) {
@@ -132,7 +138,8 @@ TEST(TreeCollectives, BroadcastFromEveryRootAndBarrier) {
     for (int r = 0; r < world; ++r) roots[r] = r;
     Params tiny;
     tiny.set("segment_bytes", "12");
-    checkCollective({"tree", tiny, world, DType::kF32}, Collective::kBroadcast, {0, 1, 7, 1000}, roots);
+    checkCollective({"tree", tiny, world, DType::kF32}, Collective::kBroadcast, {0, 1, 7, 1000},
+                    roots);
     checkCollective({"tree", Params(), world, DType::kF32}, Collective::kBarrier, {0});
   }
 }
@@ -158,7 +165,8 @@ TEST(Schedulers, CommunicatorNamesTheRefusals) {
       FAIL() << "no error";
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("tree: tree: allgather is not implemented"),
-                std::string::npos) << e.what();
+                std::string::npos)
+          << e.what();
     }
   });
 }
@@ -166,16 +174,19 @@ TEST(Schedulers, CommunicatorNamesTheRefusals) {
 TEST(Schedulers, DeadPeerMidCollectiveIsANamedErrorNotAHang) {
   auto start = std::chrono::steady_clock::now();
   try {
-    runLoopback(2, [](std::shared_ptr<Backend> backend) {
-      if (backend->rank() == 1) return;  // never joins the all-reduce
-      Communicator comm(backend, "loopback", Topology::singleNode(2));
-      comm.addRule("ring", loadScheduler("ring"));
-      std::vector<float> v(300, 1.0f);
-      CollectiveArgs args;
-      args.data.data = v.data();
-      args.data.count = v.size();
-      comm.run(args);
-    }, "500ms");
+    runLoopback(
+        2,
+        [](std::shared_ptr<Backend> backend) {
+          if (backend->rank() == 1) return;  // never joins the all-reduce
+          Communicator comm(backend, "loopback", Topology::singleNode(2));
+          comm.addRule("ring", loadScheduler("ring"));
+          std::vector<float> v(300, 1.0f);
+          CollectiveArgs args;
+          args.data.data = v.data();
+          args.data.count = v.size();
+          comm.run(args);
+        },
+        "500ms");
     FAIL() << "no error";
   } catch (const CommError& e) {
     std::string m = e.what();

@@ -61,7 +61,8 @@ TEST(Ring, ReduceScatterLeavesRankRWithBlockRComplete) {
       }
       holds = next;
     }
-    for (int r = 0; r < n; ++r) EXPECT_EQ(holds[r][r].size(), static_cast<size_t>(n)) << n << " " << r;
+    for (int r = 0; r < n; ++r)
+      EXPECT_EQ(holds[r][r].size(), static_cast<size_t>(n)) << n << " " << r;
   }
 }
 

@@ -68,12 +68,12 @@ std::string concat(const Args&... args) {
 }  // namespace collie
 
 // Throws ErrorType with the message, the failed condition and file:line.
-#define COLLIE_CHECK_AS(ErrorType, cond, ...)                                                 \
-  do {                                                                                        \
-    if (!(cond)) {                                                                            \
+#define COLLIE_CHECK_AS(ErrorType, cond, ...)                                                   \
+  do {                                                                                          \
+    if (!(cond)) {                                                                              \
       throw ErrorType(::collie::detail::concat(__VA_ARGS__, " [check '", #cond, "' failed at ", \
-                                               __FILE__, ":", __LINE__, "]"));                \
-    }                                                                                         \
+                                               __FILE__, ":", __LINE__, "]"));                  \
+    }                                                                                           \
   } while (0)
 
 // An internal invariant: failing it is a collie bug, reported as a failed run (exit 1).

@@ -37,7 +37,7 @@
 
 // Everything that must agree between the host and a plugin for C++ objects to cross the
 // boundary safely. A plugin built elsewhere with another compiler or LibTorch is rejected.
-#define COLLIE_BUILD_FINGERPRINT                                                   \
+#define COLLIE_BUILD_FINGERPRINT                                                  \
   COLLIE_COMPILER_ID ";cxx11abi=" COLLIE_CXX11_ABI ";torch=" COLLIE_TORCH_VERSION \
                      ";collie=" COLLIE_VERSION
 
@@ -118,25 +118,26 @@ void destroyPlugin(void* object) noexcept {
 }  // namespace detail
 }  // namespace collie
 
-#define COLLIE_DEFINE_PLUGIN_DETAIL(KIND, BASE, NAME, VERSION, DESCRIPTION, TYPE)          \
-  extern "C" COLLIE_EXPORT const collie_plugin_descriptor_v1 collie_plugin_v1 = {         \
-      COLLIE_PLUGIN_MAGIC,                                                                \
-      COLLIE_ABI_MAJOR,                                                                   \
-      COLLIE_ABI_MINOR,                                                                   \
-      KIND,                                                                               \
-      NAME,                                                                               \
-      VERSION,                                                                            \
-      DESCRIPTION,                                                                        \
-      COLLIE_BUILD_FINGERPRINT,                                                           \
-      &::collie::detail::createPlugin<BASE, TYPE>,                                        \
-      &::collie::detail::destroyPlugin<BASE>,                                             \
+#define COLLIE_DEFINE_PLUGIN_DETAIL(KIND, BASE, NAME, VERSION, DESCRIPTION, TYPE) \
+  extern "C" COLLIE_EXPORT const collie_plugin_descriptor_v1 collie_plugin_v1 = { \
+      COLLIE_PLUGIN_MAGIC,                                                        \
+      COLLIE_ABI_MAJOR,                                                           \
+      COLLIE_ABI_MINOR,                                                           \
+      KIND,                                                                       \
+      NAME,                                                                       \
+      VERSION,                                                                    \
+      DESCRIPTION,                                                                \
+      COLLIE_BUILD_FINGERPRINT,                                                   \
+      &::collie::detail::createPlugin<BASE, TYPE>,                                \
+      &::collie::detail::destroyPlugin<BASE>,                                     \
   }
 
 // TYPE derives from collie::Backend and has a constructor TYPE(const collie::PluginContext&).
-#define COLLIE_BACKEND_PLUGIN(NAME, VERSION, DESCRIPTION, TYPE) \
-  COLLIE_DEFINE_PLUGIN_DETAIL(COLLIE_KIND_BACKEND, ::collie::Backend, NAME, VERSION, DESCRIPTION, TYPE)
+#define COLLIE_BACKEND_PLUGIN(NAME, VERSION, DESCRIPTION, TYPE)                                   \
+  COLLIE_DEFINE_PLUGIN_DETAIL(COLLIE_KIND_BACKEND, ::collie::Backend, NAME, VERSION, DESCRIPTION, \
+                              TYPE)
 
 // TYPE derives from collie::Scheduler and has a constructor TYPE(const collie::PluginContext&).
-#define COLLIE_SCHEDULER_PLUGIN(NAME, VERSION, DESCRIPTION, TYPE)                       \
+#define COLLIE_SCHEDULER_PLUGIN(NAME, VERSION, DESCRIPTION, TYPE)                        \
   COLLIE_DEFINE_PLUGIN_DETAIL(COLLIE_KIND_SCHEDULER, ::collie::Scheduler, NAME, VERSION, \
                               DESCRIPTION, TYPE)

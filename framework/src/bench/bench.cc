@@ -32,7 +32,8 @@ Shape shapeFor(Collective coll, uint64_t bytes, DType dtype, int n) {
       size_t k = count / n;
       return {k, k * n, k * n};
     }
-    default: return {count, 0, count};
+    default:
+      return {count, 0, count};
   }
 }
 
@@ -45,7 +46,10 @@ class RankBench {
  public:
   RankBench(const PluginLoader& loader, const config::Experiment& e,
             std::shared_ptr<Backend> backend)
-      : e_(e), spec_(e.bench), n_(backend->size()), rank_(backend->rank()),
+      : e_(e),
+        spec_(e.bench),
+        n_(backend->size()),
+        rank_(backend->rank()),
         comm_(backend, e.backend.label, Topology::singleNode(backend->size())),
         control_(*backend) {
     for (const auto& ref : spec_.schedulers) {
@@ -108,8 +112,8 @@ class RankBench {
     row.time_us = seconds * 1e6;
     row.algbw = seconds > 0 ? row.bytes / seconds / 1e9 : 0;
     row.busbw = row.algbw * busFactor(spec_.collective, n_);
-    logDebug(row.scheduler + " " + std::to_string(row.bytes) + " B: " +
-             std::to_string(row.time_us) + " us");
+    logDebug(row.scheduler + " " + std::to_string(row.bytes) +
+             " B: " + std::to_string(row.time_us) + " us");
     return row;
   }
 
@@ -143,10 +147,13 @@ std::vector<uint64_t> sweepSizes(uint64_t min_bytes, uint64_t max_bytes, int fac
 
 double busFactor(Collective coll, int n) {
   switch (coll) {
-    case Collective::kAllReduce: return 2.0 * (n - 1) / n;
+    case Collective::kAllReduce:
+      return 2.0 * (n - 1) / n;
     case Collective::kReduceScatter:
-    case Collective::kAllGather: return static_cast<double>(n - 1) / n;
-    default: return 1.0;
+    case Collective::kAllGather:
+      return static_cast<double>(n - 1) / n;
+    default:
+      return 1.0;
   }
 }
 

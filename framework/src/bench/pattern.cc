@@ -1,8 +1,8 @@
 // The closed forms behind pattern.h, vectorised with ATen.
 #include "bench/pattern.h"
 
-#include <ATen/core/Tensor.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/abs.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/from_blob.h>
@@ -18,8 +18,8 @@ namespace collie::pattern {
 namespace {
 
 at::ScalarType scalarType(DType dtype) {
-  static const at::ScalarType kTypes[] = {at::kFloat, at::kDouble, at::kHalf,
-                                          at::kBFloat16, at::kInt, at::kLong};
+  static const at::ScalarType kTypes[] = {at::kFloat,    at::kDouble, at::kHalf,
+                                          at::kBFloat16, at::kInt,    at::kLong};
   return kTypes[static_cast<int>(dtype)];
 }
 
@@ -32,11 +32,13 @@ at::Tensor wrap(const Buffer& buf) {
 at::Tensor input(ReduceOp op, int r, const at::Tensor& i) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return (at::remainder(i, 5) + (r + 1)).to(at::kDouble);
+    case ReduceOp::kAvg:
+      return (at::remainder(i, 5) + (r + 1)).to(at::kDouble);
     case ReduceOp::kProd:
       return at::where(at::remainder(i + r, 3) == 0, 2.0, 1.0).to(at::kDouble);
     case ReduceOp::kMin:
-    case ReduceOp::kMax: return (at::remainder(i + 7 * r, 11) - 5).to(at::kDouble);
+    case ReduceOp::kMax:
+      return (at::remainder(i + 7 * r, 11) - 5).to(at::kDouble);
   }
   throw InternalError("unknown op");
 }
@@ -48,10 +50,18 @@ at::Tensor reduced(ReduceOp op, DType dtype, int size, const at::Tensor& i) {
     at::Tensor v = input(op, r, i);
     switch (op) {
       case ReduceOp::kSum:
-      case ReduceOp::kAvg: acc = acc + v; break;
-      case ReduceOp::kProd: acc = acc * v; break;
-      case ReduceOp::kMin: acc = at::minimum(acc, v); break;
-      case ReduceOp::kMax: acc = at::maximum(acc, v); break;
+      case ReduceOp::kAvg:
+        acc = acc + v;
+        break;
+      case ReduceOp::kProd:
+        acc = acc * v;
+        break;
+      case ReduceOp::kMin:
+        acc = at::minimum(acc, v);
+        break;
+      case ReduceOp::kMax:
+        acc = at::maximum(acc, v);
+        break;
     }
   }
   if (op == ReduceOp::kAvg) {
@@ -67,11 +77,16 @@ at::Tensor indices(int64_t begin, size_t count) {
 
 double tolerance(DType dtype) {
   switch (dtype) {
-    case DType::kF64: return 1e-12;
-    case DType::kF32: return 1e-6;
-    case DType::kF16: return 1e-3;
-    case DType::kBF16: return 8e-3;
-    default: return 0;
+    case DType::kF64:
+      return 1e-12;
+    case DType::kF32:
+      return 1e-6;
+    case DType::kF16:
+      return 1e-3;
+    case DType::kBF16:
+      return 8e-3;
+    default:
+      return 0;
   }
 }
 
@@ -92,7 +107,8 @@ void fillInput(const CollectiveArgs& args, int rank, int /*size*/) {
   const Buffer& in = args.data;
   switch (args.coll) {
     case Collective::kAllReduce:
-    case Collective::kReduceScatter: return store(in, input(args.op, rank, indices(0, in.count)));
+    case Collective::kReduceScatter:
+      return store(in, input(args.op, rank, indices(0, in.count)));
     case Collective::kAllGather:
       store(args.output, at::full({static_cast<int64_t>(args.output.count)}, -1.0, at::kDouble));
       return store(in, input(ReduceOp::kSum, rank, indices(0, in.count)));
@@ -100,30 +116,34 @@ void fillInput(const CollectiveArgs& args, int rank, int /*size*/) {
       if (rank == args.root) return store(in, input(ReduceOp::kSum, rank, indices(0, in.count)));
       return store(in, at::full({static_cast<int64_t>(in.count)}, -1.0, at::kDouble));
     }
-    case Collective::kBarrier: return;
+    case Collective::kBarrier:
+      return;
   }
 }
 
 uint64_t countWrong(const CollectiveArgs& args, int rank, int size) {
   switch (args.coll) {
     case Collective::kAllReduce:
-      return mismatches(args.data, reduced(args.op, args.data.dtype, size, indices(0, args.data.count)));
+      return mismatches(args.data,
+                        reduced(args.op, args.data.dtype, size, indices(0, args.data.count)));
     case Collective::kReduceScatter: {
       int64_t begin = static_cast<int64_t>(rank * args.output.count);
-      return mismatches(args.output,
-                        reduced(args.op, args.output.dtype, size, indices(begin, args.output.count)));
+      return mismatches(args.output, reduced(args.op, args.output.dtype, size,
+                                             indices(begin, args.output.count)));
     }
     case Collective::kAllGather: {
       const size_t k = args.data.count;
       uint64_t wrong = 0;
       for (int src = 0; src < size; ++src) {
-        wrong += mismatches(args.output.slice(src * k, k), input(ReduceOp::kSum, src, indices(0, k)));
+        wrong +=
+            mismatches(args.output.slice(src * k, k), input(ReduceOp::kSum, src, indices(0, k)));
       }
       return wrong;
     }
     case Collective::kBroadcast:
       return mismatches(args.data, input(ReduceOp::kSum, args.root, indices(0, args.data.count)));
-    case Collective::kBarrier: return 0;
+    case Collective::kBarrier:
+      return 0;
   }
   return 0;
 }

@@ -72,12 +72,18 @@ void writeCsv(const std::string& path, const std::vector<Row>& rows) {
 void writeJson(const std::string& path, const std::vector<Row>& rows) {
   nlohmann::json doc = nlohmann::json::array();
   for (const Row& r : rows) {
-    doc.push_back({{"run", r.run},         {"collective", r.collective},
-                   {"backend", r.backend}, {"ranks", r.ranks},
-                   {"scheduler", r.scheduler}, {"bytes", r.bytes},
-                   {"count", r.count},     {"dtype", r.dtype},
-                   {"op", r.op},           {"time_us", r.time_us},
-                   {"algbw_gbps", r.algbw}, {"busbw_gbps", r.busbw},
+    doc.push_back({{"run", r.run},
+                   {"collective", r.collective},
+                   {"backend", r.backend},
+                   {"ranks", r.ranks},
+                   {"scheduler", r.scheduler},
+                   {"bytes", r.bytes},
+                   {"count", r.count},
+                   {"dtype", r.dtype},
+                   {"op", r.op},
+                   {"time_us", r.time_us},
+                   {"algbw_gbps", r.algbw},
+                   {"busbw_gbps", r.busbw},
                    {"wrong", r.wrong}});
   }
   openOutput(path) << doc.dump(2) << "\n";

@@ -1,7 +1,7 @@
 // The collie command line: run, validate, plugins, --version. Exit codes: 0 success,
 // 1 the run failed, 2 bad input (config, CLI, plugin).
-#include <CLI/CLI.hpp>
 #include <yaml-cpp/yaml.h>
+#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdlib>
@@ -60,6 +60,14 @@ void saveConfig(const std::string& path, const YAML::Node& resolved) {
   if (!out) throw Error(ErrorKind::kInternal, "cannot write " + path);
 }
 
+// Every plugin the experiments name must load before anything runs (no silent fallback).
+void openPlugins(const PluginLoader& loader, const std::vector<config::Experiment>& experiments) {
+  for (const auto& e : experiments) {
+    loader.open(PluginKind::kBackend, e.backend.plugin);
+    for (const auto& s : e.bench.schedulers) loader.open(PluginKind::kScheduler, s.plugin);
+  }
+}
+
 int runCommand(const Options& opt) {
   auto experiments = config::loadExperiments(opt.config, opt.sets);
   applyLogLevel(opt.log_level, experiments.front().log_level);
@@ -71,13 +79,14 @@ int runCommand(const Options& opt) {
   if (ec) throw ConfigError("--out " + out.string() + ": cannot create: " + ec.message());
 
   PluginLoader loader;
+  openPlugins(loader, experiments);
   std::vector<bench::Row> rows;
   for (size_t i = 0; i < experiments.size(); ++i) {
     const auto& e = experiments[i];
-    saveConfig((out / (experiments.size() == 1 ? "config.yaml"
-                                               : "config-" + std::to_string(i) + ".yaml"))
-                   .string(),
-               e.resolved);
+    saveConfig(
+        (out / (experiments.size() == 1 ? "config.yaml" : "config-" + std::to_string(i) + ".yaml"))
+            .string(),
+        e.resolved);
     logInfo("run " + std::to_string(i + 1) + "/" + std::to_string(experiments.size()) + ": " +
             e.name + (e.matrix_point.empty() ? "" : " [" + e.matrix_point + "]") + ", " +
             std::to_string(e.nproc_per_node) + " ranks on " + e.backend.label);
@@ -92,7 +101,8 @@ int runCommand(const Options& opt) {
   uint64_t wrong = 0;
   for (const auto& r : rows) wrong += r.wrong;
   if (wrong > 0) {
-    logError(std::to_string(wrong) + " result elements differ from the expected values: a "
+    logError(std::to_string(wrong) +
+             " result elements differ from the expected values: a "
              "scheduler or backend computed wrong results");
     return kExitRunFailed;
   }
@@ -101,14 +111,10 @@ int runCommand(const Options& opt) {
 
 int validateCommand(const Options& opt) {
   auto experiments = config::loadExperiments(opt.config, opt.sets);
+  openPlugins(PluginLoader(), experiments);
   std::cout << opt.config << ": OK, " << experiments.size() << " run(s)\n";
   for (const auto& e : experiments) {
     if (!e.matrix_point.empty()) std::cout << "  " << e.matrix_point << "\n";
-  }
-  PluginLoader loader;  // every plugin the file names must load, too
-  for (const auto& e : experiments) {
-    loader.open(PluginKind::kBackend, e.backend.plugin);
-    for (const auto& s : e.bench.schedulers) loader.open(PluginKind::kScheduler, s.plugin);
   }
   return 0;
 }
@@ -120,12 +126,12 @@ int pluginsCommand() {
   for (const auto& dir : loader.searchPath()) std::cout << "  " << dir << "\n";
   std::cout << "\nPlugins (" << scan.found.size() << "):\n";
   std::cout << std::left << "  " << std::setw(10) << "KIND" << std::setw(12) << "NAME"
-            << std::setw(9) << "VERSION" << std::setw(6) << "ABI" << "PATH\n";
+            << std::setw(9) << "VERSION" << std::setw(6) << "ABI"
+            << "PATH\n";
   for (const auto& p : scan.found) {
     std::cout << "  " << std::setw(10) << pluginKindName(p.kind) << std::setw(12) << p.name
               << std::setw(9) << p.version << std::setw(6)
-              << (std::to_string(p.abi_major) + "." + std::to_string(p.abi_minor)) << p.path
-              << "\n"
+              << (std::to_string(p.abi_major) + "." + std::to_string(p.abi_minor)) << p.path << "\n"
               << "  " << std::setw(37) << "" << p.description << "\n";
   }
   if (!scan.rejected.empty()) {
@@ -154,7 +160,8 @@ int dispatch(int argc, char** argv) {
   Options opt;
   bool version = false;
   app.add_flag("--version", version, "print version, build fingerprint and BLAS in use");
-  app.add_option("--log-level", opt.log_level, "trace|debug|info|warn|error|off (or COLLIE_LOG_LEVEL)")
+  app.add_option("--log-level", opt.log_level,
+                 "trace|debug|info|warn|error|off (or COLLIE_LOG_LEVEL)")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
 
   auto* run = app.add_subcommand("run", "run an experiment file and print its table");

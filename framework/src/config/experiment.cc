@@ -12,6 +12,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <yaml-cpp/depthguard.h>
+
 #include "collie/error.h"
 #include "config/schema.h"
 #include "util/strings.h"
@@ -31,6 +33,10 @@ YAML::Node parse(const std::string& text, const std::string& file) {
   YAML::Node root;
   try {
     root = YAML::Load(text);
+  } catch (const YAML::DeepRecursion& e) {
+    throw ConfigError(file + ":" + std::to_string(e.mark.line + 1) + ":" +
+                      std::to_string(e.mark.column + 1) + ": nesting deeper than " +
+                      std::to_string(e.depth() - 1) + " levels; an experiment file needs a few");
   } catch (const YAML::Exception& e) {
     throw ConfigError(file + ":" + std::to_string(e.mark.line + 1) + ":" +
                       std::to_string(e.mark.column + 1) + ": not valid YAML: " + e.msg);
@@ -40,9 +46,11 @@ YAML::Node parse(const std::string& text, const std::string& file) {
                       kHintSchema);
   }
   if (!root.IsMap()) {
-    throw ConfigError(location(file, root) + ": expected a map of experiment keys at the top "
-                      "level, found " + (root.IsSequence() ? "a list" : "'" + root.Scalar() + "'") +
-                      ". " + kHintSchema);
+    throw ConfigError(location(file, root) +
+                      ": expected a map of experiment keys at the top "
+                      "level, found " +
+                      (root.IsSequence() ? "a list" : "'" + root.Scalar() + "'") + ". " +
+                      kHintSchema);
   }
   return root;
 }
@@ -89,13 +97,15 @@ std::vector<MatrixAxis> takeMatrix(YAML::Node& root, const std::string& file) {
   YAML::Node matrix = root["matrix"];
   if (!matrix.IsDefined() || matrix.IsNull()) return axes;
   if (!matrix.IsMap()) {
-    throw ConfigError(location(file, matrix) + ": matrix: expected a map of dotted key: [values], "
+    throw ConfigError(location(file, matrix) +
+                      ": matrix: expected a map of dotted key: [values], "
                       "e.g. {bench.dtype: [f32, bf16]}");
   }
   for (auto it = matrix.begin(); it != matrix.end(); ++it) {
     std::string key = it->first.Scalar();
     if (key == "matrix" || key.rfind("matrix.", 0) == 0) {
-      throw ConfigError(location(file, it->first) + ": matrix." + key + ": a matrix cannot vary itself");
+      throw ConfigError(location(file, it->first) + ": matrix." + key +
+                        ": a matrix cannot vary itself");
     }
     if (!it->second.IsSequence() || it->second.size() == 0) {
       throw ConfigError(location(file, it->second) + ": matrix." + key +
@@ -152,8 +162,7 @@ Experiment typed(const YAML::Node& root, const std::string& file) {
   Experiment e;
   e.file = file;
   e.resolved = root;
-  e.name = root["name"] ? root["name"].Scalar()
-                        : std::filesystem::path(file).stem().string();
+  e.name = root["name"] ? root["name"].Scalar() : std::filesystem::path(file).stem().string();
   parseLogLevel(root["log_level"].Scalar(), &e.log_level);
   e.nproc_per_node = root["launch"]["nproc_per_node"].as<int>();
   e.threads_per_rank = root["launch"]["threads_per_rank"].as<int>();
@@ -179,8 +188,10 @@ Experiment typed(const YAML::Node& root, const std::string& file) {
 void checkConsistency(const Experiment& e, std::vector<Issue>* issues) {
   const YAML::Node bench = e.resolved["bench"];
   if (e.bench.min_bytes > e.bench.max_bytes) {
-    issues->push_back({location(e.file, bench["min_bytes"]) + ": bench.min_bytes: expected at most "
-                       "bench.max_bytes (" + formatBytes(e.bench.max_bytes) + "), found " +
+    issues->push_back({location(e.file, bench["min_bytes"]) +
+                       ": bench.min_bytes: expected at most "
+                       "bench.max_bytes (" +
+                       formatBytes(e.bench.max_bytes) + "), found " +
                        formatBytes(e.bench.min_bytes)});
   }
   if (e.bench.root >= e.nproc_per_node) {
@@ -203,7 +214,9 @@ std::string readAll(const std::string& path) {
     if (n < 0 || text.size() + n > kMaxConfigBytes) {
       int error = errno;
       ::close(fd);
-      if (n > 0) throw ConfigError(path + ": config grew past the " + formatBytes(kMaxConfigBytes) + " limit while reading");
+      if (n > 0)
+        throw ConfigError(path + ": config grew past the " + formatBytes(kMaxConfigBytes) +
+                          " limit while reading");
       throw ConfigError(path + ": cannot read config: " + std::strerror(error));
     }
     text.append(buffer, static_cast<size_t>(n));
@@ -226,8 +239,10 @@ std::string readConfigFile(const std::string& path) {
   }
   if (!S_ISREG(st.st_mode)) throw ConfigError(path + ": not a regular file");
   if (static_cast<size_t>(st.st_size) > kMaxConfigBytes) {
-    throw ConfigError(path + ": config is " + std::to_string(st.st_size) + " bytes, larger than "
-                      "the " + formatBytes(kMaxConfigBytes) + " limit; is it really an experiment file?");
+    throw ConfigError(path + ": config is " + std::to_string(st.st_size) +
+                      " bytes, larger than "
+                      "the " +
+                      formatBytes(kMaxConfigBytes) + " limit; is it really an experiment file?");
   }
   std::string text = readAll(path);
   if (text.find('\0') != std::string::npos) {
@@ -284,7 +299,8 @@ std::vector<Experiment> loadExperiments(const std::string& path,
     }
     for (const auto& issue : issues) {
       std::string line = issue.message + (label.empty() ? "" : " [matrix point " + label + "]");
-      if (std::find(problems.begin(), problems.end(), line) == problems.end()) problems.push_back(line);
+      if (std::find(problems.begin(), problems.end(), line) == problems.end())
+        problems.push_back(line);
     }
     size_t a = 0;
     while (a < axes.size() && ++index[a] == axes[a].values.size()) index[a++] = 0;

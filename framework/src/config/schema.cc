@@ -99,19 +99,29 @@ std::string Schema::expected() const {
     return s;
   };
   switch (type_) {
-    case Type::kMap: return "a map";
-    case Type::kList: return "a list";
-    case Type::kString: return "a string";
-    case Type::kInt: return "an integer in [" + num(min_) + ", " + num(max_) + "]";
-    case Type::kFloat: return "a number in [" + num(min_) + ", " + num(max_) + "]";
-    case Type::kBool: return "true or false";
+    case Type::kMap:
+      return "a map";
+    case Type::kList:
+      return "a list";
+    case Type::kString:
+      return "a string";
+    case Type::kInt:
+      return "an integer in [" + num(min_) + ", " + num(max_) + "]";
+    case Type::kFloat:
+      return "a number in [" + num(min_) + ", " + num(max_) + "]";
+    case Type::kBool:
+      return "true or false";
     case Type::kBytes:
       return "a size between " + formatBytes(static_cast<uint64_t>(min_)) + " and " +
              formatBytes(static_cast<uint64_t>(max_)) + " (e.g. 4KiB, 64MiB, 25MB)";
-    case Type::kDuration: return "a duration (e.g. 30s, 500ms, 2m)";
-    case Type::kEnum: return "one of " + detail::join(choices_, ", ");
-    case Type::kParams: return "a map of plugin params";
-    case Type::kPluginRef: return "a plugin name, a path, or {plugin: NAME, params: {...}}";
+    case Type::kDuration:
+      return "a duration (e.g. 30s, 500ms, 2m)";
+    case Type::kEnum:
+      return "one of " + detail::join(choices_, ", ");
+    case Type::kParams:
+      return "a map of plugin params";
+    case Type::kPluginRef:
+      return "a plugin name, a path, or {plugin: NAME, params: {...}}";
   }
   return "?";
 }
@@ -120,10 +130,14 @@ namespace {
 
 std::string describe(const YAML::Node& node) {
   switch (node.Type()) {
-    case YAML::NodeType::Map: return "a map";
-    case YAML::NodeType::Sequence: return "a list";
-    case YAML::NodeType::Null: return "nothing";
-    default: return "'" + node.Scalar() + "'";
+    case YAML::NodeType::Map:
+      return "a map";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Null:
+      return "nothing";
+    default:
+      return "'" + node.Scalar() + "'";
   }
 }
 
@@ -136,11 +150,16 @@ class Validator {
 
   void check(YAML::Node& node, const Schema& schema, const std::string& key) {
     switch (schema.type_) {
-      case Schema::Type::kMap: return checkMap(node, schema, key);
-      case Schema::Type::kList: return checkList(node, schema, key);
-      case Schema::Type::kParams: return checkParams(node, key);
-      case Schema::Type::kPluginRef: return checkPluginRef(node, key);
-      default: return checkScalar(node, schema, key);
+      case Schema::Type::kMap:
+        return checkMap(node, schema, key);
+      case Schema::Type::kList:
+        return checkList(node, schema, key);
+      case Schema::Type::kParams:
+        return checkParams(node, key);
+      case Schema::Type::kPluginRef:
+        return checkPluginRef(node, key);
+      default:
+        return checkScalar(node, schema, key);
     }
   }
 
@@ -217,8 +236,9 @@ class Validator {
     }
     if (!node.IsSequence()) return mismatch(node, schema, key);
     if (node.size() < schema.min_items_) {
-      report(node, key, "expected at least " + std::to_string(schema.min_items_) +
-                            " item(s), found " + std::to_string(node.size()));
+      report(node, key,
+             "expected at least " + std::to_string(schema.min_items_) + " item(s), found " +
+                 std::to_string(node.size()));
     }
     for (size_t i = 0; i < node.size(); ++i) {
       YAML::Node item = node[i];
@@ -230,18 +250,17 @@ class Validator {
     if (!node.IsMap()) return mismatch(node, Schema::params(), key);
     for (auto it = node.begin(); it != node.end(); ++it) {
       if (!it->first.IsScalar() || !it->second.IsScalar()) {
-        report(it->second, child(key, it->first.Scalar()),
-               "plugin params must be scalars (numbers, sizes, words), found " +
-                   describe(it->second));
+        report(
+            it->second, child(key, it->first.Scalar()),
+            "plugin params must be scalars (numbers, sizes, words), found " + describe(it->second));
       }
     }
   }
 
   void checkPluginRef(YAML::Node& node, const std::string& key) {
-    static const Schema kRef =
-        Schema::map({{"plugin", Schema::string().required()},
-                     {"params", Schema::params()},
-                     {"label", Schema::string()}});
+    static const Schema kRef = Schema::map({{"plugin", Schema::string().required()},
+                                            {"params", Schema::params()},
+                                            {"label", Schema::string()}});
     if (node.IsScalar() && !node.Scalar().empty()) return;
     if (node.IsMap()) return checkMap(node, kRef, key);
     mismatch(node, Schema::pluginRef(), key);
@@ -285,12 +304,14 @@ class Validator {
         bool found = false;
         for (const auto& c : schema.choices_) found = found || c == text;
         if (!found) {
-          return report(node, key, "expected " + schema.expected() + ", found '" + text + "'" +
-                                       detail::didYouMean(text, schema.choices_));
+          return report(node, key,
+                        "expected " + schema.expected() + ", found '" + text + "'" +
+                            detail::didYouMean(text, schema.choices_));
         }
         break;
       }
-      default: break;
+      default:
+        break;
     }
     if (!ok) mismatch(node, schema, key);
   }
@@ -310,8 +331,8 @@ const Schema& experimentSchema() {
   static const Schema schema = Schema::map({
       {"name", Schema::string().doc("experiment name (default: the file name)")},
       {"description", Schema::string().doc("free text")},
-      {"log_level", Schema::oneOf({"trace", "debug", "info", "warn", "error", "off"})
-                        .byDefault("info")},
+      {"log_level",
+       Schema::oneOf({"trace", "debug", "info", "warn", "error", "off"}).byDefault("info")},
       {"launch",
        Schema::map({
            {"nproc_per_node", Schema::integer(1, 1024).byDefault("1").doc("ranks on this node")},
@@ -321,9 +342,8 @@ const Schema& experimentSchema() {
       {"backend", Schema::pluginRef().required().doc("the transport between ranks")},
       {"bench",
        Schema::map({
-           {"collective",
-            Schema::oneOf({"allreduce", "reduce_scatter", "allgather", "broadcast"})
-                .byDefault("allreduce")},
+           {"collective", Schema::oneOf({"allreduce", "reduce_scatter", "allgather", "broadcast"})
+                              .byDefault("allreduce")},
            {"schedulers", Schema::list(Schema::pluginRef(), 1).required()},
            {"dtype", Schema::oneOf({"f32", "f64", "f16", "bf16", "i32", "i64"}).byDefault("f32")},
            {"op", Schema::oneOf({"sum", "avg", "min", "max", "prod"}).byDefault("sum")},

@@ -13,8 +13,19 @@ namespace collie::config {
 
 class Schema {
  public:
-  enum class Type { kMap, kList, kString, kInt, kFloat, kBool, kBytes, kDuration, kEnum, kParams,
-                    kPluginRef };
+  enum class Type {
+    kMap,
+    kList,
+    kString,
+    kInt,
+    kFloat,
+    kBool,
+    kBytes,
+    kDuration,
+    kEnum,
+    kParams,
+    kPluginRef
+  };
 
   static Schema map(std::vector<std::pair<std::string, Schema>> fields);
   static Schema list(Schema item, size_t min_items = 0);

@@ -17,7 +17,8 @@ thread_local int t_rank = -1;
 // %R in the pattern: "r3 " for rank 3, nothing outside a rank.
 class RankFlag : public spdlog::custom_flag_formatter {
  public:
-  void format(const spdlog::details::log_msg&, const std::tm&, spdlog::memory_buf_t& dest) override {
+  void format(const spdlog::details::log_msg&, const std::tm&,
+              spdlog::memory_buf_t& dest) override {
     if (t_rank < 0) return;
     std::string text = "r" + std::to_string(t_rank) + " ";
     dest.append(text.data(), text.data() + text.size());
@@ -29,12 +30,18 @@ class RankFlag : public spdlog::custom_flag_formatter {
 
 spdlog::level::level_enum toSpd(LogLevel level) {
   switch (level) {
-    case LogLevel::kTrace: return spdlog::level::trace;
-    case LogLevel::kDebug: return spdlog::level::debug;
-    case LogLevel::kInfo: return spdlog::level::info;
-    case LogLevel::kWarn: return spdlog::level::warn;
-    case LogLevel::kError: return spdlog::level::err;
-    case LogLevel::kOff: return spdlog::level::off;
+    case LogLevel::kTrace:
+      return spdlog::level::trace;
+    case LogLevel::kDebug:
+      return spdlog::level::debug;
+    case LogLevel::kInfo:
+      return spdlog::level::info;
+    case LogLevel::kWarn:
+      return spdlog::level::warn;
+    case LogLevel::kError:
+      return spdlog::level::err;
+    case LogLevel::kOff:
+      return spdlog::level::off;
   }
   return spdlog::level::info;
 }
@@ -56,9 +63,7 @@ spdlog::logger& logger() {
 
 }  // namespace
 
-void logMessage(LogLevel level, const std::string& message) {
-  logger().log(toSpd(level), message);
-}
+void logMessage(LogLevel level, const std::string& message) { logger().log(toSpd(level), message); }
 
 void setLogRank(int rank) { t_rank = rank; }
 

@@ -11,8 +11,8 @@ namespace {
 constexpr const char* kDTypeNames[] = {"f32", "f64", "f16", "bf16", "i32", "i64"};
 constexpr size_t kDTypeSizes[] = {4, 8, 2, 2, 4, 8};
 constexpr const char* kOpNames[] = {"sum", "avg", "min", "max", "prod"};
-constexpr const char* kCollectiveNames[] = {"allreduce", "reduce_scatter", "allgather",
-                                            "broadcast", "barrier"};
+constexpr const char* kCollectiveNames[] = {"allreduce", "reduce_scatter", "allgather", "broadcast",
+                                            "barrier"};
 
 template <typename Enum, size_t N>
 bool parseName(const char* const (&names)[N], const std::string& text, Enum* out) {
@@ -30,9 +30,7 @@ bool parseName(const char* const (&names)[N], const std::string& text, Enum* out
 size_t dtypeSize(DType dtype) { return kDTypeSizes[static_cast<size_t>(dtype)]; }
 const char* dtypeName(DType dtype) { return kDTypeNames[static_cast<size_t>(dtype)]; }
 const char* reduceOpName(ReduceOp op) { return kOpNames[static_cast<size_t>(op)]; }
-const char* collectiveName(Collective coll) {
-  return kCollectiveNames[static_cast<size_t>(coll)];
-}
+const char* collectiveName(Collective coll) { return kCollectiveNames[static_cast<size_t>(coll)]; }
 bool parseDType(const std::string& name, DType* out) { return parseName(kDTypeNames, name, out); }
 bool parseReduceOp(const std::string& name, ReduceOp* out) {
   return parseName(kOpNames, name, out);

@@ -33,10 +33,20 @@ bool parseBytes(const std::string& text, uint64_t* out) {
   double number = 0;
   std::string unit;
   if (!splitNumber(text, &number, &unit) || number < 0) return false;
-  static const std::pair<const char*, double> kUnits[] = {
-      {"", 1},          {"B", 1},         {"KB", 1e3},      {"MB", 1e6},      {"GB", 1e9},
-      {"TB", 1e12},     {"KiB", 1024.0},  {"MiB", 1048576.0}, {"GiB", 1073741824.0},
-      {"TiB", 1099511627776.0}, {"k", 1e3}, {"K", 1024.0},   {"M", 1048576.0}, {"G", 1073741824.0}};
+  static const std::pair<const char*, double> kUnits[] = {{"", 1},
+                                                          {"B", 1},
+                                                          {"KB", 1e3},
+                                                          {"MB", 1e6},
+                                                          {"GB", 1e9},
+                                                          {"TB", 1e12},
+                                                          {"KiB", 1024.0},
+                                                          {"MiB", 1048576.0},
+                                                          {"GiB", 1073741824.0},
+                                                          {"TiB", 1099511627776.0},
+                                                          {"k", 1e3},
+                                                          {"K", 1024.0},
+                                                          {"M", 1048576.0},
+                                                          {"G", 1073741824.0}};
   for (const auto& [name, scale] : kUnits) {
     if (unit != name) continue;
     double bytes = number * scale;

@@ -15,12 +15,18 @@ namespace {
 
 at::ScalarType scalarType(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return at::kFloat;
-    case DType::kF64: return at::kDouble;
-    case DType::kF16: return at::kHalf;
-    case DType::kBF16: return at::kBFloat16;
-    case DType::kI32: return at::kInt;
-    case DType::kI64: return at::kLong;
+    case DType::kF32:
+      return at::kFloat;
+    case DType::kF64:
+      return at::kDouble;
+    case DType::kF16:
+      return at::kHalf;
+    case DType::kBF16:
+      return at::kBFloat16;
+    case DType::kI32:
+      return at::kInt;
+    case DType::kI64:
+      return at::kLong;
   }
   throw InternalError("unknown dtype");
 }
@@ -37,8 +43,8 @@ at::Tensor wrap(const Buffer& buf) {
 }
 
 void checkSameShape(const Buffer& dst, const Buffer& src, const char* what) {
-  COLLIE_CHECK(dst.count == src.count && dst.dtype == src.dtype && dst.memory == src.memory,
-               what, ": buffers differ (dst ", dst.count, " x ", dtypeName(dst.dtype), ", src ",
+  COLLIE_CHECK(dst.count == src.count && dst.dtype == src.dtype && dst.memory == src.memory, what,
+               ": buffers differ (dst ", dst.count, " x ", dtypeName(dst.dtype), ", src ",
                src.count, " x ", dtypeName(src.dtype), ")");
 }
 
@@ -60,10 +66,18 @@ void reduceInto(const Buffer& dst, const Buffer& src, ReduceOp op) {
   at::Tensor s = wrap(src);
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: d.add_(s); break;
-    case ReduceOp::kProd: d.mul_(s); break;
-    case ReduceOp::kMin: at::minimum_out(d, d, s); break;
-    case ReduceOp::kMax: at::maximum_out(d, d, s); break;
+    case ReduceOp::kAvg:
+      d.add_(s);
+      break;
+    case ReduceOp::kProd:
+      d.mul_(s);
+      break;
+    case ReduceOp::kMin:
+      at::minimum_out(d, d, s);
+      break;
+    case ReduceOp::kMax:
+      at::maximum_out(d, d, s);
+      break;
   }
 }
 

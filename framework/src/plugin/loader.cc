@@ -5,9 +5,9 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <boost/dll/library_info.hpp>
 #include <boost/dll/shared_library.hpp>
-#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -112,7 +112,8 @@ PluginInfo validate(const std::string& path, const collie_plugin_descriptor_v1& 
     reject(path,
            std::string("is a ") + pluginKindName(kind) + " plugin, but the slot needs a " +
                pluginKindName(*expected_kind),
-           std::string("name a ") + pluginKindName(*expected_kind) + " here; `collie plugins` lists them");
+           std::string("name a ") + pluginKindName(*expected_kind) +
+               " here; `collie plugins` lists them");
   }
   if (text(d.fingerprint) != COLLIE_BUILD_FINGERPRINT) {
     reject(path,
@@ -162,8 +163,8 @@ void rejectUnreadParams(const Params& params, const PluginLibrary& library) {
   const std::string& key = unread.front();
   throw ConfigError(params.where(key) + params.owner() + ": unknown param '" + key + "'" +
                     detail::didYouMean(key, known) + "; " + pluginKindName(library.info.kind) +
-                    " '" + library.info.name + "' knows: " +
-                    (known.empty() ? "no params" : detail::join(known, ", ")));
+                    " '" + library.info.name +
+                    "' knows: " + (known.empty() ? "no params" : detail::join(known, ", ")));
 }
 
 // The folder `collie/` beside the libcollie_core.so that contains this code.
@@ -179,9 +180,12 @@ std::string besideCoreLibrary() {
 
 const char* pluginKindName(PluginKind kind) {
   switch (kind) {
-    case PluginKind::kBackend: return "backend";
-    case PluginKind::kScheduler: return "scheduler";
-    case PluginKind::kModel: return "model";
+    case PluginKind::kBackend:
+      return "backend";
+    case PluginKind::kScheduler:
+      return "scheduler";
+    case PluginKind::kModel:
+      return "model";
   }
   return "unknown";
 }
@@ -190,8 +194,8 @@ std::shared_ptr<PluginLibrary> openPluginFile(const std::string& path, const Plu
   inspectFile(path);
   auto library = std::make_shared<PluginLibrary>();
   try {
-    library->library.load(fs::path(path), boost::dll::load_mode::rtld_lazy |
-                                              boost::dll::load_mode::rtld_local);
+    library->library.load(fs::path(path),
+                          boost::dll::load_mode::rtld_lazy | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
     const char* why = dlerror();
     reject(path, std::string("cannot be loaded: ") + (why ? why : e.what()),
@@ -255,10 +259,10 @@ std::shared_ptr<PluginLibrary> PluginLoader::open(PluginKind kind,
     if (!fs::exists(candidate, ec)) continue;
     auto library = openPluginFile(candidate.string(), &kind);
     if (library->info.name != name_or_path) {
-      reject(candidate.string(),
-             "declares name '" + library->info.name + "' but was looked up as '" + name_or_path +
-                 "'",
-             "the file name must be " + fileName(kind, library->info.name));
+      reject(
+          candidate.string(),
+          "declares name '" + library->info.name + "' but was looked up as '" + name_or_path + "'",
+          "the file name must be " + fileName(kind, library->info.name));
     }
     return library;
   }
@@ -268,8 +272,8 @@ std::shared_ptr<PluginLibrary> PluginLoader::open(PluginKind kind,
   }
   throw PluginError(std::string("no ") + pluginKindName(kind) + " plugin named '" + name_or_path +
                     "'" + detail::didYouMean(name_or_path, known) + "; looked for " + file +
-                    " in: " + detail::join(dirs_, ", ") + "; available: " +
-                    (known.empty() ? "none" : detail::join(known, ", ")) +
+                    " in: " + detail::join(dirs_, ", ") +
+                    "; available: " + (known.empty() ? "none" : detail::join(known, ", ")) +
                     ". HINT: `collie plugins` lists every plugin found; set COLLIE_PLUGIN_PATH "
                     "to add a folder, or give a path");
 }

@@ -11,7 +11,8 @@ namespace collie {
 
 Communicator::Communicator(std::shared_ptr<Backend> backend, std::string backend_name,
                            Topology topology)
-    : backend_(std::move(backend)), backend_name_(std::move(backend_name)),
+    : backend_(std::move(backend)),
+      backend_name_(std::move(backend_name)),
       topology_(std::move(topology)) {}
 
 void Communicator::addRule(std::string label, std::shared_ptr<Scheduler> scheduler,
@@ -52,7 +53,8 @@ Provenance Communicator::run(CollectiveArgs args) {
     refusals += "; " + rule.label + ": " + decision.reason;
   }
   throw ConfigError(std::string("no scheduler can run ") + collectiveName(args.coll) + " of " +
-                    formatBytes(bytes) + (refusals.empty() ? ": no rule admits this size" : refusals) +
+                    formatBytes(bytes) +
+                    (refusals.empty() ? ": no rule admits this size" : refusals) +
                     ". HINT: add a scheduler that implements it to the rules");
 }
 

@@ -25,7 +25,8 @@ std::vector<std::vector<double>> Control::allGather(const std::vector<double>& v
       backend_.recv(r, view(table.data() + r * values.size(), values.size()), tag);
     }
     std::vector<std::unique_ptr<Request>> sends;
-    for (int r = 1; r < n; ++r) sends.push_back(backend_.isend(r, view(table.data(), table.size()), tag));
+    for (int r = 1; r < n; ++r)
+      sends.push_back(backend_.isend(r, view(table.data(), table.size()), tag));
     waitAll(sends, backend_.timeout());
   } else {
     backend_.send(0, view(const_cast<double*>(values.data()), values.size()), tag);

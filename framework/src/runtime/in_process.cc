@@ -27,7 +27,8 @@ void runInProcess(const PluginLoader& loader, const config::PluginRef& backend_r
     if (!first_error) {
       first_error = error;
       for (int r = 0; r < world; ++r) {
-        if (backends[r] && r != rank) backends[r]->abort("rank " + std::to_string(rank) + " failed");
+        if (backends[r] && r != rank)
+          backends[r]->abort("rank " + std::to_string(rank) + " failed");
       }
     }
   };
@@ -42,7 +43,8 @@ void runInProcess(const PluginLoader& loader, const config::PluginRef& backend_r
         mine.rank = rank;
         auto backend = loader.createBackend(backend_ref.plugin, params, mine);
         if (!backend->capabilities().in_process) {
-          throw PluginError("backend '" + backend_ref.plugin + "' runs ranks as separate "
+          throw PluginError("backend '" + backend_ref.plugin +
+                            "' runs ranks as separate "
                             "processes, which this collie cannot launch yet; use the loopback "
                             "backend");
         }

@@ -11,8 +11,10 @@ class DirectScheduler : public collie::Scheduler {
  public:
   explicit DirectScheduler(const collie::PluginContext&) {}
 
-  collie::Decision accepts(const collie::CollectiveArgs& args, const collie::Topology&) const override {
-    if (args.coll != collie::Collective::kAllReduce) return collie::Decision::no("direct: allreduce only");
+  collie::Decision accepts(const collie::CollectiveArgs& args,
+                           const collie::Topology&) const override {
+    if (args.coll != collie::Collective::kAllReduce)
+      return collie::Decision::no("direct: allreduce only");
     return collie::Decision::yes();
   }
 

@@ -22,7 +22,8 @@ inline int treeParent(int rank, int root, int size) {
 inline std::vector<int> treeChildren(int rank, int root, int size) {
   int v = virtualRank(rank, root, size);
   std::vector<int> children;
-  for (int c = 2 * v + 1; c <= 2 * v + 2 && c < size; ++c) children.push_back(realRank(c, root, size));
+  for (int c = 2 * v + 1; c <= 2 * v + 2 && c < size; ++c)
+    children.push_back(realRank(c, root, size));
   return children;
 }
 
