@@ -13,20 +13,12 @@
 #include <ATen/ops/where.h>
 
 #include "collie/error.h"
+#include "core/aten.h"
 
 namespace collie::pattern {
 namespace {
 
-at::ScalarType scalarType(DType dtype) {
-  static const at::ScalarType kTypes[] = {at::kFloat,    at::kDouble, at::kHalf,
-                                          at::kBFloat16, at::kInt,    at::kLong};
-  return kTypes[static_cast<int>(dtype)];
-}
-
-at::Tensor wrap(const Buffer& buf) {
-  return at::from_blob(buf.data, {static_cast<int64_t>(buf.count)},
-                       at::TensorOptions().dtype(scalarType(buf.dtype)));
-}
+using detail::wrap;
 
 // The value rank `r` contributes at global index i (i: int64 tensor), as doubles.
 at::Tensor input(ReduceOp op, int r, const at::Tensor& i) {

@@ -9,9 +9,10 @@
 
 #include "collie/buffer.h"
 #include "collie/error.h"
+#include "core/aten.h"
 
 namespace collie {
-namespace {
+namespace detail {
 
 at::ScalarType scalarType(DType dtype) {
   switch (dtype) {
@@ -31,16 +32,21 @@ at::ScalarType scalarType(DType dtype) {
   throw InternalError("unknown dtype");
 }
 
-at::TensorOptions options(const Buffer& buf) {
+at::TensorOptions tensorOptions(const Buffer& buf) {
   auto opts = at::TensorOptions().dtype(scalarType(buf.dtype));
   if (buf.memory == MemoryKind::kCuda) opts = opts.device(at::Device(at::kCUDA, buf.device));
   return opts;
 }
 
-// A tensor aliasing the buffer's memory (no copy, no ownership).
 at::Tensor wrap(const Buffer& buf) {
-  return at::from_blob(buf.data, {static_cast<int64_t>(buf.count)}, options(buf));
+  return at::from_blob(buf.data, {static_cast<int64_t>(buf.count)}, tensorOptions(buf));
 }
+
+}  // namespace detail
+
+namespace {
+
+using detail::wrap;
 
 void checkSameShape(const Buffer& dst, const Buffer& src, const char* what) {
   COLLIE_CHECK(dst.count == src.count && dst.dtype == src.dtype && dst.memory == src.memory, what,
@@ -98,7 +104,8 @@ void copyInto(const Buffer& dst, const Buffer& src) {
 }
 
 ScratchBuffer::ScratchBuffer(const Buffer& like, size_t count) {
-  auto* tensor = new at::Tensor(at::empty({static_cast<int64_t>(count)}, options(like)));
+  auto* tensor =
+      new at::Tensor(at::empty({static_cast<int64_t>(count)}, detail::tensorOptions(like)));
   holder_ = tensor;
   view_ = like;
   view_.data = tensor->data_ptr();
