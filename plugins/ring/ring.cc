@@ -29,7 +29,7 @@ class RingScheduler : public Scheduler {
     }
   }
 
-  void run(const CollectiveArgs& args, Backend& backend) override {
+  void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {
     const int n = backend.size();
     switch (args.coll) {
       case Collective::kAllReduce: {

@@ -30,7 +30,7 @@ class TreeScheduler : public Scheduler {
     }
   }
 
-  void run(const CollectiveArgs& args, Backend& backend) override {
+  void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {
     const int n = backend.size();
     if (n == 1) return finishAverage(args.data, args.op, n);
     Buffer data = args.data;

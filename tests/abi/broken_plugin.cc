@@ -16,7 +16,7 @@ class EchoScheduler : public collie::Scheduler {
   collie::Decision accepts(const collie::CollectiveArgs&, const collie::Topology&) const override {
     return collie::Decision::no("test plugin");
   }
-  void run(const collie::CollectiveArgs&, collie::Backend&) override {}
+  void run(const collie::CollectiveArgs&, collie::Backend&, const collie::Topology&) override {}
 };
 
 }  // namespace

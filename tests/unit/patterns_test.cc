@@ -110,3 +110,86 @@ TEST(Tree, ParentsAndChildrenAgreeForEveryRoot) {
 
 }  // namespace
 }  // namespace collie::patterns
+
+#include "collie/patterns/halving_doubling.h"
+
+namespace collie::patterns {
+namespace {
+
+TEST(HalvingDoubling, FoldPairsTheExtraRanksAndNumbersTheCore) {
+  for (int n = 1; n <= 33; ++n) {
+    int p = powerOfTwoFloor(n), cores = 0;
+    EXPECT_LE(p, n);
+    EXPECT_GT(2 * p, n);
+    std::set<int> indices;
+    for (int r = 0; r < n; ++r) {
+      Fold f = fold(r, n);
+      if (f.core_index >= 0) {
+        ++cores;
+        indices.insert(f.core_index);
+        EXPECT_EQ(coreRank(f.core_index, n), r);
+      } else {
+        EXPECT_EQ(fold(f.partner, n).partner, r) << "fold partners are mutual";
+        EXPECT_GE(fold(f.partner, n).core_index, 0);
+      }
+    }
+    EXPECT_EQ(cores, p);
+    EXPECT_EQ(static_cast<int>(indices.size()), p);
+  }
+}
+
+TEST(HalvingDoubling, HalvingLeavesCoreIndexVWithBlockVReduced) {
+  for (int p = 1; p <= 32; p *= 2) {
+    // holds[v][b] = contributions in block b on core index v; span[v] = blocks v still owns
+    Holdings holds(p, std::vector<std::set<int>>(p));
+    std::vector<BlockSpan> span(p, BlockSpan{0, p});
+    for (int v = 0; v < p; ++v)
+      for (int b = 0; b < p; ++b) holds[v][b] = {v};
+    for (int k = 0; k < log2Exact(p); ++k) {
+      Holdings next = holds;
+      for (int v = 0; v < p; ++v) {
+        HalvingStep s = halvingStep(v, p, k);
+        HalvingStep back = halvingStep(s.partner, p, k);
+        EXPECT_EQ(back.partner, v);
+        EXPECT_EQ(back.give.begin, s.keep.begin) << "partner sends what v keeps";
+        EXPECT_EQ(back.give.end, s.keep.end);
+        EXPECT_GE(s.keep.begin, span[v].begin);
+        EXPECT_LE(s.keep.end, span[v].end);
+        for (int b = s.keep.begin; b < s.keep.end; ++b) {
+          next[v][b].insert(holds[s.partner][b].begin(), holds[s.partner][b].end());
+        }
+      }
+      for (int v = 0; v < p; ++v) span[v] = halvingStep(v, p, k).keep;
+      holds = next;
+    }
+    for (int v = 0; v < p; ++v) {
+      EXPECT_EQ(span[v].begin, v);
+      EXPECT_EQ(span[v].end, v + 1);
+      EXPECT_EQ(holds[v][v].size(), static_cast<size_t>(p));
+    }
+  }
+}
+
+TEST(HalvingDoubling, DoublingGathersEveryBlock) {
+  for (int p = 1; p <= 32; p *= 2) {
+    std::vector<std::set<int>> has(p);
+    for (int v = 0; v < p; ++v) has[v] = {v};
+    for (int k = 0; k < log2Exact(p); ++k) {
+      auto next = has;
+      for (int v = 0; v < p; ++v) {
+        HalvingStep s = doublingStep(v, p, k);
+        for (int b = s.keep.begin; b < s.keep.end; ++b) {
+          EXPECT_TRUE(has[v].count(b)) << "v sends only blocks it has";
+        }
+        for (int b = s.give.begin; b < s.give.end; ++b) next[v].insert(b);
+        HalvingStep back = doublingStep(s.partner, p, k);
+        EXPECT_EQ(back.keep.begin, s.give.begin);
+      }
+      has = next;
+    }
+    for (int v = 0; v < p; ++v) EXPECT_EQ(has[v].size(), static_cast<size_t>(p));
+  }
+}
+
+}  // namespace
+}  // namespace collie::patterns

@@ -7,7 +7,10 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <functional>
+#include <memory>
 #include <new>
+#include <string>
 
 #include "collie/backend.h"
 #include "collie/config.h"
@@ -80,10 +83,17 @@ struct collie_plugin_descriptor_v1 {
 
 namespace collie {
 
-// What create() receives. Backends read `backend`; every kind reads `params`.
+// Creates another scheduler by name or path, with its own params (for schedulers built from
+// others, such as hierarchical and auto). Throws PluginError or ConfigError.
+using SchedulerFactory =
+    std::function<std::shared_ptr<Scheduler>(const std::string& plugin, Params& params)>;
+
+// What create() receives. Backends read `backend`; every kind reads `params`; schedulers
+// may create other schedulers through `make_scheduler` (valid only while create() runs).
 struct PluginContext {
   Params* params = nullptr;
   BackendContext backend;
+  SchedulerFactory make_scheduler;
 };
 
 namespace detail {

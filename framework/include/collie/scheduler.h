@@ -4,6 +4,7 @@
 
 #include "collie/backend.h"
 #include "collie/collective.h"
+#include "collie/cost_model.h"
 #include "collie/topology.h"
 
 namespace collie {
@@ -16,10 +17,19 @@ class Scheduler {
   // A refusal names the reason ("tree: reduce_scatter is not implemented").
   virtual Decision accepts(const CollectiveArgs& args, const Topology& topology) const = 0;
 
-  // Runs an accepted collective. Every rank of `backend`'s group calls it with the same
-  // collective, count, dtype, op, root and seq. Throws CommError (naming the peer, the
-  // collective and seq) when a transfer fails or times out; the buffers are then undefined.
-  virtual void run(const CollectiveArgs& args, Backend& backend) = 0;
+  // Runs an accepted collective on `backend`'s group, whose shape is `topology` (the same
+  // one accepts() saw). Every rank of the group calls it with the same collective, count,
+  // dtype, op, root and seq. Throws CommError (naming the peer, the collective and seq) when
+  // a transfer fails or times out; the buffers are then undefined.
+  virtual void run(const CollectiveArgs& args, Backend& backend, const Topology& topology) = 0;
+
+  // Predicted seconds for `args` on `topology` under `model` (documented in the plugin's
+  // README), or kNoPrediction. Used by the bench's predicted column and by `auto`.
+  virtual double predictSeconds(const CollectiveArgs& args, const Topology& topology,
+                                const CostModel& model) const {
+    (void)args, (void)topology, (void)model;
+    return kNoPrediction;
+  }
 };
 
 }  // namespace collie

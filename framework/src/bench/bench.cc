@@ -50,7 +50,7 @@ class RankBench {
         spec_(e.bench),
         n_(backend->size()),
         rank_(backend->rank()),
-        comm_(backend, e.backend.label, Topology::singleNode(backend->size())),
+        comm_(backend, e.backend.label, e.topology),
         control_(*backend) {
     for (const auto& ref : spec_.schedulers) {
       Params params = ref.params;

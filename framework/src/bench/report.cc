@@ -16,9 +16,9 @@ void header(std::ostream& out, const Row& first) {
   out << fmt::format("# collective {} on {} ranks, backend {}, {} {}\n", first.collective,
                      first.ranks, first.backend, first.dtype, first.op);
   out << "#\n";
-  out << fmt::format("# {:>12} {:>12} {:>6} {:>6} {:>12} {:>11} {:>9} {:>9} {:>7}\n", "size",
+  out << fmt::format("# {:>12} {:>12} {:>6} {:>6} {:>16} {:>11} {:>9} {:>9} {:>7}\n", "size",
                      "count", "type", "redop", "scheduler", "time", "algbw", "busbw", "#wrong");
-  out << fmt::format("# {:>12} {:>12} {:>6} {:>6} {:>12} {:>11} {:>9} {:>9} {:>7}\n", "(B)",
+  out << fmt::format("# {:>12} {:>12} {:>6} {:>6} {:>16} {:>11} {:>9} {:>9} {:>7}\n", "(B)",
                      "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "");
 }
 
@@ -42,7 +42,7 @@ void printTable(std::ostream& out, const std::vector<Row>& rows) {
       if (!run.empty()) out << "# run: " << run << "\n";
       header(out, r);
     }
-    out << fmt::format("  {:>12} {:>12} {:>6} {:>6} {:>12} {:>11.2f} {:>9.3f} {:>9.3f} {:>7}\n",
+    out << fmt::format("  {:>12} {:>12} {:>6} {:>6} {:>16} {:>11.2f} {:>9.3f} {:>9.3f} {:>7}\n",
                        r.bytes, r.count, r.dtype, r.op, r.scheduler, r.time_us, r.algbw, r.busbw,
                        r.wrong);
     if (!busbw.count(r.scheduler)) order.push_back(r.scheduler);

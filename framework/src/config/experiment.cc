@@ -166,6 +166,13 @@ Experiment typed(const YAML::Node& root, const std::string& file) {
   parseLogLevel(root["log_level"].Scalar(), &e.log_level);
   e.nproc_per_node = root["launch"]["nproc_per_node"].as<int>();
   e.threads_per_rank = root["launch"]["threads_per_rank"].as<int>();
+  std::vector<std::string> labels(e.nproc_per_node, "node0");
+  const int per_node = root["launch"]["ranks_per_node"].as<int>();
+  for (int r = 0; per_node > 0 && r < e.nproc_per_node; ++r)
+    labels[r] = "node" + std::to_string(r / per_node);
+  if (root["launch"]["node_labels"])
+    labels = root["launch"]["node_labels"].as<std::vector<std::string>>();
+  e.topology = Topology::fromLabels(labels);
   e.backend = pluginRef(root["backend"], file, "backend");
   const YAML::Node bench = root["bench"];
   BenchSpec& b = e.bench;
@@ -193,6 +200,17 @@ void checkConsistency(const Experiment& e, std::vector<Issue>* issues) {
                        "bench.max_bytes (" +
                        formatBytes(e.bench.max_bytes) + "), found " +
                        formatBytes(e.bench.min_bytes)});
+  }
+  const YAML::Node launch = e.resolved["launch"];
+  if (launch["node_labels"] && static_cast<int>(launch["node_labels"].size()) != e.nproc_per_node) {
+    issues->push_back({location(e.file, launch["node_labels"]) + ": launch.node_labels: expected " +
+                       std::to_string(e.nproc_per_node) + " labels (one per rank), found " +
+                       std::to_string(launch["node_labels"].size())});
+  }
+  if (launch["node_labels"] && launch["ranks_per_node"].as<int>() > 0) {
+    issues->push_back({location(e.file, launch["node_labels"]) +
+                       ": launch.node_labels: give "
+                       "either launch.node_labels or launch.ranks_per_node, not both"});
   }
   if (e.bench.root >= e.nproc_per_node) {
     issues->push_back({location(e.file, bench["root"]) + ": bench.root: expected a rank below " +

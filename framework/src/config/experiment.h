@@ -11,6 +11,7 @@
 #include "collie/collective.h"
 #include "collie/log.h"
 #include "collie/params.h"
+#include "collie/topology.h"
 
 namespace collie::config {
 
@@ -45,6 +46,7 @@ struct Experiment {
   LogLevel log_level = LogLevel::kInfo;
   int nproc_per_node = 1;
   int threads_per_rank = 1;
+  Topology topology;  // from launch.ranks_per_node or launch.node_labels; one node otherwise
   PluginRef backend;
   BenchSpec bench;
   std::string output_dir;

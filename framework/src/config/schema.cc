@@ -338,6 +338,10 @@ const Schema& experimentSchema() {
            {"nproc_per_node", Schema::integer(1, 1024).byDefault("1").doc("ranks on this node")},
            {"threads_per_rank",
             Schema::integer(1, 1024).byDefault("1").doc("intra-op CPU threads per rank")},
+           {"ranks_per_node", Schema::integer(0, 1024).byDefault("0").doc(
+                                  "emulate nodes of this many ranks (0: one node)")},
+           {"node_labels",
+            Schema::list(Schema::string()).doc("a node label per rank (emulated nodes)")},
        })},
       {"backend", Schema::pluginRef().required().doc("the transport between ranks")},
       {"bench",

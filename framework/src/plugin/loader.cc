@@ -294,6 +294,9 @@ std::shared_ptr<Scheduler> PluginLoader::createScheduler(const std::string& name
   auto library = open(PluginKind::kScheduler, name);
   PluginContext plugin_context;
   plugin_context.params = &params;
+  plugin_context.make_scheduler = [this](const std::string& plugin, Params& child) {
+    return createScheduler(plugin, child);
+  };
   auto scheduler = create<Scheduler>(library, plugin_context);
   rejectUnreadParams(params, *library);
   return scheduler;

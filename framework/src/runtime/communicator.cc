@@ -32,7 +32,7 @@ Provenance Communicator::runWith(const std::string& label, Scheduler& scheduler,
   const uint64_t bytes = bytesOf(args);
   auto start = std::chrono::steady_clock::now();
   try {
-    scheduler.run(args, *backend_);
+    scheduler.run(args, *backend_, topology_);
   } catch (const CommError& e) {
     throw CommError(std::string(collectiveName(args.coll)) + " seq " + std::to_string(args.seq) +
                     " (" + formatBytes(bytes) + ", scheduler " + label + ", backend " +

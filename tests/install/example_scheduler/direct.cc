@@ -18,7 +18,8 @@ class DirectScheduler : public collie::Scheduler {
     return collie::Decision::yes();
   }
 
-  void run(const collie::CollectiveArgs& args, collie::Backend& backend) override {
+  void run(const collie::CollectiveArgs& args, collie::Backend& backend,
+           const collie::Topology&) override {
     const int n = backend.size(), rank = backend.rank();
     const collie::Tag tag = collie::makeTag(args.seq, 1, 0);
     std::vector<std::unique_ptr<collie::ScratchBuffer>> incoming;

@@ -39,3 +39,14 @@ inline std::vector<Range> pieces(Range range, size_t piece) {
 inline int mod(int a, int n) { return ((a % n) + n) % n; }
 
 }  // namespace collie::patterns
+
+namespace collie::patterns {
+
+// The elements of blocks [first, last) of the `parts`-block split of `count` elements.
+inline Range blockSpan(size_t count, int parts, int first, int last) {
+  if (first >= last) return {block(count, parts, first).offset, 0};
+  Range a = block(count, parts, first), b = block(count, parts, last - 1);
+  return {a.offset, b.offset + b.count - a.offset};
+}
+
+}  // namespace collie::patterns
