@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config git file
   libtorch-dev libopenblas0-pthread
   libyaml-cpp-dev libboost-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
-  libgtest-dev
+  libgtest-dev gnuplot-nox
 )
 
 missing=()

@@ -1,6 +1,7 @@
 // Ring all-reduce: a reduce-scatter phase then an all-gather phase around the ring, each
 // block cut into chunks so that reducing one chunk overlaps receiving the next.
 #include <algorithm>
+#include <cmath>
 
 #include "collie/patterns/ring.h"
 #include "collie/plugin.h"
@@ -57,6 +58,29 @@ class RingScheduler : public Scheduler {
       }
       default:
         throw InternalError("ring: run() called for a collective it declined");
+    }
+  }
+
+  // α-β-γ (README): 2(n-1) steps, each ⌈block/chunk⌉ messages; 2(n-1)/n of the message on
+  // the wire per rank and (n-1)/n of it reduced. Reduce-scatter and all-gather: one phase.
+  double predictSeconds(const CollectiveArgs& args, const Topology& topology,
+                        const CostModel& model) const override {
+    const int n = topology.world_size;
+    if (n == 1) return 0;
+    const LinkCost& link = topology.nodeCount() > 1 ? model.inter : model.intra;
+    const double m = static_cast<double>(std::max(args.data.bytes(), args.output.bytes()));
+    const double pieces = std::max(1.0, std::ceil(m / n / static_cast<double>(chunk_bytes_)));
+    const double phase = (n - 1) * pieces * link.alpha + (n - 1.0) / n * m * link.beta;
+    const double reduce = (n - 1.0) / n * m * model.gamma;
+    switch (args.coll) {
+      case Collective::kAllReduce:
+        return 2 * phase + reduce;
+      case Collective::kReduceScatter:
+        return phase + reduce;
+      case Collective::kAllGather:
+        return phase;
+      default:
+        return kNoPrediction;
     }
   }
 

@@ -2,6 +2,7 @@
 // back down (broadcast), so a long message keeps every level busy. Latency grows with
 // log2(n) rather than n, which wins for small messages.
 #include <algorithm>
+#include <cmath>
 
 #include "collie/patterns/tree.h"
 #include "collie/plugin.h"
@@ -48,6 +49,30 @@ class TreeScheduler : public Scheduler {
     }
     broadcastDown(data, segments, root, args.op, args.coll == Collective::kAllReduce, sends_up,
                   args.seq, backend);
+  }
+
+  // α-β-γ (README): s segments of g bytes flow up and down a pipeline of depth d. An inner
+  // node handles, per segment, c children's messages plus its parent's in each direction
+  // (c + 1 messages in, c + 1 out, at once) and reduces c of them, so the pipeline advances
+  // one segment every (c + 1)(α + gβ) + cgγ, and it takes 2d + s - 1 such beats.
+  double predictSeconds(const CollectiveArgs& args, const Topology& topology,
+                        const CostModel& model) const override {
+    const int n = topology.world_size;
+    if (n == 1) return 0;
+    const LinkCost& link = topology.nodeCount() > 1 ? model.inter : model.intra;
+    const double m = static_cast<double>(args.data.bytes());
+    const double s = std::max(1.0, std::ceil(m / static_cast<double>(segment_bytes_)));
+    const double g = m / s, c = std::min(2, n - 1), d = std::floor(std::log2(n));
+    switch (args.coll) {
+      case Collective::kAllReduce:
+        return (2 * d + s - 1) * ((c + 1) * link.message(g) + c * g * model.gamma);
+      case Collective::kBroadcast:
+        return (d + s - 1) * c * link.message(g);
+      case Collective::kBarrier:
+        return 2 * d * (c + 1) * link.alpha;
+      default:
+        return kNoPrediction;
+    }
   }
 
  private:

@@ -4,8 +4,10 @@
 #include <ATen/Parallel.h>
 
 #include <chrono>
+#include <filesystem>
 #include <mutex>
 
+#include "bench/calibrate.h"
 #include "bench/pattern.h"
 #include "collie/error.h"
 #include "collie/log.h"
@@ -39,6 +41,7 @@ Shape shapeFor(Collective coll, uint64_t bytes, DType dtype, int n) {
 
 struct Scheduled {
   std::string label;
+  std::string plugin;
   std::shared_ptr<Scheduler> scheduler;
 };
 
@@ -54,12 +57,18 @@ class RankBench {
         control_(*backend) {
     for (const auto& ref : spec_.schedulers) {
       Params params = ref.params;
-      schedulers_.push_back({ref.label, loader.createScheduler(ref.plugin, params)});
+      schedulers_.push_back({ref.label, ref.plugin, loader.createScheduler(ref.plugin, params)});
     }
   }
 
-  std::vector<Row> run() {
-    std::vector<Row> rows;
+  Result run() {
+    Result result;
+    if (spec_.calibrate) {
+      result.model = calibrate(comm_.backend(), control_, comm_.topology(), spec_.dtype);
+      result.calibrated = true;
+    }
+    model_ = result.model;
+    std::vector<Row>& rows = result.rows;
     auto sizes = sweepSizes(spec_.min_bytes, spec_.max_bytes, spec_.step_factor);
     Shape largest = shapeFor(spec_.collective, sizes.back(), spec_.dtype, n_);
     Buffer like;
@@ -75,7 +84,7 @@ class RankBench {
       args.root = spec_.root;
       for (auto& s : schedulers_) rows.push_back(measure(s, args, shape));
     }
-    return rows;
+    return result;
   }
 
  private:
@@ -97,6 +106,10 @@ class RankBench {
     Row row;
     row.run = e_.matrix_point;
     row.scheduler = s.label;
+    row.plugin = std::filesystem::path(s.plugin).filename().string();
+    row.predicted_us = spec_.calibrate
+                           ? s.scheduler->predictSeconds(args, comm_.topology(), model_) * 1e6
+                           : kNoPrediction;
     row.backend = e_.backend.label;
     row.collective = collectiveName(spec_.collective);
     row.ranks = n_;
@@ -131,6 +144,7 @@ class RankBench {
   int n_, rank_;
   Communicator comm_;
   Control control_;
+  CostModel model_;
   std::vector<Scheduled> schedulers_;
 };
 
@@ -157,20 +171,20 @@ double busFactor(Collective coll, int n) {
   }
 }
 
-std::vector<Row> run(const PluginLoader& loader, const config::Experiment& experiment) {
+Result run(const PluginLoader& loader, const config::Experiment& experiment) {
   at::set_num_threads(experiment.threads_per_rank);
-  std::vector<Row> rows;
+  Result result;
   std::mutex mu;
   runInProcess(loader, experiment.backend, experiment.nproc_per_node,
                [&](std::shared_ptr<Backend> backend) {
                  RankBench bench(loader, experiment, backend);
-                 auto mine = bench.run();
+                 Result mine = bench.run();
                  if (backend->rank() == 0) {
                    std::lock_guard<std::mutex> lock(mu);
-                   rows = std::move(mine);
+                   result = std::move(mine);
                  }
                });
-  return rows;
+  return result;
 }
 
 }  // namespace collie::bench

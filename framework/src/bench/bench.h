@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "collie/cost_model.h"
+#include "collie/rules.h"
 #include "config/experiment.h"
 #include "plugin/loader.h"
 
@@ -13,8 +15,9 @@ namespace collie::bench {
 
 // One (size, scheduler) measurement, aggregated over ranks.
 struct Row {
-  std::string run;  // the matrix point, "" without a matrix
-  std::string scheduler;
+  std::string run;        // the matrix point, "" without a matrix
+  std::string scheduler;  // its label in the config
+  std::string plugin;     // the plugin behind the label
   std::string backend;
   std::string collective;
   int ranks = 0;
@@ -22,11 +25,37 @@ struct Row {
   uint64_t count = 0;  // elements
   std::string dtype;
   std::string op;
-  double time_us = 0;  // slowest rank's mean time per collective
-  double algbw = 0;    // GB/s: bytes / time
-  double busbw = 0;    // GB/s: algbw times the collective's bus factor
-  uint64_t wrong = 0;  // elements that differ from the closed form, summed over ranks
+  double time_us = 0;       // slowest rank's mean time per collective
+  double algbw = 0;         // GB/s: bytes / time
+  double busbw = 0;         // GB/s: algbw times the collective's bus factor
+  uint64_t wrong = 0;       // elements that differ from the closed form, summed over ranks
+  double predicted_us = 0;  // the scheduler's α-β-γ prediction (NaN: it has no model)
 };
+
+// One experiment's results: its rows and the cost model the bench calibrated for it.
+struct Result {
+  std::vector<Row> rows;
+  CostModel model;
+  bool calibrated = false;
+};
+
+// Where the fastest scheduler changes between two consecutive sizes.
+struct Crossover {
+  std::string run;
+  uint64_t below = 0, above = 0;  // the two sizes
+  std::string from, to;           // fastest at `below`, fastest at `above`
+};
+
+// Crossovers of the measured times (predicted: of the predictions). Rows with wrong results
+// and the `auto` scheduler (which is one of the others) are left out.
+std::vector<Crossover> crossovers(const std::vector<Row>& rows, bool predicted);
+
+// The measured best scheduler per size range of one run's rows, as rules for `auto`.
+RulesFile bestRules(const std::vector<Row>& rows);
+
+// Median of |predicted - measured| / measured over rows that have a prediction, in percent
+// (NaN when none has).
+double medianErrorPercent(const std::vector<Row>& rows, const std::string& scheduler);
 
 // The message sizes of a sweep: min, min*factor, ... up to max.
 std::vector<uint64_t> sweepSizes(uint64_t min_bytes, uint64_t max_bytes, int factor);
@@ -35,10 +64,14 @@ std::vector<uint64_t> sweepSizes(uint64_t min_bytes, uint64_t max_bytes, int fac
 double busFactor(Collective coll, int n);
 
 // Runs the experiment's bench with its ranks as threads of this process.
-std::vector<Row> run(const PluginLoader& loader, const config::Experiment& experiment);
+Result run(const PluginLoader& loader, const config::Experiment& experiment);
 
-// The table, one block per matrix point, then the average bus bandwidth per scheduler.
-void printTable(std::ostream& out, const std::vector<Row>& rows);
+// The table, one block per matrix point (with its calibrated model), the average bus
+// bandwidth and the prediction error per scheduler, and the crossovers.
+void printTable(std::ostream& out, const std::vector<Result>& results);
+// Writes busbw.{png,svg} and time.{png,svg} into `dir` with gnuplot. Returns false (and
+// says why in `why`) when gnuplot is missing or fails.
+bool writePlots(const std::string& dir, const std::vector<Row>& rows, std::string* why);
 void writeCsv(const std::string& path, const std::vector<Row>& rows);
 void writeJson(const std::string& path, const std::vector<Row>& rows);
 

@@ -1,6 +1,10 @@
-// Bench output: the nccl-tests style table, CSV and JSON.
+// Bench output: the nccl-tests style table with predictions, CSV, JSON and gnuplot plots.
 #include <fmt/format.h>
+#include <sys/wait.h>
 
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -8,18 +12,68 @@
 
 #include "bench/bench.h"
 #include "collie/error.h"
+#include "collie/params.h"
 
 namespace collie::bench {
 namespace {
 
-void header(std::ostream& out, const Row& first) {
+constexpr const char* kRowFormat =
+    "  {:>12} {:>12} {:>6} {:>6} {:>16} {:>11} {:>9} {:>9} {:>7} {:>11} {:>7}\n";
+
+std::string fixed(double value, int digits) {
+  return std::isfinite(value) ? fmt::format("{:.{}f}", value, digits) : "-";
+}
+
+void header(std::ostream& out, const Row& first, const Result& result) {
   out << fmt::format("# collective {} on {} ranks, backend {}, {} {}\n", first.collective,
                      first.ranks, first.backend, first.dtype, first.op);
+  if (result.calibrated) {
+    const CostModel& m = result.model;
+    out << fmt::format(
+        "# cost model (calibrated): alpha {:.2f} us, beta {:.3f} GB/s, gamma {:.3f} GB/s",
+        m.intra.alpha * 1e6, m.intra.beta > 0 ? 1e-9 / m.intra.beta : INFINITY,
+        m.gamma > 0 ? 1e-9 / m.gamma : INFINITY);
+    if (m.inter.alpha != m.intra.alpha || m.inter.beta != m.intra.beta) {
+      out << fmt::format("; between nodes alpha {:.2f} us, beta {:.3f} GB/s", m.inter.alpha * 1e6,
+                         m.inter.beta > 0 ? 1e-9 / m.inter.beta : INFINITY);
+    }
+    out << "\n";
+  }
   out << "#\n";
-  out << fmt::format("# {:>12} {:>12} {:>6} {:>6} {:>16} {:>11} {:>9} {:>9} {:>7}\n", "size",
-                     "count", "type", "redop", "scheduler", "time", "algbw", "busbw", "#wrong");
-  out << fmt::format("# {:>12} {:>12} {:>6} {:>6} {:>16} {:>11} {:>9} {:>9} {:>7}\n", "(B)",
-                     "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "");
+  out << fmt::format("#{}", fmt::format(kRowFormat, "size", "count", "type", "redop", "scheduler",
+                                        "time", "algbw", "busbw", "#wrong", "predicted", "error")
+                                .substr(1));
+  out << fmt::format("#{}", fmt::format(kRowFormat, "(B)", "(elements)", "", "", "", "(us)",
+                                        "(GB/s)", "(GB/s)", "", "(us)", "(%)")
+                                .substr(1));
+}
+
+void summary(std::ostream& out, const std::vector<Row>& rows) {
+  std::vector<std::string> order;
+  std::map<std::string, std::pair<double, int>> busbw;
+  for (const Row& r : rows) {
+    if (!busbw.count(r.scheduler)) order.push_back(r.scheduler);
+    busbw[r.scheduler].first += r.busbw;
+    busbw[r.scheduler].second += 1;
+  }
+  out << "#\n# Avg bus bandwidth (GB/s):";
+  for (const auto& s : order) out << fmt::format(" {} {:.3f}", s, busbw[s].first / busbw[s].second);
+  out << "\n";
+  std::string errors;
+  for (const auto& s : order) {
+    double e = medianErrorPercent(rows, s);
+    if (std::isfinite(e)) errors += fmt::format(" {} {:.0f}%", s, e);
+  }
+  if (!errors.empty()) out << "# Median prediction error:" << errors << "\n";
+  for (bool predicted : {false, true}) {
+    auto found = crossovers(rows, predicted);
+    out << "# Crossovers (" << (predicted ? "predicted" : "measured")
+        << "):" << (found.empty() ? " none" : "") << "\n";
+    for (const auto& c : found) {
+      out << fmt::format("#   {} -> {} between {} and {}\n", c.from, c.to, formatBytes(c.below),
+                         formatBytes(c.above));
+    }
+  }
 }
 
 std::ofstream openOutput(const std::string& path) {
@@ -28,65 +82,127 @@ std::ofstream openOutput(const std::string& path) {
   return out;
 }
 
+std::string quoteForShell(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
 }  // namespace
 
-void printTable(std::ostream& out, const std::vector<Row>& rows) {
-  std::string run = "\x01";
-  std::map<std::string, std::pair<double, int>> busbw;  // scheduler -> (sum, n)
-  std::vector<std::string> order;
+void printTable(std::ostream& out, const std::vector<Result>& results) {
   uint64_t wrong = 0;
-  for (const Row& r : rows) {
-    if (r.run != run) {
-      run = r.run;
-      if (&r != &rows.front()) out << "#\n";
-      if (!run.empty()) out << "# run: " << run << "\n";
-      header(out, r);
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto& rows = results[i].rows;
+    if (rows.empty()) continue;
+    if (i > 0) out << "#\n";
+    if (!rows.front().run.empty()) out << "# run: " << rows.front().run << "\n";
+    header(out, rows.front(), results[i]);
+    for (const Row& r : rows) {
+      double error = (r.predicted_us - r.time_us) / r.time_us * 100;
+      out << fmt::format(kRowFormat, r.bytes, r.count, r.dtype, r.op, r.scheduler,
+                         fixed(r.time_us, 2), fixed(r.algbw, 3), fixed(r.busbw, 3), r.wrong,
+                         fixed(r.predicted_us, 2), fixed(error, 0));
+      wrong += r.wrong;
     }
-    out << fmt::format("  {:>12} {:>12} {:>6} {:>6} {:>16} {:>11.2f} {:>9.3f} {:>9.3f} {:>7}\n",
-                       r.bytes, r.count, r.dtype, r.op, r.scheduler, r.time_us, r.algbw, r.busbw,
-                       r.wrong);
-    if (!busbw.count(r.scheduler)) order.push_back(r.scheduler);
-    busbw[r.scheduler].first += r.busbw;
-    busbw[r.scheduler].second += 1;
-    wrong += r.wrong;
+    summary(out, rows);
   }
-  out << "#\n# Avg bus bandwidth (GB/s):";
-  for (const auto& s : order) {
-    out << fmt::format(" {} {:.3f}", s, busbw[s].first / busbw[s].second);
-  }
-  out << "\n# Wrong elements: " << wrong << (wrong == 0 ? " (all results correct)" : " (FAILED)")
+  out << "# Wrong elements: " << wrong << (wrong == 0 ? " (all results correct)" : " (FAILED)")
       << "\n";
 }
 
 void writeCsv(const std::string& path, const std::vector<Row>& rows) {
   auto out = openOutput(path);
-  out << "run,collective,backend,ranks,scheduler,bytes,count,dtype,op,time_us,algbw_gbps,"
-         "busbw_gbps,wrong\n";
+  out << "run,collective,backend,ranks,scheduler,plugin,bytes,count,dtype,op,time_us,algbw_gbps,"
+         "busbw_gbps,wrong,predicted_us\n";
   for (const Row& r : rows) {
-    out << fmt::format("\"{}\",{},{},{},{},{},{},{},{},{:.3f},{:.6f},{:.6f},{}\n", r.run,
-                       r.collective, r.backend, r.ranks, r.scheduler, r.bytes, r.count, r.dtype,
-                       r.op, r.time_us, r.algbw, r.busbw, r.wrong);
+    out << fmt::format("\"{}\",{},{},{},{},{},{},{},{},{},{:.3f},{:.6f},{:.6f},{},{}\n", r.run,
+                       r.collective, r.backend, r.ranks, r.scheduler, r.plugin, r.bytes, r.count,
+                       r.dtype, r.op, r.time_us, r.algbw, r.busbw, r.wrong,
+                       std::isfinite(r.predicted_us) ? fmt::format("{:.3f}", r.predicted_us) : "");
   }
 }
 
 void writeJson(const std::string& path, const std::vector<Row>& rows) {
   nlohmann::json doc = nlohmann::json::array();
   for (const Row& r : rows) {
-    doc.push_back({{"run", r.run},
-                   {"collective", r.collective},
-                   {"backend", r.backend},
-                   {"ranks", r.ranks},
-                   {"scheduler", r.scheduler},
-                   {"bytes", r.bytes},
-                   {"count", r.count},
-                   {"dtype", r.dtype},
-                   {"op", r.op},
-                   {"time_us", r.time_us},
-                   {"algbw_gbps", r.algbw},
-                   {"busbw_gbps", r.busbw},
-                   {"wrong", r.wrong}});
+    nlohmann::json row = {{"run", r.run},
+                          {"collective", r.collective},
+                          {"backend", r.backend},
+                          {"ranks", r.ranks},
+                          {"scheduler", r.scheduler},
+                          {"plugin", r.plugin},
+                          {"bytes", r.bytes},
+                          {"count", r.count},
+                          {"dtype", r.dtype},
+                          {"op", r.op},
+                          {"time_us", r.time_us},
+                          {"algbw_gbps", r.algbw},
+                          {"busbw_gbps", r.busbw},
+                          {"wrong", r.wrong}};
+    row["predicted_us"] = std::isfinite(r.predicted_us) ? nlohmann::json(r.predicted_us) : nullptr;
+    doc.push_back(row);
   }
   openOutput(path) << doc.dump(2) << "\n";
+}
+
+bool writePlots(const std::string& dir, const std::vector<Row>& rows, std::string* why) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    *why = "gnuplot is not installed (scripts/setup.sh installs gnuplot-nox)";
+    return false;
+  }
+  namespace fs = std::filesystem;
+  // One data block per line (run + scheduler), separated by two blank lines for `index`.
+  std::vector<std::string> lines;
+  std::map<std::string, std::vector<const Row*>> series;
+  for (const Row& r : rows) {
+    std::string name = r.run.empty() ? r.scheduler : r.scheduler + " (" + r.run + ")";
+    if (!series.count(name)) lines.push_back(name);
+    series[name].push_back(&r);
+  }
+  const fs::path data = fs::path(dir) / "plot-data.txt";
+  {
+    auto out = openOutput(data.string());
+    for (const auto& name : lines) {
+      out << "# " << name << "\n";
+      for (const Row* r : series[name])
+        out << r->bytes << " " << r->busbw << " " << r->time_us << "\n";
+      out << "\n\n";
+    }
+  }
+  const fs::path script = fs::path(dir) / "plot.gp";
+  {
+    auto out = openOutput(script.string());
+    const Row& first = rows.front();
+    std::string title = fmt::format("{} on {} ranks, {} ({} {})", first.collective, first.ranks,
+                                    first.backend, first.dtype, first.op);
+    out << "set logscale x 2\nset grid\nset key left top\nset xlabel 'message size (bytes)'\n"
+        << "set format x '%.0b %BB'\n";
+    for (const auto& [what, column, logy] :
+         {std::tuple{"busbw", 2, false}, std::tuple{"time", 3, true}}) {
+      out << "set title '" << title << "'\n"
+          << "set ylabel '" << (column == 2 ? "bus bandwidth (GB/s)" : "time (us)") << "'\n"
+          << (logy ? "set logscale y 10\n" : "unset logscale y\n");
+      for (const auto& [terminal, ext] : {std::pair{"pngcairo noenhanced size 1000,600", "png"},
+                                          std::pair{"svg noenhanced size 1000,600", "svg"}}) {
+        out << "set terminal " << terminal << "\nset output '" << what << "." << ext << "'\nplot ";
+        for (size_t i = 0; i < lines.size(); ++i) {
+          std::string name = lines[i];
+          std::replace(name.begin(), name.end(), '\'', ' ');
+          out << (i ? ", " : "") << "'plot-data.txt' index " << i << " using 1:" << column
+              << " with linespoints title '" << name << "'";
+        }
+        out << "\n";
+      }
+    }
+  }
+  std::string command = "cd " + quoteForShell(dir) + " && gnuplot plot.gp 2>gnuplot.log";
+  int status = std::system(command.c_str());
+  if (status != 0) {
+    *why = "gnuplot failed; see " + (fs::path(dir) / "gnuplot.log").string();
+    return false;
+  }
+  return true;
 }
 
 }  // namespace collie::bench

@@ -16,6 +16,7 @@
 #include "collie/error.h"
 #include "collie/log.h"
 #include "collie/plugin.h"
+#include "collie/rules.h"
 #include "config/experiment.h"
 #include "plugin/loader.h"
 #include "util/system.h"
@@ -33,6 +34,7 @@ struct Options {
   std::vector<std::string> sets;
   std::string out;
   std::string log_level;
+  std::string emit_rules;
 };
 
 std::string timestamp() {
@@ -68,6 +70,32 @@ void openPlugins(const PluginLoader& loader, const std::vector<config::Experimen
   }
 }
 
+// Plots and the rules file for `auto`, when asked for.
+void writeExtras(const Options& opt, const config::Experiment& first, const fs::path& out,
+                 const std::vector<bench::Result>& results, const std::vector<bench::Row>& rows) {
+  if (first.bench.plots && !rows.empty()) {
+    std::string why;
+    if (bench::writePlots(out.string(), rows, &why)) {
+      std::cout << "# Plots: " << (out / "busbw.png").string() << ", "
+                << (out / "time.png").string() << " (and .svg)" << std::endl;
+    } else {
+      logWarn("plots skipped: " + why);
+    }
+  }
+  std::string rules_path = opt.emit_rules.empty() ? first.bench.emit_rules : opt.emit_rules;
+  if (!rules_path.empty()) {
+    RulesFile rules = bench::bestRules(results.front().rows);
+    if (rules.rules.empty()) {
+      throw Error(ErrorKind::kInternal, "--emit-rules: no correct measurement to make rules from");
+    }
+    writeRulesFile(rules_path, rules,
+                   "written by collie " COLLIE_VERSION " from " + opt.config +
+                       ": the fastest measured scheduler per size range; use with "
+                       "{plugin: auto, params: {rules_file: THIS_FILE}}");
+    std::cout << "# Rules for auto: " << rules_path << std::endl;
+  }
+}
+
 int runCommand(const Options& opt) {
   auto experiments = config::loadExperiments(opt.config, opt.sets);
   applyLogLevel(opt.log_level, experiments.front().log_level);
@@ -80,6 +108,7 @@ int runCommand(const Options& opt) {
 
   PluginLoader loader;
   openPlugins(loader, experiments);
+  std::vector<bench::Result> results;
   std::vector<bench::Row> rows;
   for (size_t i = 0; i < experiments.size(); ++i) {
     const auto& e = experiments[i];
@@ -90,14 +119,15 @@ int runCommand(const Options& opt) {
     logInfo("run " + std::to_string(i + 1) + "/" + std::to_string(experiments.size()) + ": " +
             e.name + (e.matrix_point.empty() ? "" : " [" + e.matrix_point + "]") + ", " +
             std::to_string(e.nproc_per_node) + " ranks on " + e.backend.label);
-    auto mine = bench::run(loader, e);
-    rows.insert(rows.end(), mine.begin(), mine.end());
+    results.push_back(bench::run(loader, e));
+    rows.insert(rows.end(), results.back().rows.begin(), results.back().rows.end());
   }
-  bench::printTable(std::cout, rows);
+  bench::printTable(std::cout, results);
   bench::writeCsv((out / "results.csv").string(), rows);
   bench::writeJson((out / "results.json").string(), rows);
   std::cout << "# Results: " << (out / "results.csv").string() << ", "
             << (out / "results.json").string() << std::endl;
+  writeExtras(opt, first, out, results, rows);
   uint64_t wrong = 0;
   for (const auto& r : rows) wrong += r.wrong;
   if (wrong > 0) {
@@ -165,8 +195,11 @@ int dispatch(int argc, char** argv) {
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
 
   auto* run = app.add_subcommand("run", "run an experiment file and print its table");
+  run->alias("bench");
   addConfigOptions(run, opt);
   run->add_option("--out", opt.out, "output folder (default: output.dir/NAME-TIMESTAMP)");
+  run->add_option("--emit-rules", opt.emit_rules,
+                  "write the fastest measured scheduler per size range, as rules for auto");
   auto* validate = app.add_subcommand("validate", "check an experiment file without running it");
   addConfigOptions(validate, opt);
   auto* plugins = app.add_subcommand("plugins", "list the plugins found and the files rejected");

@@ -187,6 +187,9 @@ Experiment typed(const YAML::Node& root, const std::string& file) {
   b.warmup_iters = bench["warmup_iters"].as<int>();
   b.iters = bench["iters"].as<int>();
   b.check = bench["check"].as<bool>();
+  b.calibrate = bench["calibrate"].as<bool>();
+  b.plots = bench["plots"].as<bool>();
+  if (bench["emit_rules"]) b.emit_rules = bench["emit_rules"].Scalar();
   e.output_dir = root["output"]["dir"].Scalar();
   return e;
 }

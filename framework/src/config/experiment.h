@@ -35,6 +35,9 @@ struct BenchSpec {
   int step_factor = 2;
   int warmup_iters = 5, iters = 20;
   bool check = true;
+  bool calibrate = true;   // fit the α-β-γ model first and print predictions
+  std::string emit_rules;  // write the measured best scheduler per size range here
+  bool plots = true;       // busbw and time plots (gnuplot) beside the CSV
 };
 
 // One run: a whole file, or one point of its matrix.

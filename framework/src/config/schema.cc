@@ -358,6 +358,11 @@ const Schema& experimentSchema() {
            {"warmup_iters", Schema::integer(0, 100000).byDefault("5")},
            {"iters", Schema::integer(1, 1000000).byDefault("20")},
            {"check", Schema::boolean().byDefault("true").doc("count wrong elements (#wrong)")},
+           {"calibrate",
+            Schema::boolean().byDefault("true").doc("fit the cost model, print predictions")},
+           {"plots", Schema::boolean().byDefault("true").doc("busbw/time plots with gnuplot")},
+           {"emit_rules",
+            Schema::string().doc("write the best scheduler per size range (for auto)")},
        })},
       {"output",
        Schema::map({

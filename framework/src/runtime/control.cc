@@ -8,9 +8,11 @@ constexpr uint32_t kControlPhase = 0xF;  // tags no scheduler uses
 
 void Control::barrier() { allGather({}); }
 
+Tag Control::nextTag() { return makeTag(++seq_, kControlPhase, 0); }
+
 std::vector<std::vector<double>> Control::allGather(const std::vector<double>& values) {
   const int n = backend_.size(), rank = backend_.rank();
-  const Tag tag = makeTag(++seq_, kControlPhase, 0);
+  const Tag tag = nextTag();
   std::vector<double> table(values.size() * n);
   std::copy(values.begin(), values.end(), table.begin() + rank * values.size());
   auto view = [&](double* data, size_t count) {

@@ -16,6 +16,9 @@ class Control {
   void barrier();
   // Every rank's `values` (the same length on every rank), indexed [rank][i], on every rank.
   std::vector<std::vector<double>> allGather(const std::vector<double>& values);
+  // A fresh control-plane tag, for probes that exchange their own messages (every rank
+  // must draw the same number of tags).
+  Tag nextTag();
 
  private:
   Backend& backend_;

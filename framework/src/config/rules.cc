@@ -1,0 +1,90 @@
+// Rules files (YAML) for the auto scheduler.
+#include "collie/rules.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <fstream>
+
+#include "collie/error.h"
+#include "collie/params.h"
+#include "config/experiment.h"
+#include "config/schema.h"
+
+namespace collie {
+namespace {
+
+const config::Schema& rulesSchema() {
+  using config::Schema;
+  static const Schema schema = Schema::map({
+      {"collective", Schema::oneOf({"allreduce", "reduce_scatter", "allgather", "broadcast"})
+                         .byDefault("allreduce")},
+      {"world_size", Schema::integer(0, 1 << 20).byDefault("0")},
+      {"backend", Schema::string()},
+      {"rules", Schema::list(Schema::map({{"max_bytes", Schema::bytes(1, 1ull << 50)},
+                                          {"plugin", Schema::string().required()}}),
+                             1)
+                    .required()},
+  });
+  return schema;
+}
+
+}  // namespace
+
+RulesFile readRulesFile(const std::string& path) {
+  std::string text = config::readConfigFile(path);
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(path + ":" + std::to_string(e.mark.line + 1) + ":" +
+                      std::to_string(e.mark.column + 1) + ": not valid YAML: " + e.msg);
+  }
+  auto issues = config::validate(root, rulesSchema(), path, {});
+  if (issues.empty() && !root.IsMap()) issues.push_back({path + ": expected a rules map"});
+  if (!issues.empty()) {
+    std::string all;
+    for (const auto& i : issues) all += (all.empty() ? "" : "\n") + i.message;
+    throw ConfigError(all + "\nHINT: `collie run CONFIG --emit-rules FILE` writes a valid one");
+  }
+  RulesFile file;
+  file.collective = root["collective"].Scalar();
+  file.world_size = root["world_size"].as<int>();
+  if (root["backend"]) file.backend = root["backend"].Scalar();
+  for (const auto& r : root["rules"]) {
+    SizeRule rule;
+    rule.plugin = r["plugin"].Scalar();
+    if (r["max_bytes"]) parseBytes(r["max_bytes"].Scalar(), &rule.max_bytes);
+    file.rules.push_back(rule);
+  }
+  return file;
+}
+
+void writeRulesFile(const std::string& path, const RulesFile& rules, const std::string& comment) {
+  YAML::Emitter out;
+  out << YAML::BeginMap << YAML::Key << "collective" << YAML::Value << rules.collective << YAML::Key
+      << "world_size" << YAML::Value << rules.world_size << YAML::Key << "backend" << YAML::Value
+      << rules.backend << YAML::Key << "rules" << YAML::Value << YAML::BeginSeq;
+  for (const auto& r : rules.rules) {
+    out << YAML::Flow << YAML::BeginMap;
+    if (r.max_bytes != 0) {
+      std::string size = formatBytes(r.max_bytes);
+      size.erase(std::remove(size.begin(), size.end(), ' '), size.end());
+      out << YAML::Key << "max_bytes" << YAML::Value << size;
+    }
+    out << YAML::Key << "plugin" << YAML::Value << r.plugin << YAML::EndMap;
+  }
+  out << YAML::EndSeq << YAML::EndMap;
+  std::ofstream file(path);
+  file << "# " << comment << "\n" << out.c_str() << "\n";
+  if (!file) throw ConfigError("cannot write rules file " + path);
+}
+
+std::string pickRule(const std::vector<SizeRule>& rules, uint64_t bytes) {
+  for (const auto& r : rules) {
+    if (r.max_bytes == 0 || bytes <= r.max_bytes) return r.plugin;
+  }
+  return "";
+}
+
+}  // namespace collie
