@@ -51,10 +51,10 @@ class TreeScheduler : public Scheduler {
                   args.seq, backend);
   }
 
-  // α-β-γ (README): s segments of g bytes flow up and down a pipeline of depth d. An inner
-  // node handles, per segment, c children's messages plus its parent's in each direction
-  // (c + 1 messages in, c + 1 out, at once) and reduces c of them, so the pipeline advances
-  // one segment every (c + 1)(α + gβ) + cgγ, and it takes 2d + s - 1 such beats.
+  // α-β-γ (README): s segments of g bytes flow up and down a pipeline of depth d. Per
+  // segment an inner node takes in c children's messages and its parent's, and sends as
+  // many, through its one port (the latency overlaps, the bytes do not), and reduces c of
+  // them: the pipeline advances one segment every α + (c + 1)gβ + cgγ, over 2d + s - 1 beats.
   double predictSeconds(const CollectiveArgs& args, const Topology& topology,
                         const CostModel& model) const override {
     const int n = topology.world_size;
@@ -65,11 +65,11 @@ class TreeScheduler : public Scheduler {
     const double g = m / s, c = std::min(2, n - 1), d = std::floor(std::log2(n));
     switch (args.coll) {
       case Collective::kAllReduce:
-        return (2 * d + s - 1) * ((c + 1) * link.message(g) + c * g * model.gamma);
+        return (2 * d + s - 1) * (link.alpha + (c + 1) * g * link.beta + c * g * model.gamma);
       case Collective::kBroadcast:
-        return (d + s - 1) * c * link.message(g);
+        return (d + s - 1) * (link.alpha + c * g * link.beta);
       case Collective::kBarrier:
-        return 2 * d * (c + 1) * link.alpha;
+        return 2 * d * link.alpha;
       default:
         return kNoPrediction;
     }

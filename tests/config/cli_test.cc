@@ -177,3 +177,53 @@ TEST(Cli, LogLevelFlagAndEnvironment) {
 
 }  // namespace
 }  // namespace collie
+
+namespace collie {
+namespace {
+
+TEST(CliPluginCheck, PassesForAShippedSchedulerAndABackend) {
+  auto r = testing::runCollie({"plugin-check", "tree", "--worlds", "1,2,3", "--large-count", "0"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("PASS scheduler tree over loopback"), std::string::npos) << r.output;
+  r = testing::runCollie({"plugin-check", "loopback", "--worlds", "2,3", "--large-count", "0"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("PASS backend loopback contract"), std::string::npos) << r.output;
+}
+
+TEST(CliPluginCheck, FailsOnABrokenSchedulerWithAReport) {
+  auto r = testing::runCollie(
+      {"plugin-check",
+       std::string(COLLIE_TEST_BINARY_DIR) + "/conformance/plugins/libcollie_scheduler_lossy.so",
+       "--worlds", "2,3", "--large-count", "0"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("FAIL scheduler"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("wrong elements"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("plugin-check: FAIL"), std::string::npos) << r.output;
+}
+
+TEST(CliPluginCheck, UnknownPluginIsBadInput) {
+  auto r = testing::runCollie({"plugin-check", "rnig"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("did you mean 'ring'"), std::string::npos) << r.output;
+}
+
+TEST(CliBench, EmitRulesThenAutoUsesThem) {
+  auto dir =
+      std::filesystem::temp_directory_path() / ("collie-rules-" + std::to_string(::getpid()));
+  std::string rules = (dir / "rules.yaml").string();
+  auto r = testing::runCollie({"bench", kQuickstart, "--out", dir.string(), "--emit-rules", rules,
+                               "--set", "bench.max_bytes=64KiB", "--set", "bench.iters=2"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("# Rules for auto: " + rules), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Crossovers (measured)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("predicted"), std::string::npos) << r.output;
+  r = testing::runCollie({"run", kQuickstart, "--out", (dir / "auto").string(), "--set",
+                          "bench.schedulers=[{plugin: auto, params: {rules_file: " + rules + "}}]",
+                          "--set", "bench.max_bytes=64KiB", "--set", "bench.iters=2"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Wrong elements: 0"), std::string::npos) << r.output;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace collie

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "bench/bench.h"
+#include "check/conformance.h"
 #include "collie/error.h"
 #include "collie/log.h"
 #include "collie/plugin.h"
@@ -35,6 +36,11 @@ struct Options {
   std::string out;
   std::string log_level;
   std::string emit_rules;
+  std::string plugin;
+  std::string backend = "loopback";
+  std::vector<int> worlds;
+  std::vector<std::string> params;
+  size_t large_count = 100003;
 };
 
 std::string timestamp() {
@@ -171,6 +177,65 @@ int pluginsCommand() {
   return 0;
 }
 
+// The kind of the plugin NAME names: its descriptor says, for a path; the file that exists,
+// for a bare name.
+PluginKind kindOf(const PluginLoader& loader, const std::string& name) {
+  if (name.find('/') != std::string::npos) return pluginInfo(*openPluginFile(name, nullptr)).kind;
+  for (PluginKind kind : {PluginKind::kScheduler, PluginKind::kBackend}) {
+    for (const auto& info : loader.scan().found) {
+      if (info.kind == kind && info.name == name) return kind;
+    }
+  }
+  return PluginKind::kScheduler;  // open() then explains what was not found
+}
+
+config::PluginRef pluginRef(const std::string& plugin, const std::vector<std::string>& params,
+                            const std::string& kind) {
+  config::PluginRef ref;
+  ref.plugin = plugin;
+  ref.label = fs::path(plugin).filename().string();
+  ref.params = Params(kind + " '" + plugin + "'");
+  for (const auto& p : params) {
+    auto eq = p.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      throw ConfigError("--param " + p + ": expected key=value, e.g. --param chunk_bytes=4KiB");
+    }
+    ref.params.set(p.substr(0, eq), p.substr(eq + 1), "--param");
+  }
+  return ref;
+}
+
+int pluginCheckCommand(const Options& opt) {
+  PluginLoader loader;
+  check::Options options;
+  if (!opt.worlds.empty()) options.worlds = opt.worlds;
+  options.large_count = opt.large_count;
+  bool ok = true;
+  if (kindOf(loader, opt.plugin) == PluginKind::kScheduler) {
+    loader.open(PluginKind::kScheduler, opt.plugin);
+    loader.open(PluginKind::kBackend, opt.backend);
+    auto report = check::checkScheduler(loader, pluginRef(opt.plugin, opt.params, "scheduler"),
+                                        pluginRef(opt.backend, {}, "backend"), options);
+    std::cout << check::describe("scheduler " + opt.plugin + " over " + opt.backend, report);
+    ok = report.ok();
+  } else {
+    loader.open(PluginKind::kBackend, opt.plugin);
+    auto backend = pluginRef(opt.plugin, opt.params, "backend");
+    auto contract = check::checkBackendContract(loader, backend);
+    std::cout << check::describe("backend " + opt.plugin + " contract", contract);
+    ok = contract.ok();
+    for (const char* scheduler : {"ring", "tree", "halving_doubling"}) {
+      auto report =
+          check::checkScheduler(loader, pluginRef(scheduler, {}, "scheduler"), backend, options);
+      std::cout << check::describe(std::string("scheduler ") + scheduler + " over " + opt.plugin,
+                                   report);
+      ok = ok && report.ok();
+    }
+  }
+  std::cout << (ok ? "plugin-check: PASS" : "plugin-check: FAIL") << std::endl;
+  return ok ? 0 : kExitRunFailed;
+}
+
 void printVersion() {
   std::cout << "collie " << COLLIE_VERSION << " (plugin ABI " << COLLIE_ABI_MAJOR << "."
             << COLLIE_ABI_MINOR << ")\n"
@@ -203,6 +268,19 @@ int dispatch(int argc, char** argv) {
   auto* validate = app.add_subcommand("validate", "check an experiment file without running it");
   addConfigOptions(validate, opt);
   auto* plugins = app.add_subcommand("plugins", "list the plugins found and the files rejected");
+  auto* plugin_check = app.add_subcommand(
+      "plugin-check", "run the conformance matrix against a scheduler or backend plugin");
+  plugin_check->add_option("plugin", opt.plugin, "plugin name or path")->required();
+  plugin_check->add_option("--backend", opt.backend, "backend to test a scheduler over")
+      ->capture_default_str();
+  plugin_check->add_option("--worlds", opt.worlds, "group sizes (default 1,2,3,4,5,8)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64));
+  plugin_check
+      ->add_option("--large-count", opt.large_count,
+                   "the largest element count tried (0: leave it out)")
+      ->capture_default_str();
+  plugin_check->add_option("--param", opt.params, "a param of the plugin under test: key=value");
 
   try {
     app.parse(argc, argv);
@@ -215,6 +293,7 @@ int dispatch(int argc, char** argv) {
   if (*run) return runCommand(opt);
   if (*validate) return validateCommand(opt);
   if (*plugins) return pluginsCommand();
+  if (*plugin_check) return pluginCheckCommand(opt);
   std::cout << app.help();
   return kExitBadInput;
 }

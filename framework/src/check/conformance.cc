@@ -1,0 +1,332 @@
+// Conformance runs: one in-process job per group size, every case between control-plane
+// exchanges so that a wrong result on one rank is reported with the case that produced it.
+#include "check/conformance.h"
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "bench/pattern.h"
+#include "collie/error.h"
+#include "runtime/communicator.h"
+#include "runtime/control.h"
+#include "runtime/in_process.h"
+
+namespace collie::check {
+namespace {
+
+uint64_t digest(const Buffer& b) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the raw bytes
+  const auto* p = static_cast<const unsigned char*>(b.data);
+  for (size_t i = 0; i < b.bytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+Topology topologyFor(int world, bool emulate_nodes) {
+  int per_node = world;
+  for (int d = 2; emulate_nodes && d < world; ++d) {
+    if (world % d == 0) {
+      per_node = d;
+      break;
+    }
+  }
+  std::vector<std::string> labels;
+  for (int r = 0; r < world; ++r) labels.push_back("node" + std::to_string(r / per_node));
+  return Topology::fromLabels(labels);
+}
+
+struct Case {
+  Collective coll;
+  DType dtype;
+  ReduceOp op;
+  size_t count;  // elements per rank block (data for allreduce/broadcast)
+  int root;
+  std::string describe(int world) const {
+    std::ostringstream out;
+    out << collectiveName(coll) << ", " << world << " ranks, " << dtypeName(dtype) << " "
+        << reduceOpName(op) << ", " << count << " elements";
+    if (coll == Collective::kBroadcast) out << ", root " << root;
+    return out.str();
+  }
+};
+
+std::vector<Case> casesFor(int world, const Options& o) {
+  std::vector<size_t> counts = {0, 1, 7, static_cast<size_t>(world - 1), 1000};
+  if (o.large_count > 0) counts.push_back(o.large_count);
+  std::vector<Case> cases;
+  for (Collective coll : o.collectives) {
+    for (DType dtype : o.dtypes) {
+      if (coll == Collective::kBarrier) {
+        cases.push_back({coll, dtype, ReduceOp::kSum, 0, 0});
+        break;
+      }
+      for (size_t count : counts) {
+        for (ReduceOp op : o.ops) {
+          if (coll == Collective::kBroadcast || coll == Collective::kAllGather) {
+            if (op != ReduceOp::kSum) continue;  // no reduction: one op is enough
+          }
+          // The large count is the total of the gathered/scattered buffer, not each block.
+          size_t block = count;
+          if (count == o.large_count &&
+              (coll == Collective::kReduceScatter || coll == Collective::kAllGather)) {
+            block = std::max<size_t>(1, count / world);
+          }
+          if (coll == Collective::kBroadcast) {
+            for (int root : std::set<int>{0, world - 1})
+              cases.push_back({coll, dtype, op, block, root});
+          } else {
+            cases.push_back({coll, dtype, op, block, 0});
+          }
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+// What one rank learned about one case, exchanged through the control plane.
+struct Outcome {
+  double wrong = 0;
+  double digest_high = 0, digest_low = 0;
+  double unstable = 0;  // 1 when a second run gave other bytes
+};
+
+class RankChecker {
+ public:
+  RankChecker(const PluginLoader& loader, const config::PluginRef& scheduler,
+              std::shared_ptr<Backend> backend, const Topology& topology)
+      : comm_(backend, "backend", topology), control_(*backend), label_(scheduler.label) {
+    Params params = scheduler.params;
+    scheduler_ = loader.createScheduler(scheduler.plugin, params);
+    comm_.addRule(scheduler.label, scheduler_);
+  }
+
+  // Runs every case; rank 0 fills `report`.
+  void run(const std::vector<Case>& cases, Report* report, std::mutex* mu) {
+    const int n = comm_.backend().size(), rank = comm_.backend().rank();
+    for (const Case& c : cases) {
+      CollectiveArgs probe = argsFor(c, Buffer(), Buffer(), n);
+      Decision d = scheduler_->accepts(probe, comm_.topology());
+      if (!d.accepted) {
+        if (rank == 0) {
+          std::lock_guard<std::mutex> lock(*mu);
+          ++report->declined;
+          std::string line = std::string(collectiveName(c.coll)) + ": " + d.reason;
+          auto it = std::find_if(report->declines.begin(), report->declines.end(),
+                                 [&](const auto& entry) { return entry.first == line; });
+          if (it == report->declines.end()) {
+            report->declines.push_back({line, {n}});
+          } else if (it->second.back() != n) {
+            it->second.push_back(n);
+          }
+        }
+        continue;
+      }
+      Outcome mine = runCase(c, n, rank);
+      auto all = control_.allGather({mine.wrong, mine.digest_high, mine.digest_low, mine.unstable});
+      if (rank == 0) record(c, n, all, report, mu);
+    }
+  }
+
+ private:
+  CollectiveArgs argsFor(const Case& c, const Buffer& data, const Buffer& output, int) const {
+    CollectiveArgs args;
+    args.coll = c.coll;
+    args.data = data;
+    args.output = output;
+    args.data.dtype = args.output.dtype = c.dtype;
+    args.op = c.op;
+    args.root = c.root;
+    return args;
+  }
+
+  Outcome runCase(const Case& c, int n, int rank) {
+    Buffer like;
+    like.dtype = c.dtype;
+    const size_t in = c.coll == Collective::kBarrier         ? 0
+                      : c.coll == Collective::kReduceScatter ? c.count * n
+                                                             : c.count;
+    const size_t out = c.coll == Collective::kReduceScatter ? c.count
+                       : c.coll == Collective::kAllGather   ? c.count * n
+                                                            : 0;
+    CollectiveArgs args = argsFor(c, reusable(&data_, like, in), reusable(&output_, like, out), n);
+    pattern::fillInput(args, rank, n);
+    comm_.run(args);
+    const Buffer& result = out > 0 ? args.output : args.data;
+    Outcome outcome;
+    outcome.wrong = static_cast<double>(pattern::countWrong(args, rank, n));
+    uint64_t h = digest(result);
+    outcome.digest_high = static_cast<double>(h >> 32);
+    outcome.digest_low = static_cast<double>(h & 0xFFFFFFFFu);
+    if (c.count <= 1000 && c.coll != Collective::kBarrier) {  // run to run: the same bytes
+      pattern::fillInput(args, rank, n);
+      comm_.run(args);
+      outcome.unstable = digest(result) != h ? 1 : 0;
+    }
+    return outcome;
+  }
+
+  void record(const Case& c, int n, const std::vector<std::vector<double>>& all, Report* report,
+              std::mutex* mu) {
+    std::vector<std::string> problems;
+    double wrong = 0;
+    std::string wrong_ranks, unstable_ranks;
+    for (int r = 0; r < n; ++r) {
+      wrong += all[r][0];
+      if (all[r][0] > 0) wrong_ranks += (wrong_ranks.empty() ? "" : ", ") + std::to_string(r);
+      if (all[r][3] > 0) unstable_ranks += (unstable_ranks.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (wrong > 0) {
+      problems.push_back(std::to_string(static_cast<uint64_t>(wrong)) + " wrong elements (ranks " +
+                         wrong_ranks + ")");
+    }
+    if (c.coll != Collective::kReduceScatter) {  // every other result is the same everywhere
+      for (int r = 1; r < n; ++r) {
+        if (all[r][1] != all[0][1] || all[r][2] != all[0][2]) {
+          problems.push_back("bytes differ between rank 0 and rank " + std::to_string(r));
+          break;
+        }
+      }
+    }
+    if (!unstable_ranks.empty()) {
+      problems.push_back("a second run gave other bytes (ranks " + unstable_ranks + ")");
+    }
+    std::lock_guard<std::mutex> lock(*mu);
+    if (problems.empty()) {
+      ++report->passed;
+      return;
+    }
+    std::string line = label_ + ": " + c.describe(n) + ": ";
+    for (size_t i = 0; i < problems.size(); ++i) line += (i ? "; " : "") + problems[i];
+    report->failures.push_back(line);
+  }
+
+  // A view of `count` elements of `like`'s dtype from a buffer kept across cases (large
+  // allocations per case cost more than the collectives they feed).
+  static Buffer reusable(std::unique_ptr<ScratchBuffer>* pool, const Buffer& like, size_t count) {
+    const size_t bytes = count * dtypeSize(like.dtype);
+    if (!*pool || (*pool)->view().bytes() < bytes) {
+      Buffer raw = like;
+      raw.dtype = DType::kF64;  // allocate in 8-byte units, view in any dtype
+      pool->reset(new ScratchBuffer(raw, (bytes + 7) / 8));
+    }
+    Buffer view = (*pool)->view();
+    view.dtype = like.dtype;
+    view.count = count;
+    return view;
+  }
+
+  std::unique_ptr<ScratchBuffer> data_, output_;
+  std::shared_ptr<Scheduler> scheduler_;
+  Communicator comm_;
+  Control control_;
+  std::string label_;
+};
+
+}  // namespace
+
+Report checkScheduler(const PluginLoader& loader, const config::PluginRef& scheduler,
+                      const config::PluginRef& backend, const Options& options) {
+  Report report;
+  std::mutex mu;
+  for (int world : options.worlds) {
+    Topology topology = topologyFor(world, options.emulate_nodes);
+    auto cases = casesFor(world, options);
+    config::PluginRef backend_ref = backend;
+    if (!backend_ref.params.has("timeout")) backend_ref.params.set("timeout", options.timeout);
+    try {
+      runInProcess(loader, backend_ref, world, [&](std::shared_ptr<Backend> b) {
+        RankChecker(loader, scheduler, b, topology).run(cases, &report, &mu);
+      });
+    } catch (const Error& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      report.failures.push_back(scheduler.label + ": " + std::to_string(world) +
+                                " ranks: stopped: " + e.what());
+    }
+  }
+  return report;
+}
+
+Report checkBackendContract(const PluginLoader& loader, const config::PluginRef& backend) {
+  Report report;
+  config::PluginRef ref = backend;
+  ref.params.set("timeout", "700ms");
+  auto expect = [&](bool ok, const std::string& what) {
+    if (ok) {
+      ++report.passed;
+    } else {
+      report.failures.push_back(ref.label + ": " + what);
+    }
+  };
+  auto view = [](std::vector<int32_t>& v) {
+    Buffer b;
+    b.data = v.data();
+    b.count = v.size();
+    b.dtype = DType::kI32;
+    return b;
+  };
+  try {
+    runInProcess(loader, ref, 2, [&](std::shared_ptr<Backend> b) {
+      if (b->rank() == 0) {
+        std::vector<int32_t> first{1}, second{2}, empty;
+        b->send(1, view(first), 5);
+        b->send(1, view(second), 5);
+        b->send(1, view(empty), 6);
+      } else {
+        std::vector<int32_t> x(1), y(1), empty;
+        b->recv(0, view(x), 5);
+        b->recv(0, view(y), 5);
+        b->recv(0, view(empty), 6);
+        expect(x[0] == 1 && y[0] == 2, "messages with one tag arrive in the order they were sent");
+      }
+    });
+  } catch (const Error& e) {
+    report.failures.push_back(ref.label + ": ordered and zero-byte messages: " + e.what());
+  }
+  auto start = std::chrono::steady_clock::now();
+  try {
+    runInProcess(loader, ref, 2, [&](std::shared_ptr<Backend> b) {
+      if (b->rank() != 1) return;
+      std::vector<int32_t> v(1);
+      b->recv(0, view(v), makeTag(7, 1, 0));
+    });
+    report.failures.push_back(ref.label +
+                              ": a receive from a silent peer returned instead of "
+                              "timing out");
+  } catch (const CommError& e) {
+    double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::string m = e.what();
+    expect(m.find("rank 0") != std::string::npos,
+           "the timeout error names the silent peer (rank 0): " + m);
+    expect(took >= 0.65 && took < 5.7,
+           "the receive times out after params.timeout (700 ms), "
+           "took " +
+               std::to_string(took) + " s");
+  } catch (const Error& e) {
+    report.failures.push_back(ref.label +
+                              ": a silent peer gave a non-communication error: " + e.what());
+  }
+  return report;
+}
+
+std::string describe(const std::string& what, const Report& report, size_t max_lines) {
+  std::ostringstream out;
+  out << (report.ok() ? "PASS " : "FAIL ") << what << ": " << report.passed << " cases passed, "
+      << report.failures.size() << " failed, " << report.declined << " declined\n";
+  for (size_t i = 0; i < report.failures.size() && i < max_lines; ++i) {
+    out << "  FAIL " << report.failures[i] << "\n";
+  }
+  if (report.failures.size() > max_lines) {
+    out << "  ... and " << report.failures.size() - max_lines << " more\n";
+  }
+  for (const auto& [reason, worlds] : report.declines) {
+    out << "  declined " << reason << " (on";
+    for (size_t i = 0; i < worlds.size(); ++i) out << (i ? ", " : " ") << worlds[i];
+    out << " ranks)\n";
+  }
+  return out.str();
+}
+
+}  // namespace collie::check

@@ -1,0 +1,55 @@
+// The conformance matrix for scheduler and backend plugins: every collective a scheduler
+// accepts × group sizes × element counts × ops × dtypes, against closed-form values, with
+// bit-identical results on every rank and from run to run. Used by the test suite and by
+// `collie plugin-check`, so that a plugin author sees what users would hit.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "collie/buffer.h"
+#include "collie/collective.h"
+#include "config/experiment.h"
+#include "plugin/loader.h"
+
+namespace collie::check {
+
+struct Options {
+  std::vector<int> worlds = {1, 2, 3, 4, 5, 8};
+  std::vector<DType> dtypes = {DType::kF32,  DType::kF64, DType::kF16,
+                               DType::kBF16, DType::kI32, DType::kI64};
+  std::vector<ReduceOp> ops = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax,
+                               ReduceOp::kProd};
+  std::vector<Collective> collectives = {Collective::kAllReduce, Collective::kReduceScatter,
+                                         Collective::kAllGather, Collective::kBroadcast,
+                                         Collective::kBarrier};
+  // Element counts are {0, 1, 7, world - 1, 1000, large_count}; 0 leaves the large one out.
+  size_t large_count = 100003;
+  // Emulate nodes (the smallest divisor > 1 of the group size ranks per node), so that
+  // hierarchical schedulers meet more than one node.
+  bool emulate_nodes = true;
+  std::string timeout = "30s";
+};
+
+struct Report {
+  size_t passed = 0;
+  size_t declined = 0;
+  std::vector<std::string> failures;  // one line each: the case, and what was wrong
+  // Distinct refusals ("reduce_scatter: ring: why") and the group sizes they came on.
+  std::vector<std::pair<std::string, std::vector<int>>> declines;
+  bool ok() const { return failures.empty(); }
+};
+
+// Runs the matrix for one scheduler over one (in-process) backend.
+Report checkScheduler(const PluginLoader& loader, const config::PluginRef& scheduler,
+                      const config::PluginRef& backend, const Options& options);
+
+// Checks the backend contract itself: tag order, zero-byte messages, and a receive from a
+// silent peer that must fail with a CommError naming the peer, after the timeout and not
+// long after it.
+Report checkBackendContract(const PluginLoader& loader, const config::PluginRef& backend);
+
+// The report as a user reads it: PASS/FAIL, counts, the first failures.
+std::string describe(const std::string& what, const Report& report, size_t max_lines = 20);
+
+}  // namespace collie::check

@@ -1,0 +1,50 @@
+// "lossy": a direct all-reduce with a realistic bug: it reduces only the first
+// (count / n) * n elements, so a count that the group size does not divide loses its tail.
+// It passes the easy cases (0 elements, divisible counts) and must fail plugin-check.
+#include "collie/plugin.h"
+
+namespace {
+
+class LossyScheduler : public collie::Scheduler {
+ public:
+  explicit LossyScheduler(const collie::PluginContext&) {}
+
+  collie::Decision accepts(const collie::CollectiveArgs& args,
+                           const collie::Topology&) const override {
+    if (args.coll == collie::Collective::kAllReduce) return collie::Decision::yes();
+    return collie::Decision::no("lossy: allreduce only");
+  }
+
+  void run(const collie::CollectiveArgs& args, collie::Backend& backend,
+           const collie::Topology&) override {
+    const int n = backend.size(), rank = backend.rank();
+    const size_t reduced = args.data.count / n * n;  // the bug: the remainder is forgotten
+    const collie::Tag tag = collie::makeTag(args.seq, 1, 0);
+    collie::ScratchBuffer result(args.data, reduced), incoming(args.data, reduced);
+    collie::Buffer mine = args.data.slice(0, reduced);
+    std::vector<std::unique_ptr<collie::Request>> sends;
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer != rank) sends.push_back(backend.isend(peer, mine, tag));
+    }
+    for (int peer = 0; peer < n; ++peer) {  // in rank order, identical on every rank
+      collie::Buffer contribution = mine;
+      if (peer != rank) {
+        backend.recv(peer, incoming.view(), tag);
+        contribution = incoming.view();
+      }
+      if (peer == 0) {
+        collie::copyInto(result.view(), contribution);
+      } else {
+        collie::reduceInto(result.view(), contribution, args.op);
+      }
+    }
+    collie::waitAll(sends, backend.timeout());
+    collie::copyInto(mine, result.view());
+    collie::finishAverage(mine, args.op, n);
+  }
+};
+
+}  // namespace
+
+COLLIE_SCHEDULER_PLUGIN("lossy", "0.0.1", "a deliberately broken all-reduce for tests",
+                        LossyScheduler);

@@ -1,0 +1,82 @@
+// The full conformance matrix for every shipped scheduler, one ctest entry per scheduler and
+// group size: every collective it accepts × counts {0, 1, 7, n-1, 1000, 1,000,003} × ops ×
+// dtypes, against closed forms, bit-identical on every rank and from run to run.
+#include <gtest/gtest.h>
+
+#include "check/conformance.h"
+#include "loopback_job.h"
+
+namespace collie {
+namespace {
+
+config::PluginRef pluginRef(const std::string& plugin, const std::string& key = "",
+                            const std::string& value = "") {
+  config::PluginRef r;
+  r.plugin = r.label = plugin;
+  if (!key.empty()) r.params.set(key, value);
+  return r;
+}
+
+check::Report runMatrix(const config::PluginRef& scheduler, int world, size_t large_count) {
+  check::Options options;
+  options.worlds = {world};
+  options.large_count = large_count;
+  return check::checkScheduler(testing::buildTreeLoader(), scheduler, pluginRef("loopback"),
+                               options);
+}
+
+class Conformance : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(Conformance, FullMatrix) {
+  auto [scheduler, world] = GetParam();
+  auto report = runMatrix(pluginRef(scheduler), world, 1000003);
+  EXPECT_TRUE(report.ok()) << check::describe(scheduler, report);
+  EXPECT_GT(report.passed, 0u) << check::describe(scheduler, report);
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedulers, Conformance,
+                         ::testing::Combine(::testing::Values("ring", "tree", "halving_doubling",
+                                                              "hierarchical", "auto"),
+                                            ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8, 9, 16)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_w" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+class TinyChunks : public ::testing::TestWithParam<int> {};
+
+TEST_P(TinyChunks, ReachEveryMultiSegmentPath) {
+  for (auto [scheduler, param] : {std::pair{"ring", "chunk_bytes"}, {"tree", "segment_bytes"}}) {
+    auto report = runMatrix(pluginRef(scheduler, param, "8"), GetParam(), 0);
+    EXPECT_TRUE(report.ok()) << check::describe(scheduler, report);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedulers, TinyChunks, ::testing::Values(2, 3, 5, 8),
+                         [](const auto& info) { return "w" + std::to_string(info.param); });
+
+TEST(Conformance, NativeDeclinesEverythingOnLoopback) {
+  auto report = runMatrix(pluginRef("native"), 2, 0);
+  EXPECT_TRUE(report.ok());
+  EXPECT_EQ(report.passed, 0u);
+  ASSERT_FALSE(report.declines.empty());
+  EXPECT_NE(report.declines[0].first.find("native: the backend has no native allreduce"),
+            std::string::npos);
+}
+
+TEST(Conformance, BrokenSchedulerIsCaughtWithTheCasesNamed) {
+  auto lossy = pluginRef(std::string(COLLIE_TEST_BINARY_DIR) +
+                         "/conformance/plugins/libcollie_scheduler_lossy.so");
+  lossy.label = "lossy";
+  auto report = runMatrix(lossy, 3, 0);
+  ASSERT_FALSE(report.ok());
+  std::string text = check::describe("lossy", report);
+  EXPECT_NE(text.find("FAIL lossy"), std::string::npos) << text;
+  EXPECT_NE(text.find("allreduce, 3 ranks, f32 sum, 7 elements: 3 wrong elements"),
+            std::string::npos)
+      << text;
+  EXPECT_GT(report.passed, 0u) << "the easy cases still pass";
+}
+
+}  // namespace
+}  // namespace collie
