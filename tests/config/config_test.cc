@@ -118,6 +118,25 @@ TEST(Config, MatrixExpandsTheCartesianProduct) {
   expectContains(m, {"matrix.bench.dtype", "non-empty list"});
 }
 
+TEST(Config, SchedulerRulesLists) {
+  auto runs = loadExperiments(
+      writeTempFile("rules.yaml", std::string(kValid) +
+                                      "matrix:\n  bench.schedulers: [[{label: mixed, rules: "
+                                      "[{max_bytes: 64KiB, plugin: tree}, {plugin: ring}]}]]\n"),
+      {});
+  ASSERT_EQ(runs[0].bench.schedulers.size(), 1u);
+  const PluginRef& mixed = runs[0].bench.schedulers[0];
+  EXPECT_EQ(mixed.label, "mixed");
+  ASSERT_EQ(mixed.rules.size(), 2u);
+  EXPECT_EQ(mixed.rules[0].max_bytes, 65536u);
+  EXPECT_EQ(mixed.rules[0].scheduler.plugin, "tree");
+  EXPECT_EQ(mixed.rules[1].max_bytes, 0u);
+  std::string m = errorOf(kValid, {"bench.schedulers=[{plugin: ring, rules: [{plugin: tree}]}]"});
+  expectContains(m, {"bench.schedulers[0]", "exactly one of 'plugin'"});
+  m = errorOf(kValid, {"bench.schedulers=[{rules: [{max_bytes: big, plugin: tree}]}]"});
+  expectContains(m, {"bench.schedulers[0].rules[0].max_bytes", "expected a size"});
+}
+
 TEST(ConfigFiles, EmptyFile) {
   expectContains(errorOf(""), {"the file is empty"});
   expectContains(errorOf("# only a comment\n"), {"the file is empty"});

@@ -8,7 +8,7 @@
 namespace collie::bench {
 namespace {
 
-bool comparable(const Row& r) { return r.wrong == 0 && r.plugin != "auto"; }
+bool comparable(const Row& r) { return r.wrong == 0 && r.plugin != "auto" && r.plugin != "rules"; }
 
 // Per run, per size (ascending): the fastest comparable row.
 std::vector<std::vector<const Row*>> fastestPerSize(const std::vector<Row>& rows, bool predicted) {

@@ -39,10 +39,11 @@ Shape shapeFor(Collective coll, uint64_t bytes, DType dtype, int n) {
   }
 }
 
+// One entry of bench.schedulers: a scheduler, or a list of size rules.
 struct Scheduled {
   std::string label;
-  std::string plugin;
-  std::shared_ptr<Scheduler> scheduler;
+  std::string plugin;  // "rules" for a rule list
+  std::vector<Communicator::Rule> rules;
 };
 
 class RankBench {
@@ -55,9 +56,17 @@ class RankBench {
         rank_(backend->rank()),
         comm_(backend, e.backend.label, e.topology),
         control_(*backend) {
-    for (const auto& ref : spec_.schedulers) {
+    auto create = [&](const config::PluginRef& ref) {
       Params params = ref.params;
-      schedulers_.push_back({ref.label, ref.plugin, loader.createScheduler(ref.plugin, params)});
+      return loader.createScheduler(ref.plugin, params);
+    };
+    for (const auto& ref : spec_.schedulers) {
+      Scheduled entry{ref.label, ref.rules.empty() ? ref.plugin : "rules", {}};
+      if (ref.rules.empty()) entry.rules.push_back({ref.label, create(ref), 0});
+      for (const auto& rule : ref.rules) {
+        entry.rules.push_back({rule.scheduler.label, create(rule.scheduler), rule.max_bytes});
+      }
+      schedulers_.push_back(std::move(entry));
     }
   }
 
@@ -89,17 +98,17 @@ class RankBench {
 
  private:
   Row measure(Scheduled& s, const CollectiveArgs& args, const Shape& shape) {
-    checkAccepted(s, args);
+    Scheduler* chosen = choose(s, args);
     uint64_t wrong = 0;
     if (spec_.check) {
       pattern::fillInput(args, rank_, n_);
-      comm_.runWith(s.label, *s.scheduler, args);
+      comm_.run(args, s.rules);
       wrong = pattern::countWrong(args, rank_, n_);
     }
-    for (int i = 0; i < spec_.warmup_iters; ++i) comm_.runWith(s.label, *s.scheduler, args);
+    for (int i = 0; i < spec_.warmup_iters; ++i) comm_.run(args, s.rules);
     control_.barrier();
     auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < spec_.iters; ++i) comm_.runWith(s.label, *s.scheduler, args);
+    for (int i = 0; i < spec_.iters; ++i) comm_.run(args, s.rules);
     std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
     auto all = control_.allGather({took.count() / spec_.iters, static_cast<double>(wrong)});
 
@@ -108,7 +117,7 @@ class RankBench {
     row.scheduler = s.label;
     row.plugin = std::filesystem::path(s.plugin).filename().string();
     row.predicted_us = spec_.calibrate
-                           ? s.scheduler->predictSeconds(args, comm_.topology(), model_) * 1e6
+                           ? chosen->predictSeconds(args, comm_.topology(), model_) * 1e6
                            : kNoPrediction;
     row.backend = e_.backend.label;
     row.collective = collectiveName(spec_.collective);
@@ -130,13 +139,21 @@ class RankBench {
     return row;
   }
 
-  void checkAccepted(const Scheduled& s, const CollectiveArgs& args) const {
-    Decision decision = s.scheduler->accepts(args, comm_.topology());
-    if (!decision.accepted) {
-      throw ConfigError("bench.schedulers: scheduler '" + s.label + "' cannot run " +
-                        collectiveName(args.coll) + ": " + decision.reason +
-                        ". HINT: remove it from bench.schedulers or change bench.collective");
+  // The scheduler the entry's rules pick for `args` (what Communicator::run will run), or a
+  // ConfigError naming why none can.
+  Scheduler* choose(const Scheduled& s, const CollectiveArgs& args) const {
+    const uint64_t bytes = std::max(args.data.bytes(), args.output.bytes());
+    std::string refusals;
+    for (const auto& rule : s.rules) {
+      if (rule.max_bytes != 0 && bytes > rule.max_bytes) continue;
+      Decision decision = rule.scheduler->accepts(args, comm_.topology());
+      if (decision.accepted) return rule.scheduler.get();
+      refusals += (refusals.empty() ? "" : "; ") + decision.reason;
     }
+    throw ConfigError("bench.schedulers: '" + s.label + "' cannot run " +
+                      collectiveName(args.coll) + " of " + formatBytes(bytes) + ": " +
+                      (refusals.empty() ? "no rule admits this size" : refusals) +
+                      ". HINT: remove it from bench.schedulers or change bench.collective");
   }
 
   const config::Experiment& e_;

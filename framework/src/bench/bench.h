@@ -46,8 +46,8 @@ struct Crossover {
   std::string from, to;           // fastest at `below`, fastest at `above`
 };
 
-// Crossovers of the measured times (predicted: of the predictions). Rows with wrong results
-// and the `auto` scheduler (which is one of the others) are left out.
+// Crossovers of the measured times (predicted: of the predictions). Rows with wrong results,
+// `auto` and rule lists (which run one of the others) are left out.
 std::vector<Crossover> crossovers(const std::vector<Row>& rows, bool predicted);
 
 // The measured best scheduler per size range of one run's rows, as rules for `auto`.

@@ -72,7 +72,10 @@ void saveConfig(const std::string& path, const YAML::Node& resolved) {
 void openPlugins(const PluginLoader& loader, const std::vector<config::Experiment>& experiments) {
   for (const auto& e : experiments) {
     loader.open(PluginKind::kBackend, e.backend.plugin);
-    for (const auto& s : e.bench.schedulers) loader.open(PluginKind::kScheduler, s.plugin);
+    for (const auto& s : e.bench.schedulers) {
+      if (s.rules.empty()) loader.open(PluginKind::kScheduler, s.plugin);
+      for (const auto& rule : s.rules) loader.open(PluginKind::kScheduler, rule.scheduler.plugin);
+    }
   }
 }
 

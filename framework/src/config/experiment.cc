@@ -138,7 +138,7 @@ std::string defaultLabel(const std::string& plugin, const std::string& kind) {
 
 PluginRef pluginRef(const YAML::Node& node, const std::string& file, const std::string& kind) {
   PluginRef ref;
-  ref.plugin = node.IsScalar() ? node.Scalar() : node["plugin"].Scalar();
+  ref.plugin = node.IsScalar() ? node.Scalar() : node["plugin"] ? node["plugin"].Scalar() : "";
   ref.params = Params(kind + " '" + ref.plugin + "'");
   if (node.IsMap()) {
     if (node["label"]) ref.label = node["label"].Scalar();
@@ -147,8 +147,16 @@ PluginRef pluginRef(const YAML::Node& node, const std::string& file, const std::
         ref.params.set(it->first.Scalar(), it->second.Scalar(), location(file, it->second));
       }
     }
+    if (YAML::Node rules = node["rules"]) {
+      for (const auto& rule : rules) {
+        PluginRef::SizeRule sized;
+        if (rule["max_bytes"]) parseBytes(rule["max_bytes"].Scalar(), &sized.max_bytes);
+        sized.scheduler = pluginRef(rule, file, kind);
+        ref.rules.push_back(sized);
+      }
+    }
   }
-  if (ref.label.empty()) ref.label = defaultLabel(ref.plugin, kind);
+  if (ref.label.empty()) ref.label = ref.rules.empty() ? defaultLabel(ref.plugin, kind) : "rules";
   return ref;
 }
 

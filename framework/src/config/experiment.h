@@ -18,11 +18,20 @@ namespace collie::config {
 // Files larger than this are refused before parsing (a config is a page of text).
 constexpr size_t kMaxConfigBytes = 1 << 20;
 
-// A plugin slot of the config: a name or path, its params and a display label.
+// A plugin slot of the config: a name or path, its params and a display label. A scheduler
+// slot may hold scheduler rules instead (`rules`): the first whose max_bytes admits the
+// message runs it, as the Communicator does.
 struct PluginRef {
   std::string plugin;
   Params params;
-  std::string label;  // defaults to the plugin name
+  std::string label;  // defaults to the plugin name ("rules" for a rule list)
+  struct SizeRule;
+  std::vector<SizeRule> rules;
+};
+
+struct PluginRef::SizeRule {
+  uint64_t max_bytes = 0;  // 0: any size
+  PluginRef scheduler;
 };
 
 struct BenchSpec {

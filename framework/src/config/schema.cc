@@ -258,11 +258,24 @@ class Validator {
   }
 
   void checkPluginRef(YAML::Node& node, const std::string& key) {
-    static const Schema kRef = Schema::map({{"plugin", Schema::string().required()},
+    static const Schema kRule = Schema::map({{"max_bytes", Schema::bytes(1, 1ull << 50)},
+                                             {"plugin", Schema::string().required()},
+                                             {"params", Schema::params()}});
+    static const Schema kRef = Schema::map({{"plugin", Schema::string()},
                                             {"params", Schema::params()},
-                                            {"label", Schema::string()}});
+                                            {"label", Schema::string()},
+                                            {"rules", Schema::list(kRule, 1)}});
     if (node.IsScalar() && !node.Scalar().empty()) return;
-    if (node.IsMap()) return checkMap(node, kRef, key);
+    if (node.IsMap()) {
+      checkMap(node, kRef, key);
+      const bool plugin = node["plugin"].IsDefined(), rules = node["rules"].IsDefined();
+      if (plugin == rules) {
+        report(node, key,
+               "expected exactly one of 'plugin' (one scheduler) or 'rules' (a list "
+               "of {max_bytes, plugin}, first match by message size wins)");
+      }
+      return;
+    }
     mismatch(node, Schema::pluginRef(), key);
   }
 

@@ -43,10 +43,12 @@ Provenance Communicator::runWith(const std::string& label, Scheduler& scheduler,
   return {label, backend_name_, args.coll, bytes, args.seq, took.count()};
 }
 
-Provenance Communicator::run(CollectiveArgs args) {
+Provenance Communicator::run(CollectiveArgs args) { return run(args, rules_); }
+
+Provenance Communicator::run(CollectiveArgs args, const std::vector<Rule>& rules) {
   const uint64_t bytes = bytesOf(args);
   std::string refusals;
-  for (const Rule& rule : rules_) {
+  for (const Rule& rule : rules) {
     if (rule.max_bytes != 0 && bytes > rule.max_bytes) continue;
     Decision decision = rule.scheduler->accepts(args, topology_);
     if (decision.accepted) return runWith(rule.label, *rule.scheduler, args);

@@ -24,6 +24,13 @@ struct Provenance {
 
 class Communicator {
  public:
+  // A scheduler admitted for messages up to max_bytes (0: any size).
+  struct Rule {
+    std::string label;
+    std::shared_ptr<Scheduler> scheduler;
+    uint64_t max_bytes = 0;
+  };
+
   Communicator(std::shared_ptr<Backend> backend, std::string backend_name, Topology topology);
 
   // Rules are tried in the order added; max_bytes == 0 admits every size.
@@ -33,6 +40,8 @@ class Communicator {
   // accepts it (naming each refusal), CommError with the collective, seq and scheduler when
   // it fails.
   Provenance run(CollectiveArgs args);
+  // The same with explicit rules instead of the ones added (the bench compares rule sets).
+  Provenance run(CollectiveArgs args, const std::vector<Rule>& rules);
 
   // Runs `args` with one given scheduler, bypassing the rules (the bench compares them this
   // way). Shares the sequence numbers with run(), so tags never collide.
@@ -42,11 +51,6 @@ class Communicator {
   const Topology& topology() const { return topology_; }
 
  private:
-  struct Rule {
-    std::string label;
-    std::shared_ptr<Scheduler> scheduler;
-    uint64_t max_bytes;
-  };
   std::shared_ptr<Backend> backend_;
   std::string backend_name_;
   Topology topology_;
