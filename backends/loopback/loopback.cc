@@ -1,5 +1,10 @@
 // The loopback backend: ranks are threads of one process that exchange messages through
 // in-memory mailboxes. Full backend contract (tags, timeouts, split, abort), for tests.
+//
+// Rendezvous protocol: whichever side of a transfer arrives second copies the bytes straight
+// from the send buffer into the receive buffer (one memcpy, no staging copy), and completes
+// the waiting side. A send therefore completes once its receive is posted, as the contract
+// allows ("the buffer stays untouched until the request completes").
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
@@ -20,20 +25,23 @@ std::string describeTag(Tag tag) {
   return out.str();
 }
 
-// A posted receive waiting for its message. Guarded by World::mu.
-struct PendingRecv {
+// One side of a transfer waiting for its match: a posted receive (the buffer to fill) or a
+// send whose receive is not posted yet (the buffer to copy from). Guarded by World::mu.
+struct Pending {
+  explicit Pending(const Buffer& b) : buffer(b) {}
   Buffer buffer;
   bool done = false;
-  bool claimed = false;  // a sender is copying into it outside the lock
+  bool claimed = false;  // the matching side is copying outside the lock
   std::string error;
 };
+using Queue = std::deque<std::shared_ptr<Pending>>;
 
 // The shared state of one group: a mailbox per destination rank.
 struct World {
   using Key = std::pair<int, Tag>;  // (source rank, tag)
   struct Mailbox {
-    std::map<Key, std::deque<std::vector<char>>> unexpected;  // sent before the receive
-    std::map<Key, std::deque<std::shared_ptr<PendingRecv>>> posted;
+    std::map<Key, Queue> sends;  // sends to this rank waiting for their receive
+    std::map<Key, Queue> recvs;  // receives this rank posted, waiting for their send
     bool aborted = false;
     std::string abort_reason;
   };
@@ -70,23 +78,25 @@ class DoneRequest : public Request {
   bool test() override { return true; }
 };
 
-class RecvRequest : public Request {
+// A send or receive that waits for the other side.
+class PendingRequest : public Request {
  public:
-  RecvRequest(std::shared_ptr<World> world, std::shared_ptr<PendingRecv> pending, int rank,
-              int peer, Tag tag)
-      : world_(std::move(world)),
-        pending_(std::move(pending)),
-        rank_(rank),
-        peer_(peer),
-        tag_(tag) {}
+  // `queue` is where `pending` waits; `owner` is the rank whose abort fails it; `what`
+  // describes the transfer for messages ("rank 1: receive from rank 0 tag ...").
+  PendingRequest(std::shared_ptr<World> world, std::shared_ptr<Pending> pending, Queue* queue,
+                 int owner, int peer, std::string what)
+      : world_(std::move(world)), pending_(std::move(pending)), queue_(queue), owner_(owner),
+        peer_(peer), what_(std::move(what)) {}
 
   void wait(std::chrono::milliseconds timeout) override {
     std::unique_lock<std::mutex> lock(world_->mu);
-    auto& box = world_->boxes[rank_];
+    auto aborted = [&] {
+      return world_->boxes[owner_].aborted || world_->boxes[peer_].aborted;
+    };
     bool finished = world_->cv.wait_for(
-        lock, timeout, [&] { return pending_->done || (box.aborted && !pending_->claimed); });
-    // A sender that already claimed the buffer is copying into it: let it finish first.
-    if (!finished && pending_->claimed) {
+        lock, timeout, [&] { return pending_->done || (aborted() && !pending_->claimed); });
+    // The other side already claimed our buffer and is copying: let it finish first.
+    if (!pending_->done && pending_->claimed) {
       world_->cv.wait(lock, [&] { return pending_->done; });
       finished = true;
     }
@@ -94,16 +104,14 @@ class RecvRequest : public Request {
       if (!pending_->error.empty()) throw CommError(pending_->error);
       return;
     }
-    forget();
-    if (box.aborted) {
-      throw CommError("loopback: rank " + std::to_string(rank_) + ": receive from rank " +
-                      std::to_string(peer_) + " " + describeTag(tag_) +
-                      " aborted: " + box.abort_reason);
+    // Withdraw, so that a late partner cannot touch a buffer the caller gave up.
+    queue_->erase(std::remove(queue_->begin(), queue_->end(), pending_), queue_->end());
+    if (aborted()) {
+      const auto& box = world_->boxes[owner_].aborted ? world_->boxes[owner_] : world_->boxes[peer_];
+      throw CommError("loopback: " + what_ + " aborted: " + box.abort_reason);
     }
-    throw CommError("loopback: rank " + std::to_string(rank_) + ": receive from rank " +
-                    std::to_string(peer_) + " " + describeTag(tag_) + " timed out after " +
-                    std::to_string(timeout.count()) +
-                    " ms. HINT: the peer never sent it; is it stuck, dead, or running a "
+    throw CommError("loopback: " + what_ + " timed out after " + std::to_string(timeout.count()) +
+                    " ms. HINT: the peer never matched it; is it stuck, dead, or running a "
                     "different collective?");
   }
 
@@ -113,16 +121,11 @@ class RecvRequest : public Request {
   }
 
  private:
-  // Removes the receive from the mailbox so that a late message cannot land in its buffer.
-  void forget() {
-    auto& queue = world_->boxes[rank_].posted[{peer_, tag_}];
-    queue.erase(std::remove(queue.begin(), queue.end(), pending_), queue.end());
-  }
-
   std::shared_ptr<World> world_;
-  std::shared_ptr<PendingRecv> pending_;
-  int rank_, peer_;
-  Tag tag_;
+  std::shared_ptr<Pending> pending_;
+  Queue* queue_;  // owned by the world; std::map nodes do not move
+  int owner_, peer_;
+  std::string what_;
 };
 
 class LoopbackBackend : public Backend {
@@ -151,40 +154,43 @@ class LoopbackBackend : public Backend {
 
   std::unique_ptr<Request> isend(int peer, const Buffer& buf, Tag tag) override {
     check(peer, buf, "send to");
-    std::shared_ptr<PendingRecv> target = claimPostedRecv(peer, tag);
-    if (target) {
-      deliver(*target, buf, tag);
-      return std::make_unique<DoneRequest>();
+    const std::string what = describe("send to", peer, tag);
+    std::shared_ptr<Pending> recv;
+    {
+      std::lock_guard<std::mutex> lock(world_->mu);
+      throwIfAborted(peer, what);
+      auto& box = world_->boxes[peer];
+      recv = claim(box.recvs[{rank_, tag}]);
+      if (!recv) {
+        Queue& queue = box.sends[{rank_, tag}];
+        queue.push_back(std::make_shared<Pending>(buf));
+        return std::make_unique<PendingRequest>(world_, queue.back(), &queue, rank_, peer, what);
+      }
     }
-    // No receive yet: copy the message (outside the lock), then queue it unless a receive
-    // was posted meanwhile.
-    std::vector<char> copy(static_cast<const char*>(buf.data),
-                           static_cast<const char*>(buf.data) + buf.bytes());
-    target = claimPostedRecv(peer, tag, &copy);
-    if (target) deliver(*target, buf, tag);
+    std::string error = transfer(buf, recv->buffer, what);
+    complete(*recv, error);
+    if (!error.empty()) throw CommError(error);
     return std::make_unique<DoneRequest>();
   }
 
   std::unique_ptr<Request> irecv(int peer, const Buffer& buf, Tag tag) override {
     check(peer, buf, "receive from");
-    std::vector<char> message;
+    const std::string what = describe("receive from", peer, tag);
+    std::shared_ptr<Pending> send;
     {
       std::lock_guard<std::mutex> lock(world_->mu);
-      throwIfAborted();
+      throwIfAborted(peer, what);
       auto& box = world_->boxes[rank_];
-      auto it = box.unexpected.find({peer, tag});
-      if (it == box.unexpected.end() || it->second.empty()) {
-        auto pending = std::make_shared<PendingRecv>();
-        pending->buffer = buf;
-        box.posted[{peer, tag}].push_back(pending);
-        return std::make_unique<RecvRequest>(world_, pending, rank_, peer, tag);
+      send = claim(box.sends[{peer, tag}]);
+      if (!send) {
+        Queue& queue = box.recvs[{peer, tag}];
+        queue.push_back(std::make_shared<Pending>(buf));
+        return std::make_unique<PendingRequest>(world_, queue.back(), &queue, rank_, peer, what);
       }
-      message = std::move(it->second.front());
-      it->second.pop_front();
     }
-    if (message.size() != buf.bytes())
-      throw CommError(sizeMismatch(peer, tag, message.size(), buf));
-    if (!message.empty()) std::memcpy(buf.data, message.data(), message.size());
+    std::string error = transfer(send->buffer, buf, what);
+    complete(*send, error);
+    if (!error.empty()) throw CommError(error);
     return std::make_unique<DoneRequest>();
   }
 
@@ -209,64 +215,57 @@ class LoopbackBackend : public Backend {
   }
 
  private:
-  void check(int peer, const Buffer& buf, const char* verb) {
+  void check(int peer, const Buffer& buf, const char* verb) const {
     if (peer < 0 || peer >= size_ || peer == rank_) {
       throw CommError("loopback: rank " + std::to_string(rank_) + " cannot " + verb + " rank " +
                       std::to_string(peer) + " in a group of " + std::to_string(size_));
     }
     if (buf.memory != MemoryKind::kHost) {
       throw CommError(
-          "loopback: only host memory is supported. HINT: use the nccl backend for "
-          "CUDA tensors");
+          "loopback: only host memory is supported. HINT: use the nccl backend for CUDA "
+          "tensors");
     }
   }
 
-  void throwIfAborted() {
-    const auto& box = world_->boxes[rank_];
-    if (box.aborted) {
-      throw CommError("loopback: rank " + std::to_string(rank_) +
-                      " was aborted: " + box.abort_reason);
+  std::string describe(const char* verb, int peer, Tag tag) const {
+    return "rank " + std::to_string(rank_) + ": " + verb + " rank " + std::to_string(peer) + " " +
+           describeTag(tag);
+  }
+
+  // Under the lock: fails when this rank or the peer was aborted.
+  void throwIfAborted(int peer, const std::string& what) const {
+    for (int r : {rank_, peer}) {
+      const auto& box = world_->boxes[r];
+      if (box.aborted) {
+        throw CommError("loopback: " + what + ": rank " + std::to_string(r) +
+                        " was aborted: " + box.abort_reason);
+      }
     }
   }
 
-  std::string sizeMismatch(int peer, Tag tag, size_t found, const Buffer& buf) const {
-    return "loopback: rank " + std::to_string(rank_) + ": message from rank " +
-           std::to_string(peer) + " " + describeTag(tag) + " has " + std::to_string(found) +
-           " bytes, the receive expects " + std::to_string(buf.bytes());
+  // Under the lock: takes the oldest waiting side from `queue`, or null.
+  static std::shared_ptr<Pending> claim(Queue& queue) {
+    if (queue.empty()) return nullptr;
+    auto pending = queue.front();
+    queue.pop_front();
+    pending->claimed = true;
+    return pending;
   }
 
-  // Takes the oldest receive that `peer` posted for (rank_, tag). When none is posted and
-  // `queue_instead` is given, queues that message as unexpected instead.
-  std::shared_ptr<PendingRecv> claimPostedRecv(int peer, Tag tag,
-                                               std::vector<char>* queue_instead = nullptr) {
+  // Outside the lock: copies a message; returns an error when the sizes disagree.
+  static std::string transfer(const Buffer& from, const Buffer& to, const std::string& what) {
+    if (from.bytes() != to.bytes()) {
+      return "loopback: " + what + ": the message has " + std::to_string(from.bytes()) +
+             " bytes, the receive expects " + std::to_string(to.bytes());
+    }
+    if (from.bytes() > 0) std::memcpy(to.data, from.data, from.bytes());
+    return "";
+  }
+
+  void complete(Pending& pending, const std::string& error) {
     std::lock_guard<std::mutex> lock(world_->mu);
-    throwIfAborted();
-    auto& box = world_->boxes[peer];
-    if (box.aborted) return nullptr;  // the peer is gone: drop the message
-    auto it = box.posted.find({rank_, tag});
-    if (it != box.posted.end() && !it->second.empty()) {
-      auto pending = it->second.front();
-      it->second.pop_front();
-      pending->claimed = true;
-      return pending;
-    }
-    if (queue_instead != nullptr) box.unexpected[{rank_, tag}].push_back(std::move(*queue_instead));
-    return nullptr;
-  }
-
-  // Copies the message straight into a claimed receive buffer and completes it.
-  void deliver(PendingRecv& target, const Buffer& buf, Tag tag) {
-    std::string error;
-    if (target.buffer.bytes() != buf.bytes()) {
-      error = "loopback: rank " + std::to_string(rank_) + " sent " + std::to_string(buf.bytes()) +
-              " bytes " + describeTag(tag) + ", the receive expects " +
-              std::to_string(target.buffer.bytes());
-    } else if (buf.bytes() > 0) {
-      std::memcpy(target.buffer.data, buf.data, buf.bytes());
-    }
-    std::lock_guard<std::mutex> lock(world_->mu);
-    target.error = error;
-    target.done = true;
+    pending.error = error;
+    pending.done = true;
     world_->cv.notify_all();
   }
 
@@ -280,6 +279,6 @@ class LoopbackBackend : public Backend {
 }  // namespace
 }  // namespace collie::loopback
 
-COLLIE_BACKEND_PLUGIN("loopback", "1.0.0",
+COLLIE_BACKEND_PLUGIN("loopback", "1.1.0",
                       "ranks as threads of one process, exchanging messages in memory (tests)",
                       collie::loopback::LoopbackBackend);

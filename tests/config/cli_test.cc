@@ -163,7 +163,7 @@ TEST(Cli, UnknownPluginParamIsRejected) {
 TEST(Cli, SchedulerThatCannotRunTheCollectiveIsBadInput) {
   auto r =
       runCollie(args({"run", kQuickstart, "--set", "bench.collective=reduce_scatter"}, kShort));
-  expectBadInput(r, "scheduler 'tree' cannot run reduce_scatter");
+  expectBadInput(r, "bench.schedulers: 'tree' cannot run reduce_scatter");
 }
 
 TEST(Cli, LogLevelFlagAndEnvironment) {

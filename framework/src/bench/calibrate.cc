@@ -16,7 +16,7 @@ constexpr uint64_t kProbeBytes[] = {8, 4096, 65536, 1 << 20, 4 << 20};
 // sees the contention for cores and memory that a collective sees. With `peer` set, only
 // rank 0 and `peer` exchange (the probe between nodes). The median of a few, as rank 0 saw it.
 double pingPong(Backend& backend, Control& control, uint64_t bytes, int peer) {
-  const int iters = bytes >= (1 << 20) ? 4 : 20;
+  const int iters = bytes >= (1 << 20) ? 12 : 30;
   Buffer like;
   like.dtype = DType::kF64;  // the probe moves raw bytes; any dtype of the right size will do
   const size_t count = std::max<uint64_t>(1, bytes / 8);
@@ -47,7 +47,7 @@ double pingPong(Backend& backend, Control& control, uint64_t bytes, int peer) {
 // α is the step time of the smallest message; β the extra time per byte of the largest.
 LinkCost probeLink(Backend& backend, Control& control, int peer) {
   const double small = pingPong(backend, control, 8, peer);
-  const uint64_t large_bytes = 4 << 20;
+  const uint64_t large_bytes = 1 << 20;
   const double large = pingPong(backend, control, large_bytes, peer);
   LinkCost link;
   link.alpha = small;
