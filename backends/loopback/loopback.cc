@@ -85,14 +85,16 @@ class PendingRequest : public Request {
   // describes the transfer for messages ("rank 1: receive from rank 0 tag ...").
   PendingRequest(std::shared_ptr<World> world, std::shared_ptr<Pending> pending, Queue* queue,
                  int owner, int peer, std::string what)
-      : world_(std::move(world)), pending_(std::move(pending)), queue_(queue), owner_(owner),
-        peer_(peer), what_(std::move(what)) {}
+      : world_(std::move(world)),
+        pending_(std::move(pending)),
+        queue_(queue),
+        owner_(owner),
+        peer_(peer),
+        what_(std::move(what)) {}
 
   void wait(std::chrono::milliseconds timeout) override {
     std::unique_lock<std::mutex> lock(world_->mu);
-    auto aborted = [&] {
-      return world_->boxes[owner_].aborted || world_->boxes[peer_].aborted;
-    };
+    auto aborted = [&] { return world_->boxes[owner_].aborted || world_->boxes[peer_].aborted; };
     bool finished = world_->cv.wait_for(
         lock, timeout, [&] { return pending_->done || (aborted() && !pending_->claimed); });
     // The other side already claimed our buffer and is copying: let it finish first.
@@ -107,7 +109,8 @@ class PendingRequest : public Request {
     // Withdraw, so that a late partner cannot touch a buffer the caller gave up.
     queue_->erase(std::remove(queue_->begin(), queue_->end(), pending_), queue_->end());
     if (aborted()) {
-      const auto& box = world_->boxes[owner_].aborted ? world_->boxes[owner_] : world_->boxes[peer_];
+      const auto& box =
+          world_->boxes[owner_].aborted ? world_->boxes[owner_] : world_->boxes[peer_];
       throw CommError("loopback: " + what_ + " aborted: " + box.abort_reason);
     }
     throw CommError("loopback: " + what_ + " timed out after " + std::to_string(timeout.count()) +
@@ -153,45 +156,11 @@ class LoopbackBackend : public Backend {
   }
 
   std::unique_ptr<Request> isend(int peer, const Buffer& buf, Tag tag) override {
-    check(peer, buf, "send to");
-    const std::string what = describe("send to", peer, tag);
-    std::shared_ptr<Pending> recv;
-    {
-      std::lock_guard<std::mutex> lock(world_->mu);
-      throwIfAborted(peer, what);
-      auto& box = world_->boxes[peer];
-      recv = claim(box.recvs[{rank_, tag}]);
-      if (!recv) {
-        Queue& queue = box.sends[{rank_, tag}];
-        queue.push_back(std::make_shared<Pending>(buf));
-        return std::make_unique<PendingRequest>(world_, queue.back(), &queue, rank_, peer, what);
-      }
-    }
-    std::string error = transfer(buf, recv->buffer, what);
-    complete(*recv, error);
-    if (!error.empty()) throw CommError(error);
-    return std::make_unique<DoneRequest>();
+    return post(peer, buf, tag, /*sending=*/true);
   }
 
   std::unique_ptr<Request> irecv(int peer, const Buffer& buf, Tag tag) override {
-    check(peer, buf, "receive from");
-    const std::string what = describe("receive from", peer, tag);
-    std::shared_ptr<Pending> send;
-    {
-      std::lock_guard<std::mutex> lock(world_->mu);
-      throwIfAborted(peer, what);
-      auto& box = world_->boxes[rank_];
-      send = claim(box.sends[{peer, tag}]);
-      if (!send) {
-        Queue& queue = box.recvs[{peer, tag}];
-        queue.push_back(std::make_shared<Pending>(buf));
-        return std::make_unique<PendingRequest>(world_, queue.back(), &queue, rank_, peer, what);
-      }
-    }
-    std::string error = transfer(send->buffer, buf, what);
-    complete(*send, error);
-    if (!error.empty()) throw CommError(error);
-    return std::make_unique<DoneRequest>();
+    return post(peer, buf, tag, /*sending=*/false);
   }
 
   std::unique_ptr<Backend> split(const std::vector<int>& ranks) override {
@@ -215,6 +184,33 @@ class LoopbackBackend : public Backend {
   }
 
  private:
+  // Matches a send or receive with the other side if it is waiting (and copies), or queues
+  // it. A send waits in the peer's mailbox under (this rank, tag), a receive in ours under
+  // (peer, tag), so both sides look in the same place.
+  std::unique_ptr<Request> post(int peer, const Buffer& buf, Tag tag, bool sending) {
+    const char* verb = sending ? "send to" : "receive from";
+    check(peer, buf, verb);
+    const std::string what = describe(verb, peer, tag);
+    auto& box = world_->boxes[sending ? peer : rank_];
+    const World::Key key{sending ? rank_ : peer, tag};
+    std::shared_ptr<Pending> other;
+    {
+      std::lock_guard<std::mutex> lock(world_->mu);
+      throwIfAborted(peer, what);
+      other = claim(sending ? box.recvs[key] : box.sends[key]);
+      if (!other) {
+        Queue& queue = sending ? box.sends[key] : box.recvs[key];
+        queue.push_back(std::make_shared<Pending>(buf));
+        return std::make_unique<PendingRequest>(world_, queue.back(), &queue, rank_, peer, what);
+      }
+    }
+    std::string error =
+        sending ? transfer(buf, other->buffer, what) : transfer(other->buffer, buf, what);
+    complete(*other, error);
+    if (!error.empty()) throw CommError(error);
+    return std::make_unique<DoneRequest>();
+  }
+
   void check(int peer, const Buffer& buf, const char* verb) const {
     if (peer < 0 || peer >= size_ || peer == rank_) {
       throw CommError("loopback: rank " + std::to_string(rank_) + " cannot " + verb + " rank " +
