@@ -117,6 +117,14 @@ int runCommand(const Options& opt) {
 
   PluginLoader loader;
   openPlugins(loader, experiments);
+  const std::string rules_path = opt.emit_rules.empty() ? first.bench.emit_rules : opt.emit_rules;
+  if (!rules_path.empty()) {  // fail before the sweep, not after it
+    fs::path folder = fs::absolute(rules_path).parent_path();
+    if (!fs::is_directory(folder)) {
+      throw ConfigError("--emit-rules " + rules_path + ": folder " + folder.string() +
+                        " does not exist");
+    }
+  }
   std::vector<bench::Result> results;
   std::vector<bench::Row> rows;
   for (size_t i = 0; i < experiments.size(); ++i) {

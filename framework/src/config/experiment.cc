@@ -231,9 +231,9 @@ void checkConsistency(const Experiment& e, std::vector<Issue>* issues) {
 }
 
 // The whole file through read(2), so that an I/O error is reported with its errno.
-std::string readAll(const std::string& path) {
+std::string readAll(const std::string& path, const std::string& what) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw ConfigError(path + ": cannot open config: " + std::strerror(errno));
+  if (fd < 0) throw ConfigError(path + ": cannot open " + what + ": " + std::strerror(errno));
   std::string text;
   char buffer[65536];
   while (true) {
@@ -244,9 +244,9 @@ std::string readAll(const std::string& path) {
       int error = errno;
       ::close(fd);
       if (n > 0)
-        throw ConfigError(path + ": config grew past the " + formatBytes(kMaxConfigBytes) +
+        throw ConfigError(path + ": " + what + " grew past the " + formatBytes(kMaxConfigBytes) +
                           " limit while reading");
-      throw ConfigError(path + ": cannot read config: " + std::strerror(error));
+      throw ConfigError(path + ": cannot read " + what + ": " + std::strerror(error));
     }
     text.append(buffer, static_cast<size_t>(n));
   }
@@ -256,11 +256,11 @@ std::string readAll(const std::string& path) {
 
 }  // namespace
 
-std::string readConfigFile(const std::string& path) {
+std::string readConfigFile(const std::string& path, const std::string& what) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
-    throw ConfigError(path + ": cannot open config: " + std::strerror(errno) +
-                      ". HINT: shipped experiments are in configs/");
+    throw ConfigError(path + ": cannot open " + what + ": " + std::strerror(errno) +
+                      (what == "config" ? ". HINT: shipped experiments are in configs/" : ""));
   }
   if (S_ISDIR(st.st_mode)) {
     throw ConfigError(path + ": is a directory, expected a YAML file. HINT: e.g. " +
@@ -268,12 +268,12 @@ std::string readConfigFile(const std::string& path) {
   }
   if (!S_ISREG(st.st_mode)) throw ConfigError(path + ": not a regular file");
   if (static_cast<size_t>(st.st_size) > kMaxConfigBytes) {
-    throw ConfigError(path + ": config is " + std::to_string(st.st_size) +
+    throw ConfigError(path + ": " + what + " is " + std::to_string(st.st_size) +
                       " bytes, larger than "
                       "the " +
                       formatBytes(kMaxConfigBytes) + " limit; is it really an experiment file?");
   }
-  std::string text = readAll(path);
+  std::string text = readAll(path, what);
   if (text.find('\0') != std::string::npos) {
     throw ConfigError(path + ": is a binary file (it holds NUL bytes), expected YAML text");
   }

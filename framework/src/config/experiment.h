@@ -71,6 +71,7 @@ std::vector<Experiment> loadExperiments(const std::string& path,
 
 // The text of a config file, refused with a clear message when it is missing, a directory,
 // unreadable, too large or binary.
-std::string readConfigFile(const std::string& path);
+// `what` names the file in messages ("config", "rules file").
+std::string readConfigFile(const std::string& path, const std::string& what = "config");
 
 }  // namespace collie::config

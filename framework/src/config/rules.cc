@@ -32,7 +32,7 @@ const config::Schema& rulesSchema() {
 }  // namespace
 
 RulesFile readRulesFile(const std::string& path) {
-  std::string text = config::readConfigFile(path);
+  std::string text = config::readConfigFile(path, "rules file");
   YAML::Node root;
   try {
     root = YAML::Load(text);
