@@ -227,3 +227,21 @@ TEST(CliBench, EmitRulesThenAutoUsesThem) {
 
 }  // namespace
 }  // namespace collie
+
+namespace collie {
+namespace {
+
+// DESIGN §10: with the reference BLAS selected, collie must still run on OpenBLAS.
+TEST(CliBlas, OpenBlasWinsOverTheReferenceBlas) {
+  const std::string reference = "/usr/lib/x86_64-linux-gnu/blas";
+  if (!std::filesystem::exists(reference + "/libblas.so.3")) {
+    GTEST_SKIP() << "the reference BLAS (libblas3) is not installed";
+  }
+  auto r = testing::runCollie({"--version"}, {"LD_LIBRARY_PATH=" + reference});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("BLAS: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("openblas"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace collie

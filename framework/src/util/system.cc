@@ -1,12 +1,22 @@
 // Process introspection through /proc.
 #include "util/system.h"
 
+#include <dlfcn.h>
+
 #include <filesystem>
 #include <fstream>
 
 namespace collie::detail {
 
 std::string blasInUse() {
+  // The library whose sgemm_ this process binds to is the BLAS LibTorch's matmuls call.
+  void* sgemm = dlsym(RTLD_DEFAULT, "sgemm_");
+  Dl_info info{};
+  if (sgemm != nullptr && dladdr(sgemm, &info) != 0 && info.dli_fname != nullptr) {
+    std::error_code ec;
+    auto real = std::filesystem::canonical(info.dli_fname, ec);
+    return ec ? std::string(info.dli_fname) : real.string();
+  }
   std::ifstream maps("/proc/self/maps");
   std::string line;
   while (std::getline(maps, line)) {
