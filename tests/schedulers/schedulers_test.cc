@@ -2,10 +2,6 @@
 // them, and a dead peer in the middle of a collective.
 #include <gtest/gtest.h>
 
-#include <mutex>
-#include <tuple>
-
-#include "bench/pattern.h"
 #include "collie/error.h"
 #include "loopback_job.h"
 #include "runtime/communicator.h"

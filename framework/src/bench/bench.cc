@@ -142,16 +142,11 @@ class RankBench {
   // The scheduler the entry's rules pick for `args` (what Communicator::run will run), or a
   // ConfigError naming why none can.
   Scheduler* choose(const Scheduled& s, const CollectiveArgs& args) const {
-    const uint64_t bytes = std::max(args.data.bytes(), args.output.bytes());
     std::string refusals;
-    for (const auto& rule : s.rules) {
-      if (rule.max_bytes != 0 && bytes > rule.max_bytes) continue;
-      Decision decision = rule.scheduler->accepts(args, comm_.topology());
-      if (decision.accepted) return rule.scheduler.get();
-      refusals += (refusals.empty() ? "" : "; ") + decision.reason;
-    }
+    if (const auto* rule = comm_.select(args, s.rules, &refusals)) return rule->scheduler.get();
     throw ConfigError("bench.schedulers: '" + s.label + "' cannot run " +
-                      collectiveName(args.coll) + " of " + formatBytes(bytes) + ": " +
+                      collectiveName(args.coll) + " of " +
+                      formatBytes(std::max(args.data.bytes(), args.output.bytes())) + ": " +
                       (refusals.empty() ? "no rule admits this size" : refusals) +
                       ". HINT: remove it from bench.schedulers or change bench.collective");
   }

@@ -107,7 +107,7 @@ class RankChecker {
   void run(const std::vector<Case>& cases, Report* report, std::mutex* mu) {
     const int n = comm_.backend().size(), rank = comm_.backend().rank();
     for (const Case& c : cases) {
-      CollectiveArgs probe = argsFor(c, Buffer(), Buffer(), n);
+      CollectiveArgs probe = argsFor(c, Buffer(), Buffer());
       Decision d = scheduler_->accepts(probe, comm_.topology());
       if (!d.accepted) {
         if (rank == 0) {
@@ -131,7 +131,7 @@ class RankChecker {
   }
 
  private:
-  CollectiveArgs argsFor(const Case& c, const Buffer& data, const Buffer& output, int) const {
+  static CollectiveArgs argsFor(const Case& c, const Buffer& data, const Buffer& output) {
     CollectiveArgs args;
     args.coll = c.coll;
     args.data = data;
@@ -151,7 +151,7 @@ class RankChecker {
     const size_t out = c.coll == Collective::kReduceScatter ? c.count
                        : c.coll == Collective::kAllGather   ? c.count * n
                                                             : 0;
-    CollectiveArgs args = argsFor(c, reusable(&data_, like, in), reusable(&output_, like, out), n);
+    CollectiveArgs args = argsFor(c, reusable(&data_, like, in), reusable(&output_, like, out));
     pattern::fillInput(args, rank, n);
     comm_.run(args);
     const Buffer& result = out > 0 ? args.output : args.data;

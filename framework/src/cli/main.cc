@@ -192,10 +192,8 @@ int pluginsCommand() {
 // for a bare name.
 PluginKind kindOf(const PluginLoader& loader, const std::string& name) {
   if (name.find('/') != std::string::npos) return pluginInfo(*openPluginFile(name, nullptr)).kind;
-  for (PluginKind kind : {PluginKind::kScheduler, PluginKind::kBackend}) {
-    for (const auto& info : loader.scan().found) {
-      if (info.kind == kind && info.name == name) return kind;
-    }
+  for (const auto& info : loader.scan().found) {
+    if (info.kind == PluginKind::kBackend && info.name == name) return PluginKind::kBackend;
   }
   return PluginKind::kScheduler;  // open() then explains what was not found
 }

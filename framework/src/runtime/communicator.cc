@@ -26,13 +26,13 @@ uint64_t bytesOf(const CollectiveArgs& args) {
 }
 }  // namespace
 
-Provenance Communicator::runWith(const std::string& label, Scheduler& scheduler,
-                                 CollectiveArgs args) {
+Provenance Communicator::runRule(const Rule& rule, CollectiveArgs args) {
+  const std::string& label = rule.label;
   args.seq = next_seq_++;
   const uint64_t bytes = bytesOf(args);
   auto start = std::chrono::steady_clock::now();
   try {
-    scheduler.run(args, *backend_, topology_);
+    rule.scheduler->run(args, *backend_, topology_);
   } catch (const CommError& e) {
     throw CommError(std::string(collectiveName(args.coll)) + " seq " + std::to_string(args.seq) +
                     " (" + formatBytes(bytes) + ", scheduler " + label + ", backend " +
@@ -45,18 +45,25 @@ Provenance Communicator::runWith(const std::string& label, Scheduler& scheduler,
 
 Provenance Communicator::run(CollectiveArgs args) { return run(args, rules_); }
 
-Provenance Communicator::run(CollectiveArgs args, const std::vector<Rule>& rules) {
+const Communicator::Rule* Communicator::select(const CollectiveArgs& args,
+                                               const std::vector<Rule>& rules,
+                                               std::string* refusals) const {
   const uint64_t bytes = bytesOf(args);
-  std::string refusals;
   for (const Rule& rule : rules) {
     if (rule.max_bytes != 0 && bytes > rule.max_bytes) continue;
     Decision decision = rule.scheduler->accepts(args, topology_);
-    if (decision.accepted) return runWith(rule.label, *rule.scheduler, args);
-    refusals += "; " + rule.label + ": " + decision.reason;
+    if (decision.accepted) return &rule;
+    *refusals += (refusals->empty() ? "" : "; ") + rule.label + ": " + decision.reason;
   }
+  return nullptr;
+}
+
+Provenance Communicator::run(CollectiveArgs args, const std::vector<Rule>& rules) {
+  std::string refusals;
+  if (const Rule* rule = select(args, rules, &refusals)) return runRule(*rule, args);
   throw ConfigError(std::string("no scheduler can run ") + collectiveName(args.coll) + " of " +
-                    formatBytes(bytes) +
-                    (refusals.empty() ? ": no rule admits this size" : refusals) +
+                    formatBytes(bytesOf(args)) + ": " +
+                    (refusals.empty() ? "no rule admits this size" : refusals) +
                     ". HINT: add a scheduler that implements it to the rules");
 }
 

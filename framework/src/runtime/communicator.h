@@ -43,14 +43,17 @@ class Communicator {
   // The same with explicit rules instead of the ones added (the bench compares rule sets).
   Provenance run(CollectiveArgs args, const std::vector<Rule>& rules);
 
-  // Runs `args` with one given scheduler, bypassing the rules (the bench compares them this
-  // way). Shares the sequence numbers with run(), so tags never collide.
-  Provenance runWith(const std::string& label, Scheduler& scheduler, CollectiveArgs args);
+  // The rule that run(args, rules) would use: the first whose size limit admits the message
+  // and whose scheduler accepts it, or null (with each refusal appended to `refusals`).
+  const Rule* select(const CollectiveArgs& args, const std::vector<Rule>& rules,
+                     std::string* refusals) const;
 
   Backend& backend() { return *backend_; }
   const Topology& topology() const { return topology_; }
 
  private:
+  Provenance runRule(const Rule& rule, CollectiveArgs args);
+
   std::shared_ptr<Backend> backend_;
   std::string backend_name_;
   Topology topology_;
