@@ -6,6 +6,11 @@ find_package(fmt REQUIRED)
 find_package(CLI11 CONFIG QUIET)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(Boost 1.74 REQUIRED)
+find_path(COLLIE_XXHASH_INCLUDE_DIR xxhash.h REQUIRED)
+find_library(COLLIE_XXHASH_LIBRARY xxhash REQUIRED)
+add_library(collie_xxhash INTERFACE)
+target_include_directories(collie_xxhash SYSTEM INTERFACE "${COLLIE_XXHASH_INCLUDE_DIR}")
+target_link_libraries(collie_xxhash INTERFACE "${COLLIE_XXHASH_LIBRARY}")
 
 # LibTorch: only the core's reduction and bench code include its headers. Linking the
 # libraries directly avoids TorchConfig's CUDA probing on machines with a CUDA toolkit.

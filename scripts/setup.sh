@@ -7,7 +7,9 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config git file
   libtorch-dev libopenblas0-pthread
   libyaml-cpp-dev libboost-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
-  libgtest-dev gnuplot-nox
+  libgtest-dev gnuplot-nox libxxhash-dev
+  # backends (gloo, ucx) and the peers their tests and benchmarks launch or compare against
+  libgloo-dev libucx-dev ucx-utils libopenmpi-dev openmpi-bin python3-torch
 )
 
 missing=()

@@ -151,7 +151,6 @@ class LoopbackBackend : public Backend {
   std::chrono::milliseconds timeout() const override { return timeout_; }
   Capabilities capabilities() const override {
     Capabilities caps;
-    caps.in_process = true;
     return caps;
   }
 
@@ -275,6 +274,6 @@ class LoopbackBackend : public Backend {
 }  // namespace
 }  // namespace collie::loopback
 
-COLLIE_BACKEND_PLUGIN("loopback", "1.1.0",
+COLLIE_IN_PROCESS_BACKEND_PLUGIN("loopback", "1.1.0",
                       "ranks as threads of one process, exchanging messages in memory (tests)",
                       collie::loopback::LoopbackBackend);

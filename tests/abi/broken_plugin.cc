@@ -64,6 +64,7 @@ extern "C" COLLIE_EXPORT const collie_plugin_descriptor_v1 collie_plugin_v1 = {
     FINGERPRINT,
     &collie::detail::createPlugin<collie::Scheduler, EchoScheduler>,
     &collie::detail::destroyPlugin<collie::Scheduler>,
+    0u,
 };
 
 #else

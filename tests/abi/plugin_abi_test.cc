@@ -1,6 +1,7 @@
 // Deliberately broken plugins: each is refused with one clear line, and nothing crashes.
 #include <gtest/gtest.h>
 
+#include "collie/config.h"
 #include "collie/error.h"
 #include "plugin/loader.h"
 #include "run_command.h"
@@ -23,8 +24,8 @@ std::string rejection(const std::string& name) {
 }
 
 struct BrokenCase {
-  const char* plugin;
-  const char* reason;
+  std::string plugin;
+  std::string reason;
 };
 
 void PrintTo(const BrokenCase& c, std::ostream* os) { *os << c.plugin; }
@@ -49,8 +50,15 @@ TEST_P(BrokenPlugin, CliExitsTwoWithTheSameLine) {
 INSTANTIATE_TEST_SUITE_P(
     Abi, BrokenPlugin,
     ::testing::Values(
-        BrokenCase{"wrong_major", "plugin ABI 2.0 is not supported: this collie speaks ABI 1.0"},
-        BrokenCase{"newer_minor", "plugin needs ABI 1.1 but this collie provides only 1.0"},
+        BrokenCase{"wrong_major", "plugin ABI " + std::to_string(COLLIE_ABI_MAJOR + 1) +
+                                      ".0 is not supported: this collie speaks ABI " +
+                                      std::to_string(COLLIE_ABI_MAJOR) + "." +
+                                      std::to_string(COLLIE_ABI_MINOR)},
+        BrokenCase{"newer_minor", "plugin needs ABI " + std::to_string(COLLIE_ABI_MAJOR) + "." +
+                                      std::to_string(COLLIE_ABI_MINOR + 1) +
+                                      " but this collie provides only " +
+                                      std::to_string(COLLIE_ABI_MAJOR) + "." +
+                                      std::to_string(COLLIE_ABI_MINOR)},
         BrokenCase{"wrong_kind", "is a backend plugin, but the slot needs a scheduler"},
         BrokenCase{"no_symbol", "no 'collie_plugin_v1' descriptor symbol exported"},
         BrokenCase{"bad_magic", "bad descriptor magic: expected 0x434f4c4c, found 0xdeadbeef"},

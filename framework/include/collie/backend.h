@@ -43,16 +43,19 @@ struct Capabilities {
   bool native_allgather = false;
   bool native_broadcast = false;
   bool native_barrier = false;
-  // Ranks are threads of one process (the loopback backend): collie runs them as threads.
-  bool in_process = false;
 };
+
+class Store;
 
 // Everything a backend needs to join its group.
 struct BackendContext {
   int rank = 0;
   int size = 1;
   std::string job_id;  // ranks of one job share it; in-process backends meet through it
-  std::chrono::milliseconds timeout{30000};
+  std::chrono::milliseconds timeout{30000};  // for joining the group
+  // The job's rendezvous store (collie/store.h) for exchanging addresses; it outlives the
+  // backend. Null for in-process backends.
+  Store* store = nullptr;
 };
 
 class Backend {

@@ -15,6 +15,8 @@ inline void logError(const std::string& m) { logMessage(LogLevel::kError, m); }
 
 // The rank shown in front of every message logged from the calling thread (-1: none).
 void setLogRank(int rank);
+// The rank shown for every thread that did not call setLogRank (a worker process's rank).
+void setProcessLogRank(int rank);
 // Parses trace|debug|info|warn|error|off; false when the name is unknown.
 bool parseLogLevel(const std::string& name, LogLevel* out);
 void setLogLevel(LogLevel level);

@@ -77,7 +77,12 @@ struct collie_plugin_descriptor_v1 {
   int32_t (*create)(const void* context, void** object, char* error, size_t error_len) noexcept;
   // Destroys an object returned by create. Never throws.
   void (*destroy)(void* object) noexcept;
+  uint32_t flags;  // COLLIE_FLAG_* bits
 };
+
+// The backend runs every rank as a thread of one process (the loopback backend); without
+// it, collie starts one process per rank.
+#define COLLIE_FLAG_IN_PROCESS 1u
 
 }  // extern "C"
 
@@ -128,7 +133,7 @@ void destroyPlugin(void* object) noexcept {
 }  // namespace detail
 }  // namespace collie
 
-#define COLLIE_DEFINE_PLUGIN_DETAIL(KIND, BASE, NAME, VERSION, DESCRIPTION, TYPE) \
+#define COLLIE_DEFINE_PLUGIN_DETAIL(KIND, BASE, NAME, VERSION, DESCRIPTION, TYPE, FLAGS) \
   extern "C" COLLIE_EXPORT const collie_plugin_descriptor_v1 collie_plugin_v1 = { \
       COLLIE_PLUGIN_MAGIC,                                                        \
       COLLIE_ABI_MAJOR,                                                           \
@@ -140,14 +145,20 @@ void destroyPlugin(void* object) noexcept {
       COLLIE_BUILD_FINGERPRINT,                                                   \
       &::collie::detail::createPlugin<BASE, TYPE>,                                \
       &::collie::detail::destroyPlugin<BASE>,                                     \
+      FLAGS,                                                                      \
   }
 
 // TYPE derives from collie::Backend and has a constructor TYPE(const collie::PluginContext&).
 #define COLLIE_BACKEND_PLUGIN(NAME, VERSION, DESCRIPTION, TYPE)                                   \
   COLLIE_DEFINE_PLUGIN_DETAIL(COLLIE_KIND_BACKEND, ::collie::Backend, NAME, VERSION, DESCRIPTION, \
-                              TYPE)
+                              TYPE, 0u)
+
+// The same for a backend whose ranks are threads of one process (COLLIE_FLAG_IN_PROCESS).
+#define COLLIE_IN_PROCESS_BACKEND_PLUGIN(NAME, VERSION, DESCRIPTION, TYPE)                        \
+  COLLIE_DEFINE_PLUGIN_DETAIL(COLLIE_KIND_BACKEND, ::collie::Backend, NAME, VERSION, DESCRIPTION, \
+                              TYPE, COLLIE_FLAG_IN_PROCESS)
 
 // TYPE derives from collie::Scheduler and has a constructor TYPE(const collie::PluginContext&).
 #define COLLIE_SCHEDULER_PLUGIN(NAME, VERSION, DESCRIPTION, TYPE)                        \
   COLLIE_DEFINE_PLUGIN_DETAIL(COLLIE_KIND_SCHEDULER, ::collie::Scheduler, NAME, VERSION, \
-                              DESCRIPTION, TYPE)
+                              DESCRIPTION, TYPE, 0u)

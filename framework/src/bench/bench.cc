@@ -49,12 +49,12 @@ struct Scheduled {
 class RankBench {
  public:
   RankBench(const PluginLoader& loader, const config::Experiment& e,
-            std::shared_ptr<Backend> backend)
+            std::shared_ptr<Backend> backend, const Topology& topology)
       : e_(e),
         spec_(e.bench),
         n_(backend->size()),
         rank_(backend->rank()),
-        comm_(backend, e.backend.label, e.topology),
+        comm_(backend, e.backend.label, topology),
         control_(*backend) {
     auto create = [&](const config::PluginRef& ref) {
       Params params = ref.params;
@@ -189,7 +189,7 @@ Result run(const PluginLoader& loader, const config::Experiment& experiment) {
   std::mutex mu;
   runInProcess(loader, experiment.backend, experiment.nproc_per_node,
                [&](std::shared_ptr<Backend> backend) {
-                 RankBench bench(loader, experiment, backend);
+                 RankBench bench(loader, experiment, backend, experiment.topology);
                  Result mine = bench.run();
                  if (backend->rank() == 0) {
                    std::lock_guard<std::mutex> lock(mu);
@@ -197,6 +197,13 @@ Result run(const PluginLoader& loader, const config::Experiment& experiment) {
                  }
                });
   return result;
+}
+
+Result runRank(const PluginLoader& loader, const config::Experiment& experiment,
+               std::shared_ptr<Backend> backend, const Topology& topology) {
+  at::set_num_threads(experiment.threads_per_rank);
+  RankBench bench(loader, experiment, std::move(backend), topology);
+  return bench.run();
 }
 
 }  // namespace collie::bench

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <iosfwd>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,14 @@ double busFactor(Collective coll, int n);
 
 // Runs the experiment's bench with its ranks as threads of this process.
 Result run(const PluginLoader& loader, const config::Experiment& experiment);
+// Runs this rank's part of the bench over `backend` (a worker process). Every rank returns
+// the same aggregated rows.
+Result runRank(const PluginLoader& loader, const config::Experiment& experiment,
+               std::shared_ptr<Backend> backend, const Topology& topology);
+
+// A Result as JSON, for a worker to hand its rows to the launcher (written atomically).
+void saveResult(const std::string& path, const Result& result);
+Result loadResult(const std::string& path);
 
 // The table, one block per matrix point (with its calibrated model), the average bus
 // bandwidth and the prediction error per scheduler, and the crossovers.

@@ -123,7 +123,9 @@ void writeCsv(const std::string& path, const std::vector<Row>& rows) {
   }
 }
 
-void writeJson(const std::string& path, const std::vector<Row>& rows) {
+namespace {
+
+nlohmann::json rowsJson(const std::vector<Row>& rows) {
   nlohmann::json doc = nlohmann::json::array();
   for (const Row& r : rows) {
     nlohmann::json row = {{"run", r.run},
@@ -143,7 +145,65 @@ void writeJson(const std::string& path, const std::vector<Row>& rows) {
     row["predicted_us"] = std::isfinite(r.predicted_us) ? nlohmann::json(r.predicted_us) : nullptr;
     doc.push_back(row);
   }
-  openOutput(path) << doc.dump(2) << "\n";
+  return doc;
+}
+
+nlohmann::json linkJson(const LinkCost& link) { return {{"alpha", link.alpha}, {"beta", link.beta}}; }
+
+LinkCost linkOf(const nlohmann::json& j) { return {j.at("alpha").get<double>(), j.at("beta").get<double>()}; }
+
+}  // namespace
+
+void writeJson(const std::string& path, const std::vector<Row>& rows) {
+  openOutput(path) << rowsJson(rows).dump(2) << "\n";
+}
+
+void saveResult(const std::string& path, const Result& result) {
+  nlohmann::json doc = {{"rows", rowsJson(result.rows)},
+                        {"calibrated", result.calibrated},
+                        {"model",
+                         {{"intra", linkJson(result.model.intra)},
+                          {"inter", linkJson(result.model.inter)},
+                          {"gamma", result.model.gamma}}}};
+  const std::string partial = path + ".partial";
+  openOutput(partial) << doc.dump() << "\n";
+  std::filesystem::rename(partial, path);  // readers never see half a file
+}
+
+Result loadResult(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(ErrorKind::kInternal, "rank 0 left no results in " + path);
+  try {
+    auto doc = nlohmann::json::parse(in);
+    Result result;
+    result.calibrated = doc.at("calibrated").get<bool>();
+    result.model.intra = linkOf(doc.at("model").at("intra"));
+    result.model.inter = linkOf(doc.at("model").at("inter"));
+    result.model.gamma = doc.at("model").at("gamma").get<double>();
+    for (const auto& j : doc.at("rows")) {
+      Row r;
+      r.run = j.at("run").get<std::string>();
+      r.collective = j.at("collective").get<std::string>();
+      r.backend = j.at("backend").get<std::string>();
+      r.ranks = j.at("ranks").get<int>();
+      r.scheduler = j.at("scheduler").get<std::string>();
+      r.plugin = j.at("plugin").get<std::string>();
+      r.bytes = j.at("bytes").get<uint64_t>();
+      r.count = j.at("count").get<uint64_t>();
+      r.dtype = j.at("dtype").get<std::string>();
+      r.op = j.at("op").get<std::string>();
+      r.time_us = j.at("time_us").get<double>();
+      r.algbw = j.at("algbw_gbps").get<double>();
+      r.busbw = j.at("busbw_gbps").get<double>();
+      r.wrong = j.at("wrong").get<uint64_t>();
+      r.predicted_us = j.at("predicted_us").is_null() ? kNoPrediction
+                                                      : j.at("predicted_us").get<double>();
+      result.rows.push_back(r);
+    }
+    return result;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorKind::kInternal, path + ": unreadable results from rank 0: " + e.what());
+  }
 }
 
 bool writePlots(const std::string& dir, const std::vector<Row>& rows, std::string* why) {

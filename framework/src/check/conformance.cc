@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
@@ -227,6 +230,16 @@ class RankChecker {
 
 }  // namespace
 
+Report checkSchedulerOnRank(const PluginLoader& loader, const config::PluginRef& scheduler,
+                            std::shared_ptr<Backend> backend, const Options& options) {
+  Report report;
+  std::mutex mu;
+  const int world = backend->size();
+  RankChecker(loader, scheduler, std::move(backend), topologyFor(world, options.emulate_nodes))
+      .run(casesFor(world, options), &report, &mu);
+  return report;
+}
+
 Report checkScheduler(const PluginLoader& loader, const config::PluginRef& scheduler,
                       const config::PluginRef& backend, const Options& options) {
   Report report;
@@ -249,66 +262,169 @@ Report checkScheduler(const PluginLoader& loader, const config::PluginRef& sched
   return report;
 }
 
-Report checkBackendContract(const PluginLoader& loader, const config::PluginRef& backend) {
-  Report report;
-  config::PluginRef ref = backend;
-  ref.params.set("timeout", "700ms");
+namespace {
+
+Buffer int32View(std::vector<int32_t>& v) {
+  Buffer b;
+  b.data = v.data();
+  b.count = v.size();
+  b.dtype = DType::kI32;
+  return b;
+}
+
+// Two messages with one tag arrive in order; a zero-byte message arrives. Rank 1 records.
+void contractOrder(Backend& b, const std::function<void(bool, const std::string&)>& expect) {
+  if (b.rank() == 0) {
+    std::vector<int32_t> first{1}, second{2}, empty;
+    b.send(1, int32View(first), 5);
+    b.send(1, int32View(second), 5);
+    b.send(1, int32View(empty), 6);
+  } else {
+    std::vector<int32_t> x(1), y(1), empty;
+    b.recv(0, int32View(x), 5);
+    b.recv(0, int32View(y), 5);
+    b.recv(0, int32View(empty), 6);
+    expect(x[0] == 1 && y[0] == 2, "messages with one tag arrive in the order they were sent");
+  }
+}
+
+// Rank 1 receives from rank 0, which sends nothing: the receive must fail with a CommError
+// naming rank 0, after the 700 ms timeout and not long after it.
+void contractSilentPeer(Backend& b, const std::string& label, Report* report) {
+  if (b.rank() != 1) return;
   auto expect = [&](bool ok, const std::string& what) {
     if (ok) {
-      ++report.passed;
+      ++report->passed;
     } else {
-      report.failures.push_back(ref.label + ": " + what);
+      report->failures.push_back(label + ": " + what);
     }
   };
-  auto view = [](std::vector<int32_t>& v) {
-    Buffer b;
-    b.data = v.data();
-    b.count = v.size();
-    b.dtype = DType::kI32;
-    return b;
-  };
-  try {
-    runInProcess(loader, ref, 2, [&](std::shared_ptr<Backend> b) {
-      if (b->rank() == 0) {
-        std::vector<int32_t> first{1}, second{2}, empty;
-        b->send(1, view(first), 5);
-        b->send(1, view(second), 5);
-        b->send(1, view(empty), 6);
-      } else {
-        std::vector<int32_t> x(1), y(1), empty;
-        b->recv(0, view(x), 5);
-        b->recv(0, view(y), 5);
-        b->recv(0, view(empty), 6);
-        expect(x[0] == 1 && y[0] == 2, "messages with one tag arrive in the order they were sent");
-      }
-    });
-  } catch (const Error& e) {
-    report.failures.push_back(ref.label + ": ordered and zero-byte messages: " + e.what());
-  }
   auto start = std::chrono::steady_clock::now();
   try {
-    runInProcess(loader, ref, 2, [&](std::shared_ptr<Backend> b) {
-      if (b->rank() != 1) return;
-      std::vector<int32_t> v(1);
-      b->recv(0, view(v), makeTag(7, 1, 0));
-    });
-    report.failures.push_back(ref.label +
-                              ": a receive from a silent peer returned instead of "
-                              "timing out");
+    std::vector<int32_t> v(1);
+    b.recv(0, int32View(v), makeTag(7, 1, 0));
+    report->failures.push_back(label + ": a receive from a silent peer returned instead of "
+                                       "timing out");
   } catch (const CommError& e) {
     double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::string m = e.what();
     expect(m.find("rank 0") != std::string::npos,
            "the timeout error names the silent peer (rank 0): " + m);
     expect(took >= 0.65 && took < 5.7,
-           "the receive times out after params.timeout (700 ms), "
-           "took " +
-               std::to_string(took) + " s");
+           "the receive times out after params.timeout (700 ms), took " + std::to_string(took) +
+               " s");
+  }
+}
+
+}  // namespace
+
+Report checkBackendContract(const PluginLoader& loader, const config::PluginRef& backend) {
+  Report report;
+  config::PluginRef ref = backend;
+  ref.params.set("timeout", "700ms");
+  std::mutex mu;
+  auto expect = [&](bool ok, const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (ok) {
+      ++report.passed;
+    } else {
+      report.failures.push_back(ref.label + ": " + what);
+    }
+  };
+  try {
+    runInProcess(loader, ref, 2, [&](std::shared_ptr<Backend> b) { contractOrder(*b, expect); });
   } catch (const Error& e) {
-    report.failures.push_back(ref.label +
-                              ": a silent peer gave a non-communication error: " + e.what());
+    report.failures.push_back(ref.label + ": ordered and zero-byte messages: " + e.what());
+  }
+  try {
+    runInProcess(loader, ref, 2,
+                 [&](std::shared_ptr<Backend> b) { contractSilentPeer(*b, ref.label, &report); });
+  } catch (const Error& e) {
+    report.failures.push_back(ref.label + ": a silent peer gave a non-communication error: " +
+                              e.what());
   }
   return report;
+}
+
+Report checkBackendContractOnRank(
+    const std::string& label,
+    const std::function<std::shared_ptr<Backend>(const std::string& timeout)>& make,
+    const std::function<void()>& barrier) {
+  Report report;
+  auto expect = [&](bool ok, const std::string& what) {
+    if (ok) {
+      ++report.passed;
+    } else {
+      report.failures.push_back(label + ": " + what);
+    }
+  };
+  try {
+    auto b = make("700ms");
+    contractOrder(*b, expect);
+    barrier();
+  } catch (const Error& e) {
+    report.failures.push_back(label + ": ordered and zero-byte messages: " + e.what());
+    return report;
+  }
+  auto b = make("700ms");
+  try {
+    contractSilentPeer(*b, label, &report);
+  } catch (const Error& e) {
+    report.failures.push_back(label + ": a silent peer gave a non-communication error: " +
+                              e.what());
+  }
+  barrier();  // rank 0 stays connected until rank 1 has timed out
+  return report;
+}
+
+void merge(Report& into, const Report& from) {
+  into.passed += from.passed;
+  into.declined += from.declined;
+  into.failures.insert(into.failures.end(), from.failures.begin(), from.failures.end());
+  for (const auto& d : from.declines) {
+    auto it = std::find_if(into.declines.begin(), into.declines.end(),
+                           [&](const auto& e) { return e.first == d.first; });
+    if (it == into.declines.end()) {
+      into.declines.push_back(d);
+    } else {
+      for (int w : d.second) {
+        if (std::find(it->second.begin(), it->second.end(), w) == it->second.end())
+          it->second.push_back(w);
+      }
+    }
+  }
+}
+
+void saveReport(const std::string& path, const Report& report) {
+  nlohmann::json declines = nlohmann::json::array();
+  for (const auto& d : report.declines) declines.push_back({{"reason", d.first}, {"worlds", d.second}});
+  nlohmann::json doc = {{"passed", report.passed},
+                        {"declined", report.declined},
+                        {"failures", report.failures},
+                        {"declines", declines}};
+  std::ofstream out(path + ".partial");
+  out << doc.dump() << "\n";
+  out.close();
+  if (!out) throw Error(ErrorKind::kInternal, "cannot write " + path);
+  std::filesystem::rename(path + ".partial", path);
+}
+
+Report loadReport(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(ErrorKind::kInternal, "rank 0 left no report in " + path);
+  try {
+    auto doc = nlohmann::json::parse(in);
+    Report report;
+    report.passed = doc.at("passed").get<size_t>();
+    report.declined = doc.at("declined").get<size_t>();
+    report.failures = doc.at("failures").get<std::vector<std::string>>();
+    for (const auto& d : doc.at("declines")) {
+      report.declines.push_back({d.at("reason").get<std::string>(), d.at("worlds").get<std::vector<int>>()});
+    }
+    return report;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorKind::kInternal, path + ": unreadable report: " + e.what());
+  }
 }
 
 std::string describe(const std::string& what, const Report& report, size_t max_lines) {

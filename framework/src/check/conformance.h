@@ -4,6 +4,8 @@
 // `collie plugin-check`, so that a plugin author sees what users would hit.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -44,10 +46,29 @@ struct Report {
 Report checkScheduler(const PluginLoader& loader, const config::PluginRef& scheduler,
                       const config::PluginRef& backend, const Options& options);
 
+// This process's part of the matrix on `backend` (a worker of a job of processes), for the
+// group size backend->size(). Rank 0's report holds the results.
+Report checkSchedulerOnRank(const PluginLoader& loader, const config::PluginRef& scheduler,
+                            std::shared_ptr<Backend> backend, const Options& options);
+
 // Checks the backend contract itself: tag order, zero-byte messages, and a receive from a
 // silent peer that must fail with a CommError naming the peer, after the timeout and not
 // long after it.
 Report checkBackendContract(const PluginLoader& loader, const config::PluginRef& backend);
+
+// The same on one rank of a 2-process job: `make(timeout)` creates a fresh group of the
+// backend with that params.timeout, `barrier()` waits for the other rank. Rank 1's report
+// holds the results.
+Report checkBackendContractOnRank(
+    const std::string& label,
+    const std::function<std::shared_ptr<Backend>(const std::string& timeout)>& make,
+    const std::function<void()>& barrier);
+
+// Adds `from` to `into` (counts, failures, refusals and their group sizes).
+void merge(Report& into, const Report& from);
+// A report as JSON, for a worker to hand it to the launcher (written atomically).
+void saveReport(const std::string& path, const Report& report);
+Report loadReport(const std::string& path);
 
 // The report as a user reads it: PASS/FAIL, counts, the first failures.
 std::string describe(const std::string& what, const Report& report, size_t max_lines = 20);

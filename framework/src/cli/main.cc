@@ -4,7 +4,9 @@
 #include <CLI/CLI.hpp>
 
 #include <chrono>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +22,9 @@
 #include "collie/rules.h"
 #include "config/experiment.h"
 #include "plugin/loader.h"
+#include "runtime/environment.h"
+#include "runtime/job.h"
+#include "runtime/launcher.h"
 #include "util/system.h"
 
 namespace fs = std::filesystem;
@@ -41,6 +46,13 @@ struct Options {
   std::vector<int> worlds;
   std::vector<std::string> params;
   size_t large_count = 100003;
+  std::vector<std::string> dtypes, ops;
+  std::vector<std::string> backend_params;  // plugin-check's workers: the backend's own
+  std::string worker_task;  // plugin-check's workers: "contract" or "scheduler"
+  // collie launch: this node's place among several.
+  int nnodes = 1, node_rank = 0;
+  std::string master_addr;
+  int master_port = 0;
 };
 
 std::string timestamp() {
@@ -105,18 +117,110 @@ void writeExtras(const Options& opt, const config::Experiment& first, const fs::
   }
 }
 
+std::string selfExecutable() {
+  std::error_code ec;
+  auto path = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) throw Error(ErrorKind::kInternal, "cannot find the collie executable: " + ec.message());
+  return path.string();
+}
+
+fs::path resultPath(const fs::path& out, size_t index) {
+  return out / (".rank0-results-" + std::to_string(index) + ".json");
+}
+
+// A worker started by collie's launcher: one run of the file, rank 0 hands its rows over.
+int workerCommand(const Options& opt, const std::vector<config::Experiment>& experiments,
+                  const WorkerEnv& env) {
+  if (env.experiment >= static_cast<int>(experiments.size())) {
+    throw ConfigError("COLLIE_EXPERIMENT=" + std::to_string(env.experiment) + " but " +
+                      opt.config + " has " + std::to_string(experiments.size()) + " run(s)");
+  }
+  const auto& e = experiments[env.experiment];
+  PluginLoader loader;
+  openPlugins(loader, {e});
+  ProcessJob job(env, e.master_addr, static_cast<uint16_t>(e.master_port), e.rendezvous_timeout);
+  WorkerRank rank = joinRun(job, loader, e, env.experiment);
+  bench::Result result = bench::runRank(loader, e, rank.backend, rank.topology);
+  if (job.rank() == 0) bench::saveResult(resultPath(opt.out, env.experiment).string(), result);
+  return 0;
+}
+
+// Runs experiment `index` as processes of this node (collie run; collie launch on each node)
+// and returns rank 0's results (on the node that has rank 0).
+bench::Result launchRun(const Options& opt, const config::Experiment& e, size_t index,
+                        const fs::path& out) {
+  LaunchSpec spec;
+  spec.argv = {selfExecutable(), "run", opt.config, "--out", out.string()};
+  for (const auto& s : opt.sets) spec.argv.insert(spec.argv.end(), {"--set", s});
+  if (!opt.log_level.empty()) spec.argv.insert(spec.argv.begin() + 1, {"--log-level", opt.log_level});
+  spec.nproc = e.nproc_per_node;
+  spec.nnodes = opt.nnodes;
+  spec.node_rank = opt.node_rank;
+  spec.master_addr = opt.master_addr.empty() ? e.master_addr : opt.master_addr;
+  const int port = opt.master_port != 0 ? opt.master_port : e.master_port;
+  // Consecutive runs of one file use consecutive ports, so that a late rank never reaches
+  // the previous run's store.
+  spec.master_port = port != 0 ? static_cast<uint16_t>(port + index) : pickFreePort(spec.master_addr);
+  spec.experiment = static_cast<int>(index);
+  spec.threads_per_rank = e.threads_per_rank;
+  spec.cpu_affinity = e.cpu_affinity;
+  fs::remove(resultPath(out, index));
+  LaunchOutcome outcome = launchWorkers(spec);
+  if (outcome.interrupted) {
+    throw CommError("interrupted: the workers were stopped (exit code " +
+                    std::to_string(outcome.exit_code) + ")");
+  }
+  if (!outcome.failure.empty()) {
+    std::string message = "run " + std::to_string(index + 1) + " (" + e.name + ") failed: " +
+                          outcome.failure + "; every other rank was stopped";
+    if (outcome.exit_code == kExitBadInput) throw ConfigError(message);
+    throw CommError(message);
+  }
+  if (opt.node_rank != 0) return {};
+  return bench::loadResult(resultPath(out, index).string());
+}
+
 int runCommand(const Options& opt) {
   auto experiments = config::loadExperiments(opt.config, opt.sets);
   applyLogLevel(opt.log_level, experiments.front().log_level);
+  const WorkerEnv env = detectWorkerEnv();
+  if (env.present && env.source == "collie" && opt.nnodes == 1) {
+    if (!env.present || opt.out.empty()) throw ConfigError("collie worker: --out is required");
+    return workerCommand(opt, experiments, env);
+  }
+  if (env.present) {
+    setProcessLogRank(env.rank);
+    if (env.rank != 0) setLogLevel(LogLevel::kWarn);  // one progress log, from rank 0
+  }
   const auto& first = experiments.front();
   fs::path out = opt.out.empty() ? fs::path(first.output_dir) / (first.name + "-" + timestamp())
                                  : fs::path(opt.out);
+  const bool writer = !env.present || env.rank == 0;
   std::error_code ec;
-  fs::create_directories(out, ec);
+  if (writer) fs::create_directories(out, ec);
   if (ec) throw ConfigError("--out " + out.string() + ": cannot create: " + ec.message());
 
   PluginLoader loader;
   openPlugins(loader, experiments);
+  std::unique_ptr<ProcessJob> job;  // under torchrun, mpirun, srun: this process is a rank
+  if (env.present) {
+    for (const auto& e : experiments) {
+      if (e.nproc_per_node != first.nproc_per_node) {
+        throw ConfigError(opt.config + ": the matrix changes launch.nproc_per_node, but " +
+                          env.source + " started a fixed " + std::to_string(env.world) +
+                          " ranks. HINT: run it with `collie run` alone, which starts the "
+                          "workers itself");
+      }
+    }
+    if (first.nproc_per_node != env.world && first.nproc_per_node != 1) {
+      logWarn("launch.nproc_per_node is " + std::to_string(first.nproc_per_node) + " but " +
+              env.source + " started " + std::to_string(env.world) + " ranks; using " +
+              std::to_string(env.world));
+    }
+    job = std::make_unique<ProcessJob>(env, first.master_addr,
+                                       static_cast<uint16_t>(first.master_port ? first.master_port : 29500),
+                                       first.rendezvous_timeout);
+  }
   const std::string rules_path = opt.emit_rules.empty() ? first.bench.emit_rules : opt.emit_rules;
   if (!rules_path.empty()) {  // fail before the sweep, not after it
     fs::path folder = fs::absolute(rules_path).parent_path();
@@ -133,12 +237,29 @@ int runCommand(const Options& opt) {
         (out / (experiments.size() == 1 ? "config.yaml" : "config-" + std::to_string(i) + ".yaml"))
             .string(),
         e.resolved);
+    const bool threads = runsInProcess(loader, e.backend.plugin);
+    const int ranks = job ? job->world() : e.nproc_per_node * opt.nnodes;
     logInfo("run " + std::to_string(i + 1) + "/" + std::to_string(experiments.size()) + ": " +
             e.name + (e.matrix_point.empty() ? "" : " [" + e.matrix_point + "]") + ", " +
-            std::to_string(e.nproc_per_node) + " ranks on " + e.backend.label);
-    results.push_back(bench::run(loader, e));
+            std::to_string(ranks) + " ranks on " + e.backend.label +
+            (threads ? " (threads)" : " (processes)"));
+    if (threads && (job ? job->world() > 1 : opt.nnodes > 1)) {
+      throw ConfigError("backend '" + e.backend.label +
+                        "' runs its ranks as threads of one process, but this job has " +
+                        std::to_string(ranks) + " processes. HINT: use backend gloo or ucx "
+                        "across processes, or run `collie run` alone");
+    }
+    if (job) {
+      WorkerRank rank = joinRun(*job, loader, e, static_cast<int>(i));
+      results.push_back(bench::runRank(loader, e, rank.backend, rank.topology));
+    } else if (threads) {
+      results.push_back(bench::run(loader, e));
+    } else {
+      results.push_back(launchRun(opt, e, i, out));
+    }
     rows.insert(rows.end(), results.back().rows.begin(), results.back().rows.end());
   }
+  if (!writer || opt.node_rank != 0) return 0;  // rank 0's launcher prints and writes
   bench::printTable(std::cout, results);
   bench::writeCsv((out / "results.csv").string(), rows);
   bench::writeJson((out / "results.json").string(), rows);
@@ -214,13 +335,130 @@ config::PluginRef pluginRef(const std::string& plugin, const std::vector<std::st
   return ref;
 }
 
+// plugin-check over a backend whose ranks are processes: each group size is a job of
+// workers (this executable again, with --worker-task), whose report rank 0 or 1 leaves.
+check::Report checkAsProcesses(const Options& opt, const std::string& task,
+                               const std::string& scheduler, int world) {
+  const std::string label = task == "contract" ? opt.plugin : scheduler;
+  char dir_template[] = "/tmp/collie-check-XXXXXX";
+  if (::mkdtemp(dir_template) == nullptr) {
+    throw Error(ErrorKind::kInternal, std::string("mkdtemp: ") + std::strerror(errno));
+  }
+  const fs::path report_path = fs::path(dir_template) / "report.json";
+  // The params belong to the plugin under test: the backend's when it is the backend.
+  const bool backend_under_test = task == "contract" || scheduler != opt.plugin;
+  LaunchSpec spec;
+  spec.argv = {selfExecutable(), "plugin-check", task == "contract" ? opt.plugin : scheduler,
+               "--backend", backend_under_test ? opt.plugin : opt.backend,
+               "--worlds", std::to_string(world), "--large-count", std::to_string(opt.large_count),
+               "--worker-task", task};
+  for (const auto& d : opt.dtypes) spec.argv.insert(spec.argv.end(), {"--dtypes", d});
+  for (const auto& o : opt.ops) spec.argv.insert(spec.argv.end(), {"--ops", o});
+  for (const auto& p : opt.params) {
+    spec.argv.insert(spec.argv.end(),
+                     {task == "scheduler" && backend_under_test ? "--backend-param" : "--param", p});
+  }
+  spec.nproc = world;
+  spec.master_port = pickFreePort(spec.master_addr);
+  spec.extra_env = {"COLLIE_REPORT=" + report_path.string()};
+  LaunchOutcome outcome = launchWorkers(spec);
+  check::Report report;
+  if (!outcome.failure.empty() || outcome.interrupted) {
+    report.failures.push_back(label + ": " + std::to_string(world) + " ranks: stopped: " +
+                              (outcome.interrupted ? std::string("interrupted") : outcome.failure) +
+                              " (its error is above)");
+  } else {
+    report = check::loadReport(report_path.string());
+  }
+  fs::remove_all(dir_template);
+  if (outcome.interrupted) throw CommError("plugin-check interrupted");
+  return report;
+}
+
+// One worker of checkAsProcesses.
+int pluginCheckWorker(const Options& opt, const PluginLoader& loader, const WorkerEnv& env,
+                      const check::Options& options) {
+  const char* report_path = std::getenv("COLLIE_REPORT");
+  if (report_path == nullptr) throw ConfigError("plugin-check worker: COLLIE_REPORT is not set");
+  ProcessJob job(env, "127.0.0.1", 0, std::chrono::seconds(60));
+  check::Report report;
+  const auto timeout = std::chrono::seconds(60);
+  if (opt.worker_task == "contract") {
+    std::vector<WorkerRank> groups;
+    int barriers = 0;
+    auto make = [&](const std::string& limit) {
+      config::PluginRef ref = pluginRef(opt.plugin, opt.params, "backend");
+      ref.params.set("timeout", limit, "plugin-check");
+      groups.push_back(createBackend(job, loader, ref, "contract" + std::to_string(groups.size()) + "/", timeout));
+      return groups.back().backend;
+    };
+    auto barrier = [&] { job.allGather("barrier" + std::to_string(barriers++), ""); };
+    report = check::checkBackendContractOnRank(opt.plugin, make, barrier);
+    if (job.rank() == 1) check::saveReport(report_path, report);
+  } else {
+    config::PluginRef backend = pluginRef(opt.backend, opt.backend_params, "backend");
+    backend.params.set("timeout", options.timeout, "plugin-check");
+    WorkerRank rank = createBackend(job, loader, backend, "check/", timeout);
+    report = check::checkSchedulerOnRank(loader, pluginRef(opt.plugin, opt.params, "scheduler"),
+                                         rank.backend, options);
+    if (job.rank() == 0) check::saveReport(report_path, report);
+  }
+  return 0;
+}
+
 int pluginCheckCommand(const Options& opt) {
   PluginLoader loader;
   check::Options options;
   if (!opt.worlds.empty()) options.worlds = opt.worlds;
   options.large_count = opt.large_count;
+  if (!opt.dtypes.empty()) {
+    options.dtypes.clear();
+    for (const auto& name : opt.dtypes) {
+      DType d;
+      if (!parseDType(name, &d)) throw ConfigError("--dtypes: unknown dtype '" + name + "'");
+      options.dtypes.push_back(d);
+    }
+  }
+  if (!opt.ops.empty()) {
+    options.ops.clear();
+    for (const auto& name : opt.ops) {
+      ReduceOp op;
+      if (!parseReduceOp(name, &op)) throw ConfigError("--ops: unknown op '" + name + "'");
+      options.ops.push_back(op);
+    }
+  }
+  const bool is_scheduler = kindOf(loader, opt.plugin) == PluginKind::kScheduler;
+  const std::string backend_name = is_scheduler ? opt.backend : opt.plugin;
+  if (is_scheduler) loader.open(PluginKind::kScheduler, opt.plugin);
+  if (!runsInProcess(loader, backend_name)) {
+    const WorkerEnv env = detectWorkerEnv();
+    if (env.present && !opt.worker_task.empty()) {
+      setProcessLogRank(env.rank);
+      return pluginCheckWorker(opt, loader, env, options);
+    }
+    bool ok = true;
+    auto run = [&](const std::string& title, const std::string& task, const std::string& scheduler,
+                   const std::vector<int>& worlds) {
+      check::Report report;
+      for (int world : worlds) check::merge(report, checkAsProcesses(opt, task, scheduler, world));
+      std::cout << check::describe(title, report) << std::flush;
+      ok = ok && report.ok();
+    };
+    if (is_scheduler) {
+      run("scheduler " + opt.plugin + " over " + opt.backend + " (processes)", "scheduler",
+          opt.plugin, options.worlds);
+    } else {
+      run("backend " + opt.plugin + " contract (processes)", "contract", "", {2});
+      for (const char* scheduler : {"ring", "tree", "halving_doubling"}) {
+        run(std::string("scheduler ") + scheduler + " over " + opt.plugin + " (processes)",
+            "scheduler", scheduler, options.worlds);
+      }
+    }
+    std::cout << (ok ? "plugin-check: PASS" : "plugin-check: FAIL") << std::endl;
+    return ok ? 0 : kExitRunFailed;
+  }
   bool ok = true;
-  if (kindOf(loader, opt.plugin) == PluginKind::kScheduler) {
+  if (is_scheduler) {
     loader.open(PluginKind::kScheduler, opt.plugin);
     loader.open(PluginKind::kBackend, opt.backend);
     auto report = check::checkScheduler(loader, pluginRef(opt.plugin, opt.params, "scheduler"),
@@ -274,6 +512,21 @@ int dispatch(int argc, char** argv) {
   run->add_option("--out", opt.out, "output folder (default: output.dir/NAME-TIMESTAMP)");
   run->add_option("--emit-rules", opt.emit_rules,
                   "write the fastest measured scheduler per size range, as rules for auto");
+  auto* launch = app.add_subcommand(
+      "launch", "run an experiment across nodes: start this node's workers (one per rank)");
+  addConfigOptions(launch, opt);
+  launch->add_option("--nnodes", opt.nnodes, "how many nodes run the job")
+      ->required()
+      ->check(CLI::Range(1, 65536));
+  launch->add_option("--node-rank", opt.node_rank, "this node's index, 0 hosts rank 0")
+      ->required()
+      ->check(CLI::Range(0, 65535));
+  launch->add_option("--master-addr", opt.master_addr, "address of node 0 (rank 0's store)")
+      ->required();
+  launch->add_option("--master-port", opt.master_port, "port of rank 0's store")
+      ->required()
+      ->check(CLI::Range(1, 65535));
+  launch->add_option("--out", opt.out, "output folder on node 0");
   auto* validate = app.add_subcommand("validate", "check an experiment file without running it");
   addConfigOptions(validate, opt);
   auto* plugins = app.add_subcommand("plugins", "list the plugins found and the files rejected");
@@ -290,6 +543,14 @@ int dispatch(int argc, char** argv) {
                    "the largest element count tried (0: leave it out)")
       ->capture_default_str();
   plugin_check->add_option("--param", opt.params, "a param of the plugin under test: key=value");
+  plugin_check->add_option("--dtypes", opt.dtypes, "dtypes to try (default: all six)")
+      ->delimiter(',');
+  plugin_check->add_option("--ops", opt.ops, "reduce ops to try (default: all five)")
+      ->delimiter(',');
+  plugin_check->add_option("--worker-task", opt.worker_task)
+      ->group("")  // internal: what a worker process of plugin-check does
+      ->check(CLI::IsMember({"contract", "scheduler"}));
+  plugin_check->add_option("--backend-param", opt.backend_params)->group("");
 
   try {
     app.parse(argc, argv);
@@ -300,6 +561,17 @@ int dispatch(int argc, char** argv) {
   if (!opt.log_level.empty()) applyLogLevel(opt.log_level, LogLevel::kInfo);
   if (version) return printVersion(), 0;
   if (*run) return runCommand(opt);
+  if (*launch) {
+    if (opt.node_rank >= opt.nnodes) {
+      throw ConfigError("--node-rank " + std::to_string(opt.node_rank) + " must be below --nnodes " +
+                        std::to_string(opt.nnodes));
+    }
+    if (detectWorkerEnv().present) {
+      throw ConfigError("collie launch starts workers itself; it was started as a worker of "
+                        "another launcher (RANK/OMPI/SLURM variables are set)");
+    }
+    return runCommand(opt);
+  }
   if (*validate) return validateCommand(opt);
   if (*plugins) return pluginsCommand();
   if (*plugin_check) return pluginCheckCommand(opt);

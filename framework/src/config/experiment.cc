@@ -181,6 +181,11 @@ Experiment typed(const YAML::Node& root, const std::string& file) {
   if (root["launch"]["node_labels"])
     labels = root["launch"]["node_labels"].as<std::vector<std::string>>();
   e.topology = Topology::fromLabels(labels);
+  e.explicit_topology = per_node > 0 || root["launch"]["node_labels"];
+  e.cpu_affinity = root["launch"]["cpu_affinity"].as<bool>();
+  e.master_addr = root["launch"]["master_addr"].Scalar();
+  e.master_port = root["launch"]["master_port"].as<int>();
+  parseDuration(root["launch"]["rendezvous_timeout"].Scalar(), &e.rendezvous_timeout);
   e.backend = pluginRef(root["backend"], file, "backend");
   const YAML::Node bench = root["bench"];
   BenchSpec& b = e.bench;

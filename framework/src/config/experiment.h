@@ -4,6 +4,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,11 @@ struct Experiment {
   int nproc_per_node = 1;
   int threads_per_rank = 1;
   Topology topology;  // from launch.ranks_per_node or launch.node_labels; one node otherwise
+  bool cpu_affinity = false;
+  bool explicit_topology = false;  // labels or ranks_per_node given (else: host names)
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // 0: the launcher picks a free port
+  std::chrono::milliseconds rendezvous_timeout{60000};
   PluginRef backend;
   BenchSpec bench;
   std::string output_dir;

@@ -5,6 +5,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -13,14 +14,16 @@ namespace collie {
 namespace {
 
 thread_local int t_rank = -1;
+std::atomic<int> g_process_rank{-1};  // the rank of this worker process, for every thread
 
 // %R in the pattern: "r3 " for rank 3, nothing outside a rank.
 class RankFlag : public spdlog::custom_flag_formatter {
  public:
   void format(const spdlog::details::log_msg&, const std::tm&,
               spdlog::memory_buf_t& dest) override {
-    if (t_rank < 0) return;
-    std::string text = "r" + std::to_string(t_rank) + " ";
+    int rank = t_rank >= 0 ? t_rank : g_process_rank.load(std::memory_order_relaxed);
+    if (rank < 0) return;
+    std::string text = "r" + std::to_string(rank) + " ";
     dest.append(text.data(), text.data() + text.size());
   }
   std::unique_ptr<custom_flag_formatter> clone() const override {
@@ -66,6 +69,8 @@ spdlog::logger& logger() {
 void logMessage(LogLevel level, const std::string& message) { logger().log(toSpd(level), message); }
 
 void setLogRank(int rank) { t_rank = rank; }
+
+void setProcessLogRank(int rank) { g_process_rank.store(rank, std::memory_order_relaxed); }
 
 bool parseLogLevel(const std::string& name, LogLevel* out) {
   static const std::pair<const char*, LogLevel> kLevels[] = {

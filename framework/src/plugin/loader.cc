@@ -132,6 +132,7 @@ PluginInfo validate(const std::string& path, const collie_plugin_descriptor_v1& 
   info.description = text(d.description);
   info.abi_major = d.abi_major;
   info.abi_minor = d.abi_minor;
+  info.in_process = (d.flags & COLLIE_FLAG_IN_PROCESS) != 0;
   return info;
 }
 

@@ -24,6 +24,7 @@ struct PluginInfo {
   std::string description;
   int abi_major = 0;
   int abi_minor = 0;
+  bool in_process = false;  // COLLIE_FLAG_IN_PROCESS: a backend whose ranks are threads
 };
 
 // A file that looked like a plugin and was refused, with the one-line reason.

@@ -13,7 +13,9 @@ Communicator::Communicator(std::shared_ptr<Backend> backend, std::string backend
                            Topology topology)
     : backend_(std::move(backend)),
       backend_name_(std::move(backend_name)),
-      topology_(std::move(topology)) {}
+      topology_(std::move(topology)) {
+  topology_.capabilities = backend_->capabilities();  // what native and accepts() consult
+}
 
 void Communicator::addRule(std::string label, std::shared_ptr<Scheduler> scheduler,
                            uint64_t max_bytes) {

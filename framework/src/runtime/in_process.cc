@@ -14,6 +14,11 @@ namespace collie {
 
 void runInProcess(const PluginLoader& loader, const config::PluginRef& backend_ref, int world,
                   const std::function<void(std::shared_ptr<Backend>)>& body) {
+  if (!pluginInfo(*loader.open(PluginKind::kBackend, backend_ref.plugin)).in_process) {
+    throw PluginError("backend '" + backend_ref.plugin +
+                      "' runs one process per rank and cannot run as threads of one process "
+                      "(internal: the caller should have launched workers)");
+  }
   static std::atomic<int> jobs{0};
   BackendContext context;
   context.size = world;
@@ -42,12 +47,6 @@ void runInProcess(const PluginLoader& loader, const config::PluginRef& backend_r
         BackendContext mine = context;
         mine.rank = rank;
         auto backend = loader.createBackend(backend_ref.plugin, params, mine);
-        if (!backend->capabilities().in_process) {
-          throw PluginError("backend '" + backend_ref.plugin +
-                            "' runs ranks as separate "
-                            "processes, which this collie cannot launch yet; use the loopback "
-                            "backend");
-        }
         {
           std::lock_guard<std::mutex> lock(mu);
           backends[rank] = backend;

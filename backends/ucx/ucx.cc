@@ -1,0 +1,405 @@
+// The ucx backend: UCP tagged send/receive between processes over the transports UCX picks
+// from params.transports (UCX_TLS): tcp, shared memory (posix, sysv, or sm for both), cma.
+// Worker addresses are exchanged through the job's store. No native collectives.
+//
+// UCX matches messages on a 64-bit tag alone, so collie's tag is packed with the sender:
+//   [group: 8 bits][seq: low 16 bits][phase: 4][step: 20][sender's world rank: 16]
+// Messages pending at the same time are never 65,536 collectives apart, so the sequence
+// number's high bits are not needed to tell them apart.
+//
+// Waiting polls the worker for a few microseconds, then sleeps on its event file descriptor
+// (UCP_FEATURE_WAKEUP), so idle ranks leave the CPU to busy ones. A peer whose endpoint
+// fails (a closed TCP connection) fails every request to or from it at once; a stopped
+// peer runs into the timeout.
+#include <poll.h>
+#include <ucp/api/ucp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "collie/plugin.h"
+#include "collie/store.h"
+
+namespace collie::ucx {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kMaxRanks = 1 << 16;
+
+std::string describeTag(Tag tag) {
+  std::ostringstream out;
+  out << "tag " << tag << " (seq " << (tag >> 24) << ", phase " << ((tag >> 20) & 0xF) << ", step "
+      << (tag & 0xFFFFF) << ")";
+  return out.str();
+}
+
+uint64_t packTag(uint32_t group, Tag tag, int sender) {
+  return (static_cast<uint64_t>(group & 0xFF) << 56) | ((tag & 0xFFFFFFFFFFull) << 16) |
+         static_cast<uint64_t>(sender & 0xFFFF);
+}
+
+// params.transports ("tcp", "sm", "posix,cma", ...) as UCX_TLS, always with "self".
+std::string transportList(const std::string& text) {
+  static const std::set<std::string> kKnown = {"tcp",  "sm",  "shm",   "posix", "sysv",
+                                               "cma",  "knem", "xpmem", "self", "rc",
+                                               "ud",   "dc",  "ib",    "all"};
+  std::string tls;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (item.empty()) continue;
+    if (!kKnown.count(item)) {
+      throw ConfigError("backend ucx: params.transports: unknown transport '" + item +
+                        "'; expected a comma-separated list of tcp, sm (posix+sysv), posix, "
+                        "sysv, cma, knem, xpmem, rc, ud, dc or all");
+    }
+    if (item == "shm") item = "sm";
+    tls += (tls.empty() ? "" : ",") + item;
+  }
+  if (tls.empty()) throw ConfigError("backend ucx: params.transports is empty");
+  if (tls != "all" && tls.find("self") == std::string::npos) tls += ",self";
+  return tls;
+}
+
+// The UCP context, worker and endpoints of one process, shared by its group and sub-groups.
+// Only the owning rank's thread calls into UCX; abort() only sets a flag.
+struct Worker {
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  int event_fd = -1;
+  std::vector<ucp_ep_h> eps;  // by world rank; null for this rank
+  std::map<ucp_ep_h, int> rank_of_ep;
+  std::vector<std::string> peer_error;  // by world rank: why its endpoint failed
+  int world_rank = 0;
+  std::chrono::milliseconds timeout{30000};
+  std::string transports;
+  std::atomic<bool> aborted{false};
+  std::mutex abort_mu;
+  std::string abort_reason;
+
+  ~Worker() {
+    for (ucp_ep_h ep : eps) {
+      if (ep == nullptr) continue;
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
+      if (UCS_PTR_IS_PTR(request)) {
+        auto deadline = Clock::now() + std::chrono::seconds(1);
+        while (ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < deadline)
+          ucp_worker_progress(worker);
+        ucp_request_free(request);
+      }
+    }
+    if (worker != nullptr) ucp_worker_destroy(worker);
+    if (context != nullptr) ucp_cleanup(context);
+  }
+
+  // Progresses until `request` completes, the deadline passes, its peer fails or abort().
+  // Returns the final status; on a timeout or failure the request is cancelled first.
+  ucs_status_t wait(void* request, int peer, std::chrono::milliseconds timeout, std::string* why) {
+    const auto deadline = Clock::now() + timeout;
+    int spins = 0;
+    while (true) {
+      ucs_status_t status = ucp_request_check_status(request);
+      if (status != UCS_INPROGRESS) return status;
+      if (!peer_error[peer].empty()) {
+        *why = "rank " + std::to_string(peer) + "'s connection failed: " + peer_error[peer] +
+               ". HINT: the peer process died";
+        return cancel(request);
+      }
+      if (aborted.load()) {
+        std::lock_guard<std::mutex> lock(abort_mu);
+        *why = "aborted: " + abort_reason;
+        return cancel(request);
+      }
+      auto now = Clock::now();
+      if (now >= deadline) {
+        *why = "timed out after " + std::to_string(timeout.count()) +
+               " ms. HINT: the peer never matched it; is it stopped, stuck or running a "
+               "different collective?";
+        return cancel(request);
+      }
+      if (ucp_worker_progress(worker) != 0 || ++spins < 2000) continue;
+      // Nothing moved for a while: sleep until UCX has an event (or 1 ms passes).
+      if (ucp_worker_arm(worker) == UCS_OK) {
+        pollfd fd{event_fd, POLLIN, 0};
+        ::poll(&fd, 1, 1);
+      }
+      spins = 0;
+    }
+  }
+
+  ucs_status_t cancel(void* request) {
+    ucp_request_cancel(worker, request);
+    auto until = Clock::now() + std::chrono::seconds(1);
+    while (ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < until)
+      ucp_worker_progress(worker);
+    return UCS_ERR_CANCELED;
+  }
+};
+
+void onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* w = static_cast<Worker*>(arg);
+  auto it = w->rank_of_ep.find(ep);
+  if (it != w->rank_of_ep.end()) w->peer_error[it->second] = ucs_status_string(status);
+}
+
+class UcxRequest : public Request {
+ public:
+  UcxRequest(std::shared_ptr<Worker> worker, void* request, int peer, size_t bytes,
+             std::string what)
+      : worker_(std::move(worker)), request_(request), peer_(peer), bytes_(bytes), what_(std::move(what)) {}
+  ~UcxRequest() override {
+    if (request_ != nullptr) {
+      if (ucp_request_check_status(request_) == UCS_INPROGRESS) worker_->cancel(request_);
+      ucp_request_free(request_);
+    }
+  }
+
+  void wait(std::chrono::milliseconds timeout) override {
+    if (request_ == nullptr) return;
+    std::string why;
+    ucs_status_t status = worker_->wait(request_, peer_, timeout, &why);
+    ucp_tag_recv_info_t info{};
+    bool is_recv = what_.find("receive") != std::string::npos;
+    if (status == UCS_OK && is_recv) ucp_tag_recv_request_test(request_, &info);
+    ucp_request_free(request_);
+    request_ = nullptr;
+    if (status == UCS_OK && is_recv && info.length != bytes_) {
+      throw CommError("ucx: " + what_ + ": the message has " + std::to_string(info.length) +
+                      " bytes, the receive expects " + std::to_string(bytes_));
+    }
+    if (status == UCS_ERR_MESSAGE_TRUNCATED) {
+      throw CommError("ucx: " + what_ + ": the message is larger than the " +
+                      std::to_string(bytes_) + " bytes the receive expects");
+    }
+    if (status != UCS_OK) {
+      throw CommError("ucx: " + what_ + " " + (why.empty() ? std::string("failed: ") + ucs_status_string(status) : why));
+    }
+  }
+
+  bool test() override {
+    if (request_ == nullptr) return true;
+    ucp_worker_progress(worker_->worker);
+    return ucp_request_check_status(request_) != UCS_INPROGRESS;
+  }
+
+ private:
+  std::shared_ptr<Worker> worker_;
+  void* request_;
+  int peer_;
+  size_t bytes_;
+  std::string what_;
+};
+
+class DoneRequest : public Request {
+ public:
+  void wait(std::chrono::milliseconds) override {}
+  bool test() override { return true; }
+};
+
+void check(ucs_status_t status, const std::string& what) {
+  if (status != UCS_OK) throw CommError("ucx: " + what + ": " + ucs_status_string(status));
+}
+
+class UcxBackend : public Backend {
+ public:
+  explicit UcxBackend(const PluginContext& context) : worker_(std::make_shared<Worker>()) {
+    const auto& ctx = context.backend;
+    Params& params = *context.params;
+    worker_->timeout = params.getDuration("timeout", std::chrono::milliseconds(30000));
+    worker_->transports = transportList(params.getString("transports", "tcp"));
+    const std::string interface = params.getString("interface", "");
+    if (ctx.store == nullptr) {
+      throw PluginError("backend ucx needs the job's rendezvous store: it runs one process "
+                        "per rank (collie run starts them)");
+    }
+    if (ctx.size > kMaxRanks) {
+      throw ConfigError("backend ucx: at most " + std::to_string(kMaxRanks) + " ranks");
+    }
+    worker_->world_rank = ctx.rank;
+    for (int r = 0; r < ctx.size; ++r) ranks_.push_back(r);
+    rank_ = ctx.rank;
+    start(*ctx.store, interface, ctx.size);
+  }
+
+  UcxBackend(std::shared_ptr<Worker> worker, std::vector<int> ranks, int rank, uint32_t group)
+      : worker_(std::move(worker)), ranks_(std::move(ranks)), rank_(rank), group_(group) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(ranks_.size()); }
+  std::chrono::milliseconds timeout() const override { return worker_->timeout; }
+  Capabilities capabilities() const override { return Capabilities{}; }
+
+  std::unique_ptr<Request> isend(int peer, const Buffer& buf, Tag tag) override {
+    const int world = checkPeer(peer, buf, "send to");
+    std::string what = describe("send to", peer, tag);
+    throwIfAborted(what);
+    if (buf.bytes() == 0) return std::make_unique<DoneRequest>();
+    ucp_request_param_t param{};
+    ucs_status_ptr_t request = ucp_tag_send_nbx(worker_->eps[world], buf.data, buf.bytes(),
+                                                packTag(group_, tag, worker_->world_rank), &param);
+    if (request == nullptr) return std::make_unique<DoneRequest>();
+    if (UCS_PTR_IS_ERR(request)) {
+      throw CommError("ucx: " + what + " failed: " + ucs_status_string(UCS_PTR_STATUS(request)));
+    }
+    return std::make_unique<UcxRequest>(worker_, request, world, buf.bytes(), what);
+  }
+
+  std::unique_ptr<Request> irecv(int peer, const Buffer& buf, Tag tag) override {
+    const int world = checkPeer(peer, buf, "receive from");
+    std::string what = describe("receive from", peer, tag);
+    throwIfAborted(what);
+    if (buf.bytes() == 0) return std::make_unique<DoneRequest>();
+    ucp_request_param_t param{};
+    ucs_status_ptr_t request = ucp_tag_recv_nbx(worker_->worker, buf.data, buf.bytes(),
+                                                packTag(group_, tag, world), ~0ull, &param);
+    if (UCS_PTR_IS_ERR(request)) {
+      throw CommError("ucx: " + what + " failed: " + ucs_status_string(UCS_PTR_STATUS(request)));
+    }
+    return std::make_unique<UcxRequest>(worker_, request, world, buf.bytes(), what);
+  }
+
+  // A view of the same worker and endpoints: sub-groups need no new connections. The group
+  // id in the tag keeps their messages apart from the parent's.
+  std::unique_ptr<Backend> split(const std::vector<int>& ranks) override {
+    auto me = std::find(ranks.begin(), ranks.end(), rank_);
+    if (me == ranks.end() || !std::is_sorted(ranks.begin(), ranks.end())) {
+      throw CommError("ucx: rank " + std::to_string(rank_) +
+                      " called split with a list that does not hold it or is not ascending");
+    }
+    std::vector<int> world;
+    for (int r : ranks) world.push_back(ranks_.at(r));
+    uint32_t group = (group_ * 7 + ++splits_) & 0xFF;
+    if (group == 0) group = 1;
+    return std::make_unique<UcxBackend>(worker_, world, static_cast<int>(me - ranks.begin()), group);
+  }
+
+  void abort(const std::string& reason) override {
+    std::lock_guard<std::mutex> lock(worker_->abort_mu);
+    if (!worker_->aborted) worker_->abort_reason = reason;
+    worker_->aborted = true;
+  }
+
+ private:
+  void start(Store& store, const std::string& interface, int size) {
+    Worker& w = *worker_;
+    ucp_config_t* config = nullptr;
+    check(ucp_config_read(nullptr, nullptr, &config), "reading the UCX configuration");
+    ucs_status_t status = ucp_config_modify(config, "TLS", w.transports.c_str());
+    if (status == UCS_OK && !interface.empty()) {
+      status = ucp_config_modify(config, "NET_DEVICES", interface.c_str());
+    }
+    if (status != UCS_OK) {
+      ucp_config_release(config);
+      throw ConfigError("backend ucx: UCX refused TLS=" + w.transports +
+                        (interface.empty() ? "" : " NET_DEVICES=" + interface) + ": " +
+                        ucs_status_string(status));
+    }
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+    status = ucp_init(&params, config, &w.context);
+    ucp_config_release(config);
+    if (status != UCS_OK) {
+      throw ConfigError("backend ucx: cannot start UCX with transports '" + w.transports +
+                        "': " + ucs_status_string(status) +
+                        ". HINT: `ucx_info -d` lists the transports this machine has");
+    }
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    check(ucp_worker_create(w.context, &wp, &w.worker), "creating the worker");
+    check(ucp_worker_get_efd(w.worker, &w.event_fd), "getting the worker's event fd");
+
+    ucp_address_t* address = nullptr;
+    size_t length = 0;
+    check(ucp_worker_get_address(w.worker, &address, &length), "getting the worker address");
+    const auto* bytes = reinterpret_cast<const uint8_t*>(address);
+    store.set("ucx/address/" + std::to_string(rank_), std::vector<uint8_t>(bytes, bytes + length));
+    ucp_worker_release_address(w.worker, address);
+
+    w.eps.assign(size, nullptr);
+    w.peer_error.assign(size, "");
+    for (int r = 0; r < size; ++r) {
+      if (r == rank_) continue;
+      std::vector<uint8_t> remote = store.get("ucx/address/" + std::to_string(r));
+      ucp_ep_params_t ep{};
+      ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      ep.address = reinterpret_cast<const ucp_address_t*>(remote.data());
+      ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      ep.err_handler.cb = &onEndpointError;
+      ep.err_handler.arg = &w;
+      status = ucp_ep_create(w.worker, &ep, &w.eps[r]);
+      if (status != UCS_OK) {
+        throw CommError("ucx: rank " + std::to_string(rank_) + " cannot reach rank " +
+                        std::to_string(r) + " over '" + w.transports + "': " +
+                        ucs_status_string(status) +
+                        ". HINT: the ranks may be on different hosts with a shared-memory "
+                        "transport; add tcp to params.transports");
+      }
+      w.rank_of_ep[w.eps[r]] = r;
+    }
+    // Endpoints connect lazily; one exchange with each peer makes sure every lane works
+    // before the first collective runs.
+    for (int r = 0; r < size; ++r) {
+      if (r == rank_) continue;
+      uint64_t mine = rank_, theirs = 0;
+      Buffer out, in;
+      out.data = &mine;
+      in.data = &theirs;
+      out.count = in.count = 1;
+      out.dtype = in.dtype = DType::kI64;
+      auto recv = irecv(r, in, 0);
+      auto send = isend(r, out, 0);
+      send->wait(w.timeout);
+      recv->wait(w.timeout);
+    }
+  }
+
+  int checkPeer(int peer, const Buffer& buf, const char* verb) const {
+    if (peer < 0 || peer >= size() || peer == rank_) {
+      throw CommError("ucx: rank " + std::to_string(rank_) + " cannot " + verb + " rank " +
+                      std::to_string(peer) + " in a group of " + std::to_string(size()));
+    }
+    if (buf.memory != MemoryKind::kHost) {
+      throw CommError("ucx: only host memory is supported. HINT: use the nccl backend for "
+                      "CUDA tensors");
+    }
+    return ranks_[peer];
+  }
+
+  std::string describe(const char* verb, int peer, Tag tag) const {
+    std::string who = "rank " + std::to_string(peer);
+    if (ranks_[peer] != peer) who += " (world rank " + std::to_string(ranks_[peer]) + ")";
+    return "rank " + std::to_string(rank_) + ": " + verb + " " + who + " " + describeTag(tag);
+  }
+
+  void throwIfAborted(const std::string& what) {
+    if (!worker_->aborted) return;
+    std::lock_guard<std::mutex> lock(worker_->abort_mu);
+    throw CommError("ucx: " + what + ": aborted: " + worker_->abort_reason);
+  }
+
+  std::shared_ptr<Worker> worker_;
+  std::vector<int> ranks_;  // world rank of each rank of this group
+  int rank_ = 0;
+  uint32_t group_ = 0;
+  int splits_ = 0;
+};
+
+}  // namespace
+}  // namespace collie::ucx
+
+COLLIE_BACKEND_PLUGIN("ucx", "1.0.0",
+                      "UCP tagged messages between processes (tcp, shared memory, cma)",
+                      collie::ucx::UcxBackend);

@@ -1,0 +1,103 @@
+// Launcher environments, most specific first: collie's and torchrun's RANK/WORLD_SIZE, then
+// Open MPI, then Slurm.
+#include "runtime/environment.h"
+
+#include <cstdlib>
+
+#include "collie/error.h"
+
+namespace collie {
+namespace {
+
+class Reader {
+ public:
+  explicit Reader(std::function<const char*(const char*)> getenv) : getenv_(std::move(getenv)) {}
+
+  bool has(const char* name) const { return getenv_(name) != nullptr; }
+
+  // The integer in `name`, or `fallback` when it is unset. Throws on anything but digits.
+  long integer(const char* name, long fallback, long min, long max) const {
+    const char* text = getenv_(name);
+    if (text == nullptr) return fallback;
+    char* end = nullptr;
+    errno = 0;
+    long value = std::strtol(text, &end, 10);
+    if (*text == '\0' || *end != '\0' || errno != 0 || value < min || value > max) {
+      throw ConfigError(std::string("environment variable ") + name + "='" + text +
+                        "': expected an integer in [" + std::to_string(min) + ", " +
+                        std::to_string(max) + "]");
+    }
+    return value;
+  }
+
+  std::string text(const char* name) const {
+    const char* value = getenv_(name);
+    return value == nullptr ? "" : value;
+  }
+
+ private:
+  std::function<const char*(const char*)> getenv_;
+};
+
+constexpr long kMaxRanks = 1 << 20;
+
+}  // namespace
+
+WorkerEnv detectWorkerEnv(const std::function<const char*(const char*)>& getenv) {
+  Reader env(getenv ? getenv : [](const char* name) -> const char* { return std::getenv(name); });
+  WorkerEnv w;
+  const char* rank_var = nullptr;
+  const char* world_var = nullptr;
+  if (env.has("RANK") || env.has("WORLD_SIZE")) {
+    w.source = env.has("COLLIE_EXPERIMENT") ? "collie" : "torchrun";
+    rank_var = "RANK";
+    world_var = "WORLD_SIZE";
+    w.rank = env.integer("RANK", -1, 0, kMaxRanks);
+    w.world = env.integer("WORLD_SIZE", -1, 1, kMaxRanks);
+    w.local_rank = env.integer("LOCAL_RANK", w.rank, 0, kMaxRanks);
+    w.local_world = env.integer("LOCAL_WORLD_SIZE", w.world, 1, kMaxRanks);
+  } else if (env.has("OMPI_COMM_WORLD_RANK")) {
+    w.source = "Open MPI";
+    rank_var = "OMPI_COMM_WORLD_RANK";
+    world_var = "OMPI_COMM_WORLD_SIZE";
+    w.rank = env.integer("OMPI_COMM_WORLD_RANK", -1, 0, kMaxRanks);
+    w.world = env.integer("OMPI_COMM_WORLD_SIZE", -1, 1, kMaxRanks);
+    w.local_rank = env.integer("OMPI_COMM_WORLD_LOCAL_RANK", w.rank, 0, kMaxRanks);
+    w.local_world = env.integer("OMPI_COMM_WORLD_LOCAL_SIZE", w.world, 1, kMaxRanks);
+  } else if (env.has("SLURM_PROCID") && env.has("SLURM_NTASKS")) {
+    w.source = "Slurm";
+    rank_var = "SLURM_PROCID";
+    world_var = "SLURM_NTASKS";
+    w.rank = env.integer("SLURM_PROCID", -1, 0, kMaxRanks);
+    w.world = env.integer("SLURM_NTASKS", -1, 1, kMaxRanks);
+    w.local_rank = env.integer("SLURM_LOCALID", w.rank, 0, kMaxRanks);
+    // SLURM_NTASKS_PER_NODE may read "2(x3)"; the step's node count tells one node from many.
+    long nodes = env.integer("SLURM_STEP_NUM_NODES", env.integer("SLURM_NNODES", 1, 1, kMaxRanks),
+                             1, kMaxRanks);
+    w.local_world = nodes == 1 ? w.world : 0;  // 0: not known, only used to tell 1 node
+  } else {
+    return w;
+  }
+  if (w.rank < 0 || w.world < 1) {
+    throw ConfigError(std::string("environment: ") + rank_var + " and " + world_var +
+                      " must both be set (found only one); a launcher (" + w.source +
+                      ") sets them together");
+  }
+  if (w.rank >= w.world) {
+    throw ConfigError(std::string("environment: ") + rank_var + "=" + std::to_string(w.rank) +
+                      " is not below " + world_var + "=" + std::to_string(w.world));
+  }
+  w.present = true;
+  w.master_addr = env.text("MASTER_ADDR");
+  w.master_port = static_cast<uint16_t>(env.integer("MASTER_PORT", 0, 1, 65535));
+  w.experiment = static_cast<int>(env.integer("COLLIE_EXPERIMENT", -1, 0, kMaxRanks));
+  if (w.master_addr.empty() && w.local_world != w.world) {
+    throw ConfigError("environment: " + w.source + " started " + std::to_string(w.world) +
+                      " ranks on several nodes but MASTER_ADDR is not set. HINT: export "
+                      "MASTER_ADDR (rank 0's host) and MASTER_PORT to every rank, e.g. "
+                      "mpirun -x MASTER_ADDR=node1 -x MASTER_PORT=29500");
+  }
+  return w;
+}
+
+}  // namespace collie

@@ -1,0 +1,26 @@
+// Where a worker process finds its place in the job (DESIGN §4): the variables torchrun and
+// collie's launcher set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT), Open MPI's (OMPI_COMM_WORLD_*) or Slurm's (SLURM_PROCID, SLURM_NTASKS, ...).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace collie {
+
+struct WorkerEnv {
+  bool present = false;  // false: no launcher started this process
+  std::string source;    // "torchrun", "collie", "Open MPI", "Slurm"
+  int rank = 0, world = 1;
+  int local_rank = 0, local_world = 1;
+  std::string master_addr;  // empty: the caller's default
+  uint16_t master_port = 0;
+  int experiment = -1;  // collie's launcher: the index of the run this worker does
+};
+
+// Reads the process environment (or `getenv` in tests). Throws ConfigError naming the
+// variable when one is malformed or the set is inconsistent (rank >= world, ...).
+WorkerEnv detectWorkerEnv(const std::function<const char*(const char*)>& getenv = nullptr);
+
+}  // namespace collie

@@ -1,0 +1,203 @@
+// Rendezvous, join, same-experiment check and backend creation for worker processes.
+#include "runtime/job.h"
+
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+#include <thread>
+
+#include "collie/config.h"
+#include "collie/error.h"
+#include "collie/log.h"
+#include "runtime/tcp_store.h"
+#include "util/strings.h"
+
+namespace collie {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string hex(uint64_t value) {
+  std::ostringstream out;
+  out << std::hex << std::setw(16) << std::setfill('0') << value;
+  return out.str();
+}
+
+std::string hashText(const std::string& text) { return hex(XXH3_64bits(text.data(), text.size())); }
+
+std::string hashFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return in ? hashText(bytes) : "unreadable";
+}
+
+std::string hostName() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
+}
+
+// "1, 3 and 5" style list of ranks.
+std::string rankList(const std::vector<int>& ranks) {
+  std::vector<std::string> parts;
+  for (int r : ranks) parts.push_back(std::to_string(r));
+  return detail::join(parts, ", ");
+}
+
+}  // namespace
+
+ProcessJob::ProcessJob(const WorkerEnv& env, const std::string& default_addr,
+                       uint16_t default_port, std::chrono::milliseconds timeout)
+    : env_(env), timeout_(timeout) {
+  const std::string addr = env.master_addr.empty() ? default_addr : env.master_addr;
+  const uint16_t port = env.master_port != 0 ? env.master_port : default_port;
+  if (port == 0) {
+    throw ConfigError("rank " + std::to_string(env.rank) + " (started by " + env.source +
+                      "): MASTER_PORT is not set. HINT: export MASTER_PORT (e.g. 29500) to "
+                      "every rank, or set launch.master_port");
+  }
+  logDebug("rendezvous at " + addr + ":" + std::to_string(port) + " as rank " +
+           std::to_string(env.rank) + " of " + std::to_string(env.world) + " (" + env.source +
+           ")");
+  store_ = std::make_unique<TcpStore>(addr, port, env.rank == 0, timeout);
+  join();
+}
+
+ProcessJob::~ProcessJob() {
+  if (!store_) return;
+  try {
+    store_->add("finished", 1);
+    if (env_.rank != 0) return;
+    auto deadline = Clock::now() + timeout_;
+    while (store_->add("finished", 0) < env_.world && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } catch (const std::exception&) {
+    // A rank that already lost the store has nothing left to tell the others.
+  }
+}
+
+Store& ProcessJob::store() { return *store_; }
+
+void ProcessJob::join() {
+  store_->setString("join/" + std::to_string(env_.rank), hostName());
+  waitForRanks("join/", "arrive at the rendezvous");
+}
+
+// Waits until every rank has set key+rank, polling so that the error can name who is missing.
+void ProcessJob::waitForRanks(const std::string& key, const std::string& what) {
+  std::vector<int> missing;
+  for (int r = 0; r < env_.world; ++r) missing.push_back(r);
+  auto deadline = Clock::now() + timeout_;
+  while (true) {
+    std::vector<int> still;
+    for (int r : missing) {
+      if (!store_->check({key + std::to_string(r)})) still.push_back(r);
+    }
+    missing = still;
+    if (missing.empty()) return;
+    if (Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(missing.size() > 8 ? 100 : 20));
+  }
+  throw CommError("rank " + std::to_string(env_.rank) + ": " + std::to_string(missing.size()) +
+                  " of " + std::to_string(env_.world) + " ranks did not " + what + " within " +
+                  std::to_string(timeout_.count() / 1000.0).substr(0, 5) + " s: rank(s) " +
+                  rankList(missing) + " (store " + store_->address() +
+                  "). HINT: check that every rank was started with the same WORLD_SIZE, "
+                  "MASTER_ADDR and MASTER_PORT; launch.rendezvous_timeout sets the wait");
+}
+
+std::vector<std::string> ProcessJob::allGather(const std::string& key, const std::string& value) {
+  store_->setString(key + "/" + std::to_string(env_.rank), value);
+  waitForRanks(key + "/", "publish '" + key + "'");
+  std::vector<std::string> values;
+  for (int r = 0; r < env_.world; ++r) values.push_back(store_->getString(key + "/" + std::to_string(r)));
+  return values;
+}
+
+void ProcessJob::checkSame(const std::string& key,
+                           const std::vector<std::pair<std::string, std::string>>& facts) {
+  std::string mine;
+  for (const auto& [name, value] : facts) mine += name + "=" + value + "\n";
+  auto all = allGather(key, mine);
+  for (size_t f = 0; f < facts.size(); ++f) {
+    auto nth = [&](const std::string& text) {
+      std::istringstream in(text);
+      std::string line;
+      for (size_t i = 0; i <= f && std::getline(in, line);) ++i;
+      return line.substr(line.find('=') + 1);
+    };
+    std::vector<int> differ;
+    for (int r = 1; r < env_.world; ++r) {
+      if (nth(all[r]) != nth(all[0])) differ.push_back(r);
+    }
+    if (!differ.empty()) {
+      throw ConfigError("rank(s) " + rankList(differ) + " loaded a different " + facts[f].first +
+                        " than rank 0: rank 0 has " + nth(all[0]) + ", rank " +
+                        std::to_string(differ[0]) + " has " + nth(all[differ[0]]) +
+                        ". HINT: every rank must run the same config file, --set overrides, "
+                        "plugins and world size");
+    }
+  }
+}
+
+bool runsInProcess(const PluginLoader& loader, const std::string& plugin) {
+  return pluginInfo(*loader.open(PluginKind::kBackend, plugin)).in_process;
+}
+
+std::string pluginIdentity(const PluginLoader& loader, PluginKind kind, const std::string& name) {
+  const auto& info = pluginInfo(*loader.open(kind, name));
+  return info.name + "@" + info.version + ":" + hashFile(info.path);
+}
+
+WorkerRank createBackend(ProcessJob& job, const PluginLoader& loader, const config::PluginRef& ref,
+                         const std::string& prefix, std::chrono::milliseconds timeout) {
+  WorkerRank w;
+  w.store = std::make_unique<PrefixStore>(prefix, job.store());
+  BackendContext context;
+  context.rank = job.rank();
+  context.size = job.world();
+  context.job_id = prefix;
+  context.timeout = timeout;
+  context.store = w.store.get();
+  Params params = ref.params;
+  w.backend = loader.createBackend(ref.plugin, params, context);
+  w.topology = Topology::singleNode(job.world());
+  return w;
+}
+
+WorkerRank joinRun(ProcessJob& job, const PluginLoader& loader, const config::Experiment& e,
+                   int index) {
+  const std::string run = "run" + std::to_string(index) + "/";
+  YAML::Emitter emitter;
+  emitter << e.resolved;
+  std::string plugins = pluginIdentity(loader, PluginKind::kBackend, e.backend.plugin) + " ";
+  for (const auto& s : e.bench.schedulers) {
+    if (s.rules.empty()) plugins += pluginIdentity(loader, PluginKind::kScheduler, s.plugin) + " ";
+    for (const auto& rule : s.rules)
+      plugins += pluginIdentity(loader, PluginKind::kScheduler, rule.scheduler.plugin) + " ";
+  }
+  job.checkSame(run + "identity", {{"world size", std::to_string(job.world())},
+                                   {"collie version", COLLIE_VERSION},
+                                   {"experiment (config digest)", hashText(emitter.c_str())},
+                                   {"plugin files (digests)", hashText(plugins)}});
+
+  Topology topology;
+  if (e.explicit_topology) {
+    if (e.topology.world_size != job.world()) {
+      throw ConfigError("launch.node_labels/ranks_per_node describe " +
+                        std::to_string(e.topology.world_size) + " ranks but the job has " +
+                        std::to_string(job.world()));
+    }
+    topology = e.topology;
+  } else {
+    topology = Topology::fromLabels(job.allGather(run + "host", hostName()));
+  }
+  WorkerRank w = createBackend(job, loader, e.backend, run, e.rendezvous_timeout);
+  w.topology = topology;
+  return w;
+}
+
+}  // namespace collie

@@ -1,0 +1,76 @@
+// A worker process's membership in a job of processes (DESIGN §4): the rendezvous store
+// (rank 0 hosts it), the join that names ranks that never arrive, the check that every rank
+// runs the same experiment, the topology from host names, and the backend.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "collie/backend.h"
+#include "collie/store.h"
+#include "collie/topology.h"
+#include "config/experiment.h"
+#include "plugin/loader.h"
+#include "runtime/environment.h"
+
+namespace collie {
+
+class TcpStore;
+
+class ProcessJob {
+ public:
+  // Hosts (rank 0) or reaches the store at the launcher's MASTER_ADDR/MASTER_PORT (else
+  // `default_addr`/`default_port`), then waits until every rank has joined. Throws
+  // CommError naming the ranks that did not arrive within `timeout`.
+  ProcessJob(const WorkerEnv& env, const std::string& default_addr, uint16_t default_port,
+             std::chrono::milliseconds timeout);
+  // Rank 0 keeps the store up until every rank is done with it (bounded by the timeout).
+  ~ProcessJob();
+
+  int rank() const { return env_.rank; }
+  int world() const { return env_.world; }
+  const WorkerEnv& env() const { return env_; }
+  Store& store();
+
+  // Every rank's `value` for `key`, in rank order (each key once per job).
+  std::vector<std::string> allGather(const std::string& key, const std::string& value);
+  // Every rank publishes its (name, value) facts; throws ConfigError naming the first fact
+  // and the ranks where it differs from rank 0.
+  void checkSame(const std::string& key, const std::vector<std::pair<std::string, std::string>>& facts);
+
+ private:
+  void join();
+  void waitForRanks(const std::string& key, const std::string& what);
+
+  WorkerEnv env_;
+  std::chrono::milliseconds timeout_;
+  std::unique_ptr<TcpStore> store_;
+};
+
+// One group's rank in a ProcessJob: its own key space, the backend, the topology.
+struct WorkerRank {
+  std::unique_ptr<PrefixStore> store;  // outlives the backend, which may hold it
+  std::shared_ptr<Backend> backend;
+  Topology topology;
+};
+
+// "name@version:digest" of a plugin file, for the same-plugins check.
+std::string pluginIdentity(const PluginLoader& loader, PluginKind kind, const std::string& name);
+
+// Creates this rank's `ref` backend with its store keys under `prefix` (every rank must use
+// the same prefix, and each group its own).
+WorkerRank createBackend(ProcessJob& job, const PluginLoader& loader, const config::PluginRef& ref,
+                         const std::string& prefix, std::chrono::milliseconds timeout);
+
+// Joins run `index` of the file: checks that every rank loaded the same config, plugins and
+// world size, builds the topology (config labels, else host names) and creates the backend.
+WorkerRank joinRun(ProcessJob& job, const PluginLoader& loader, const config::Experiment& e,
+                   int index);
+
+// Whether `plugin` runs its ranks as threads of one process (the loopback backend).
+bool runsInProcess(const PluginLoader& loader, const std::string& plugin);
+
+}  // namespace collie

@@ -1,0 +1,42 @@
+// collie's local launcher (DESIGN §4): starts this node's workers as processes (fork + exec
+// of a worker command), prefixes their output with the rank, forwards SIGINT/SIGTERM/SIGHUP,
+// and tears the whole group down when one worker fails. Workers die with the launcher
+// (PR_SET_PDEATHSIG), so no process outlives it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace collie {
+
+struct LaunchSpec {
+  std::vector<std::string> argv;  // the worker command; argv[0] is a path
+  int nproc = 1;                  // workers on this node
+  int nnodes = 1, node_rank = 0;  // global rank = node_rank * nproc + local rank
+  std::string master_addr = "127.0.0.1";
+  uint16_t master_port = 0;
+  int experiment = 0;  // COLLIE_EXPERIMENT: which run of the file the workers do
+  int threads_per_rank = 1;  // OMP_NUM_THREADS of each worker
+  bool cpu_affinity = false;  // give each worker threads_per_rank CPUs of its own
+  std::vector<std::string> extra_env;  // NAME=VALUE for every worker
+  // After the first worker fails, how long the others may take to report their own error
+  // before they are sent SIGTERM; then how long before SIGKILL.
+  std::chrono::milliseconds failure_grace{3000};
+  std::chrono::milliseconds kill_grace{5000};
+};
+
+struct LaunchOutcome {
+  int exit_code = 0;     // 0; the failed worker's code; 128+signal when interrupted
+  std::string failure;   // "rank 2 (pid 812) was killed by signal 9 (SIGKILL)", or ""
+  bool interrupted = false;
+};
+
+// Runs the workers to completion. Never leaves a child behind.
+LaunchOutcome launchWorkers(const LaunchSpec& spec);
+
+// A TCP port on `addr` that was free a moment ago (the kernel's choice).
+uint16_t pickFreePort(const std::string& addr);
+
+}  // namespace collie
