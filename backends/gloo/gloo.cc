@@ -135,7 +135,8 @@ class GlooRequest : public Request {
     } catch (const std::exception& e) {
       forget();
       std::string message = glooMessage(e);
-      bool timed_out = message.find("imeout") != std::string::npos;
+      bool timed_out = message.find("imeout") != std::string::npos ||
+                       message.find("imed out") != std::string::npos;
       throw CommError("gloo: " + what_ + (timed_out ? " timed out after " + std::to_string(timeout.count()) + " ms: " : " failed: ") +
                       message +
                       (timed_out ? ". HINT: the peer never matched it; is it stopped, stuck or "

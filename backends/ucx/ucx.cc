@@ -10,7 +10,8 @@
 // Waiting polls the worker for a few microseconds, then sleeps on its event file descriptor
 // (UCP_FEATURE_WAKEUP), so idle ranks leave the CPU to busy ones. A peer whose endpoint
 // fails (a closed TCP connection) fails every request to or from it at once; a stopped
-// peer runs into the timeout.
+// peer runs into the timeout. UCX's shared-memory transports cannot report a failed peer,
+// so with transports without tcp a dead peer also shows as a timeout.
 #include <poll.h>
 #include <ucp/api/ucp.h>
 
@@ -111,13 +112,13 @@ struct Worker {
       ucs_status_t status = ucp_request_check_status(request);
       if (status != UCS_INPROGRESS) return status;
       if (!peer_error[peer].empty()) {
-        *why = "rank " + std::to_string(peer) + "'s connection failed: " + peer_error[peer] +
+        *why = "failed: rank " + std::to_string(peer) + "'s connection failed: " + peer_error[peer] +
                ". HINT: the peer process died";
         return cancel(request);
       }
       if (aborted.load()) {
         std::lock_guard<std::mutex> lock(abort_mu);
-        *why = "aborted: " + abort_reason;
+        *why = "failed: aborted: " + abort_reason;
         return cancel(request);
       }
       auto now = Clock::now();
@@ -340,6 +341,12 @@ class UcxBackend : public Backend {
       ep.err_handler.cb = &onEndpointError;
       ep.err_handler.arg = &w;
       status = ucp_ep_create(w.worker, &ep, &w.eps[r]);
+      if (status == UCS_ERR_UNREACHABLE) {
+        // UCX's shared-memory transports cannot report a failed peer (no PEER error mode):
+        // without tcp, a dead peer shows as a timeout instead of an immediate error.
+        ep.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
+        status = ucp_ep_create(w.worker, &ep, &w.eps[r]);
+      }
       if (status != UCS_OK) {
         throw CommError("ucx: rank " + std::to_string(rank_) + " cannot reach rank " +
                         std::to_string(r) + " over '" + w.transports + "': " +

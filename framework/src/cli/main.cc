@@ -35,6 +35,12 @@ namespace {
 constexpr int kExitRunFailed = 1;
 constexpr int kExitBadInput = 2;
 
+// The launcher was interrupted (SIGINT, SIGTERM, SIGHUP): collie exits 128 + signal, as a
+// shell reports a process killed by it.
+struct Interrupted {
+  int exit_code;
+};
+
 struct Options {
   std::string config;
   std::vector<std::string> sets;
@@ -139,8 +145,10 @@ int workerCommand(const Options& opt, const std::vector<config::Experiment>& exp
   PluginLoader loader;
   openPlugins(loader, {e});
   ProcessJob job(env, e.master_addr, static_cast<uint16_t>(e.master_port), e.rendezvous_timeout);
-  WorkerRank rank = joinRun(job, loader, e, env.experiment);
-  bench::Result result = bench::runRank(loader, e, rank.backend, rank.topology);
+  bench::Result result = job.diagnose([&] {
+    WorkerRank rank = joinRun(job, loader, e, env.experiment);
+    return bench::runRank(loader, e, rank.backend, rank.topology);
+  });
   if (job.rank() == 0) bench::saveResult(resultPath(opt.out, env.experiment).string(), result);
   return 0;
 }
@@ -167,8 +175,8 @@ bench::Result launchRun(const Options& opt, const config::Experiment& e, size_t 
   fs::remove(resultPath(out, index));
   LaunchOutcome outcome = launchWorkers(spec);
   if (outcome.interrupted) {
-    throw CommError("interrupted: the workers were stopped (exit code " +
-                    std::to_string(outcome.exit_code) + ")");
+    logError("interrupted: every worker was stopped");
+    throw Interrupted{outcome.exit_code};
   }
   if (!outcome.failure.empty()) {
     std::string message = "run " + std::to_string(index + 1) + " (" + e.name + ") failed: " +
@@ -250,8 +258,10 @@ int runCommand(const Options& opt) {
                         "across processes, or run `collie run` alone");
     }
     if (job) {
-      WorkerRank rank = joinRun(*job, loader, e, static_cast<int>(i));
-      results.push_back(bench::runRank(loader, e, rank.backend, rank.topology));
+      results.push_back(job->diagnose([&] {
+        WorkerRank rank = joinRun(*job, loader, e, static_cast<int>(i));
+        return bench::runRank(loader, e, rank.backend, rank.topology);
+      }));
     } else if (threads) {
       results.push_back(bench::run(loader, e));
     } else {
@@ -371,7 +381,7 @@ check::Report checkAsProcesses(const Options& opt, const std::string& task,
     report = check::loadReport(report_path.string());
   }
   fs::remove_all(dir_template);
-  if (outcome.interrupted) throw CommError("plugin-check interrupted");
+  if (outcome.interrupted) throw Interrupted{outcome.exit_code};
   return report;
 }
 
@@ -585,6 +595,8 @@ int dispatch(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return collie::dispatch(argc, argv);
+  } catch (const collie::Interrupted& i) {
+    return i.exit_code;
   } catch (const collie::Error& e) {
     std::cerr << "collie: error: " << e.what() << std::endl;
     return e.exitCode();

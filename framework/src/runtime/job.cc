@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <exception>
 #include <fstream>
 #include <iomanip>
 #include <sstream>
@@ -30,8 +31,9 @@ std::string hashText(const std::string& text) { return hex(XXH3_64bits(text.data
 
 std::string hashFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
+  if (!in.is_open()) return "unreadable";
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return in ? hashText(bytes) : "unreadable";
+  return in.bad() ? "unreadable" : hashText(bytes);
 }
 
 std::string hostName() {
@@ -67,7 +69,8 @@ ProcessJob::ProcessJob(const WorkerEnv& env, const std::string& default_addr,
 }
 
 ProcessJob::~ProcessJob() {
-  if (!store_) return;
+  // A failing rank leaves at once: the others learn of it from their own errors.
+  if (!store_ || std::uncaught_exceptions() > 0) return;
   try {
     store_->add("finished", 1);
     if (env_.rank != 0) return;
@@ -81,32 +84,94 @@ ProcessJob::~ProcessJob() {
 
 Store& ProcessJob::store() { return *store_; }
 
+std::string ProcessJob::explainFailure(const std::string& error) {
+  try {
+    store_->setString("failure/" + std::to_string(env_.rank), error);
+  } catch (const std::exception&) {
+    return "; the rendezvous store on rank 0 is unreachable: rank 0 is the likely cause (the "
+           "process died or was stopped)";
+  }
+  // Rank 0 hosts the store, so it stays longer: the others may fail a little later.
+  const auto deadline =
+      Clock::now() + std::chrono::milliseconds(env_.rank == 0 ? 4000 : 1500);
+  std::vector<int> reported, silent;
+  bool polled = false;
+  while (true) {
+    std::vector<int> now_reported, now_silent;
+    try {
+      for (int r = 0; r < env_.world; ++r) {
+        if (r == env_.rank) continue;
+        bool failed = store_->check({"failure/" + std::to_string(r)});
+        (failed ? now_reported : now_silent).push_back(r);
+      }
+    } catch (const std::exception&) {
+      break;  // rank 0 left: keep what the last look saw
+    }
+    reported = now_reported;
+    silent = now_silent;
+    polled = true;
+    if (silent.empty() || Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (!polled) return "";
+  std::string text;
+  if (!reported.empty()) text += "; rank(s) " + rankList(reported) + " failed as well";
+  if (!silent.empty()) {
+    text += "; rank(s) " + rankList(silent) +
+            " reported nothing: the likely cause (the process died, was stopped or hangs)";
+  }
+  return text;
+}
+
 void ProcessJob::join() {
   store_->setString("join/" + std::to_string(env_.rank), hostName());
   waitForRanks("join/", "arrive at the rendezvous");
 }
 
 // Waits until every rank has set key+rank, polling so that the error can name who is missing.
+// Rank 0 gives up first and leaves the verdict under key + "failed" for the others.
 void ProcessJob::waitForRanks(const std::string& key, const std::string& what) {
   std::vector<int> missing;
   for (int r = 0; r < env_.world; ++r) missing.push_back(r);
-  auto deadline = Clock::now() + timeout_;
+  auto verdict = [&](const std::vector<int>& ranks) {
+    return std::to_string(ranks.size()) + " of " + std::to_string(env_.world) +
+           " ranks did not " + what + " within " +
+           std::to_string(timeout_.count() / 1000.0).substr(0, 5) + " s: rank(s) " +
+           rankList(ranks) + " (store " + store_->address() +
+           "). HINT: check that every rank was started with the same WORLD_SIZE, MASTER_ADDR "
+           "and MASTER_PORT; launch.rendezvous_timeout sets the wait";
+  };
+  const std::string failed_key = key + "failed";
+  auto deadline = Clock::now() + timeout_ + (env_.rank == 0 ? std::chrono::seconds(0) : std::chrono::seconds(2));
   while (true) {
     std::vector<int> still;
-    for (int r : missing) {
-      if (!store_->check({key + std::to_string(r)})) still.push_back(r);
+    try {
+      for (int r : missing) {
+        if (!store_->check({key + std::to_string(r)})) still.push_back(r);
+      }
+      if (env_.rank != 0 && !still.empty() && store_->check({failed_key})) {
+        throw CommError("rank " + std::to_string(env_.rank) + ": " + store_->getString(failed_key));
+      }
+    } catch (const CommError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw CommError("rank " + std::to_string(env_.rank) +
+                      ": rank 0 (the store host) left the rendezvous while rank(s) " +
+                      rankList(missing) + " had not arrived: " + e.what());
     }
     missing = still;
     if (missing.empty()) return;
     if (Clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(missing.size() > 8 ? 100 : 20));
   }
-  throw CommError("rank " + std::to_string(env_.rank) + ": " + std::to_string(missing.size()) +
-                  " of " + std::to_string(env_.world) + " ranks did not " + what + " within " +
-                  std::to_string(timeout_.count() / 1000.0).substr(0, 5) + " s: rank(s) " +
-                  rankList(missing) + " (store " + store_->address() +
-                  "). HINT: check that every rank was started with the same WORLD_SIZE, "
-                  "MASTER_ADDR and MASTER_PORT; launch.rendezvous_timeout sets the wait");
+  if (env_.rank == 0) {
+    try {
+      store_->setString(failed_key, verdict(missing));
+      std::this_thread::sleep_for(std::chrono::seconds(1));  // let the others read it
+    } catch (const std::exception&) {
+    }
+  }
+  throw CommError("rank " + std::to_string(env_.rank) + ": " + verdict(missing));
 }
 
 std::vector<std::string> ProcessJob::allGather(const std::string& key, const std::string& value) {
@@ -148,7 +213,8 @@ bool runsInProcess(const PluginLoader& loader, const std::string& plugin) {
 }
 
 std::string pluginIdentity(const PluginLoader& loader, PluginKind kind, const std::string& name) {
-  const auto& info = pluginInfo(*loader.open(kind, name));
+  auto library = loader.open(kind, name);  // keeps `info` alive
+  const auto& info = pluginInfo(*library);
   return info.name + "@" + info.version + ":" + hashFile(info.path);
 }
 

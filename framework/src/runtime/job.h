@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "collie/backend.h"
+#include "collie/error.h"
 #include "collie/store.h"
 #include "collie/topology.h"
 #include "config/experiment.h"
@@ -34,6 +35,22 @@ class ProcessJob {
   int world() const { return env_.world; }
   const WorkerEnv& env() const { return env_; }
   Store& store();
+
+  // After this rank failed with `error`: publishes it, waits a moment for the others, and
+  // returns what the job knows about the cause — the ranks that reported errors too, and
+  // the ranks that reported nothing (dead, stopped or stuck: the likely cause), or that the
+  // store on rank 0 is gone. Never throws.
+  std::string explainFailure(const std::string& error);
+
+  // Runs `body`; an Error it throws comes back with explainFailure() appended.
+  template <typename F>
+  auto diagnose(F&& body) -> decltype(body()) {
+    try {
+      return body();
+    } catch (const Error& e) {
+      throw Error(e.kind(), std::string(e.what()) + explainFailure(e.what()));
+    }
+  }
 
   // Every rank's `value` for `key`, in rank order (each key once per job).
   std::vector<std::string> allGather(const std::string& key, const std::string& value);

@@ -23,7 +23,7 @@ struct LaunchSpec {
   std::vector<std::string> extra_env;  // NAME=VALUE for every worker
   // After the first worker fails, how long the others may take to report their own error
   // before they are sent SIGTERM; then how long before SIGKILL.
-  std::chrono::milliseconds failure_grace{3000};
+  std::chrono::milliseconds failure_grace{5000};
   std::chrono::milliseconds kill_grace{5000};
 };
 

@@ -47,6 +47,7 @@ TcpStore::TcpStore(const std::string& host, uint16_t port, bool is_server,
     std::string message = e.what();
     auto newline = message.find('\n');
     if (newline != std::string::npos) message.resize(newline);
+    while (!message.empty() && message.back() == '.') message.pop_back();
     if (is_server) {
       throw CommError("rank 0 cannot host the rendezvous store on port " + std::to_string(port) +
                       ": " + message + ". HINT: another job may use the port; set MASTER_PORT");

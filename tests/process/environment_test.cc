@@ -1,0 +1,100 @@
+// The worker environment of each launcher: torchrun/collie, Open MPI, Slurm, and bad values.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "collie/error.h"
+#include "runtime/environment.h"
+
+using collie::detectWorkerEnv;
+using collie::WorkerEnv;
+
+namespace {
+
+WorkerEnv detect(const std::map<std::string, std::string>& vars) {
+  return detectWorkerEnv([&](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+}
+
+}  // namespace
+
+TEST(WorkerEnv, NoLauncherMeansNoWorker) { EXPECT_FALSE(detect({}).present); }
+
+TEST(WorkerEnv, Torchrun) {
+  auto w = detect({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
+                   {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "node1"}, {"MASTER_PORT", "29400"}});
+  EXPECT_TRUE(w.present);
+  EXPECT_EQ(w.source, "torchrun");
+  EXPECT_EQ(w.rank, 3);
+  EXPECT_EQ(w.world, 8);
+  EXPECT_EQ(w.local_rank, 1);
+  EXPECT_EQ(w.local_world, 2);
+  EXPECT_EQ(w.master_addr, "node1");
+  EXPECT_EQ(w.master_port, 29400);
+}
+
+TEST(WorkerEnv, CollieLauncherNamesTheRun) {
+  auto w = detect({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"COLLIE_EXPERIMENT", "4"},
+                   {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "5000"}});
+  EXPECT_EQ(w.source, "collie");
+  EXPECT_EQ(w.experiment, 4);
+}
+
+TEST(WorkerEnv, OpenMpiOnOneNode) {
+  auto w = detect({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
+  EXPECT_TRUE(w.present);
+  EXPECT_EQ(w.source, "Open MPI");
+  EXPECT_EQ(w.rank, 1);
+  EXPECT_EQ(w.world, 4);
+  EXPECT_TRUE(w.master_addr.empty());  // the caller's default (loopback) is right on one node
+}
+
+TEST(WorkerEnv, OpenMpiAcrossNodesNeedsMasterAddr) {
+  try {
+    detect({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+            {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+    FAIL() << "expected a ConfigError";
+  } catch (const collie::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("MASTER_ADDR is not set"), std::string::npos) << e.what();
+  }
+}
+
+TEST(WorkerEnv, Slurm) {
+  auto w = detect({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
+                   {"SLURM_STEP_NUM_NODES", "4"}, {"MASTER_ADDR", "n1"}});
+  EXPECT_EQ(w.source, "Slurm");
+  EXPECT_EQ(w.rank, 5);
+  EXPECT_EQ(w.world, 8);
+  EXPECT_EQ(w.local_rank, 1);
+}
+
+TEST(WorkerEnv, MalformedValuesAreNamed) {
+  try {
+    detect({{"RANK", "two"}, {"WORLD_SIZE", "4"}});
+    FAIL();
+  } catch (const collie::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("RANK='two'"), std::string::npos) << e.what();
+  }
+  try {
+    detect({{"RANK", "4"}, {"WORLD_SIZE", "4"}});
+    FAIL();
+  } catch (const collie::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("RANK=4 is not below WORLD_SIZE=4"), std::string::npos)
+        << e.what();
+  }
+  try {
+    detect({{"RANK", "0"}});
+    FAIL();
+  } catch (const collie::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("must both be set"), std::string::npos) << e.what();
+  }
+  try {
+    detect({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "70000"}});
+    FAIL();
+  } catch (const collie::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("MASTER_PORT='70000'"), std::string::npos) << e.what();
+  }
+}

@@ -1,0 +1,326 @@
+// Ranks as processes: collie's launcher, torchrun and mpirun as launchers, and the faults a
+// job of processes must survive with a clear error (a killed rank, a stopped rank, a rank
+// that never arrives, a launcher that is killed). Every test leaves no process behind.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "run_command.h"
+#include "runtime/launcher.h"
+
+namespace fs = std::filesystem;
+using collie::testing::runCollie;
+using collie::testing::writeTempFile;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// A bench that runs until it is stopped: 1 MiB all-reduces with a short backend timeout.
+std::string longConfig(const std::string& backend, const std::string& timeout) {
+  return writeTempFile("long-" + backend + ".yaml",
+                       "name: long\nlaunch: {nproc_per_node: 4, rendezvous_timeout: 20s}\n"
+                       "backend: {plugin: " + backend + ", params: {timeout: " + timeout + "}}\n"
+                       "bench: {schedulers: [ring], min_bytes: 1MiB, max_bytes: 1MiB, "
+                       "iters: 1000000, warmup_iters: 1, calibrate: false, plots: false}\n");
+}
+
+std::string shortConfig(const std::string& backend, int ranks, const std::string& params = "") {
+  return writeTempFile("short-" + backend + std::to_string(ranks) + ".yaml",
+                       "name: short\nlaunch: {nproc_per_node: " + std::to_string(ranks) +
+                           "}\nbackend: {plugin: " + backend + ", params: {timeout: 20s" +
+                           params + "}}\n"
+                           "bench: {schedulers: [ring, tree, halving_doubling], min_bytes: 4KiB, "
+                           "max_bytes: 64KiB, step_factor: 4, iters: 3, warmup_iters: 1, "
+                           "calibrate: false, plots: false}\n");
+}
+
+// A process started with extra environment, its output going to a file.
+struct Spawned {
+  pid_t pid = -1;
+  std::string log;
+  int status = 0;
+  bool exited = false;
+  double seconds = 0;  // from the moment the test started waiting
+
+  std::string output() const {
+    std::ifstream in(log);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+};
+
+Spawned spawn(const std::vector<std::string>& args, const std::vector<std::string>& env,
+              const std::string& log) {
+  Spawned s;
+  s.log = log;
+  std::vector<std::string> argv{COLLIE_TEST_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
+  s.pid = ::fork();
+  if (s.pid == 0) {
+    for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
+    FILE* out = std::freopen(log.c_str(), "w", stdout);
+    (void)out;
+    ::dup2(STDOUT_FILENO, STDERR_FILENO);
+    std::vector<char*> raw;
+    for (auto& a : argv) raw.push_back(a.data());
+    raw.push_back(nullptr);
+    ::execv(raw[0], raw.data());
+    _exit(127);
+  }
+  return s;
+}
+
+// Waits for `s` until `deadline`; false when it is still running then.
+bool waitFor(Spawned& s, Clock::time_point start, Clock::time_point deadline) {
+  while (Clock::now() < deadline) {
+    pid_t r = ::waitpid(s.pid, &s.status, WNOHANG);
+    if (r == s.pid) {
+      s.exited = true;
+      s.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+void killAndReap(Spawned& s) {
+  if (s.exited || s.pid <= 0) return;
+  ::kill(s.pid, SIGCONT);
+  ::kill(s.pid, SIGKILL);
+  ::waitpid(s.pid, &s.status, 0);
+  s.exited = true;
+}
+
+int exitCode(const Spawned& s) {
+  return WIFEXITED(s.status) ? WEXITSTATUS(s.status) : 128 + WTERMSIG(s.status);
+}
+
+// Processes whose command line mentions `marker` (a unique --out folder).
+std::vector<pid_t> processesWith(const std::string& marker) {
+  std::vector<pid_t> found;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ifstream stat(entry.path() / "stat");
+    std::string stat_line;
+    std::getline(stat, stat_line);
+    if (stat_line.find(") Z ") != std::string::npos) continue;  // zombies are not running
+    if (cmdline.find(marker) != std::string::npos) found.push_back(std::stoi(name));
+  }
+  return found;
+}
+
+std::string scratch(const std::string& name) {
+  auto dir = fs::temp_directory_path() / ("collie-proc-" + std::to_string(::getpid())) / name;
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+// Starts `world` workers of `config` directly (as mpirun would, with no teardown of its
+// own), leaving out the ranks in `skip`.
+std::vector<Spawned> startWorkers(const std::string& config, int world, const std::string& out,
+                                  const std::vector<std::string>& sets = {},
+                                  const std::vector<int>& skip = {}) {
+  const int port = collie::pickFreePort("127.0.0.1");
+  std::vector<Spawned> ranks(world);
+  for (int r = 0; r < world; ++r) {
+    if (std::find(skip.begin(), skip.end(), r) != skip.end()) continue;
+    std::vector<std::string> args{"run", config, "--out", out};
+    for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+    ranks[r] = spawn(args,
+                     {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world),
+                      "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=" + std::to_string(world),
+                      "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)},
+                     out + "/rank" + std::to_string(r) + ".log");
+  }
+  return ranks;
+}
+
+bool haveProgram(const std::string& name) {
+  return std::system(("command -v " + name + " >/dev/null 2>&1").c_str()) == 0;
+}
+
+}  // namespace
+
+TEST(Processes, CollieRunStartsGlooWorkers) {
+  auto r = runCollie({"run", shortConfig("gloo", 3), "--out", scratch("gloo3")});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("3 ranks on gloo (processes)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Wrong elements: 0 (all results correct)"), std::string::npos) << r.output;
+}
+
+TEST(Processes, CollieRunStartsUcxWorkersOverSharedMemory) {
+  auto r = runCollie({"run", shortConfig("ucx", 2, ", transports: sm"), "--out", scratch("ucx2")});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Wrong elements: 0 (all results correct)"), std::string::npos) << r.output;
+}
+
+TEST(Processes, TorchrunStartsCollieWorkers) {
+  if (!haveProgram("torchrun")) GTEST_SKIP() << "torchrun (python3-torch) is not installed";
+  // DESIGN §10: Debian's torchrun needs --redirects/--tee and spells --no_python this way.
+  std::string out = scratch("torchrun");
+  std::string command = "torchrun --no_python --standalone --nproc_per_node=2 --redirects 2 "
+                        "--tee 1 '" COLLIE_TEST_BINARY "' run '" + shortConfig("gloo", 2) +
+                        "' --out '" + out + "' > '" + out + "/log' 2>&1";
+  int status = std::system(command.c_str());
+  std::ifstream in(out + "/log");
+  std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(status, 0) << log;
+  EXPECT_NE(log.find("Wrong elements: 0 (all results correct)"), std::string::npos) << log;
+  EXPECT_TRUE(fs::exists(out + "/results.csv")) << log;
+}
+
+TEST(Processes, MpirunStartsCollieWorkers) {
+  if (!haveProgram("mpirun")) GTEST_SKIP() << "mpirun (openmpi-bin) is not installed";
+  std::string out = scratch("mpirun");
+  std::string command = "mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_PORT=" +
+                        std::to_string(collie::pickFreePort("127.0.0.1")) + " '" COLLIE_TEST_BINARY
+                        "' run '" + shortConfig("ucx", 2) + "' --out '" + out + "' > '" + out +
+                        "/log' 2>&1";
+  int status = std::system(command.c_str());
+  std::ifstream in(out + "/log");
+  std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(status, 0) << log;
+  EXPECT_NE(log.find("Wrong elements: 0 (all results correct)"), std::string::npos) << log;
+}
+
+TEST(Processes, RanksWithDifferentConfigsAreNamed) {
+  std::string out = scratch("differ");
+  const std::string config = shortConfig("gloo", 2);
+  const int port = collie::pickFreePort("127.0.0.1");
+  std::vector<Spawned> ranks;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> args{"run", config, "--out", out};
+    if (r == 1) args.insert(args.end(), {"--set", "bench.iters=4"});  // rank 1 alone differs
+    ranks.push_back(spawn(args, {"RANK=" + std::to_string(r), "WORLD_SIZE=2",
+                                 "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)},
+                          out + "/rank" + std::to_string(r) + ".log"));
+  }
+  auto start = Clock::now();
+  for (auto& s : ranks) {
+    ASSERT_TRUE(waitFor(s, start, start + std::chrono::seconds(60))) << s.output();
+    EXPECT_EQ(exitCode(s), 2) << s.output();
+    EXPECT_NE(s.output().find("rank(s) 1 loaded a different experiment (config digest) than "
+                              "rank 0"),
+              std::string::npos)
+        << s.output();
+  }
+}
+
+TEST(Faults, RankThatNeverArrivesIsNamed) {
+  std::string out = scratch("missing");
+  auto ranks = startWorkers(longConfig("gloo", "5s"), 4, out, {"launch.rendezvous_timeout=2s"}, {2});
+  auto start = Clock::now();
+  for (int r : {0, 1, 3}) {
+    ASSERT_TRUE(waitFor(ranks[r], start, start + std::chrono::seconds(30))) << ranks[r].output();
+    EXPECT_NE(exitCode(ranks[r]), 0);
+    EXPECT_NE(ranks[r].output().find("1 of 4 ranks did not arrive at the rendezvous within 2"),
+              std::string::npos)
+        << ranks[r].output();
+    EXPECT_NE(ranks[r].output().find("rank(s) 2 (store"), std::string::npos) << ranks[r].output();
+  }
+}
+
+class Faults : public ::testing::TestWithParam<std::string> {};
+
+// SIGKILL one rank of 4 in the middle of the all-reduces: every other rank exits non-zero
+// within timeout + 5 s, naming the dead rank.
+TEST_P(Faults, KilledRankIsNamedByEveryOtherRank) {
+  std::string out = scratch("killed-" + GetParam());
+  auto ranks = startWorkers(longConfig(GetParam(), "5s"), 4, out);
+  std::this_thread::sleep_for(std::chrono::seconds(5));  // well into the sweep
+  for (auto& r : ranks) ASSERT_FALSE(waitFor(r, Clock::now(), Clock::now())) << r.output();
+  ::kill(ranks[2].pid, SIGKILL);
+  auto start = Clock::now();
+  for (int r : {0, 1, 3}) {
+    bool exited = waitFor(ranks[r], start, start + std::chrono::seconds(5 + 5));
+    if (!exited) killAndReap(ranks[r]);
+    EXPECT_TRUE(exited) << "rank " << r << " still running 10 s after rank 2 died";
+    EXPECT_EQ(exitCode(ranks[r]), 1) << ranks[r].output();
+    EXPECT_NE(ranks[r].output().find("rank(s) 2 reported nothing"), std::string::npos)
+        << ranks[r].output();
+  }
+  killAndReap(ranks[2]);
+}
+
+// SIGSTOP one rank: the others wait out the timeout (not less) and then say so.
+TEST_P(Faults, StoppedRankMakesTheOthersTimeOut) {
+  std::string out = scratch("stopped-" + GetParam());
+  auto ranks = startWorkers(longConfig(GetParam(), "3s"), 4, out);
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  for (auto& r : ranks) ASSERT_FALSE(waitFor(r, Clock::now(), Clock::now())) << r.output();
+  ::kill(ranks[2].pid, SIGSTOP);
+  auto start = Clock::now();
+  for (int r : {0, 1, 3}) {
+    bool exited = waitFor(ranks[r], start, start + std::chrono::seconds(3 + 5));
+    if (!exited) killAndReap(ranks[r]);
+    EXPECT_TRUE(exited) << "rank " << r << " still running 8 s after rank 2 stopped";
+    EXPECT_GE(ranks[r].seconds, 2.9) << "rank " << r << " gave up before the 3 s timeout";
+    EXPECT_EQ(exitCode(ranks[r]), 1) << ranks[r].output();
+    std::string o = ranks[r].output();
+    EXPECT_TRUE(o.find("timed out after 3000 ms") != std::string::npos ||
+                o.find("Connection closed by peer") != std::string::npos)  // a neighbour left
+        << o;
+    EXPECT_NE(o.find("rank(s) 2 reported nothing"), std::string::npos) << o;
+  }
+  killAndReap(ranks[2]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Faults, ::testing::Values("gloo", "ucx"),
+                         [](const auto& info) { return info.param; });
+
+TEST(Launcher, WorkerDeathStopsTheJobAndLeavesNoProcess) {
+  std::string out = scratch("launcher-kill");
+  auto launcher = spawn({"run", longConfig("gloo", "5s"), "--out", out}, {}, out + ".log");
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  auto workers = processesWith(out);
+  workers.erase(std::remove(workers.begin(), workers.end(), launcher.pid), workers.end());
+  ASSERT_EQ(workers.size(), 4u) << launcher.output();
+  ::kill(workers[1], SIGKILL);
+  auto start = Clock::now();
+  ASSERT_TRUE(waitFor(launcher, start, start + std::chrono::seconds(20))) << launcher.output();
+  EXPECT_EQ(exitCode(launcher), 1) << launcher.output();
+  EXPECT_NE(launcher.output().find("(pid " + std::to_string(workers[1]) +
+                                   ") was killed by signal 9 (SIGKILL); every other rank was "
+                                   "stopped"),
+            std::string::npos)
+      << launcher.output();
+  EXPECT_TRUE(processesWith(out).empty());
+}
+
+TEST(Launcher, SigtermIsForwardedAndEveryWorkerStops) {
+  std::string out = scratch("launcher-term");
+  auto launcher = spawn({"run", longConfig("ucx", "5s"), "--out", out}, {}, out + ".log");
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  ASSERT_EQ(processesWith(out).size(), 5u) << launcher.output();
+  ::kill(launcher.pid, SIGTERM);
+  auto start = Clock::now();
+  ASSERT_TRUE(waitFor(launcher, start, start + std::chrono::seconds(15))) << launcher.output();
+  EXPECT_EQ(exitCode(launcher), 128 + SIGTERM) << launcher.output();
+  EXPECT_TRUE(processesWith(out).empty());
+}
+
+TEST(Launcher, KilledLauncherTakesItsWorkersWithIt) {
+  std::string out = scratch("launcher-killed");
+  auto launcher = spawn({"run", longConfig("gloo", "5s"), "--out", out}, {}, out + ".log");
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  ASSERT_EQ(processesWith(out).size(), 5u) << launcher.output();
+  ::kill(launcher.pid, SIGKILL);
+  ::waitpid(launcher.pid, nullptr, 0);
+  auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (!processesWith(out).empty() && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_TRUE(processesWith(out).empty());
+}
