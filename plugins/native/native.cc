@@ -11,11 +11,23 @@ class NativeScheduler : public Scheduler {
   explicit NativeScheduler(const PluginContext&) {}
 
   Decision accepts(const CollectiveArgs& args, const Topology& topology) const override {
-    if (has(topology.capabilities, args.coll)) return Decision::yes();
-    return Decision::no(std::string("native: the backend has no native ") +
-                        collectiveName(args.coll) +
-                        " (use ring, tree or halving_doubling, or a backend with native "
-                        "collectives)");
+    const Capabilities& caps = topology.capabilities;
+    if (!has(caps, args.coll)) {
+      return Decision::no(std::string("native: the backend has no native ") +
+                          collectiveName(args.coll) +
+                          " (use ring, tree or halving_doubling, or a backend with native "
+                          "collectives)");
+    }
+    if (args.coll != Collective::kBarrier && !caps.nativeHandles(args.data.dtype)) {
+      return Decision::no(std::string("native: the backend's native collectives have no ") +
+                          dtypeName(args.data.dtype));
+    }
+    const bool cuda = args.data.memory == MemoryKind::kCuda;
+    if (args.coll != Collective::kBarrier && (cuda ? !caps.cuda_memory : !caps.host_memory)) {
+      return Decision::no(std::string("native: the backend does not move ") +
+                          (cuda ? "device" : "host") + " memory");
+    }
+    return Decision::yes();
   }
 
   void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {

@@ -152,8 +152,8 @@ TEST(Cli, MissingPluginIsAHardErrorWithAHint) {
   auto r = runCollie(args({"run", kQuickstart, "--set", "bench.schedulers=[rnig]"}, kShort));
   expectBadInput(r, "no scheduler plugin named 'rnig' (did you mean 'ring'?)");
   EXPECT_NE(r.output.find("HINT: `collie plugins`"), std::string::npos) << r.output;
-  r = runCollie(args({"run", kQuickstart, "--set", "backend=nccl"}, kShort));
-  expectBadInput(r, "no backend plugin named 'nccl'");
+  r = runCollie(args({"run", kQuickstart, "--set", "backend=mpi"}, kShort));
+  expectBadInput(r, "no backend plugin named 'mpi'");
 }
 
 TEST(Cli, UnknownPluginParamIsRejected) {

@@ -43,6 +43,11 @@ struct Capabilities {
   bool native_allgather = false;
   bool native_broadcast = false;
   bool native_barrier = false;
+  // The dtypes its native collectives handle: bit (1 << DType); every dtype by default.
+  uint32_t native_dtypes = 0x3F;
+  bool nativeHandles(DType dtype) const {
+    return (native_dtypes >> static_cast<unsigned>(dtype)) & 1u;
+  }
 };
 
 class Store;

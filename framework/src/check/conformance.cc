@@ -99,8 +99,9 @@ struct Outcome {
 class RankChecker {
  public:
   RankChecker(const PluginLoader& loader, const config::PluginRef& scheduler,
-              std::shared_ptr<Backend> backend, const Topology& topology)
-      : comm_(backend, "backend", topology), control_(*backend), label_(scheduler.label) {
+              std::shared_ptr<Backend> backend, const std::string& backend_name,
+              const Topology& topology)
+      : comm_(backend, backend_name, topology), control_(*backend), label_(scheduler.label) {
     Params params = scheduler.params;
     scheduler_ = loader.createScheduler(scheduler.plugin, params);
     comm_.addRule(scheduler.label, scheduler_);
@@ -231,11 +232,13 @@ class RankChecker {
 }  // namespace
 
 Report checkSchedulerOnRank(const PluginLoader& loader, const config::PluginRef& scheduler,
-                            std::shared_ptr<Backend> backend, const Options& options) {
+                            std::shared_ptr<Backend> backend, const std::string& backend_name,
+                            const Options& options) {
   Report report;
   std::mutex mu;
   const int world = backend->size();
-  RankChecker(loader, scheduler, std::move(backend), topologyFor(world, options.emulate_nodes))
+  RankChecker(loader, scheduler, std::move(backend), backend_name,
+              topologyFor(world, options.emulate_nodes))
       .run(casesFor(world, options), &report, &mu);
   return report;
 }
@@ -251,7 +254,7 @@ Report checkScheduler(const PluginLoader& loader, const config::PluginRef& sched
     if (!backend_ref.params.has("timeout")) backend_ref.params.set("timeout", options.timeout);
     try {
       runInProcess(loader, backend_ref, world, [&](std::shared_ptr<Backend> b) {
-        RankChecker(loader, scheduler, b, topology).run(cases, &report, &mu);
+        RankChecker(loader, scheduler, b, backend_ref.label, topology).run(cases, &report, &mu);
       });
     } catch (const Error& e) {
       std::lock_guard<std::mutex> lock(mu);

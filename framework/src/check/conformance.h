@@ -49,7 +49,8 @@ Report checkScheduler(const PluginLoader& loader, const config::PluginRef& sched
 // This process's part of the matrix on `backend` (a worker of a job of processes), for the
 // group size backend->size(). Rank 0's report holds the results.
 Report checkSchedulerOnRank(const PluginLoader& loader, const config::PluginRef& scheduler,
-                            std::shared_ptr<Backend> backend, const Options& options);
+                            std::shared_ptr<Backend> backend, const std::string& backend_name,
+                            const Options& options);
 
 // Checks the backend contract itself: tag order, zero-byte messages, and a receive from a
 // silent peer that must fail with a CommError naming the peer, after the timeout and not

@@ -410,7 +410,7 @@ int pluginCheckWorker(const Options& opt, const PluginLoader& loader, const Work
     backend.params.set("timeout", options.timeout, "plugin-check");
     WorkerRank rank = createBackend(job, loader, backend, "check/", timeout);
     report = check::checkSchedulerOnRank(loader, pluginRef(opt.plugin, opt.params, "scheduler"),
-                                         rank.backend, options);
+                                         rank.backend, backend.label, options);
     if (job.rank() == 0) check::saveReport(report_path, report);
   }
   return 0;
