@@ -6,7 +6,10 @@
 # for 2 and 4 ranks, float32 sum, 4 KiB - 256 MiB. Prints one table per rank count with the
 # best of each group per size and the ratios collie/peer; every raw row goes to OUT/*.csv.
 #
-#   benchmarks/allreduce_peers.sh [--max-bytes BYTES] [--ranks "2 4"] [--iters N] [OUT]
+#   benchmarks/allreduce_peers.sh [--max-bytes BYTES] [--ranks "2 4"] [--iters N]
+#                                 [--small-iters N] [OUT]
+#
+# Sizes up to 1 MiB are timed over --small-iters calls (50), larger ones over --iters (5).
 #
 # Needs a build (scripts/build.sh) with the gloo and ucx backends and the benchmarks.
 set -euo pipefail
@@ -15,13 +18,15 @@ build="${COLLIE_BUILD_DIR:-$root/build}"
 max_bytes=$((256 * 1024 * 1024))
 ranks="2 4"
 iters=5
+small_iters=50
 out=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --max-bytes) max_bytes="$2"; shift 2 ;;
     --ranks) ranks="$2"; shift 2 ;;
     --iters) iters="$2"; shift 2 ;;
-    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
+    --small-iters) small_iters="$2"; shift 2 ;;
+    -h|--help) sed -n 2,15p "$0"; exit 0 ;;
     *) out="$1"; shift ;;
   esac
 done
@@ -34,34 +39,48 @@ for tool in "$collie" "$build/benchmarks/gloo_allreduce" "$build/benchmarks/mpi_
 done
 command -v mpirun >/dev/null || { echo "allreduce_peers: mpirun is missing (openmpi-bin)" >&2; exit 2; }
 
-echo "# all-reduce peers, $(nproc) CPUs, float32 sum, $min_bytes..$max_bytes bytes, $iters iterations; raw rows in $out"
+echo "# all-reduce peers, $(nproc) CPUs, float32 sum, $min_bytes..$max_bytes bytes; raw rows in $out"
 peers="$out/peers.csv"
 echo "peer,algorithm,ranks,bytes,time_us,busbw_gbps" > "$peers"
-for n in $ranks; do
+
+# One pass of every peer over sizes lo..hi with `iters` timed calls each.
+pass() {
+  local n=$1 lo=$2 hi=$3 iters=$4 tag="$1-$2"
   for backend in gloo ucx; do
-    echo "# collie over $backend, $n ranks" >&2
-    "$collie" run "$root/benchmarks/collie-$backend.yaml" --out "$out/collie-$backend-$n" \
-      --set launch.nproc_per_node="$n" --set bench.max_bytes="$max_bytes" \
-      --set bench.iters="$iters" --log-level warn > "$out/collie-$backend-$n.log" 2>&1 ||
-      { cat "$out/collie-$backend-$n.log" >&2; exit 1; }
+    echo "# collie over $backend, $n ranks, $lo..$hi B" >&2
+    "$collie" --log-level warn run "$root/benchmarks/collie-$backend.yaml" \
+      --out "$out/collie-$backend-$tag" --set launch.nproc_per_node="$n" \
+      --set bench.min_bytes="$lo" --set bench.max_bytes="$hi" --set bench.iters="$iters" \
+      > "$out/collie-$backend-$tag.log" 2>&1 ||
+      { cat "$out/collie-$backend-$tag.log" >&2; exit 1; }
   done
   for algorithm in ring ring_chunked halving_doubling bcube; do
-    echo "# Gloo $algorithm, $n ranks" >&2
-    store="$out/gloo-store-$algorithm-$n"
+    echo "# Gloo $algorithm, $n ranks, $lo..$hi B" >&2
+    local store="$out/gloo-store-$algorithm-$tag" pids=() r
     rm -rf "$store"; mkdir -p "$store"
-    pids=()
     for ((r = 0; r < n; r++)); do
-      "$build/benchmarks/gloo_allreduce" "$r" "$n" "$store" "$algorithm" "$min_bytes" \
-        "$max_bytes" "$iters" >> "$out/gloo-$algorithm-$n-rank$r.csv" &
+      "$build/benchmarks/gloo_allreduce" "$r" "$n" "$store" "$algorithm" "$lo" "$hi" "$iters" \
+        > "$out/gloo-$algorithm-$tag-rank$r.csv" &
       pids+=($!)
     done
     for p in "${pids[@]}"; do wait "$p"; done
-    cat "$out/gloo-$algorithm-$n-rank0.csv" >> "$peers"
+    cat "$out/gloo-$algorithm-$tag-rank0.csv" >> "$peers"
   done
   for btl in vader tcp; do
-    echo "# MPI_Allreduce over $btl, $n ranks" >&2
+    echo "# MPI_Allreduce over $btl, $n ranks, $lo..$hi B" >&2
     mpirun --allow-run-as-root --oversubscribe -np "$n" --mca pml ob1 --mca btl "self,$btl" \
-      "$build/benchmarks/mpi_allreduce" "$btl" "$min_bytes" "$max_bytes" "$iters" >> "$peers"
+      "$build/benchmarks/mpi_allreduce" "$btl" "$lo" "$hi" "$iters" >> "$peers"
   done
+}
+
+# Small messages take microseconds: many calls each; large ones take up to a second: few.
+split=$((1024 * 1024))
+for n in $ranks; do
+  if [ "$max_bytes" -le "$split" ]; then
+    pass "$n" "$min_bytes" "$max_bytes" "$small_iters"
+  else
+    pass "$n" "$min_bytes" "$split" "$small_iters"
+    pass "$n" $((split * 2)) "$max_bytes" "$iters"
+  fi
 done
 python3 "$root/benchmarks/compare_peers.py" "$out" "$peers" | tee "$out/table.txt"

@@ -20,7 +20,7 @@ def main(out, peers_csv):
         if current is None or busbw > current[0]:
             best[(ranks, size)][group] = (busbw, label)
 
-    for path in glob.glob(os.path.join(out, "collie-*-*/results.csv")):
+    for path in glob.glob(os.path.join(out, "collie-*/results.csv")):
         backend = "gloo" if "collie-gloo" in path else "ucx"
         with open(path) as f:
             for row in csv.DictReader(f):

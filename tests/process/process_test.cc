@@ -324,3 +324,49 @@ TEST(Launcher, KilledLauncherTakesItsWorkersWithIt) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_TRUE(processesWith(out).empty());
 }
+
+// `collie launch` on two "nodes" of this machine: 2 workers each, one job of 4 ranks; only
+// node 0 prints the table.
+TEST(Launcher, TwoNodesMakeOneJob) {
+  std::string out = scratch("two-nodes");
+  const std::string port = std::to_string(collie::pickFreePort("127.0.0.1"));
+  const std::string config = shortConfig("gloo", 2);
+  std::vector<Spawned> nodes;
+  for (int node = 0; node < 2; ++node) {
+    nodes.push_back(spawn({"launch", "--nnodes", "2", "--node-rank", std::to_string(node),
+                           "--master-addr", "127.0.0.1", "--master-port", port, config, "--out",
+                           out + "/node" + std::to_string(node)},
+                          {}, out + "/node" + std::to_string(node) + ".log"));
+  }
+  auto start = Clock::now();
+  for (auto& n : nodes) {
+    bool exited = waitFor(n, start, start + std::chrono::seconds(60));
+    if (!exited) killAndReap(n);
+    ASSERT_TRUE(exited) << n.output();
+    EXPECT_EQ(exitCode(n), 0) << n.output();
+  }
+  EXPECT_NE(nodes[0].output().find("4 ranks on gloo (processes)"), std::string::npos)
+      << nodes[0].output();
+  EXPECT_NE(nodes[0].output().find("Wrong elements: 0 (all results correct)"), std::string::npos)
+      << nodes[0].output();
+  EXPECT_EQ(nodes[1].output().find("Wrong elements"), std::string::npos) << nodes[1].output();
+  auto bad = runCollie({"launch", "--nnodes", "2", "--node-rank", "2", "--master-addr",
+                        "127.0.0.1", "--master-port", port, config});
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--node-rank 2 must be below --nnodes 2"), std::string::npos)
+      << bad.output;
+}
+
+// A backend param that cannot work is bad input on every rank, named, not a hang.
+TEST(Processes, BadBackendParamsAreBadInput) {
+  auto r = runCollie({"run", shortConfig("ucx", 2, ", transports: carrier-pigeon"), "--out",
+                      scratch("pigeon")});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("unknown transport 'carrier-pigeon'"), std::string::npos) << r.output;
+  r = runCollie({"run", shortConfig("gloo", 2, ", interface: nonexistent0"), "--out",
+                 scratch("nic")});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("cannot open a TCP device on interface 'nonexistent0'"),
+            std::string::npos)
+      << r.output;
+}
