@@ -91,18 +91,23 @@ std::string ProcessJob::explainFailure(const std::string& error) {
     return "; the rendezvous store on rank 0 is unreachable: rank 0 is the likely cause (the "
            "process died or was stopped)";
   }
-  // Rank 0 hosts the store, so it stays longer: the others may fail a little later.
-  const auto deadline =
-      Clock::now() + std::chrono::milliseconds(env_.rank == 0 ? 4000 : 1500);
+  // Every rank looks for 1.5 s, then says it is done looking. Rank 0 hosts the store, so
+  // it stays until every rank that reported is done looking (at most 2.5 s): the others
+  // may fail a little later than it did.
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::milliseconds(env_.rank == 0 ? 2500 : 1500);
   std::vector<int> reported, silent;
   bool polled = false;
   while (true) {
     std::vector<int> now_reported, now_silent;
+    bool all_done_looking = true;
     try {
       for (int r = 0; r < env_.world; ++r) {
         if (r == env_.rank) continue;
         bool failed = store_->check({"failure/" + std::to_string(r)});
         (failed ? now_reported : now_silent).push_back(r);
+        if (failed && env_.rank == 0 && !store_->check({"looked/" + std::to_string(r)}))
+          all_done_looking = false;
       }
     } catch (const std::exception&) {
       break;  // rank 0 left: keep what the last look saw
@@ -110,8 +115,18 @@ std::string ProcessJob::explainFailure(const std::string& error) {
     reported = now_reported;
     silent = now_silent;
     polled = true;
-    if (silent.empty() || Clock::now() >= deadline) break;
+    const bool looked_enough =
+        silent.empty() || Clock::now() >= start + std::chrono::milliseconds(1500);
+    if (env_.rank != 0 && looked_enough) break;
+    if (env_.rank == 0 && ((looked_enough && all_done_looking) || Clock::now() >= deadline))
+      break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (env_.rank != 0) {
+    try {
+      store_->setString("looked/" + std::to_string(env_.rank), "");
+    } catch (const std::exception&) {
+    }
   }
   if (!polled) return "";
   std::string text;
