@@ -82,8 +82,7 @@ int main(int argc, char** argv) {
     for (double t : times) worst = t > worst ? t : worst;
     if (rank == 0) {
       double busbw = bytes / worst / 1e9 * 2.0 * (size - 1) / size;
-      std::printf("gloo,%s,%d,%zu,%.2f,%.4f\n", algorithm.c_str(), size, bytes, worst * 1e6,
-                  busbw);
+      std::printf("gloo,%s,%d,%zu,%.2f,%.4f\n", algorithm.c_str(), size, bytes, worst * 1e6, busbw);
       std::fflush(stdout);
     }
   }

@@ -101,7 +101,8 @@ class StoreAdapter : public gloo::rendezvous::Store {
     return std::vector<char>(bytes.begin(), bytes.end());
   }
   void wait(const std::vector<std::string>& keys) override { wait(keys, store_.timeout()); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
     store_.wait(keys, timeout);
   }
 
@@ -126,7 +127,10 @@ class GlooRequest : public Request {
  public:
   GlooRequest(std::shared_ptr<Shared> shared, std::unique_ptr<gloo::transport::UnboundBuffer> buf,
               bool sending, std::string what)
-      : shared_(std::move(shared)), buf_(std::move(buf)), sending_(sending), what_(std::move(what)) {
+      : shared_(std::move(shared)),
+        buf_(std::move(buf)),
+        sending_(sending),
+        what_(std::move(what)) {
     std::lock_guard<std::mutex> lock(shared_->mu);
     shared_->pending.insert(buf_.get());
   }
@@ -142,7 +146,9 @@ class GlooRequest : public Request {
       std::string message = glooMessage(e);
       bool timed_out = message.find("imeout") != std::string::npos ||
                        message.find("imed out") != std::string::npos;
-      throw CommError("gloo: " + what_ + (timed_out ? " timed out after " + std::to_string(timeout.count()) + " ms: " : " failed: ") +
+      throw CommError("gloo: " + what_ +
+                      (timed_out ? " timed out after " + std::to_string(timeout.count()) + " ms: "
+                                 : " failed: ") +
                       message +
                       (timed_out ? ". HINT: the peer never matched it; is it stopped, stuck or "
                                    "running a different collective?"
@@ -228,9 +234,12 @@ class GlooBackend : public Backend {
     Params& params = *context.params;
     shared_->timeout = params.getDuration("timeout", std::chrono::milliseconds(30000));
     shared_->algorithm = params.getString("algorithm", "ring");
-    if (std::find(kAlgorithms.begin(), kAlgorithms.end(), shared_->algorithm) == kAlgorithms.end()) {
-      throw ConfigError("backend gloo: params.algorithm: expected one of ring, ring_chunked, "
-                        "halving_doubling, bcube, found '" + shared_->algorithm + "'");
+    if (std::find(kAlgorithms.begin(), kAlgorithms.end(), shared_->algorithm) ==
+        kAlgorithms.end()) {
+      throw ConfigError(
+          "backend gloo: params.algorithm: expected one of ring, ring_chunked, "
+          "halving_doubling, bcube, found '" +
+          shared_->algorithm + "'");
     }
     const std::string interface = params.getString("interface", "");
     const std::string hostname = params.getString("hostname", "");
@@ -238,8 +247,9 @@ class GlooBackend : public Backend {
       throw ConfigError("backend gloo: give params.interface or params.hostname, not both");
     }
     if (ctx.store == nullptr) {
-      throw PluginError("backend gloo needs the job's rendezvous store: it runs one process "
-                        "per rank (collie run starts them)");
+      throw PluginError(
+          "backend gloo needs the job's rendezvous store: it runs one process "
+          "per rank (collie run starts them)");
     }
     shared_->store = ctx.store;
     gloo::transport::tcp::attr attr;
@@ -348,8 +358,9 @@ class GlooBackend : public Backend {
                       std::to_string(peer) + " in a group of " + std::to_string(size()));
     }
     if (buf.memory != MemoryKind::kHost) {
-      throw CommError("gloo: only host memory is supported. HINT: use the nccl backend for "
-                      "CUDA tensors");
+      throw CommError(
+          "gloo: only host memory is supported. HINT: use the nccl backend for "
+          "CUDA tensors");
     }
     std::string what = "rank " + std::to_string(rank()) + ": " + verb + " rank " +
                        std::to_string(peer) + " " + describeTag(tag);

@@ -274,6 +274,6 @@ class LoopbackBackend : public Backend {
 }  // namespace
 }  // namespace collie::loopback
 
-COLLIE_IN_PROCESS_BACKEND_PLUGIN("loopback", "1.1.0",
-                      "ranks as threads of one process, exchanging messages in memory (tests)",
-                      collie::loopback::LoopbackBackend);
+COLLIE_IN_PROCESS_BACKEND_PLUGIN(
+    "loopback", "1.1.0", "ranks as threads of one process, exchanging messages in memory (tests)",
+    collie::loopback::LoopbackBackend);

@@ -109,8 +109,8 @@ struct Comm {
     }
     if (state != ncclSuccess) {
       abortComm(ncclText(state));
-      throw CommError("nccl: rank " + std::to_string(rank) + ": " + what + " failed: " +
-                      ncclText(state));
+      throw CommError("nccl: rank " + std::to_string(rank) + ": " + what +
+                      " failed: " + ncclText(state));
     }
   }
 
@@ -173,7 +173,10 @@ class NcclRequest : public Request {
  public:
   NcclRequest(NcclBackend* backend, std::shared_ptr<Comm> comm, std::shared_ptr<Batch> batch,
               std::string what)
-      : backend_(backend), comm_(std::move(comm)), batch_(std::move(batch)), what_(std::move(what)) {}
+      : backend_(backend),
+        comm_(std::move(comm)),
+        batch_(std::move(batch)),
+        what_(std::move(what)) {}
   void wait(std::chrono::milliseconds timeout) override;
   bool test() override;
 
@@ -198,10 +201,12 @@ class NcclBackend : public Backend {
                         "). HINT: nccl needs one GPU per rank; use gloo or ucx on CPUs");
     }
     const char* local = std::getenv("LOCAL_RANK");
-    int device = static_cast<int>(params.getInt("device", local ? std::atoi(local) % count : ctx.rank % count, 0, count - 1));
+    int device = static_cast<int>(
+        params.getInt("device", local ? std::atoi(local) % count : ctx.rank % count, 0, count - 1));
     if (ctx.store == nullptr) {
-      throw PluginError("backend nccl needs the job's rendezvous store: it runs one process "
-                        "per rank (collie run starts them)");
+      throw PluginError(
+          "backend nccl needs the job's rendezvous store: it runs one process "
+          "per rank (collie run starts them)");
     }
     store_ = ctx.store;
     comm_ = connect(*store_, "nccl/", ctx.rank, ctx.size, device, timeout);
@@ -299,8 +304,10 @@ class NcclBackend : public Backend {
     ncclResult_t result = ncclGroupStart();
     for (const Op& op : batch->ops) {
       if (result != ncclSuccess) break;
-      result = op.send ? ncclSend(op.buf.data, op.buf.bytes(), ncclUint8, op.peer, comm_->comm, comm_->stream)
-                       : ncclRecv(op.buf.data, op.buf.bytes(), ncclUint8, op.peer, comm_->comm, comm_->stream);
+      result = op.send ? ncclSend(op.buf.data, op.buf.bytes(), ncclUint8, op.peer, comm_->comm,
+                                  comm_->stream)
+                       : ncclRecv(op.buf.data, op.buf.bytes(), ncclUint8, op.peer, comm_->comm,
+                                  comm_->stream);
     }
     ncclResult_t end = ncclGroupEnd();
     if (result == ncclSuccess) result = end;
@@ -333,15 +340,16 @@ class NcclBackend : public Backend {
       store.set(prefix + "id", std::vector<uint8_t>(bytes, bytes + sizeof(id)));
     } else {
       auto bytes = store.get(prefix + "id");
-      if (bytes.size() != sizeof(id)) throw CommError("nccl: the unique id in the store is malformed");
+      if (bytes.size() != sizeof(id))
+        throw CommError("nccl: the unique id in the store is malformed");
       std::memcpy(&id, bytes.data(), sizeof(id));
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclResult_t r = ncclCommInitRankConfig(&comm->comm, size, id, rank, &config);
     if (r != ncclSuccess && r != ncclInProgress) {
-      throw CommError("nccl: rank " + std::to_string(rank) + " cannot create its communicator: " +
-                      ncclText(r));
+      throw CommError("nccl: rank " + std::to_string(rank) +
+                      " cannot create its communicator: " + ncclText(r));
     }
     comm->waitReady("communicator init on device " + std::to_string(device));
     return comm;
@@ -354,8 +362,9 @@ class NcclBackend : public Backend {
                       std::to_string(peer) + " in a group of " + std::to_string(size()));
     }
     if (buf.memory != MemoryKind::kCuda) {
-      throw CommError("nccl: only device memory is supported. HINT: use gloo or ucx for host "
-                      "buffers");
+      throw CommError(
+          "nccl: only device memory is supported. HINT: use gloo or ucx for host "
+          "buffers");
     }
     {
       std::lock_guard<std::mutex> lock(comm_->abort_mu);

@@ -46,9 +46,9 @@ uint64_t packTag(uint32_t group, Tag tag, int sender) {
 
 // params.transports ("tcp", "sm", "posix,cma", ...) as UCX_TLS, always with "self".
 std::string transportList(const std::string& text) {
-  static const std::set<std::string> kKnown = {"tcp",  "sm",  "shm",   "posix", "sysv",
-                                               "cma",  "knem", "xpmem", "self", "rc",
-                                               "ud",   "dc",  "ib",    "all"};
+  static const std::set<std::string> kKnown = {"tcp", "sm",   "shm",   "posix", "sysv",
+                                               "cma", "knem", "xpmem", "self",  "rc",
+                                               "ud",  "dc",   "ib",    "all"};
   std::string tls;
   std::stringstream in(text);
   std::string item;
@@ -112,8 +112,8 @@ struct Worker {
       ucs_status_t status = ucp_request_check_status(request);
       if (status != UCS_INPROGRESS) return status;
       if (!peer_error[peer].empty()) {
-        *why = "failed: rank " + std::to_string(peer) + "'s connection failed: " + peer_error[peer] +
-               ". HINT: the peer process died";
+        *why = "failed: rank " + std::to_string(peer) +
+               "'s connection failed: " + peer_error[peer] + ". HINT: the peer process died";
         return cancel(request);
       }
       if (aborted.load()) {
@@ -157,7 +157,11 @@ class UcxRequest : public Request {
  public:
   UcxRequest(std::shared_ptr<Worker> worker, void* request, int peer, size_t bytes,
              std::string what)
-      : worker_(std::move(worker)), request_(request), peer_(peer), bytes_(bytes), what_(std::move(what)) {}
+      : worker_(std::move(worker)),
+        request_(request),
+        peer_(peer),
+        bytes_(bytes),
+        what_(std::move(what)) {}
   ~UcxRequest() override {
     if (request_ != nullptr) {
       if (ucp_request_check_status(request_) == UCS_INPROGRESS) worker_->cancel(request_);
@@ -183,7 +187,8 @@ class UcxRequest : public Request {
                       std::to_string(bytes_) + " bytes the receive expects");
     }
     if (status != UCS_OK) {
-      throw CommError("ucx: " + what_ + " " + (why.empty() ? std::string("failed: ") + ucs_status_string(status) : why));
+      throw CommError("ucx: " + what_ + " " +
+                      (why.empty() ? std::string("failed: ") + ucs_status_string(status) : why));
     }
   }
 
@@ -220,8 +225,9 @@ class UcxBackend : public Backend {
     worker_->transports = transportList(params.getString("transports", "tcp"));
     const std::string interface = params.getString("interface", "");
     if (ctx.store == nullptr) {
-      throw PluginError("backend ucx needs the job's rendezvous store: it runs one process "
-                        "per rank (collie run starts them)");
+      throw PluginError(
+          "backend ucx needs the job's rendezvous store: it runs one process "
+          "per rank (collie run starts them)");
     }
     if (ctx.size > kMaxRanks) {
       throw ConfigError("backend ucx: at most " + std::to_string(kMaxRanks) + " ranks");
@@ -281,7 +287,8 @@ class UcxBackend : public Backend {
     for (int r : ranks) world.push_back(ranks_.at(r));
     uint32_t group = (group_ * 7 + ++splits_) & 0xFF;
     if (group == 0) group = 1;
-    return std::make_unique<UcxBackend>(worker_, world, static_cast<int>(me - ranks.begin()), group);
+    return std::make_unique<UcxBackend>(worker_, world, static_cast<int>(me - ranks.begin()),
+                                        group);
   }
 
   void abort(const std::string& reason) override {
@@ -349,8 +356,8 @@ class UcxBackend : public Backend {
       }
       if (status != UCS_OK) {
         throw CommError("ucx: rank " + std::to_string(rank_) + " cannot reach rank " +
-                        std::to_string(r) + " over '" + w.transports + "': " +
-                        ucs_status_string(status) +
+                        std::to_string(r) + " over '" + w.transports +
+                        "': " + ucs_status_string(status) +
                         ". HINT: the ranks may be on different hosts with a shared-memory "
                         "transport; add tcp to params.transports");
       }
@@ -379,8 +386,9 @@ class UcxBackend : public Backend {
                       std::to_string(peer) + " in a group of " + std::to_string(size()));
     }
     if (buf.memory != MemoryKind::kHost) {
-      throw CommError("ucx: only host memory is supported. HINT: use the nccl backend for "
-                      "CUDA tensors");
+      throw CommError(
+          "ucx: only host memory is supported. HINT: use the nccl backend for "
+          "CUDA tensors");
     }
     return ranks_[peer];
   }

@@ -54,11 +54,10 @@ INSTANTIATE_TEST_SUITE_P(
                                       ".0 is not supported: this collie speaks ABI " +
                                       std::to_string(COLLIE_ABI_MAJOR) + "." +
                                       std::to_string(COLLIE_ABI_MINOR)},
-        BrokenCase{"newer_minor", "plugin needs ABI " + std::to_string(COLLIE_ABI_MAJOR) + "." +
-                                      std::to_string(COLLIE_ABI_MINOR + 1) +
-                                      " but this collie provides only " +
-                                      std::to_string(COLLIE_ABI_MAJOR) + "." +
-                                      std::to_string(COLLIE_ABI_MINOR)},
+        BrokenCase{"newer_minor",
+                   "plugin needs ABI " + std::to_string(COLLIE_ABI_MAJOR) + "." +
+                       std::to_string(COLLIE_ABI_MINOR + 1) + " but this collie provides only " +
+                       std::to_string(COLLIE_ABI_MAJOR) + "." + std::to_string(COLLIE_ABI_MINOR)},
         BrokenCase{"wrong_kind", "is a backend plugin, but the slot needs a scheduler"},
         BrokenCase{"no_symbol", "no 'collie_plugin_v1' descriptor symbol exported"},
         BrokenCase{"bad_magic", "bad descriptor magic: expected 0x434f4c4c, found 0xdeadbeef"},

@@ -23,8 +23,12 @@ WorkerEnv detect(const std::map<std::string, std::string>& vars) {
 TEST(WorkerEnv, NoLauncherMeansNoWorker) { EXPECT_FALSE(detect({}).present); }
 
 TEST(WorkerEnv, Torchrun) {
-  auto w = detect({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
-                   {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "node1"}, {"MASTER_PORT", "29400"}});
+  auto w = detect({{"RANK", "3"},
+                   {"WORLD_SIZE", "8"},
+                   {"LOCAL_RANK", "1"},
+                   {"LOCAL_WORLD_SIZE", "2"},
+                   {"MASTER_ADDR", "node1"},
+                   {"MASTER_PORT", "29400"}});
   EXPECT_TRUE(w.present);
   EXPECT_EQ(w.source, "torchrun");
   EXPECT_EQ(w.rank, 3);
@@ -36,15 +40,20 @@ TEST(WorkerEnv, Torchrun) {
 }
 
 TEST(WorkerEnv, CollieLauncherNamesTheRun) {
-  auto w = detect({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"COLLIE_EXPERIMENT", "4"},
-                   {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "5000"}});
+  auto w = detect({{"RANK", "0"},
+                   {"WORLD_SIZE", "2"},
+                   {"COLLIE_EXPERIMENT", "4"},
+                   {"MASTER_ADDR", "127.0.0.1"},
+                   {"MASTER_PORT", "5000"}});
   EXPECT_EQ(w.source, "collie");
   EXPECT_EQ(w.experiment, 4);
 }
 
 TEST(WorkerEnv, OpenMpiOnOneNode) {
-  auto w = detect({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
+  auto w = detect({{"OMPI_COMM_WORLD_RANK", "1"},
+                   {"OMPI_COMM_WORLD_SIZE", "4"},
+                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
   EXPECT_TRUE(w.present);
   EXPECT_EQ(w.source, "Open MPI");
   EXPECT_EQ(w.rank, 1);
@@ -54,8 +63,10 @@ TEST(WorkerEnv, OpenMpiOnOneNode) {
 
 TEST(WorkerEnv, OpenMpiAcrossNodesNeedsMasterAddr) {
   try {
-    detect({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-            {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+    detect({{"OMPI_COMM_WORLD_RANK", "1"},
+            {"OMPI_COMM_WORLD_SIZE", "4"},
+            {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+            {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
     FAIL() << "expected a ConfigError";
   } catch (const collie::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("MASTER_ADDR is not set"), std::string::npos) << e.what();
@@ -63,8 +74,11 @@ TEST(WorkerEnv, OpenMpiAcrossNodesNeedsMasterAddr) {
 }
 
 TEST(WorkerEnv, Slurm) {
-  auto w = detect({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
-                   {"SLURM_STEP_NUM_NODES", "4"}, {"MASTER_ADDR", "n1"}});
+  auto w = detect({{"SLURM_PROCID", "5"},
+                   {"SLURM_NTASKS", "8"},
+                   {"SLURM_LOCALID", "1"},
+                   {"SLURM_STEP_NUM_NODES", "4"},
+                   {"MASTER_ADDR", "n1"}});
   EXPECT_EQ(w.source, "Slurm");
   EXPECT_EQ(w.rank, 5);
   EXPECT_EQ(w.world, 8);

@@ -27,16 +27,18 @@ namespace {
 std::string longConfig(const std::string& backend, const std::string& timeout) {
   return writeTempFile("long-" + backend + ".yaml",
                        "name: long\nlaunch: {nproc_per_node: 4, rendezvous_timeout: 20s}\n"
-                       "backend: {plugin: " + backend + ", params: {timeout: " + timeout + "}}\n"
-                       "bench: {schedulers: [ring], min_bytes: 1MiB, max_bytes: 1MiB, "
-                       "iters: 1000000, warmup_iters: 1, calibrate: false, plots: false}\n");
+                       "backend: {plugin: " +
+                           backend + ", params: {timeout: " + timeout +
+                           "}}\n"
+                           "bench: {schedulers: [ring], min_bytes: 1MiB, max_bytes: 1MiB, "
+                           "iters: 1000000, warmup_iters: 1, calibrate: false, plots: false}\n");
 }
 
 std::string shortConfig(const std::string& backend, int ranks, const std::string& params = "") {
   return writeTempFile("short-" + backend + std::to_string(ranks) + ".yaml",
                        "name: short\nlaunch: {nproc_per_node: " + std::to_string(ranks) +
-                           "}\nbackend: {plugin: " + backend + ", params: {timeout: 20s" +
-                           params + "}}\n"
+                           "}\nbackend: {plugin: " + backend + ", params: {timeout: 20s" + params +
+                           "}}\n"
                            "bench: {schedulers: [ring, tree, halving_doubling], min_bytes: 4KiB, "
                            "max_bytes: 64KiB, step_factor: 4, iters: 3, warmup_iters: 1, "
                            "calibrate: false, plots: false}\n");
@@ -139,11 +141,12 @@ std::vector<Spawned> startWorkers(const std::string& config, int world, const st
     if (std::find(skip.begin(), skip.end(), r) != skip.end()) continue;
     std::vector<std::string> args{"run", config, "--out", out};
     for (const auto& s : sets) args.insert(args.end(), {"--set", s});
-    ranks[r] = spawn(args,
-                     {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world),
-                      "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=" + std::to_string(world),
-                      "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)},
-                     out + "/rank" + std::to_string(r) + ".log");
+    ranks[r] =
+        spawn(args,
+              {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world),
+               "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=" + std::to_string(world),
+               "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)},
+              out + "/rank" + std::to_string(r) + ".log");
   }
   return ranks;
 }
@@ -158,22 +161,25 @@ TEST(Processes, CollieRunStartsGlooWorkers) {
   auto r = runCollie({"run", shortConfig("gloo", 3), "--out", scratch("gloo3")});
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("3 ranks on gloo (processes)"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("Wrong elements: 0 (all results correct)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Wrong elements: 0 (all results correct)"), std::string::npos)
+      << r.output;
 }
 
 TEST(Processes, CollieRunStartsUcxWorkersOverSharedMemory) {
   auto r = runCollie({"run", shortConfig("ucx", 2, ", transports: sm"), "--out", scratch("ucx2")});
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("Wrong elements: 0 (all results correct)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Wrong elements: 0 (all results correct)"), std::string::npos)
+      << r.output;
 }
 
 TEST(Processes, TorchrunStartsCollieWorkers) {
   if (!haveProgram("torchrun")) GTEST_SKIP() << "torchrun (python3-torch) is not installed";
   // DESIGN §10: Debian's torchrun needs --redirects/--tee and spells --no_python this way.
   std::string out = scratch("torchrun");
-  std::string command = "torchrun --no_python --standalone --nproc_per_node=2 --redirects 2 "
-                        "--tee 1 '" COLLIE_TEST_BINARY "' run '" + shortConfig("gloo", 2) +
-                        "' --out '" + out + "' > '" + out + "/log' 2>&1";
+  std::string command =
+      "torchrun --no_python --standalone --nproc_per_node=2 --redirects 2 "
+      "--tee 1 '" COLLIE_TEST_BINARY "' run '" +
+      shortConfig("gloo", 2) + "' --out '" + out + "' > '" + out + "/log' 2>&1";
   int status = std::system(command.c_str());
   std::ifstream in(out + "/log");
   std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -186,9 +192,9 @@ TEST(Processes, MpirunStartsCollieWorkers) {
   if (!haveProgram("mpirun")) GTEST_SKIP() << "mpirun (openmpi-bin) is not installed";
   std::string out = scratch("mpirun");
   std::string command = "mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_PORT=" +
-                        std::to_string(collie::pickFreePort("127.0.0.1")) + " '" COLLIE_TEST_BINARY
-                        "' run '" + shortConfig("ucx", 2) + "' --out '" + out + "' > '" + out +
-                        "/log' 2>&1";
+                        std::to_string(collie::pickFreePort("127.0.0.1")) +
+                        " '" COLLIE_TEST_BINARY "' run '" + shortConfig("ucx", 2) + "' --out '" +
+                        out + "' > '" + out + "/log' 2>&1";
   int status = std::system(command.c_str());
   std::ifstream in(out + "/log");
   std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -204,8 +210,9 @@ TEST(Processes, RanksWithDifferentConfigsAreNamed) {
   for (int r = 0; r < 2; ++r) {
     std::vector<std::string> args{"run", config, "--out", out};
     if (r == 1) args.insert(args.end(), {"--set", "bench.iters=4"});  // rank 1 alone differs
-    ranks.push_back(spawn(args, {"RANK=" + std::to_string(r), "WORLD_SIZE=2",
-                                 "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)},
+    ranks.push_back(spawn(args,
+                          {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+                           "MASTER_PORT=" + std::to_string(port)},
                           out + "/rank" + std::to_string(r) + ".log"));
   }
   auto start = Clock::now();
@@ -221,7 +228,8 @@ TEST(Processes, RanksWithDifferentConfigsAreNamed) {
 
 TEST(Faults, RankThatNeverArrivesIsNamed) {
   std::string out = scratch("missing");
-  auto ranks = startWorkers(longConfig("gloo", "5s"), 4, out, {"launch.rendezvous_timeout=2s"}, {2});
+  auto ranks =
+      startWorkers(longConfig("gloo", "5s"), 4, out, {"launch.rendezvous_timeout=2s"}, {2});
   auto start = Clock::now();
   for (int r : {0, 1, 3}) {
     ASSERT_TRUE(waitFor(ranks[r], start, start + std::chrono::seconds(30))) << ranks[r].output();
@@ -333,10 +341,10 @@ TEST(Launcher, TwoNodesMakeOneJob) {
   const std::string config = shortConfig("gloo", 2);
   std::vector<Spawned> nodes;
   for (int node = 0; node < 2; ++node) {
-    nodes.push_back(spawn({"launch", "--nnodes", "2", "--node-rank", std::to_string(node),
-                           "--master-addr", "127.0.0.1", "--master-port", port, config, "--out",
-                           out + "/node" + std::to_string(node)},
-                          {}, out + "/node" + std::to_string(node) + ".log"));
+    nodes.push_back(spawn(
+        {"launch", "--nnodes", "2", "--node-rank", std::to_string(node), "--master-addr",
+         "127.0.0.1", "--master-port", port, config, "--out", out + "/node" + std::to_string(node)},
+        {}, out + "/node" + std::to_string(node) + ".log"));
   }
   auto start = Clock::now();
   for (auto& n : nodes) {
@@ -350,8 +358,8 @@ TEST(Launcher, TwoNodesMakeOneJob) {
   EXPECT_NE(nodes[0].output().find("Wrong elements: 0 (all results correct)"), std::string::npos)
       << nodes[0].output();
   EXPECT_EQ(nodes[1].output().find("Wrong elements"), std::string::npos) << nodes[1].output();
-  auto bad = runCollie({"launch", "--nnodes", "2", "--node-rank", "2", "--master-addr",
-                        "127.0.0.1", "--master-port", port, config});
+  auto bad = runCollie({"launch", "--nnodes", "2", "--node-rank", "2", "--master-addr", "127.0.0.1",
+                        "--master-port", port, config});
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("--node-rank 2 must be below --nnodes 2"), std::string::npos)
       << bad.output;
@@ -359,12 +367,12 @@ TEST(Launcher, TwoNodesMakeOneJob) {
 
 // A backend param that cannot work is bad input on every rank, named, not a hang.
 TEST(Processes, BadBackendParamsAreBadInput) {
-  auto r = runCollie({"run", shortConfig("ucx", 2, ", transports: carrier-pigeon"), "--out",
-                      scratch("pigeon")});
+  auto r = runCollie(
+      {"run", shortConfig("ucx", 2, ", transports: carrier-pigeon"), "--out", scratch("pigeon")});
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("unknown transport 'carrier-pigeon'"), std::string::npos) << r.output;
-  r = runCollie({"run", shortConfig("gloo", 2, ", interface: nonexistent0"), "--out",
-                 scratch("nic")});
+  r = runCollie(
+      {"run", shortConfig("gloo", 2, ", interface: nonexistent0"), "--out", scratch("nic")});
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("cannot open a TCP device on interface 'nonexistent0'"),
             std::string::npos)

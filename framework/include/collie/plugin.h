@@ -134,18 +134,18 @@ void destroyPlugin(void* object) noexcept {
 }  // namespace collie
 
 #define COLLIE_DEFINE_PLUGIN_DETAIL(KIND, BASE, NAME, VERSION, DESCRIPTION, TYPE, FLAGS) \
-  extern "C" COLLIE_EXPORT const collie_plugin_descriptor_v1 collie_plugin_v1 = { \
-      COLLIE_PLUGIN_MAGIC,                                                        \
-      COLLIE_ABI_MAJOR,                                                           \
-      COLLIE_ABI_MINOR,                                                           \
-      KIND,                                                                       \
-      NAME,                                                                       \
-      VERSION,                                                                    \
-      DESCRIPTION,                                                                \
-      COLLIE_BUILD_FINGERPRINT,                                                   \
-      &::collie::detail::createPlugin<BASE, TYPE>,                                \
-      &::collie::detail::destroyPlugin<BASE>,                                     \
-      FLAGS,                                                                      \
+  extern "C" COLLIE_EXPORT const collie_plugin_descriptor_v1 collie_plugin_v1 = {        \
+      COLLIE_PLUGIN_MAGIC,                                                               \
+      COLLIE_ABI_MAJOR,                                                                  \
+      COLLIE_ABI_MINOR,                                                                  \
+      KIND,                                                                              \
+      NAME,                                                                              \
+      VERSION,                                                                           \
+      DESCRIPTION,                                                                       \
+      COLLIE_BUILD_FINGERPRINT,                                                          \
+      &::collie::detail::createPlugin<BASE, TYPE>,                                       \
+      &::collie::detail::destroyPlugin<BASE>,                                            \
+      FLAGS,                                                                             \
   }
 
 // TYPE derives from collie::Backend and has a constructor TYPE(const collie::PluginContext&).

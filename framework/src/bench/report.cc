@@ -148,9 +148,13 @@ nlohmann::json rowsJson(const std::vector<Row>& rows) {
   return doc;
 }
 
-nlohmann::json linkJson(const LinkCost& link) { return {{"alpha", link.alpha}, {"beta", link.beta}}; }
+nlohmann::json linkJson(const LinkCost& link) {
+  return {{"alpha", link.alpha}, {"beta", link.beta}};
+}
 
-LinkCost linkOf(const nlohmann::json& j) { return {j.at("alpha").get<double>(), j.at("beta").get<double>()}; }
+LinkCost linkOf(const nlohmann::json& j) {
+  return {j.at("alpha").get<double>(), j.at("beta").get<double>()};
+}
 
 }  // namespace
 
@@ -196,8 +200,8 @@ Result loadResult(const std::string& path) {
       r.algbw = j.at("algbw_gbps").get<double>();
       r.busbw = j.at("busbw_gbps").get<double>();
       r.wrong = j.at("wrong").get<uint64_t>();
-      r.predicted_us = j.at("predicted_us").is_null() ? kNoPrediction
-                                                      : j.at("predicted_us").get<double>();
+      r.predicted_us =
+          j.at("predicted_us").is_null() ? kNoPrediction : j.at("predicted_us").get<double>();
       result.rows.push_back(r);
     }
     return result;

@@ -306,16 +306,17 @@ void contractSilentPeer(Backend& b, const std::string& label, Report* report) {
   try {
     std::vector<int32_t> v(1);
     b.recv(0, int32View(v), makeTag(7, 1, 0));
-    report->failures.push_back(label + ": a receive from a silent peer returned instead of "
-                                       "timing out");
+    report->failures.push_back(label +
+                               ": a receive from a silent peer returned instead of "
+                               "timing out");
   } catch (const CommError& e) {
     double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::string m = e.what();
     expect(m.find("rank 0") != std::string::npos,
            "the timeout error names the silent peer (rank 0): " + m);
-    expect(took >= 0.65 && took < 5.7,
-           "the receive times out after params.timeout (700 ms), took " + std::to_string(took) +
-               " s");
+    expect(
+        took >= 0.65 && took < 5.7,
+        "the receive times out after params.timeout (700 ms), took " + std::to_string(took) + " s");
   }
 }
 
@@ -343,8 +344,8 @@ Report checkBackendContract(const PluginLoader& loader, const config::PluginRef&
     runInProcess(loader, ref, 2,
                  [&](std::shared_ptr<Backend> b) { contractSilentPeer(*b, ref.label, &report); });
   } catch (const Error& e) {
-    report.failures.push_back(ref.label + ": a silent peer gave a non-communication error: " +
-                              e.what());
+    report.failures.push_back(ref.label +
+                              ": a silent peer gave a non-communication error: " + e.what());
   }
   return report;
 }
@@ -373,8 +374,8 @@ Report checkBackendContractOnRank(
   try {
     contractSilentPeer(*b, label, &report);
   } catch (const Error& e) {
-    report.failures.push_back(label + ": a silent peer gave a non-communication error: " +
-                              e.what());
+    report.failures.push_back(label +
+                              ": a silent peer gave a non-communication error: " + e.what());
   }
   barrier();  // rank 0 stays connected until rank 1 has timed out
   return report;
@@ -400,7 +401,8 @@ void merge(Report& into, const Report& from) {
 
 void saveReport(const std::string& path, const Report& report) {
   nlohmann::json declines = nlohmann::json::array();
-  for (const auto& d : report.declines) declines.push_back({{"reason", d.first}, {"worlds", d.second}});
+  for (const auto& d : report.declines)
+    declines.push_back({{"reason", d.first}, {"worlds", d.second}});
   nlohmann::json doc = {{"passed", report.passed},
                         {"declined", report.declined},
                         {"failures", report.failures},
@@ -422,7 +424,8 @@ Report loadReport(const std::string& path) {
     report.declined = doc.at("declined").get<size_t>();
     report.failures = doc.at("failures").get<std::vector<std::string>>();
     for (const auto& d : doc.at("declines")) {
-      report.declines.push_back({d.at("reason").get<std::string>(), d.at("worlds").get<std::vector<int>>()});
+      report.declines.push_back(
+          {d.at("reason").get<std::string>(), d.at("worlds").get<std::vector<int>>()});
     }
     return report;
   } catch (const nlohmann::json::exception& e) {

@@ -3,8 +3,8 @@
 #include <yaml-cpp/yaml.h>
 #include <CLI/CLI.hpp>
 
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -54,7 +54,7 @@ struct Options {
   size_t large_count = 100003;
   std::vector<std::string> dtypes, ops;
   std::vector<std::string> backend_params;  // plugin-check's workers: the backend's own
-  std::string worker_task;  // plugin-check's workers: "contract" or "scheduler"
+  std::string worker_task;                  // plugin-check's workers: "contract" or "scheduler"
   // collie launch: this node's place among several.
   int nnodes = 1, node_rank = 0;
   std::string master_addr;
@@ -138,8 +138,8 @@ fs::path resultPath(const fs::path& out, size_t index) {
 int workerCommand(const Options& opt, const std::vector<config::Experiment>& experiments,
                   const WorkerEnv& env) {
   if (env.experiment >= static_cast<int>(experiments.size())) {
-    throw ConfigError("COLLIE_EXPERIMENT=" + std::to_string(env.experiment) + " but " +
-                      opt.config + " has " + std::to_string(experiments.size()) + " run(s)");
+    throw ConfigError("COLLIE_EXPERIMENT=" + std::to_string(env.experiment) + " but " + opt.config +
+                      " has " + std::to_string(experiments.size()) + " run(s)");
   }
   const auto& e = experiments[env.experiment];
   PluginLoader loader;
@@ -160,7 +160,8 @@ bench::Result launchRun(const Options& opt, const config::Experiment& e, size_t 
   LaunchSpec spec;
   spec.argv = {selfExecutable(), "run", opt.config, "--out", out.string()};
   for (const auto& s : opt.sets) spec.argv.insert(spec.argv.end(), {"--set", s});
-  if (!opt.log_level.empty()) spec.argv.insert(spec.argv.begin() + 1, {"--log-level", opt.log_level});
+  if (!opt.log_level.empty())
+    spec.argv.insert(spec.argv.begin() + 1, {"--log-level", opt.log_level});
   spec.nproc = e.nproc_per_node;
   spec.nnodes = opt.nnodes;
   spec.node_rank = opt.node_rank;
@@ -168,7 +169,8 @@ bench::Result launchRun(const Options& opt, const config::Experiment& e, size_t 
   const int port = opt.master_port != 0 ? opt.master_port : e.master_port;
   // Consecutive runs of one file use consecutive ports, so that a late rank never reaches
   // the previous run's store.
-  spec.master_port = port != 0 ? static_cast<uint16_t>(port + index) : pickFreePort(spec.master_addr);
+  spec.master_port =
+      port != 0 ? static_cast<uint16_t>(port + index) : pickFreePort(spec.master_addr);
   spec.experiment = static_cast<int>(index);
   spec.threads_per_rank = e.threads_per_rank;
   spec.cpu_affinity = e.cpu_affinity;
@@ -179,8 +181,8 @@ bench::Result launchRun(const Options& opt, const config::Experiment& e, size_t 
     throw Interrupted{outcome.exit_code};
   }
   if (!outcome.failure.empty()) {
-    std::string message = "run " + std::to_string(index + 1) + " (" + e.name + ") failed: " +
-                          outcome.failure + "; every other rank was stopped";
+    std::string message = "run " + std::to_string(index + 1) + " (" + e.name +
+                          ") failed: " + outcome.failure + "; every other rank was stopped";
     if (outcome.exit_code == kExitBadInput) throw ConfigError(message);
     throw CommError(message);
   }
@@ -193,7 +195,7 @@ int runCommand(const Options& opt) {
   applyLogLevel(opt.log_level, experiments.front().log_level);
   const WorkerEnv env = detectWorkerEnv();
   if (env.present && env.source == "collie" && opt.nnodes == 1) {
-    if (!env.present || opt.out.empty()) throw ConfigError("collie worker: --out is required");
+    if (opt.out.empty()) throw ConfigError("collie worker: --out is required");
     return workerCommand(opt, experiments, env);
   }
   if (env.present) {
@@ -225,9 +227,10 @@ int runCommand(const Options& opt) {
               env.source + " started " + std::to_string(env.world) + " ranks; using " +
               std::to_string(env.world));
     }
-    job = std::make_unique<ProcessJob>(env, first.master_addr,
-                                       static_cast<uint16_t>(first.master_port ? first.master_port : 29500),
-                                       first.rendezvous_timeout);
+    job = std::make_unique<ProcessJob>(
+        env, first.master_addr,
+        static_cast<uint16_t>(first.master_port ? first.master_port : 29500),
+        first.rendezvous_timeout);
   }
   const std::string rules_path = opt.emit_rules.empty() ? first.bench.emit_rules : opt.emit_rules;
   if (!rules_path.empty()) {  // fail before the sweep, not after it
@@ -241,10 +244,12 @@ int runCommand(const Options& opt) {
   std::vector<bench::Row> rows;
   for (size_t i = 0; i < experiments.size(); ++i) {
     const auto& e = experiments[i];
-    saveConfig(
-        (out / (experiments.size() == 1 ? "config.yaml" : "config-" + std::to_string(i) + ".yaml"))
-            .string(),
-        e.resolved);
+    if (writer) {  // under torchrun/mpirun only rank 0 writes
+      saveConfig((out / (experiments.size() == 1 ? "config.yaml"
+                                                 : "config-" + std::to_string(i) + ".yaml"))
+                     .string(),
+                 e.resolved);
+    }
     const bool threads = runsInProcess(loader, e.backend.plugin);
     const int ranks = job ? job->world() : e.nproc_per_node * opt.nnodes;
     logInfo("run " + std::to_string(i + 1) + "/" + std::to_string(experiments.size()) + ": " +
@@ -254,7 +259,8 @@ int runCommand(const Options& opt) {
     if (threads && (job ? job->world() > 1 : opt.nnodes > 1)) {
       throw ConfigError("backend '" + e.backend.label +
                         "' runs its ranks as threads of one process, but this job has " +
-                        std::to_string(ranks) + " processes. HINT: use backend gloo or ucx "
+                        std::to_string(ranks) +
+                        " processes. HINT: use backend gloo or ucx "
                         "across processes, or run `collie run` alone");
     }
     if (job) {
@@ -358,15 +364,23 @@ check::Report checkAsProcesses(const Options& opt, const std::string& task,
   // The params belong to the plugin under test: the backend's when it is the backend.
   const bool backend_under_test = task == "contract" || scheduler != opt.plugin;
   LaunchSpec spec;
-  spec.argv = {selfExecutable(), "plugin-check", task == "contract" ? opt.plugin : scheduler,
-               "--backend", backend_under_test ? opt.plugin : opt.backend,
-               "--worlds", std::to_string(world), "--large-count", std::to_string(opt.large_count),
-               "--worker-task", task};
+  spec.argv = {selfExecutable(),
+               "plugin-check",
+               task == "contract" ? opt.plugin : scheduler,
+               "--backend",
+               backend_under_test ? opt.plugin : opt.backend,
+               "--worlds",
+               std::to_string(world),
+               "--large-count",
+               std::to_string(opt.large_count),
+               "--worker-task",
+               task};
   for (const auto& d : opt.dtypes) spec.argv.insert(spec.argv.end(), {"--dtypes", d});
   for (const auto& o : opt.ops) spec.argv.insert(spec.argv.end(), {"--ops", o});
   for (const auto& p : opt.params) {
-    spec.argv.insert(spec.argv.end(),
-                     {task == "scheduler" && backend_under_test ? "--backend-param" : "--param", p});
+    spec.argv.insert(
+        spec.argv.end(),
+        {task == "scheduler" && backend_under_test ? "--backend-param" : "--param", p});
   }
   spec.nproc = world;
   spec.master_port = pickFreePort(spec.master_addr);
@@ -399,7 +413,8 @@ int pluginCheckWorker(const Options& opt, const PluginLoader& loader, const Work
     auto make = [&](const std::string& limit) {
       config::PluginRef ref = pluginRef(opt.plugin, opt.params, "backend");
       ref.params.set("timeout", limit, "plugin-check");
-      groups.push_back(createBackend(job, loader, ref, "contract" + std::to_string(groups.size()) + "/", timeout));
+      groups.push_back(createBackend(job, loader, ref,
+                                     "contract" + std::to_string(groups.size()) + "/", timeout));
       return groups.back().backend;
     };
     auto barrier = [&] { job.allGather("barrier" + std::to_string(barriers++), ""); };
@@ -573,12 +588,13 @@ int dispatch(int argc, char** argv) {
   if (*run) return runCommand(opt);
   if (*launch) {
     if (opt.node_rank >= opt.nnodes) {
-      throw ConfigError("--node-rank " + std::to_string(opt.node_rank) + " must be below --nnodes " +
-                        std::to_string(opt.nnodes));
+      throw ConfigError("--node-rank " + std::to_string(opt.node_rank) +
+                        " must be below --nnodes " + std::to_string(opt.nnodes));
     }
     if (detectWorkerEnv().present) {
-      throw ConfigError("collie launch starts workers itself; it was started as a worker of "
-                        "another launcher (RANK/OMPI/SLURM variables are set)");
+      throw ConfigError(
+          "collie launch starts workers itself; it was started as a worker of "
+          "another launcher (RANK/OMPI/SLURM variables are set)");
     }
     return runCommand(opt);
   }

@@ -357,8 +357,10 @@ const Schema& experimentSchema() {
             Schema::list(Schema::string()).doc("a node label per rank (emulated nodes)")},
            {"cpu_affinity", Schema::boolean().byDefault("false").doc(
                                 "bind each rank to threads_per_rank CPUs of its own")},
-           {"master_addr", Schema::string().byDefault("127.0.0.1").doc(
-                               "where rank 0's rendezvous store is reached (collie's launcher)")},
+           {"master_addr",
+            Schema::string()
+                .byDefault("127.0.0.1")
+                .doc("where rank 0's rendezvous store is reached (collie's launcher)")},
            {"master_port",
             Schema::integer(0, 65535).byDefault("0").doc("its port (0: a free one)")},
            {"rendezvous_timeout", Schema::duration().byDefault("60s").doc(

@@ -51,8 +51,8 @@ std::string rankList(const std::vector<int>& ranks) {
 
 }  // namespace
 
-ProcessJob::ProcessJob(const WorkerEnv& env, const std::string& default_addr,
-                       uint16_t default_port, std::chrono::milliseconds timeout)
+ProcessJob::ProcessJob(const WorkerEnv& env, const std::string& default_addr, uint16_t default_port,
+                       std::chrono::milliseconds timeout)
     : env_(env), timeout_(timeout) {
   const std::string addr = env.master_addr.empty() ? default_addr : env.master_addr;
   const uint16_t port = env.master_port != 0 ? env.master_port : default_port;
@@ -62,8 +62,7 @@ ProcessJob::ProcessJob(const WorkerEnv& env, const std::string& default_addr,
                       "every rank, or set launch.master_port");
   }
   logDebug("rendezvous at " + addr + ":" + std::to_string(port) + " as rank " +
-           std::to_string(env.rank) + " of " + std::to_string(env.world) + " (" + env.source +
-           ")");
+           std::to_string(env.rank) + " of " + std::to_string(env.world) + " (" + env.source + ")");
   store_ = std::make_unique<TcpStore>(addr, port, env.rank == 0, timeout);
   join();
 }
@@ -118,8 +117,7 @@ std::string ProcessJob::explainFailure(const std::string& error) {
     const bool looked_enough =
         silent.empty() || Clock::now() >= start + std::chrono::milliseconds(1500);
     if (env_.rank != 0 && looked_enough) break;
-    if (env_.rank == 0 && ((looked_enough && all_done_looking) || Clock::now() >= deadline))
-      break;
+    if (env_.rank == 0 && ((looked_enough && all_done_looking) || Clock::now() >= deadline)) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   if (env_.rank != 0) {
@@ -149,15 +147,15 @@ void ProcessJob::waitForRanks(const std::string& key, const std::string& what) {
   std::vector<int> missing;
   for (int r = 0; r < env_.world; ++r) missing.push_back(r);
   auto verdict = [&](const std::vector<int>& ranks) {
-    return std::to_string(ranks.size()) + " of " + std::to_string(env_.world) +
-           " ranks did not " + what + " within " +
-           std::to_string(timeout_.count() / 1000.0).substr(0, 5) + " s: rank(s) " +
-           rankList(ranks) + " (store " + store_->address() +
+    return std::to_string(ranks.size()) + " of " + std::to_string(env_.world) + " ranks did not " +
+           what + " within " + std::to_string(timeout_.count() / 1000.0).substr(0, 5) +
+           " s: rank(s) " + rankList(ranks) + " (store " + store_->address() +
            "). HINT: check that every rank was started with the same WORLD_SIZE, MASTER_ADDR "
            "and MASTER_PORT; launch.rendezvous_timeout sets the wait";
   };
   const std::string failed_key = key + "failed";
-  auto deadline = Clock::now() + timeout_ + (env_.rank == 0 ? std::chrono::seconds(0) : std::chrono::seconds(2));
+  auto deadline = Clock::now() + timeout_ +
+                  (env_.rank == 0 ? std::chrono::seconds(0) : std::chrono::seconds(2));
   while (true) {
     std::vector<int> still;
     try {
@@ -193,7 +191,8 @@ std::vector<std::string> ProcessJob::allGather(const std::string& key, const std
   store_->setString(key + "/" + std::to_string(env_.rank), value);
   waitForRanks(key + "/", "publish '" + key + "'");
   std::vector<std::string> values;
-  for (int r = 0; r < env_.world; ++r) values.push_back(store_->getString(key + "/" + std::to_string(r)));
+  for (int r = 0; r < env_.world; ++r)
+    values.push_back(store_->getString(key + "/" + std::to_string(r)));
   return values;
 }
 

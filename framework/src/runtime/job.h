@@ -56,7 +56,8 @@ class ProcessJob {
   std::vector<std::string> allGather(const std::string& key, const std::string& value);
   // Every rank publishes its (name, value) facts; throws ConfigError naming the first fact
   // and the ranks where it differs from rank 0.
-  void checkSame(const std::string& key, const std::vector<std::pair<std::string, std::string>>& facts);
+  void checkSame(const std::string& key,
+                 const std::vector<std::pair<std::string, std::string>>& facts);
 
  private:
   void join();

@@ -53,8 +53,8 @@ std::string describeStatus(int status) {
 }
 
 // Writes the complete lines of `text` (appended to `pending`) to `fd`, each prefixed.
-void emitLines(int fd, const std::string& prefix, std::string& pending, const char* data,
-               size_t n, bool flush) {
+void emitLines(int fd, const std::string& prefix, std::string& pending, const char* data, size_t n,
+               bool flush) {
   pending.append(data, n);
   size_t start = 0;
   std::string out;
@@ -80,9 +80,9 @@ void emitLines(int fd, const std::string& prefix, std::string& pending, const ch
 
 // The environment of worker `w`: ours minus launcher variables we set, plus them.
 std::vector<std::string> workerEnvironment(const LaunchSpec& spec, const Worker& w) {
-  static const char* kOurs[] = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",        "LOCAL_WORLD_SIZE",
-                                "MASTER_ADDR", "MASTER_PORT", "COLLIE_EXPERIMENT", "OMP_NUM_THREADS",
-                                "GROUP_RANK",  "NODE_RANK"};
+  static const char* kOurs[] = {
+      "RANK",        "WORLD_SIZE",        "LOCAL_RANK",      "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+      "MASTER_PORT", "COLLIE_EXPERIMENT", "OMP_NUM_THREADS", "GROUP_RANK",       "NODE_RANK"};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string entry = *e;
@@ -259,9 +259,9 @@ LaunchOutcome launchWorkers(const LaunchSpec& spec) {
       signalAll(SIGKILL);
       kill_sent = true;
     }
-    Clock::time_point next = std::min({term_sent ? Clock::time_point::max() : term_at,
-                                       kill_sent ? Clock::time_point::max() : kill_at,
-                                       drain_until});
+    Clock::time_point next =
+        std::min({term_sent ? Clock::time_point::max() : term_at,
+                  kill_sent ? Clock::time_point::max() : kill_at, drain_until});
     int timeout_ms = 1000;
     if (next != Clock::time_point::max()) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count();

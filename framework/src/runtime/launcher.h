@@ -17,9 +17,9 @@ struct LaunchSpec {
   int nnodes = 1, node_rank = 0;  // global rank = node_rank * nproc + local rank
   std::string master_addr = "127.0.0.1";
   uint16_t master_port = 0;
-  int experiment = 0;  // COLLIE_EXPERIMENT: which run of the file the workers do
-  int threads_per_rank = 1;  // OMP_NUM_THREADS of each worker
-  bool cpu_affinity = false;  // give each worker threads_per_rank CPUs of its own
+  int experiment = 0;                  // COLLIE_EXPERIMENT: which run of the file the workers do
+  int threads_per_rank = 1;            // OMP_NUM_THREADS of each worker
+  bool cpu_affinity = false;           // give each worker threads_per_rank CPUs of its own
   std::vector<std::string> extra_env;  // NAME=VALUE for every worker
   // After the first worker fails, how long the others may take to report their own error
   // before they are sent SIGTERM; then how long before SIGKILL.
@@ -28,8 +28,8 @@ struct LaunchSpec {
 };
 
 struct LaunchOutcome {
-  int exit_code = 0;     // 0; the failed worker's code; 128+signal when interrupted
-  std::string failure;   // "rank 2 (pid 812) was killed by signal 9 (SIGKILL)", or ""
+  int exit_code = 0;    // 0; the failed worker's code; 128+signal when interrupted
+  std::string failure;  // "rank 2 (pid 812) was killed by signal 9 (SIGKILL)", or ""
   bool interrupted = false;
 };
 

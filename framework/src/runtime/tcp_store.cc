@@ -91,8 +91,8 @@ void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseco
     if (!check({key})) missing += (missing.empty() ? "" : ", ") + key;
   }
   if (missing.empty()) return;  // they arrived while we looked
-  throw CommError("rendezvous store at " + where_ + ": waited " +
-                  std::to_string(timeout.count()) + " ms for " + missing);
+  throw CommError("rendezvous store at " + where_ + ": waited " + std::to_string(timeout.count()) +
+                  " ms for " + missing);
 }
 
 }  // namespace collie
