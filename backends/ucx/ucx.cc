@@ -65,6 +65,17 @@ std::string transportList(const std::string& text) {
     tls += (tls.empty() ? "" : ",") + item;
   }
   if (tls.empty()) throw ConfigError("backend ucx: params.transports is empty");
+  // cma, knem and xpmem only copy large payloads; UCX needs a transport for the rest.
+  bool messages = false;
+  std::stringstream again(tls);
+  while (std::getline(again, item, ',')) {
+    messages = messages || !(item == "cma" || item == "knem" || item == "xpmem");
+  }
+  if (!messages) {
+    throw ConfigError("backend ucx: params.transports '" + text +
+                      "' has only zero-copy transports, which carry no small messages. HINT: "
+                      "pair them with shared memory or tcp, e.g. transports: sysv,cma");
+  }
   if (tls != "all" && tls.find("self") == std::string::npos) tls += ",self";
   return tls;
 }

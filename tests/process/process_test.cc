@@ -300,9 +300,11 @@ TEST(Launcher, WorkerDeathStopsTheJobAndLeavesNoProcess) {
   auto start = Clock::now();
   ASSERT_TRUE(waitFor(launcher, start, start + std::chrono::seconds(20))) << launcher.output();
   EXPECT_EQ(exitCode(launcher), 1) << launcher.output();
+  EXPECT_NE(launcher.output().find("failed; every other rank was stopped. First failure: rank "),
+            std::string::npos)
+      << launcher.output();
   EXPECT_NE(launcher.output().find("(pid " + std::to_string(workers[1]) +
-                                   ") was killed by signal 9 (SIGKILL); every other rank was "
-                                   "stopped"),
+                                   ") was killed by signal 9 (SIGKILL)"),
             std::string::npos)
       << launcher.output();
   EXPECT_TRUE(processesWith(out).empty());
@@ -371,6 +373,11 @@ TEST(Processes, BadBackendParamsAreBadInput) {
       {"run", shortConfig("ucx", 2, ", transports: carrier-pigeon"), "--out", scratch("pigeon")});
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("unknown transport 'carrier-pigeon'"), std::string::npos) << r.output;
+  // The launcher's own last line repeats the failed rank's error.
+  EXPECT_NE(r.output.find("exited with code 2: backend ucx: params.transports: unknown "
+                          "transport"),
+            std::string::npos)
+      << r.output;
   r = runCollie(
       {"run", shortConfig("gloo", 2, ", interface: nonexistent0"), "--out", scratch("nic")});
   EXPECT_EQ(r.exit_code, 2) << r.output;

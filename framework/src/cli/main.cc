@@ -181,8 +181,9 @@ bench::Result launchRun(const Options& opt, const config::Experiment& e, size_t 
     throw Interrupted{outcome.exit_code};
   }
   if (!outcome.failure.empty()) {
-    std::string message = "run " + std::to_string(index + 1) + " (" + e.name +
-                          ") failed: " + outcome.failure + "; every other rank was stopped";
+    std::string message =
+        "run " + std::to_string(index + 1) + " (" + e.name +
+        ") failed; every other rank was stopped. First failure: " + outcome.failure;
     if (outcome.exit_code == kExitBadInput) throw ConfigError(message);
     throw CommError(message);
   }

@@ -36,6 +36,7 @@ struct Worker {
   bool running = false;
   int fds[2] = {-1, -1};  // stdout, stderr pipes (read ends)
   std::string pending[2];
+  std::string last_error;  // the last "collie: error: ..." line it printed
 };
 
 std::string signalName(int sig) {
@@ -52,9 +53,11 @@ std::string describeStatus(int status) {
   return "stopped (status " + std::to_string(status) + ")";
 }
 
-// Writes the complete lines of `text` (appended to `pending`) to `fd`, each prefixed.
+// Writes the complete lines of `text` (appended to `pending`) to `fd`, each prefixed, and
+// keeps the last collie error line in `last_error`.
 void emitLines(int fd, const std::string& prefix, std::string& pending, const char* data, size_t n,
-               bool flush) {
+               bool flush, std::string* last_error) {
+  static const std::string kError = "collie: error: ";
   pending.append(data, n);
   size_t start = 0;
   std::string out;
@@ -63,6 +66,8 @@ void emitLines(int fd, const std::string& prefix, std::string& pending, const ch
     if (end == std::string::npos) break;
     out += prefix;
     out.append(pending, start, end - start + 1);
+    if (pending.compare(start, kError.size(), kError) == 0)
+      *last_error = pending.substr(start + kError.size(), end - start - kError.size());
     start = end + 1;
   }
   pending.erase(0, start);
@@ -225,6 +230,7 @@ LaunchOutcome launchWorkers(const LaunchSpec& spec) {
   }
 
   LaunchOutcome outcome;
+  const Worker* failed = nullptr;  // the first worker that failed
   bool term_sent = false, kill_sent = false;
   Clock::time_point term_at = Clock::time_point::max(), kill_at = Clock::time_point::max();
   auto signalAll = [&](int sig) {
@@ -309,9 +315,10 @@ LaunchOutcome launchWorkers(const LaunchSpec& spec) {
       std::string prefix = "[rank " + std::to_string(w.rank) + "] ";
       int target = s == 0 ? STDOUT_FILENO : STDERR_FILENO;
       if (n > 0) {
-        emitLines(target, prefix, w.pending[s], buffer, static_cast<size_t>(n), false);
+        emitLines(target, prefix, w.pending[s], buffer, static_cast<size_t>(n), false,
+                  &w.last_error);
       } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-        emitLines(target, prefix, w.pending[s], nullptr, 0, true);
+        emitLines(target, prefix, w.pending[s], nullptr, 0, true, &w.last_error);
         closeFd(w.fds[s]);
       }
     }
@@ -327,6 +334,7 @@ LaunchOutcome launchWorkers(const LaunchSpec& spec) {
         if (!ok && outcome.failure.empty() && !outcome.interrupted && !term_sent) {
           outcome.failure = "rank " + std::to_string(w.rank) + " (pid " + std::to_string(pid) +
                             ") " + describeStatus(status);
+          failed = &w;
           outcome.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
           if (running > 0) {
             logError("launcher: " + outcome.failure + "; stopping the other " +
@@ -336,6 +344,9 @@ LaunchOutcome launchWorkers(const LaunchSpec& spec) {
         }
       }
     }
+  }
+  if (failed != nullptr && !failed->last_error.empty()) {
+    outcome.failure += ": " + failed->last_error;  // its own words, read to the end
   }
   // Whatever is still there (a pipe held open by a grandchild) is closed; no child is left.
   for (auto& w : workers) {
