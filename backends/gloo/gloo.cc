@@ -26,7 +26,6 @@
 #include <map>
 #include <mutex>
 #include <set>
-#include <sstream>
 
 #include "collie/plugin.h"
 #include "collie/store.h"
@@ -37,13 +36,6 @@ namespace {
 // Gloo's algorithm classes number their own slots from a small counter; collie's tags go in
 // the upper half of the slot space so that the two never meet.
 constexpr uint64_t kTagSlotBit = 1ull << 63;
-
-std::string describeTag(Tag tag) {
-  std::ostringstream out;
-  out << "tag " << tag << " (seq " << (tag >> 24) << ", phase " << ((tag >> 20) & 0xF) << ", step "
-      << (tag & 0xFFFFF) << ")";
-  return out.str();
-}
 
 // Gloo's first line, without the source location it prefixes.
 std::string glooMessage(const std::exception& e) {
@@ -175,12 +167,6 @@ class GlooRequest : public Request {
   bool sending_;
   bool done_ = false;
   std::string what_;
-};
-
-class DoneRequest : public Request {
- public:
-  void wait(std::chrono::milliseconds) override {}
-  bool test() override { return true; }
 };
 
 // A cached instance of one of Gloo's all-reduce algorithm classes, bound to one buffer.
@@ -365,7 +351,7 @@ class GlooBackend : public Backend {
     std::string what = "rank " + std::to_string(rank()) + ": " + verb + " rank " +
                        std::to_string(peer) + " " + describeTag(tag);
     throwIfAborted(what);
-    if (buf.bytes() == 0) return std::make_unique<DoneRequest>();  // both sides skip it
+    if (buf.bytes() == 0) return std::make_unique<CompletedRequest>();  // both sides skip it
     std::unique_ptr<gloo::transport::UnboundBuffer> ub;
     try {
       ub = context_->createUnboundBuffer(buf.data, buf.bytes());

@@ -11,19 +11,11 @@
 #include <deque>
 #include <map>
 #include <mutex>
-#include <sstream>
 
 #include "collie/plugin.h"
 
 namespace collie::loopback {
 namespace {
-
-std::string describeTag(Tag tag) {
-  std::ostringstream out;
-  out << "tag " << tag << " (seq " << (tag >> 24) << ", phase " << ((tag >> 20) & 0xF) << ", step "
-      << (tag & 0xFFFFF) << ")";
-  return out.str();
-}
 
 // One side of a transfer waiting for its match: a posted receive (the buffer to fill) or a
 // send whose receive is not posted yet (the buffer to copy from). Guarded by World::mu.
@@ -71,12 +63,6 @@ std::shared_ptr<World> joinWorld(const std::string& key, int size) {
   }
   return world;
 }
-
-class DoneRequest : public Request {
- public:
-  void wait(std::chrono::milliseconds) override {}
-  bool test() override { return true; }
-};
 
 // A send or receive that waits for the other side.
 class PendingRequest : public Request {
@@ -207,7 +193,7 @@ class LoopbackBackend : public Backend {
         sending ? transfer(buf, other->buffer, what) : transfer(other->buffer, buf, what);
     complete(*other, error);
     if (!error.empty()) throw CommError(error);
-    return std::make_unique<DoneRequest>();
+    return std::make_unique<CompletedRequest>();
   }
 
   void check(int peer, const Buffer& buf, const char* verb) const {

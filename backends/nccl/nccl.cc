@@ -373,8 +373,7 @@ class NcclBackend : public Backend {
     if (!batch_) batch_ = std::make_shared<Batch>();
     batch_->ops.push_back({send, peer, buf});
     std::string what = "rank " + std::to_string(rank()) + ": " + verb + " rank " +
-                       std::to_string(peer) + " tag " + std::to_string(tag) + " (seq " +
-                       std::to_string(tag >> 24) + ")";
+                       std::to_string(peer) + " " + describeTag(tag);
     return std::make_unique<NcclRequest>(this, comm_, batch_, what);
   }
 

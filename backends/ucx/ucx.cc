@@ -32,13 +32,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr int kMaxRanks = 1 << 16;
 
-std::string describeTag(Tag tag) {
-  std::ostringstream out;
-  out << "tag " << tag << " (seq " << (tag >> 24) << ", phase " << ((tag >> 20) & 0xF) << ", step "
-      << (tag & 0xFFFFF) << ")";
-  return out.str();
-}
-
 uint64_t packTag(uint32_t group, Tag tag, int sender) {
   return (static_cast<uint64_t>(group & 0xFF) << 56) | ((tag & 0xFFFFFFFFFFull) << 16) |
          static_cast<uint64_t>(sender & 0xFFFF);
@@ -217,12 +210,6 @@ class UcxRequest : public Request {
   std::string what_;
 };
 
-class DoneRequest : public Request {
- public:
-  void wait(std::chrono::milliseconds) override {}
-  bool test() override { return true; }
-};
-
 void check(ucs_status_t status, const std::string& what) {
   if (status != UCS_OK) throw CommError("ucx: " + what + ": " + ucs_status_string(status));
 }
@@ -261,11 +248,11 @@ class UcxBackend : public Backend {
     const int world = checkPeer(peer, buf, "send to");
     std::string what = describe("send to", peer, tag);
     throwIfAborted(what);
-    if (buf.bytes() == 0) return std::make_unique<DoneRequest>();
+    if (buf.bytes() == 0) return std::make_unique<CompletedRequest>();
     ucp_request_param_t param{};
     ucs_status_ptr_t request = ucp_tag_send_nbx(worker_->eps[world], buf.data, buf.bytes(),
                                                 packTag(group_, tag, worker_->world_rank), &param);
-    if (request == nullptr) return std::make_unique<DoneRequest>();
+    if (request == nullptr) return std::make_unique<CompletedRequest>();
     if (UCS_PTR_IS_ERR(request)) {
       throw CommError("ucx: " + what + " failed: " + ucs_status_string(UCS_PTR_STATUS(request)));
     }
@@ -276,7 +263,7 @@ class UcxBackend : public Backend {
     const int world = checkPeer(peer, buf, "receive from");
     std::string what = describe("receive from", peer, tag);
     throwIfAborted(what);
-    if (buf.bytes() == 0) return std::make_unique<DoneRequest>();
+    if (buf.bytes() == 0) return std::make_unique<CompletedRequest>();
     ucp_request_param_t param{};
     ucs_status_ptr_t request = ucp_tag_recv_nbx(worker_->worker, buf.data, buf.bytes(),
                                                 packTag(group_, tag, world), ~0ull, &param);

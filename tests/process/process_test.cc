@@ -24,9 +24,11 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 // A bench that runs until it is stopped: 1 MiB all-reduces with a short backend timeout.
+// Its ranks log "connected" once their backend is up (debug level).
 std::string longConfig(const std::string& backend, const std::string& timeout) {
   return writeTempFile("long-" + backend + ".yaml",
-                       "name: long\nlaunch: {nproc_per_node: 4, rendezvous_timeout: 20s}\n"
+                       "name: long\nlog_level: debug\n"
+                       "launch: {nproc_per_node: 4, rendezvous_timeout: 60s}\n"
                        "backend: {plugin: " +
                            backend + ", params: {timeout: " + timeout +
                            "}}\n"
@@ -151,6 +153,29 @@ std::vector<Spawned> startWorkers(const std::string& config, int world, const st
   return ranks;
 }
 
+// Waits (up to a minute: a loaded machine starts LibTorch slowly) until `log` holds
+// `count` "connected" lines, then a second more, so that the ranks are inside the sweep.
+bool waitUntilConnected(const std::vector<std::string>& logs, size_t count) {
+  auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (Clock::now() < deadline) {
+    size_t seen = 0;
+    for (const auto& log : logs) {
+      std::ifstream in(log);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      for (size_t at = text.find(" connected, "); at != std::string::npos;
+           at = text.find(" connected, ", at + 1)) {
+        ++seen;
+      }
+    }
+    if (seen >= count) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
 bool haveProgram(const std::string& name) {
   return std::system(("command -v " + name + " >/dev/null 2>&1").c_str()) == 0;
 }
@@ -248,7 +273,9 @@ class Faults : public ::testing::TestWithParam<std::string> {};
 TEST_P(Faults, KilledRankIsNamedByEveryOtherRank) {
   std::string out = scratch("killed-" + GetParam());
   auto ranks = startWorkers(longConfig(GetParam(), "5s"), 4, out);
-  std::this_thread::sleep_for(std::chrono::seconds(5));  // well into the sweep
+  // Under an outside launcher only rank 0 logs below warnings; it is connected once
+  // every rank is.
+  ASSERT_TRUE(waitUntilConnected({ranks[0].log}, 1)) << ranks[0].output();
   for (auto& r : ranks) ASSERT_FALSE(waitFor(r, Clock::now(), Clock::now())) << r.output();
   ::kill(ranks[2].pid, SIGKILL);
   auto start = Clock::now();
@@ -267,7 +294,9 @@ TEST_P(Faults, KilledRankIsNamedByEveryOtherRank) {
 TEST_P(Faults, StoppedRankMakesTheOthersTimeOut) {
   std::string out = scratch("stopped-" + GetParam());
   auto ranks = startWorkers(longConfig(GetParam(), "3s"), 4, out);
-  std::this_thread::sleep_for(std::chrono::seconds(5));
+  // Under an outside launcher only rank 0 logs below warnings; it is connected once
+  // every rank is.
+  ASSERT_TRUE(waitUntilConnected({ranks[0].log}, 1)) << ranks[0].output();
   for (auto& r : ranks) ASSERT_FALSE(waitFor(r, Clock::now(), Clock::now())) << r.output();
   ::kill(ranks[2].pid, SIGSTOP);
   auto start = Clock::now();
@@ -292,7 +321,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, Faults, ::testing::Values("gloo", "ucx"),
 TEST(Launcher, WorkerDeathStopsTheJobAndLeavesNoProcess) {
   std::string out = scratch("launcher-kill");
   auto launcher = spawn({"run", longConfig("gloo", "5s"), "--out", out}, {}, out + ".log");
-  std::this_thread::sleep_for(std::chrono::seconds(5));
+  ASSERT_TRUE(waitUntilConnected({launcher.log}, 4)) << launcher.output();
   auto workers = processesWith(out);
   workers.erase(std::remove(workers.begin(), workers.end(), launcher.pid), workers.end());
   ASSERT_EQ(workers.size(), 4u) << launcher.output();
@@ -313,7 +342,7 @@ TEST(Launcher, WorkerDeathStopsTheJobAndLeavesNoProcess) {
 TEST(Launcher, SigtermIsForwardedAndEveryWorkerStops) {
   std::string out = scratch("launcher-term");
   auto launcher = spawn({"run", longConfig("ucx", "5s"), "--out", out}, {}, out + ".log");
-  std::this_thread::sleep_for(std::chrono::seconds(5));
+  ASSERT_TRUE(waitUntilConnected({launcher.log}, 4)) << launcher.output();
   ASSERT_EQ(processesWith(out).size(), 5u) << launcher.output();
   ::kill(launcher.pid, SIGTERM);
   auto start = Clock::now();
@@ -325,7 +354,7 @@ TEST(Launcher, SigtermIsForwardedAndEveryWorkerStops) {
 TEST(Launcher, KilledLauncherTakesItsWorkersWithIt) {
   std::string out = scratch("launcher-killed");
   auto launcher = spawn({"run", longConfig("gloo", "5s"), "--out", out}, {}, out + ".log");
-  std::this_thread::sleep_for(std::chrono::seconds(5));
+  ASSERT_TRUE(waitUntilConnected({launcher.log}, 4)) << launcher.output();
   ASSERT_EQ(processesWith(out).size(), 5u) << launcher.output();
   ::kill(launcher.pid, SIGKILL);
   ::waitpid(launcher.pid, nullptr, 0);

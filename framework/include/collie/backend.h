@@ -23,6 +23,9 @@ constexpr Tag makeTag(uint64_t seq, uint32_t phase, uint32_t step) {
   return (seq << 24) | (static_cast<uint64_t>(phase & 0xFu) << 20) | (step & 0xFFFFFu);
 }
 
+// "tag 17825792 (seq 1, phase 1, step 0)": a tag as error messages show it.
+std::string describeTag(Tag tag);
+
 // A pending send or receive.
 class Request {
  public:
@@ -32,6 +35,14 @@ class Request {
   virtual void wait(std::chrono::milliseconds timeout) = 0;
   // True once the transfer completed (never throws; wait() reports the error).
   virtual bool test() = 0;
+};
+
+// A request that completed when it was posted (a zero-byte message, a message the
+// transport finished at once).
+class CompletedRequest : public Request {
+ public:
+  void wait(std::chrono::milliseconds) override {}
+  bool test() override { return true; }
 };
 
 // What a backend can do besides point-to-point.

@@ -1,7 +1,8 @@
-// Names of dtypes, reduce ops and collectives, both ways.
+// Names of dtypes, reduce ops, collectives and tags, both ways where parsing is needed.
 #include <cstring>
 #include <string>
 
+#include "collie/backend.h"
 #include "collie/buffer.h"
 #include "collie/collective.h"
 
@@ -37,6 +38,11 @@ bool parseReduceOp(const std::string& name, ReduceOp* out) {
 }
 bool parseCollective(const std::string& name, Collective* out) {
   return parseName(kCollectiveNames, name, out);
+}
+
+std::string describeTag(Tag tag) {
+  return "tag " + std::to_string(tag) + " (seq " + std::to_string(tag >> 24) + ", phase " +
+         std::to_string((tag >> 20) & 0xF) + ", step " + std::to_string(tag & 0xFFFFF) + ")";
 }
 
 }  // namespace collie

@@ -277,6 +277,9 @@ WorkerRank joinRun(ProcessJob& job, const PluginLoader& loader, const config::Ex
   }
   WorkerRank w = createBackend(job, loader, e.backend, run, e.rendezvous_timeout);
   w.topology = topology;
+  logDebug("rank " + std::to_string(job.rank()) + " of " + std::to_string(job.world()) +
+           ": backend " + e.backend.label + " connected, " + std::to_string(topology.nodeCount()) +
+           " node(s)");
   return w;
 }
 
