@@ -275,15 +275,9 @@ class GlooBackend : public Backend {
   }
 
   std::unique_ptr<Backend> split(const std::vector<int>& ranks) override {
-    auto me = std::find(ranks.begin(), ranks.end(), rank());
-    if (me == ranks.end() || !std::is_sorted(ranks.begin(), ranks.end())) {
-      throw CommError("gloo: rank " + std::to_string(rank()) +
-                      " called split with a list that does not hold it or is not ascending");
-    }
-    std::string prefix = prefix_ + "split" + std::to_string(splits_++) + "[";
-    for (int r : ranks) prefix += std::to_string(r) + ",";
-    return std::make_unique<GlooBackend>(shared_, static_cast<int>(me - ranks.begin()),
-                                         static_cast<int>(ranks.size()), prefix + "]/");
+    const int me = splitPosition(ranks, rank(), "gloo");
+    return std::make_unique<GlooBackend>(shared_, me, static_cast<int>(ranks.size()),
+                                         prefix_ + splitName(splits_++, ranks) + "/");
   }
 
   Decision runNative(const CollectiveArgs& args) override {

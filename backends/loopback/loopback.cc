@@ -149,14 +149,8 @@ class LoopbackBackend : public Backend {
   }
 
   std::unique_ptr<Backend> split(const std::vector<int>& ranks) override {
-    auto me = std::find(ranks.begin(), ranks.end(), rank_);
-    if (me == ranks.end() || !std::is_sorted(ranks.begin(), ranks.end())) {
-      throw CommError("loopback: rank " + std::to_string(rank_) +
-                      " called split with a list that does not hold it or is not ascending");
-    }
-    std::string key = key_ + "/split" + std::to_string(splits_++) + ":";
-    for (int r : ranks) key += std::to_string(r) + ",";
-    return std::make_unique<LoopbackBackend>(key, static_cast<int>(me - ranks.begin()),
+    const int me = splitPosition(ranks, rank_, "loopback");
+    return std::make_unique<LoopbackBackend>(key_ + "/" + splitName(splits_++, ranks), me,
                                              static_cast<int>(ranks.size()), timeout_);
   }
 

@@ -209,10 +209,11 @@ class NcclBackend : public Backend {
           "per rank (collie run starts them)");
     }
     store_ = ctx.store;
-    comm_ = connect(*store_, "nccl/", ctx.rank, ctx.size, device, timeout);
+    comm_ = connect(*store_, prefix_, ctx.rank, ctx.size, device, timeout);
   }
 
-  NcclBackend(Store* store, std::shared_ptr<Comm> comm) : store_(store), comm_(std::move(comm)) {}
+  NcclBackend(Store* store, std::shared_ptr<Comm> comm, std::string prefix)
+      : store_(store), comm_(std::move(comm)), prefix_(std::move(prefix)) {}
 
   int rank() const override { return comm_->rank; }
   int size() const override { return comm_->size; }
@@ -234,16 +235,11 @@ class NcclBackend : public Backend {
   }
 
   std::unique_ptr<Backend> split(const std::vector<int>& ranks) override {
-    auto me = std::find(ranks.begin(), ranks.end(), rank());
-    if (me == ranks.end() || !std::is_sorted(ranks.begin(), ranks.end())) {
-      throw CommError("nccl: rank " + std::to_string(rank()) +
-                      " called split with a list that does not hold it or is not ascending");
-    }
-    std::string prefix = "nccl/split" + std::to_string(splits_++) + "[";
-    for (int r : ranks) prefix += std::to_string(r) + ",";
-    auto comm = connect(*store_, prefix + "]/", static_cast<int>(me - ranks.begin()),
-                        static_cast<int>(ranks.size()), comm_->device, comm_->timeout);
-    return std::make_unique<NcclBackend>(store_, comm);
+    const int me = splitPosition(ranks, rank(), "nccl");
+    const std::string prefix = prefix_ + splitName(splits_++, ranks) + "/";
+    auto comm =
+        connect(*store_, prefix, me, static_cast<int>(ranks.size()), comm_->device, comm_->timeout);
+    return std::make_unique<NcclBackend>(store_, comm, prefix);
   }
 
   Decision runNative(const CollectiveArgs& args) override {
@@ -379,6 +375,7 @@ class NcclBackend : public Backend {
 
   Store* store_ = nullptr;
   std::shared_ptr<Comm> comm_;
+  std::string prefix_ = "nccl/";  // this group's store keys
   std::shared_ptr<Batch> batch_;
   int splits_ = 0;
 };

@@ -276,17 +276,12 @@ class UcxBackend : public Backend {
   // A view of the same worker and endpoints: sub-groups need no new connections. The group
   // id in the tag keeps their messages apart from the parent's.
   std::unique_ptr<Backend> split(const std::vector<int>& ranks) override {
-    auto me = std::find(ranks.begin(), ranks.end(), rank_);
-    if (me == ranks.end() || !std::is_sorted(ranks.begin(), ranks.end())) {
-      throw CommError("ucx: rank " + std::to_string(rank_) +
-                      " called split with a list that does not hold it or is not ascending");
-    }
+    const int me = splitPosition(ranks, rank_, "ucx");
     std::vector<int> world;
     for (int r : ranks) world.push_back(ranks_.at(r));
     uint32_t group = (group_ * 7 + ++splits_) & 0xFF;
     if (group == 0) group = 1;
-    return std::make_unique<UcxBackend>(worker_, world, static_cast<int>(me - ranks.begin()),
-                                        group);
+    return std::make_unique<UcxBackend>(worker_, world, me, group);
   }
 
   void abort(const std::string& reason) override {

@@ -109,6 +109,13 @@ class Backend {
   void recv(int peer, const Buffer& buf, Tag tag) { irecv(peer, buf, tag)->wait(timeout()); }
 };
 
+// For Backend::split implementations: this rank's position in `ranks`, or a CommError
+// ("<who>: rank R called split with a list that does not hold it or is not ascending").
+int splitPosition(const std::vector<int>& ranks, int rank, const std::string& who);
+// A name for the `ordinal`-th split of a group into `ranks` ("split0[0,2]"): the same on
+// every member, different for every other split of the group.
+std::string splitName(int ordinal, const std::vector<int>& ranks);
+
 // Waits for every request in order, then clears the list. The first failure is thrown.
 inline void waitAll(std::vector<std::unique_ptr<Request>>& requests,
                     std::chrono::milliseconds timeout) {

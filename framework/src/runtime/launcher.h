@@ -28,7 +28,7 @@ struct LaunchSpec {
 };
 
 struct LaunchOutcome {
-  int exit_code = 0;    // 0; the failed worker's code; 128+signal when interrupted
+  int exit_code = 0;  // 0; the failed worker's code; 128+signal when interrupted
   // "rank 2 (pid 812) was killed by signal 9 (SIGKILL)" or "rank 1 (pid 80) exited with
   // code 2: <its last collie error line>"; "" on success.
   std::string failure;
