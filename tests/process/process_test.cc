@@ -3,6 +3,7 @@
 // that never arrives, a launcher that is killed). Every test leaves no process behind.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -70,6 +71,7 @@ Spawned spawn(const std::vector<std::string>& args, const std::vector<std::strin
   argv.insert(argv.end(), args.begin(), args.end());
   s.pid = ::fork();
   if (s.pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a test that dies takes its ranks with it
     for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
     FILE* out = std::freopen(log.c_str(), "w", stdout);
     (void)out;
@@ -131,6 +133,15 @@ std::string scratch(const std::string& name) {
   fs::create_directories(dir);
   return dir.string();
 }
+
+// Kills and reaps every rank still running when a test ends, also when an ASSERT returns
+// early: a test never leaves a process behind.
+struct Reaper {
+  std::vector<Spawned>* ranks;
+  ~Reaper() {
+    for (auto& r : *ranks) killAndReap(r);
+  }
+};
 
 // Starts `world` workers of `config` directly (as mpirun would, with no teardown of its
 // own), leaving out the ranks in `skip`.
@@ -273,6 +284,7 @@ class Faults : public ::testing::TestWithParam<std::string> {};
 TEST_P(Faults, KilledRankIsNamedByEveryOtherRank) {
   std::string out = scratch("killed-" + GetParam());
   auto ranks = startWorkers(longConfig(GetParam(), "5s"), 4, out);
+  Reaper reaper{&ranks};
   // Under an outside launcher only rank 0 logs below warnings; it is connected once
   // every rank is.
   ASSERT_TRUE(waitUntilConnected({ranks[0].log}, 1)) << ranks[0].output();
@@ -294,6 +306,7 @@ TEST_P(Faults, KilledRankIsNamedByEveryOtherRank) {
 TEST_P(Faults, StoppedRankMakesTheOthersTimeOut) {
   std::string out = scratch("stopped-" + GetParam());
   auto ranks = startWorkers(longConfig(GetParam(), "3s"), 4, out);
+  Reaper reaper{&ranks};
   // Under an outside launcher only rank 0 logs below warnings; it is connected once
   // every rank is.
   ASSERT_TRUE(waitUntilConnected({ranks[0].log}, 1)) << ranks[0].output();
