@@ -26,3 +26,11 @@ endif()
 add_library(collie_torch INTERFACE)
 target_include_directories(collie_torch SYSTEM INTERFACE "${COLLIE_TORCH_INCLUDE_DIR}")
 target_link_libraries(collie_torch INTERFACE "${COLLIE_TORCH_CPU_LIBRARY}" "${COLLIE_C10_LIBRARY}")
+
+# LibTorch's C++ frontend (torch::nn, torch::optim): model plugins and the trainer only.
+find_path(COLLIE_TORCH_API_INCLUDE_DIR torch/nn/module.h
+  PATHS /usr/include/torch/csrc/api/include "${COLLIE_TORCH_INCLUDE_DIR}/torch/csrc/api/include"
+  REQUIRED)
+add_library(collie_torch_api INTERFACE)
+target_include_directories(collie_torch_api SYSTEM INTERFACE "${COLLIE_TORCH_API_INCLUDE_DIR}")
+target_link_libraries(collie_torch_api INTERFACE collie_torch)

@@ -25,6 +25,7 @@
 #include "runtime/environment.h"
 #include "runtime/job.h"
 #include "runtime/launcher.h"
+#include "train/trainer.h"
 #include "util/system.h"
 
 namespace fs = std::filesystem;
@@ -88,11 +89,16 @@ void saveConfig(const std::string& path, const YAML::Node& resolved) {
 
 // Every plugin the experiments name must load before anything runs (no silent fallback).
 void openPlugins(const PluginLoader& loader, const std::vector<config::Experiment>& experiments) {
+  auto openScheduler = [&](const config::PluginRef& s) {
+    if (s.rules.empty()) loader.open(PluginKind::kScheduler, s.plugin);
+    for (const auto& rule : s.rules) loader.open(PluginKind::kScheduler, rule.scheduler.plugin);
+  };
   for (const auto& e : experiments) {
     loader.open(PluginKind::kBackend, e.backend.plugin);
-    for (const auto& s : e.bench.schedulers) {
-      if (s.rules.empty()) loader.open(PluginKind::kScheduler, s.plugin);
-      for (const auto& rule : s.rules) loader.open(PluginKind::kScheduler, rule.scheduler.plugin);
+    for (const auto& s : e.bench.schedulers) openScheduler(s);
+    if (e.kind == config::Experiment::Kind::kTrain) {
+      loader.open(PluginKind::kModel, e.model.plugin);
+      openScheduler(e.train.scheduler);
     }
   }
 }
@@ -145,18 +151,26 @@ int workerCommand(const Options& opt, const std::vector<config::Experiment>& exp
   PluginLoader loader;
   openPlugins(loader, {e});
   ProcessJob job(env, e.master_addr, static_cast<uint16_t>(e.master_port), e.rendezvous_timeout);
+  const std::string path = resultPath(opt.out, env.experiment).string();
+  if (e.kind == config::Experiment::Kind::kTrain) {
+    train::Result result = job.diagnose([&] {
+      WorkerRank rank = joinRun(job, loader, e, env.experiment);
+      return train::runRank(loader, e, rank.backend, rank.topology, opt.out);
+    });
+    if (job.rank() == 0) train::saveResult(path, result);
+    return 0;
+  }
   bench::Result result = job.diagnose([&] {
     WorkerRank rank = joinRun(job, loader, e, env.experiment);
     return bench::runRank(loader, e, rank.backend, rank.topology);
   });
-  if (job.rank() == 0) bench::saveResult(resultPath(opt.out, env.experiment).string(), result);
+  if (job.rank() == 0) bench::saveResult(path, result);
   return 0;
 }
 
-// Runs experiment `index` as processes of this node (collie run; collie launch on each node)
-// and returns rank 0's results (on the node that has rank 0).
-bench::Result launchRun(const Options& opt, const config::Experiment& e, size_t index,
-                        const fs::path& out) {
+// Runs experiment `index` as processes of this node (collie run; collie launch on each node);
+// on the node that has rank 0, its results are then at resultPath(out, index).
+void launchRun(const Options& opt, const config::Experiment& e, size_t index, const fs::path& out) {
   LaunchSpec spec;
   spec.argv = {selfExecutable(), "run", opt.config, "--out", out.string()};
   for (const auto& s : opt.sets) spec.argv.insert(spec.argv.end(), {"--set", s});
@@ -187,8 +201,15 @@ bench::Result launchRun(const Options& opt, const config::Experiment& e, size_t 
     if (outcome.exit_code == kExitBadInput) throw ConfigError(message);
     throw CommError(message);
   }
-  if (opt.node_rank != 0) return {};
-  return bench::loadResult(resultPath(out, index).string());
+}
+
+// The training summary on the terminal and in summary.json.
+int reportTraining(const fs::path& out, const std::vector<train::Result>& results) {
+  train::printSummary(std::cout, results);
+  train::writeSummaryJson((out / "summary.json").string(), results);
+  std::cout << "# Results: " << (out / "summary.json").string()
+            << ", per step and rank: " << (out / "rank-*.jsonl").string() << std::endl;
+  return 0;
 }
 
 int runCommand(const Options& opt) {
@@ -204,12 +225,17 @@ int runCommand(const Options& opt) {
     if (env.rank != 0) setLogLevel(LogLevel::kWarn);  // one progress log, from rank 0
   }
   const auto& first = experiments.front();
+  for (const auto& e : experiments) {
+    if (e.kind != first.kind) {
+      throw ConfigError(opt.config + ": the matrix turns a " +
+                        (first.kind == config::Experiment::Kind::kTrain ? "train" : "bench") +
+                        " experiment into the other kind; one file runs one kind");
+    }
+  }
+  const bool training = first.kind == config::Experiment::Kind::kTrain;
   fs::path out = opt.out.empty() ? fs::path(first.output_dir) / (first.name + "-" + timestamp())
                                  : fs::path(opt.out);
   const bool writer = !env.present || env.rank == 0;
-  std::error_code ec;
-  if (writer) fs::create_directories(out, ec);
-  if (ec) throw ConfigError("--out " + out.string() + ": cannot create: " + ec.message());
 
   PluginLoader loader;
   openPlugins(loader, experiments);
@@ -232,8 +258,16 @@ int runCommand(const Options& opt) {
         env, first.master_addr,
         static_cast<uint16_t>(first.master_port ? first.master_port : 29500),
         first.rendezvous_timeout);
+    out = job->allGather("output-dir", out.string()).front();  // rank 0's clock names it
   }
+  std::error_code ec;
+  fs::create_directories(out, ec);  // every rank writes its per-step metrics here
+  if (ec) throw ConfigError("--out " + out.string() + ": cannot create: " + ec.message());
   const std::string rules_path = opt.emit_rules.empty() ? first.bench.emit_rules : opt.emit_rules;
+  if (training && !opt.emit_rules.empty()) {
+    throw ConfigError("--emit-rules: " + opt.config +
+                      " is a train experiment; rules come from a bench: experiment");
+  }
   if (!rules_path.empty()) {  // fail before the sweep, not after it
     fs::path folder = fs::absolute(rules_path).parent_path();
     if (!fs::is_directory(folder)) {
@@ -242,7 +276,7 @@ int runCommand(const Options& opt) {
     }
   }
   std::vector<bench::Result> results;
-  std::vector<bench::Row> rows;
+  std::vector<train::Result> trained;
   for (size_t i = 0; i < experiments.size(); ++i) {
     const auto& e = experiments[i];
     if (writer) {  // under torchrun/mpirun only rank 0 writes
@@ -265,18 +299,36 @@ int runCommand(const Options& opt) {
                         "across processes, or run `collie run` alone");
     }
     if (job) {
-      results.push_back(job->diagnose([&] {
+      job->diagnose([&] {
         WorkerRank rank = joinRun(*job, loader, e, static_cast<int>(i));
-        return bench::runRank(loader, e, rank.backend, rank.topology);
-      }));
+        if (training) {
+          trained.push_back(train::runRank(loader, e, rank.backend, rank.topology, out.string()));
+        } else {
+          results.push_back(bench::runRank(loader, e, rank.backend, rank.topology));
+        }
+      });
     } else if (threads) {
-      results.push_back(bench::run(loader, e));
+      if (training) {
+        trained.push_back(train::run(loader, e, out.string()));
+      } else {
+        results.push_back(bench::run(loader, e));
+      }
     } else {
-      results.push_back(launchRun(opt, e, i, out));
+      launchRun(opt, e, i, out);
+      if (opt.node_rank != 0) continue;
+      const std::string path = resultPath(out, i).string();
+      if (training) {
+        trained.push_back(train::loadResult(path));
+      } else {
+        results.push_back(bench::loadResult(path));
+      }
+      fs::remove(path);
     }
-    rows.insert(rows.end(), results.back().rows.begin(), results.back().rows.end());
   }
   if (!writer || opt.node_rank != 0) return 0;  // rank 0's launcher prints and writes
+  if (training) return reportTraining(out, trained);
+  std::vector<bench::Row> rows;
+  for (const auto& r : results) rows.insert(rows.end(), r.rows.begin(), r.rows.end());
   bench::printTable(std::cout, results);
   bench::writeCsv((out / "results.csv").string(), rows);
   bench::writeJson((out / "results.json").string(), rows);

@@ -166,6 +166,61 @@ uint64_t bytesOf(const YAML::Node& node) {
   return v;
 }
 
+void typedBench(const YAML::Node& bench, const std::string& file, BenchSpec* spec) {
+  BenchSpec& b = *spec;
+  parseCollective(bench["collective"].Scalar(), &b.collective);
+  for (const auto& s : bench["schedulers"]) b.schedulers.push_back(pluginRef(s, file, "scheduler"));
+  parseDType(bench["dtype"].Scalar(), &b.dtype);
+  parseReduceOp(bench["op"].Scalar(), &b.op);
+  b.root = bench["root"].as<int>();
+  b.min_bytes = bytesOf(bench["min_bytes"]);
+  b.max_bytes = bytesOf(bench["max_bytes"]);
+  b.step_factor = bench["step_factor"].as<int>();
+  b.warmup_iters = bench["warmup_iters"].as<int>();
+  b.iters = bench["iters"].as<int>();
+  b.check = bench["check"].as<bool>();
+  b.calibrate = bench["calibrate"].as<bool>();
+  b.plots = bench["plots"].as<bool>();
+  if (bench["emit_rules"]) b.emit_rules = bench["emit_rules"].Scalar();
+}
+
+void typedData(const YAML::Node& data, DataSpec* d) {
+  const std::string source = data["source"].Scalar();
+  d->source = source == "tokens" ? DataSpec::Source::kTokens
+              : source == "text" ? DataSpec::Source::kText
+                                 : DataSpec::Source::kSynthetic;
+  if (data["path"]) d->path = data["path"].Scalar();
+  d->seed = data["seed"].as<uint64_t>();
+}
+
+void typedTrain(const YAML::Node& train, const std::string& file, TrainSpec* t) {
+  t->scheduler = pluginRef(train["scheduler"], file, "scheduler");
+  t->steps = train["steps"].as<int>();
+  t->micro_batch = train["micro_batch"].as<std::vector<int>>();
+  t->grad_accum = train["grad_accum"].as<int>();
+  t->tokens_weighting = train["grad_weighting"].Scalar() == "tokens";
+  t->sgd = train["optimizer"].Scalar() == "sgd";
+  t->lr = train["lr"].as<double>();
+  t->min_lr = train["min_lr"].as<double>();
+  t->cosine = train["lr_schedule"].Scalar() == "cosine";
+  t->warmup_steps = train["warmup_steps"].as<int>();
+  t->linear_scaling_batch = train["linear_scaling_batch"].as<int>();
+  t->weight_decay = train["weight_decay"].as<double>();
+  t->beta1 = train["beta1"].as<double>();
+  t->beta2 = train["beta2"].as<double>();
+  t->momentum = train["momentum"].as<double>();
+  t->grad_clip = train["grad_clip"].as<double>();
+  t->bf16 = train["precision"].Scalar() == "bf16";
+  t->grad_checkpointing = train["grad_checkpointing"].as<bool>();
+  t->bucket_bytes = bytesOf(train["bucket_bytes"]);
+  t->overlap = train["overlap"].as<bool>();
+  t->verify_sync_every = train["verify_sync_every"].as<int>();
+  t->fail_on_divergence = train["on_divergence"].Scalar() == "fail";
+  t->seed = train["seed"].as<uint64_t>();
+  t->log_every = train["log_every"].as<int>();
+  if (train["token_budgets"]) t->token_budgets = train["token_budgets"].as<std::vector<double>>();
+}
+
 Experiment typed(const YAML::Node& root, const std::string& file) {
   Experiment e;
   e.file = file;
@@ -187,30 +242,56 @@ Experiment typed(const YAML::Node& root, const std::string& file) {
   e.master_port = root["launch"]["master_port"].as<int>();
   parseDuration(root["launch"]["rendezvous_timeout"].Scalar(), &e.rendezvous_timeout);
   e.backend = pluginRef(root["backend"], file, "backend");
-  const YAML::Node bench = root["bench"];
-  BenchSpec& b = e.bench;
-  parseCollective(bench["collective"].Scalar(), &b.collective);
-  for (const auto& s : bench["schedulers"]) b.schedulers.push_back(pluginRef(s, file, "scheduler"));
-  parseDType(bench["dtype"].Scalar(), &b.dtype);
-  parseReduceOp(bench["op"].Scalar(), &b.op);
-  b.root = bench["root"].as<int>();
-  b.min_bytes = bytesOf(bench["min_bytes"]);
-  b.max_bytes = bytesOf(bench["max_bytes"]);
-  b.step_factor = bench["step_factor"].as<int>();
-  b.warmup_iters = bench["warmup_iters"].as<int>();
-  b.iters = bench["iters"].as<int>();
-  b.check = bench["check"].as<bool>();
-  b.calibrate = bench["calibrate"].as<bool>();
-  b.plots = bench["plots"].as<bool>();
-  if (bench["emit_rules"]) b.emit_rules = bench["emit_rules"].Scalar();
+  if (root["bench"]) typedBench(root["bench"], file, &e.bench);
+  if (root["train"]) {
+    e.kind = Experiment::Kind::kTrain;
+    typedTrain(root["train"], file, &e.train);
+  }
+  if (root["model"]) e.model = pluginRef(root["model"], file, "model");
+  if (root["data"]) typedData(root["data"], &e.data);
   e.output_dir = root["output"]["dir"].Scalar();
   return e;
 }
 
+void checkTrain(const Experiment& e, std::vector<Issue>* issues) {
+  const YAML::Node train = e.resolved["train"], data = e.resolved["data"];
+  if (!e.resolved["model"]) {
+    issues->push_back({location(e.file, e.resolved) +
+                       ": model: missing required key for a train: experiment (a plugin name "
+                       "such as gpt or mlp, or {plugin, params})"});
+  }
+  if (e.train.min_lr > e.train.lr) {
+    issues->push_back({location(e.file, train["min_lr"]) + ": train.min_lr: expected at most " +
+                       "train.lr (" + scalarText(train["lr"]) + "), found " +
+                       scalarText(train["min_lr"])});
+  }
+  if (e.data.source != DataSpec::Source::kSynthetic && e.data.path.empty()) {
+    issues->push_back({location(e.file, data) + ": data.path: missing; source '" +
+                       data["source"].Scalar() + "' reads a file"});
+  }
+  if (e.data.source == DataSpec::Source::kSynthetic && !e.data.path.empty()) {
+    issues->push_back({location(e.file, data["path"]) +
+                       ": data.path: the synthetic source reads no file. HINT: source: tokens "
+                       "(a flat uint16 file) or source: text"});
+  }
+}
+
 // Checks that span several keys, once the schema has passed.
 void checkConsistency(const Experiment& e, std::vector<Issue>* issues) {
-  const YAML::Node bench = e.resolved["bench"];
-  if (e.bench.min_bytes > e.bench.max_bytes) {
+  const YAML::Node bench = e.resolved["bench"], train = e.resolved["train"];
+  if (bool(bench) == bool(train)) {
+    issues->push_back({location(e.file, e.resolved) +
+                       ": expected exactly one of 'bench' (compare collectives) or 'train' "
+                       "(data-parallel training), found " +
+                       (bench ? "both" : "neither")});
+  }
+  if (train) checkTrain(e, issues);
+  if (!train && (e.resolved["model"] || e.resolved["data"])) {
+    const char* key = e.resolved["model"] ? "model" : "data";
+    issues->push_back(
+        {location(e.file, e.resolved[key]) + ": " + key + ": only a train: experiment uses it"});
+  }
+  if (bench && e.bench.min_bytes > e.bench.max_bytes) {
     issues->push_back({location(e.file, bench["min_bytes"]) +
                        ": bench.min_bytes: expected at most "
                        "bench.max_bytes (" +
@@ -228,7 +309,7 @@ void checkConsistency(const Experiment& e, std::vector<Issue>* issues) {
                        ": launch.node_labels: give "
                        "either launch.node_labels or launch.ranks_per_node, not both"});
   }
-  if (e.bench.root >= e.nproc_per_node) {
+  if (bench && e.bench.root >= e.nproc_per_node) {
     issues->push_back({location(e.file, bench["root"]) + ": bench.root: expected a rank below " +
                        "launch.nproc_per_node (" + std::to_string(e.nproc_per_node) + "), found " +
                        std::to_string(e.bench.root)});

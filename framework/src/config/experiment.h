@@ -50,8 +50,49 @@ struct BenchSpec {
   bool plots = true;       // busbw and time plots (gnuplot) beside the CSV
 };
 
+// Where training samples come from (DESIGN §3): each rank's share is a deterministic
+// function of the seed, the step and the rank.
+struct DataSpec {
+  enum class Source { kSynthetic, kTokens, kText };
+  Source source = Source::kSynthetic;
+  std::string path;  // tokens: a flat uint16 file; text: any text file (bytes are tokens)
+  uint64_t seed = 1234;
+};
+
+// A synchronous data-parallel training run (DESIGN §5).
+struct TrainSpec {
+  PluginRef scheduler;  // the gradient all-reduce (a plugin or rules)
+  int steps = 100;
+  std::vector<int> micro_batch;  // one entry for every rank, or one per rank
+  int grad_accum = 1;
+  bool tokens_weighting = true;  // false: uniform 1/world mean (plain DDP)
+  bool sgd = false;              // else AdamW
+  double lr = 3e-4, min_lr = 0;
+  bool cosine = true;
+  int warmup_steps = 0;
+  int linear_scaling_batch = 0;  // 0: off
+  double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, momentum = 0.9;
+  double grad_clip = 1.0;  // 0: off
+  bool bf16 = false;
+  bool grad_checkpointing = false;
+  uint64_t bucket_bytes = 25000000;
+  bool overlap = true;
+  int verify_sync_every = 0;  // 0: at the end only
+  bool fail_on_divergence = true;
+  uint64_t seed = 1234;
+  int log_every = 10;
+  std::vector<double> token_budgets;
+
+  // This rank's samples per micro-batch.
+  int microBatchOf(int rank) const {
+    return micro_batch.size() == 1 ? micro_batch[0] : micro_batch[rank];
+  }
+};
+
 // One run: a whole file, or one point of its matrix.
 struct Experiment {
+  enum class Kind { kBench, kTrain };
+  Kind kind = Kind::kBench;
   std::string file;
   std::string name;
   std::string matrix_point;  // "bench.dtype=bf16, launch.nproc_per_node=2", or ""
@@ -67,6 +108,9 @@ struct Experiment {
   std::chrono::milliseconds rendezvous_timeout{60000};
   PluginRef backend;
   BenchSpec bench;
+  PluginRef model;  // train experiments
+  DataSpec data;
+  TrainSpec train;
   std::string output_dir;
 };
 

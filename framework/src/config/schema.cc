@@ -84,6 +84,10 @@ Schema&& Schema::doc(const std::string& text) && {
   doc_ = text;
   return std::move(*this);
 }
+Schema&& Schema::optionalSection() && {
+  optional_section_ = true;
+  return std::move(*this);
+}
 
 const Schema* Schema::field(const std::string& name) const {
   for (const auto& [key, schema] : fields_) {
@@ -217,7 +221,7 @@ class Validator {
           report(node, child(key, name), "missing required key (" + s.expected() + ")");
         } else if (!s.default_.empty()) {
           node[name] = YAML::Load(s.default_);
-        } else if (s.type_ == Schema::Type::kMap) {
+        } else if (s.type_ == Schema::Type::kMap && !s.optional_section_) {
           YAML::Node empty(YAML::NodeType::Map);
           check(empty, s, child(key, name));  // fills the nested defaults
           node[name] = empty;
@@ -368,25 +372,89 @@ const Schema& experimentSchema() {
        })},
       {"backend", Schema::pluginRef().required().doc("the transport between ranks")},
       {"bench",
-       Schema::map({
-           {"collective", Schema::oneOf({"allreduce", "reduce_scatter", "allgather", "broadcast"})
-                              .byDefault("allreduce")},
-           {"schedulers", Schema::list(Schema::pluginRef(), 1).required()},
-           {"dtype", Schema::oneOf({"f32", "f64", "f16", "bf16", "i32", "i64"}).byDefault("f32")},
-           {"op", Schema::oneOf({"sum", "avg", "min", "max", "prod"}).byDefault("sum")},
-           {"root", Schema::integer(0, 1 << 20).byDefault("0").doc("broadcast root")},
-           {"min_bytes", Schema::bytes(0, 1ull << 36).byDefault("4KiB")},
-           {"max_bytes", Schema::bytes(0, 1ull << 36).byDefault("64MiB")},
-           {"step_factor", Schema::integer(2, 1024).byDefault("2")},
-           {"warmup_iters", Schema::integer(0, 100000).byDefault("5")},
-           {"iters", Schema::integer(1, 1000000).byDefault("20")},
-           {"check", Schema::boolean().byDefault("true").doc("count wrong elements (#wrong)")},
-           {"calibrate",
-            Schema::boolean().byDefault("true").doc("fit the cost model, print predictions")},
-           {"plots", Schema::boolean().byDefault("true").doc("busbw/time plots with gnuplot")},
-           {"emit_rules",
-            Schema::string().doc("write the best scheduler per size range (for auto)")},
-       })},
+       Schema::map(
+           {
+               {"collective",
+                Schema::oneOf({"allreduce", "reduce_scatter", "allgather", "broadcast"})
+                    .byDefault("allreduce")},
+               {"schedulers", Schema::list(Schema::pluginRef(), 1).required()},
+               {"dtype",
+                Schema::oneOf({"f32", "f64", "f16", "bf16", "i32", "i64"}).byDefault("f32")},
+               {"op", Schema::oneOf({"sum", "avg", "min", "max", "prod"}).byDefault("sum")},
+               {"root", Schema::integer(0, 1 << 20).byDefault("0").doc("broadcast root")},
+               {"min_bytes", Schema::bytes(0, 1ull << 36).byDefault("4KiB")},
+               {"max_bytes", Schema::bytes(0, 1ull << 36).byDefault("64MiB")},
+               {"step_factor", Schema::integer(2, 1024).byDefault("2")},
+               {"warmup_iters", Schema::integer(0, 100000).byDefault("5")},
+               {"iters", Schema::integer(1, 1000000).byDefault("20")},
+               {"check", Schema::boolean().byDefault("true").doc("count wrong elements (#wrong)")},
+               {"calibrate",
+                Schema::boolean().byDefault("true").doc("fit the cost model, print predictions")},
+               {"plots", Schema::boolean().byDefault("true").doc("busbw/time plots with gnuplot")},
+               {"emit_rules",
+                Schema::string().doc("write the best scheduler per size range (for auto)")},
+           })
+           .optionalSection()},
+      {"model", Schema::pluginRef().doc("the model a train: experiment trains")},
+      {"data",
+       Schema::map(
+           {
+               {"source", Schema::oneOf({"synthetic", "tokens", "text"}).byDefault("synthetic")},
+               {"path", Schema::string().doc("the token file (tokens) or text file (text)")},
+               {"seed", Schema::integer(0, int64_t{1} << 62)
+                            .byDefault("1234")
+                            .doc("sample order, and "
+                                 "synthetic tokens")},
+           })
+           .optionalSection()},
+      {"train",
+       Schema::map(
+           {
+               {"scheduler", Schema::pluginRef().byDefault("ring").doc("gradient all-reduce")},
+               {"steps", Schema::integer(1, 100000000).byDefault("100")},
+               {"micro_batch", Schema::list(Schema::integer(1, 1 << 20), 1)
+                                   .byDefault("8")
+                                   .doc("samples per micro-batch: one for every rank, or a list "
+                                        "with one per rank")},
+               {"grad_accum", Schema::integer(1, 1 << 16)
+                                  .byDefault("1")
+                                  .doc("micro-batches per step (communication after the last)")},
+               {"grad_weighting", Schema::oneOf({"tokens", "uniform"}).byDefault("tokens")},
+               {"optimizer", Schema::oneOf({"adamw", "sgd"}).byDefault("adamw")},
+               {"lr", Schema::number(0, 1e3).byDefault("3e-4")},
+               {"min_lr", Schema::number(0, 1e3).byDefault("0").doc("the cosine schedule's floor")},
+               {"lr_schedule", Schema::oneOf({"cosine", "constant"}).byDefault("cosine")},
+               {"warmup_steps", Schema::integer(0, 100000000).byDefault("0")},
+               {"linear_scaling_batch",
+                Schema::integer(0, 1 << 30)
+                    .byDefault("0")
+                    .doc("linear scaling rule: lr x world batch / this many samples (0: off)")},
+               {"weight_decay", Schema::number(0, 10).byDefault("0.1")},
+               {"beta1", Schema::number(0, 1).byDefault("0.9")},
+               {"beta2", Schema::number(0, 1).byDefault("0.95")},
+               {"momentum", Schema::number(0, 1).byDefault("0.9").doc("sgd")},
+               {"grad_clip",
+                Schema::number(0, 1e9).byDefault("1.0").doc("max global norm (0: off)")},
+               {"precision", Schema::oneOf({"fp32", "bf16"}).byDefault("fp32")},
+               {"grad_checkpointing", Schema::boolean().byDefault("false")},
+               {"bucket_bytes", Schema::bytes(1, 1ull << 40).byDefault("25MB")},
+               {"overlap",
+                Schema::boolean().byDefault("true").doc(
+                    "all-reduce each bucket during backward, on a communication thread")},
+               {"verify_sync_every",
+                Schema::integer(0, 100000000)
+                    .byDefault("0")
+                    .doc(
+                        "compare every parameter across ranks every N steps (0: at the end only)")},
+               {"on_divergence", Schema::oneOf({"fail", "warn"}).byDefault("fail")},
+               {"seed",
+                Schema::integer(0, int64_t{1} << 62).byDefault("1234").doc("initial weights")},
+               {"log_every", Schema::integer(1, 100000000).byDefault("10").doc("progress lines")},
+               {"token_budgets",
+                Schema::list(Schema::number(1, 1e18))
+                    .doc("token counts to project the time to (besides 20 x params)")},
+           })
+           .optionalSection()},
       {"output",
        Schema::map({
            {"dir", Schema::string().byDefault("runs").doc("results go to DIR/NAME-TIMESTAMP")},

@@ -44,6 +44,9 @@ class Schema {
   Schema&& required() &&;
   Schema&& byDefault(const std::string& yaml) &&;
   Schema&& doc(const std::string& text) &&;
+  // A map that stays absent when the file leaves it out (no defaults filled in): one of
+  // several alternative sections, such as bench: and train:.
+  Schema&& optionalSection() &&;
 
   Type type() const { return type_; }
   const std::string& documentation() const { return doc_; }
@@ -52,6 +55,7 @@ class Schema {
   const Schema* item() const { return item_.get(); }
   const std::vector<std::string>& choices() const { return choices_; }
   bool isRequired() const { return required_; }
+  bool isOptionalSection() const { return optional_section_; }
   const std::string& defaultValue() const { return default_; }
   // "a size between 1 B and 1 GiB (e.g. 4KiB, 64MiB, 25MB)"
   std::string expected() const;
@@ -65,6 +69,7 @@ class Schema {
   size_t min_items_ = 0;
   double min_ = 0, max_ = 0;
   bool required_ = false;
+  bool optional_section_ = false;
   std::string default_;
 
   friend class Validator;

@@ -303,4 +303,13 @@ std::shared_ptr<Scheduler> PluginLoader::createScheduler(const std::string& name
   return scheduler;
 }
 
+std::shared_ptr<Model> PluginLoader::createModel(const std::string& name, Params& params) const {
+  auto library = open(PluginKind::kModel, name);
+  PluginContext plugin_context;
+  plugin_context.params = &params;
+  auto model = create<Model>(library, plugin_context);
+  rejectUnreadParams(params, *library);
+  return model;
+}
+
 }  // namespace collie

@@ -12,6 +12,8 @@
 
 namespace collie {
 
+class Model;  // collie/model.h (LibTorch): only files that train include it
+
 enum class PluginKind { kBackend = 1, kScheduler = 2, kModel = 3 };
 const char* pluginKindName(PluginKind kind);  // "backend", ...
 
@@ -60,6 +62,7 @@ class PluginLoader {
   std::shared_ptr<Backend> createBackend(const std::string& name, Params& params,
                                          const BackendContext& context) const;
   std::shared_ptr<Scheduler> createScheduler(const std::string& name, Params& params) const;
+  std::shared_ptr<Model> createModel(const std::string& name, Params& params) const;
 
  private:
   std::vector<std::string> dirs_;

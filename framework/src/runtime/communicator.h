@@ -48,6 +48,7 @@ class Communicator {
   const Rule* select(const CollectiveArgs& args, const std::vector<Rule>& rules,
                      std::string* refusals) const;
 
+  const std::vector<Rule>& rules() const { return rules_; }
   Backend& backend() { return *backend_; }
   const Topology& topology() const { return topology_; }
 

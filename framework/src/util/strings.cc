@@ -1,6 +1,8 @@
 // String helpers for user-facing messages.
 #include "util/strings.h"
 
+#include <cstdio>
+
 #include <algorithm>
 
 namespace collie::detail {
@@ -49,6 +51,21 @@ std::string join(const std::vector<std::string>& items, const std::string& separ
   std::string out;
   for (size_t i = 0; i < items.size(); ++i) out += (i ? separator : "") + items[i];
   return out;
+}
+
+std::string format(const char* spec, double value) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), spec, value);
+  return buffer;
+}
+
+std::string withCommas(int64_t value) {
+  std::string digits = std::to_string(value < 0 ? -value : value), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return value < 0 ? "-" + out : out;
 }
 
 }  // namespace collie::detail

@@ -1,6 +1,7 @@
 // Small string helpers for messages: edit distance and "did you mean".
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -13,5 +14,9 @@ std::string closestMatch(const std::string& word, const std::vector<std::string>
 std::string didYouMean(const std::string& word, const std::vector<std::string>& candidates);
 std::string trim(const std::string& text);
 std::string join(const std::vector<std::string>& items, const std::string& separator);
+// printf-style formatting of one value: format("%.3g", 0.00012) == "0.00012".
+std::string format(const char* spec, double value);
+// "1,234,567": an integer with thousands separators.
+std::string withCommas(int64_t value);
 
 }  // namespace collie::detail

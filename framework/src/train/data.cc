@@ -1,0 +1,186 @@
+// Token sources: synthetic sequences, flat uint16 token files and byte-level text files.
+#include "train/data.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <ATen/ops/empty.h>
+
+#include <cerrno>
+#include <cstring>
+#include <numeric>
+
+#include "collie/error.h"
+#include "util/strings.h"
+
+namespace collie::train {
+namespace {
+
+// splitmix64's finaliser: a counter-based generator, so sample i needs no other sample.
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Learnable sequences: each token follows from the previous one three times in four
+// (t -> 5 t + 3 mod V), otherwise it is drawn uniformly. Loss falls from ln V towards the
+// entropy of that rule, so a run shows learning without any file.
+class SyntheticSource final : public TokenSource {
+ public:
+  SyntheticSource(uint64_t seed, int64_t vocab)
+      : seed_(seed), vocab_(static_cast<uint64_t>(vocab)) {}
+
+  void sample(uint64_t index, int64_t window, int64_t* out) const override {
+    const uint64_t state = mix(seed_ ^ mix(index + 1));
+    uint64_t token = state % vocab_;
+    for (int64_t i = 0; i < window; ++i) {
+      if (i > 0) {
+        const uint64_t r = mix(state + static_cast<uint64_t>(i));
+        token = (r & 3) != 0 ? (token * 5 + 3) % vocab_ : (r >> 8) % vocab_;
+      }
+      out[i] = static_cast<int64_t>(token);
+    }
+  }
+
+  std::string describe() const override {
+    return "synthetic (seed " + std::to_string(seed_) + ", vocab " + std::to_string(vocab_) + ")";
+  }
+
+ private:
+  uint64_t seed_, vocab_;
+};
+
+// A read-only mapping of a whole file.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      throw ConfigError("data.path " + path + ": cannot open: " + std::strerror(errno));
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      throw ConfigError("data.path " + path + ": not a regular file");
+    }
+    size_ = static_cast<size_t>(st.st_size);
+    if (size_ > 0) {
+      data_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (data_ == MAP_FAILED) {
+        int error = errno;
+        ::close(fd);
+        throw ConfigError("data.path " + path + ": cannot map: " + std::strerror(error));
+      }
+    }
+    ::close(fd);
+  }
+  ~MappedFile() {
+    if (data_ != nullptr && data_ != MAP_FAILED) ::munmap(data_, size_);
+  }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* bytes() const { return static_cast<const uint8_t*>(data_); }
+  size_t size() const { return size_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Windows at seeded random offsets of a token array (nanoGPT's sampling), from a file of
+// little-endian uint16 ids (`tokens`) or of bytes (`text`).
+class FileSource final : public TokenSource {
+ public:
+  FileSource(const config::DataSpec& spec, int64_t window, int64_t vocab)
+      : file_(spec.path),
+        path_(spec.path),
+        seed_(spec.seed),
+        text_(spec.source == config::DataSpec::Source::kText) {
+    if (!text_ && file_.size() % 2 != 0) {
+      throw ConfigError("data.path " + path_ +
+                        ": a tokens file holds uint16 ids (2 bytes each), "
+                        "but it has an odd size of " +
+                        std::to_string(file_.size()) +
+                        " bytes. HINT: for a text file use data.source: text");
+    }
+    count_ = text_ ? file_.size() : file_.size() / 2;
+    if (count_ < static_cast<size_t>(window) + 1) {
+      throw ConfigError("data.path " + path_ + ": expected at least " + std::to_string(window + 1) +
+                        " tokens (the model's seq_len + 2), found " + std::to_string(count_));
+    }
+    if (text_ && vocab < 256) {
+      throw ConfigError(
+          "data.source text: byte-level tokens need a model vocab of at least 256, "
+          "found " +
+          std::to_string(vocab) + ". HINT: set the model's vocab: 256");
+    }
+    int64_t largest = 0;
+    size_t where = 0;
+    for (size_t i = 0; i < count_; ++i) {
+      if (at(i) > largest) largest = at(i), where = i;
+    }
+    if (largest >= vocab) {
+      throw ConfigError("data.path " + path_ + ": token " + std::to_string(largest) + " at index " +
+                        std::to_string(where) + " is outside the model's vocab (" +
+                        std::to_string(vocab) + "). HINT: raise the model's vocab param");
+    }
+  }
+
+  void sample(uint64_t index, int64_t window, int64_t* out) const override {
+    const uint64_t starts = count_ - static_cast<uint64_t>(window) + 1;
+    const uint64_t start = mix(seed_ ^ mix(index + 1)) % starts;
+    for (int64_t i = 0; i < window; ++i) out[i] = at(start + static_cast<uint64_t>(i));
+  }
+
+  std::string describe() const override {
+    return std::string(text_ ? "text " : "tokens ") + path_ + " (" + std::to_string(count_) +
+           " tokens)";
+  }
+
+ private:
+  int64_t at(size_t i) const {
+    const uint8_t* b = file_.bytes();
+    return text_ ? b[i] : static_cast<int64_t>(b[2 * i] | (b[2 * i + 1] << 8));
+  }
+
+  MappedFile file_;
+  std::string path_;
+  uint64_t seed_;
+  bool text_;
+  size_t count_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<TokenSource> openSource(const config::DataSpec& spec, int64_t window,
+                                        int64_t vocab) {
+  if (spec.source == config::DataSpec::Source::kSynthetic) {
+    return std::make_unique<SyntheticSource>(spec.seed, vocab);
+  }
+  return std::make_unique<FileSource>(spec, window, vocab);
+}
+
+at::Tensor batch(const TokenSource& source, uint64_t first, int64_t count, int64_t window) {
+  at::Tensor out = at::empty({count, window}, at::kLong);  // (count, window)
+  int64_t* data = out.data_ptr<int64_t>();
+  for (int64_t i = 0; i < count; ++i) source.sample(first + i, window, data + i * window);
+  return out;
+}
+
+int64_t Sharding::globalBatch() const {
+  return std::accumulate(micro_batch.begin(), micro_batch.end(), int64_t{0}) * grad_accum;
+}
+
+uint64_t Sharding::firstSample(int64_t step, int micro, int rank) const {
+  const int64_t per_micro = globalBatch() / grad_accum;
+  const int64_t before =
+      std::accumulate(micro_batch.begin(), micro_batch.begin() + rank, int64_t{0});
+  return static_cast<uint64_t>(step * globalBatch() + micro * per_micro + before);
+}
+
+}  // namespace collie::train

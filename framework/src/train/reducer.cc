@@ -1,0 +1,213 @@
+// Bucketed, overlapped gradient all-reduce.
+#include "train/reducer.h"
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
+
+#include <chrono>
+
+#include "collie/error.h"
+
+namespace collie::train {
+namespace {
+using Clock = std::chrono::steady_clock;
+}
+
+Reducer::Reducer(std::vector<at::Tensor> params, uint64_t bucket_bytes, Communicator& comm,
+                 bool overlap)
+    : params_(std::move(params)), slots_(params_.size()), comm_(comm), overlap_(overlap) {
+  // Reverse order: the last layers' gradients arrive first during backward. A parameter
+  // larger than bucket_bytes gets a bucket of its own.
+  uint64_t used = 0;
+  for (size_t k = params_.size(); k-- > 0;) {
+    const at::Tensor& p = params_[k];
+    COLLIE_CHECK(p.scalar_type() == at::kFloat, "parameter ", k, " is ", p.scalar_type(),
+                 "; the trainer keeps float32 master weights");
+    const uint64_t bytes = static_cast<uint64_t>(p.numel()) * 4;
+    if (buckets_.empty() || (used > 0 && used + bytes > bucket_bytes)) {
+      buckets_.emplace_back();
+      used = 0;
+    }
+    slots_[k] = {buckets_.size() - 1, static_cast<int64_t>(used / 4), p.numel(), false};
+    buckets_.back().params.push_back(k);
+    used += bytes;
+  }
+  for (auto& b : buckets_) {
+    int64_t numel = 0;
+    for (size_t k : b.params) numel += slots_[k].numel;
+    b.flat = at::zeros({numel}, at::kFloat);  // (numel)
+    b.pending = b.params.size();
+  }
+  hooks_.reserve(params_.size());
+  for (size_t k = 0; k < params_.size(); ++k) {
+    hooks_.push_back(params_[k].register_hook([this, k](at::Tensor grad) { onGradient(k, grad); }));
+  }
+  thread_ = std::thread([this] { communicationLoop(); });
+}
+
+Reducer::~Reducer() {
+  for (size_t k = 0; k < params_.size(); ++k) params_[k].remove_hook(hooks_[k]);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void Reducer::arm() {
+  std::lock_guard<std::mutex> lock(mu_);
+  armed_ = true;
+}
+
+void Reducer::onGradient(size_t param, const at::Tensor& grad) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!armed_) return;
+  Slot& slot = slots_[param];
+  if (slot.filled) {
+    Bucket& b = buckets_[slot.bucket];
+    if (b.launched) {
+      throw CommError("parameter " + std::to_string(param) +
+                      " received a second gradient in one backward after its bucket's "
+                      "all-reduce had started. HINT: set train.overlap: false");
+    }
+    b.flat.narrow(0, slot.offset, slot.numel).add_(grad.reshape({-1}));
+    return;
+  }
+  fill(param, &grad);
+  if (overlap_) launchReady();
+}
+
+void Reducer::fill(size_t param, const at::Tensor* grad) {
+  Slot& slot = slots_[param];
+  at::Tensor view = buckets_[slot.bucket].flat.narrow(0, slot.offset, slot.numel);
+  // .grad holds the earlier micro-batches' sum; `grad` is this backward's contribution.
+  const at::Tensor& accumulated = params_[param].grad();
+  if (grad != nullptr) {
+    view.copy_(grad->reshape({-1}));
+    if (accumulated.defined()) view.add_(accumulated.reshape({-1}));
+  } else if (accumulated.defined()) {
+    view.copy_(accumulated.reshape({-1}));
+  } else {
+    view.zero_();  // a parameter the loss did not use this step
+  }
+  slot.filled = true;
+  --buckets_[slot.bucket].pending;
+}
+
+void Reducer::launchReady() {
+  bool launched = false;
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
+    buckets_[next_launch_].launched = true;
+    queue_.push_back(next_launch_++);
+    launched = true;
+  }
+  if (launched) cv_.notify_all();
+}
+
+CollectiveArgs Reducer::argsFor(Bucket& bucket, Collective coll) const {
+  CollectiveArgs args;
+  args.coll = coll;
+  args.data.data = bucket.flat.data_ptr();
+  args.data.count = static_cast<size_t>(bucket.flat.numel());
+  args.data.dtype = DType::kF32;
+  args.op = ReduceOp::kSum;
+  return args;
+}
+
+void Reducer::communicationLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping
+    Bucket& b = buckets_[queue_.front()];
+    queue_.pop_front();
+    const bool skip = failure_ != nullptr;
+    lock.unlock();
+    if (!skip) {
+      try {
+        const auto start = Clock::now();
+        b.provenance = comm_.run(argsFor(b, Collective::kAllReduce));
+        b.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      } catch (...) {
+        lock.lock();
+        failure_ = std::current_exception();
+        lock.unlock();
+      }
+    }
+    lock.lock();
+    b.done = true;
+    cv_.notify_all();
+  }
+}
+
+SyncTiming Reducer::finish() {
+  const auto start = Clock::now();
+  SyncTiming timing;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    armed_ = false;
+    for (size_t k = 0; k < params_.size(); ++k) {
+      if (!slots_[k].filled) fill(k, nullptr);
+    }
+    launchReady();
+    cv_.wait(lock, [&] {
+      for (const auto& b : buckets_) {
+        if (!b.done) return false;
+      }
+      return true;
+    });
+    timing.exposed_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    for (auto& b : buckets_) {
+      timing.comm_seconds += b.seconds;
+      timing.bytes += static_cast<uint64_t>(b.flat.numel()) * 4;
+      timing.collectives.push_back(b.provenance);
+      b.launched = b.done = false;
+      b.seconds = 0;
+      b.pending = b.params.size();
+    }
+    for (auto& s : slots_) s.filled = false;
+    next_launch_ = 0;
+    if (failure_) std::rethrow_exception(failure_);
+  }
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const Slot& slot = slots_[k];
+    at::Tensor reduced = buckets_[slot.bucket].flat.narrow(0, slot.offset, slot.numel);
+    at::Tensor& grad = params_[k].mutable_grad();
+    if (!grad.defined()) grad = at::zeros_like(params_[k]);
+    grad.copy_(reduced.view(params_[k].sizes()));
+  }
+  return timing;
+}
+
+void Reducer::broadcastParameters() {
+  at::NoGradGuard no_grad;
+  const bool root = comm_.backend().rank() == 0;
+  for (auto& b : buckets_) {
+    for (size_t k : b.params) {
+      b.flat.narrow(0, slots_[k].offset, slots_[k].numel).copy_(params_[k].reshape({-1}));
+    }
+    CollectiveArgs args = argsFor(b, Collective::kBroadcast);
+    std::string refusals;
+    if (comm_.select(args, comm_.rules(), &refusals) == nullptr) {
+      // A scheduler without broadcast: an all-reduce in which every rank but 0 contributes
+      // zeros delivers rank 0's values exactly (x + 0 == x).
+      if (!root) b.flat.zero_();
+      args = argsFor(b, Collective::kAllReduce);
+    }
+    comm_.run(args);
+    for (size_t k : b.params) {
+      params_[k].copy_(
+          b.flat.narrow(0, slots_[k].offset, slots_[k].numel).view(params_[k].sizes()));
+    }
+  }
+}
+
+std::vector<std::vector<size_t>> Reducer::bucketLayout() const {
+  std::vector<std::vector<size_t>> layout;
+  for (const auto& b : buckets_) layout.push_back(b.params);
+  return layout;
+}
+
+}  // namespace collie::train

@@ -1,0 +1,237 @@
+// The training summary: the table, stragglers, all-reduce against its prediction, the
+// weight-sync verdict and projections; and the JSON that carries a Result between processes.
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+
+#include "collie/error.h"
+#include "collie/params.h"
+#include "train/trainer.h"
+#include "util/strings.h"
+
+namespace collie::train {
+namespace {
+
+using nlohmann::json;
+
+json toJson(const Result& r) {
+  return {{"run", r.run},
+          {"name", r.name},
+          {"model", r.model},
+          {"scheduler", r.scheduler},
+          {"backend", r.backend},
+          {"ranks", r.ranks},
+          {"parameters", r.parameters},
+          {"flops_per_token", r.flops_per_token},
+          {"steps", r.steps},
+          {"timed_steps", r.timed_steps},
+          {"world_batch_samples", r.world_batch_samples},
+          {"world_batch_tokens", r.world_batch_tokens},
+          {"micro_batch", r.micro_batch},
+          {"grad_weighting", r.tokens_weighting ? "tokens" : "uniform"},
+          {"step_s", r.step_seconds},
+          {"tokens_per_s", r.tokens_per_second},
+          {"comm_s", r.comm_seconds},
+          {"exposed_comm_s", r.exposed_seconds},
+          {"allreduce_bytes", r.allreduce_bytes},
+          {"buckets", r.buckets},
+          {"predicted_comm_s",
+           std::isnan(r.predicted_comm_seconds) ? json(nullptr) : json(r.predicted_comm_seconds)},
+          {"link_alpha_s", r.link_alpha},
+          {"link_beta_s_per_byte", r.link_beta},
+          {"compute_s", r.compute_seconds},
+          {"first_loss", r.first_loss},
+          {"last_loss", r.last_loss},
+          {"sync",
+           {{"step", r.sync.step},
+            {"parameters", r.sync.parameters},
+            {"identical", r.sync.identical},
+            {"max_spread", r.sync.max_spread},
+            {"first_parameter", r.sync.first_parameter},
+            {"ranks", r.sync.ranks},
+            {"differing", r.sync.differing}}},
+          {"token_budgets", r.token_budgets}};
+}
+
+Result fromJson(const json& j) {
+  Result r;
+  r.run = j.at("run");
+  r.name = j.at("name");
+  r.model = j.at("model");
+  r.scheduler = j.at("scheduler");
+  r.backend = j.at("backend");
+  r.ranks = j.at("ranks");
+  r.parameters = j.at("parameters");
+  r.flops_per_token = j.at("flops_per_token");
+  r.steps = j.at("steps");
+  r.timed_steps = j.at("timed_steps");
+  r.world_batch_samples = j.at("world_batch_samples");
+  r.world_batch_tokens = j.at("world_batch_tokens");
+  r.micro_batch = j.at("micro_batch").get<std::vector<int>>();
+  r.tokens_weighting = j.at("grad_weighting") == "tokens";
+  r.step_seconds = j.at("step_s");
+  r.tokens_per_second = j.at("tokens_per_s");
+  r.comm_seconds = j.at("comm_s");
+  r.exposed_seconds = j.at("exposed_comm_s");
+  r.allreduce_bytes = j.at("allreduce_bytes");
+  r.buckets = j.at("buckets");
+  r.predicted_comm_seconds =
+      j.at("predicted_comm_s").is_null() ? kNoPrediction : j.at("predicted_comm_s").get<double>();
+  r.link_alpha = j.at("link_alpha_s");
+  r.link_beta = j.at("link_beta_s_per_byte");
+  r.compute_seconds = j.at("compute_s").get<std::vector<double>>();
+  r.first_loss = j.at("first_loss");
+  r.last_loss = j.at("last_loss");
+  const json& s = j.at("sync");
+  r.sync.step = s.at("step");
+  r.sync.parameters = s.at("parameters");
+  r.sync.identical = s.at("identical");
+  r.sync.max_spread = s.at("max_spread");
+  r.sync.first_parameter = s.at("first_parameter");
+  r.sync.ranks = s.at("ranks").get<std::vector<int>>();
+  r.sync.differing = s.at("differing");
+  r.token_budgets = j.at("token_budgets").get<std::vector<double>>();
+  return r;
+}
+
+// "42 s", "3.5 min", "2.1 h", "4.0 d"
+std::string duration(double seconds) {
+  if (!std::isfinite(seconds)) return "-";
+  if (seconds < 120) return detail::format("%.0f s", seconds);
+  if (seconds < 7200) return detail::format("%.1f min", seconds / 60);
+  if (seconds < 172800) return detail::format("%.1f h", seconds / 3600);
+  return detail::format("%.1f d", seconds / 86400);
+}
+
+std::string count(double value) {
+  if (value >= 1e9) return detail::format("%.2f G", value / 1e9);
+  if (value >= 1e6) return detail::format("%.2f M", value / 1e6);
+  if (value >= 1e3) return detail::format("%.1f k", value / 1e3);
+  return detail::format("%.0f", value);
+}
+
+std::string microBatchText(const Result& r) {
+  std::vector<std::string> parts;
+  for (int b : r.micro_batch) parts.push_back(std::to_string(b));
+  return "[" + detail::join(parts, ",") + "]";
+}
+
+// The 1-rank run of the same model to compare against, or null.
+const Result* soloRun(const std::vector<Result>& results, const Result& r) {
+  for (const auto& other : results) {
+    if (other.ranks == 1 && other.model == r.model && other.parameters == r.parameters)
+      return &other;
+  }
+  return nullptr;
+}
+
+void printDetails(std::ostream& out, const Result& r) {
+  const std::string tag = r.run.empty() ? "" : "[" + r.run + "] ";
+  if (r.ranks > 1) {
+    std::vector<std::string> per_rank;
+    int slowest = 0;
+    for (size_t i = 0; i < r.compute_seconds.size(); ++i) {
+      per_rank.push_back("r" + std::to_string(i) + " " +
+                         detail::format("%.3f", r.compute_seconds[i]));
+      if (r.compute_seconds[i] > r.compute_seconds[slowest]) slowest = static_cast<int>(i);
+    }
+    out << "# " << tag << "compute per step (s): " << detail::join(per_rank, ", ")
+        << "; slowest rank " << slowest << ", "
+        << detail::format("%.0f", 100 * r.compute_seconds[slowest] / r.step_seconds) << "% of the "
+        << detail::format("%.3f", r.step_seconds) << " s step\n";
+    out << "# " << tag << "all-reduce per step: " << formatBytes(r.allreduce_bytes) << " in "
+        << r.buckets << " bucket(s): measured " << detail::format("%.4f", r.comm_seconds) << " s ("
+        << detail::format("%.4f", r.exposed_seconds) << " s exposed), predicted "
+        << (std::isnan(r.predicted_comm_seconds) ? std::string("-")
+                                                 : detail::format("%.4f", r.predicted_comm_seconds))
+        << " s from the measured link (alpha " << detail::format("%.1f", r.link_alpha * 1e6)
+        << " us, " << (r.link_beta > 0 ? detail::format("%.2f", 1e-9 / r.link_beta) : "-")
+        << " GB/s)\n";
+  }
+  out << "# " << tag << r.sync.describe(r.ranks) << "\n";
+  std::vector<std::string> budgets = {"20 x params (" + count(20.0 * r.parameters) + " tokens): " +
+                                      duration(20.0 * r.parameters / r.tokens_per_second)};
+  for (double b : r.token_budgets) {
+    budgets.push_back(count(b) + " tokens: " + duration(b / r.tokens_per_second));
+  }
+  out << "# " << tag << "time to token budget at "
+      << detail::withCommas(std::llround(r.tokens_per_second))
+      << " tokens/s: " << detail::join(budgets, "; ") << "\n";
+}
+
+}  // namespace
+
+void printSummary(std::ostream& out, const std::vector<Result>& results) {
+  if (results.empty()) return;
+  const Result& first = results.front();
+  out << "# Training: " << first.name << ", model " << first.model << " ("
+      << detail::withCommas(first.parameters) << " parameters, "
+      << detail::format("%.3g", first.flops_per_token) << " FLOP/token), " << first.scheduler
+      << " over " << first.backend << "\n";
+  std::ostringstream table;
+  table << std::left << std::setw(28) << "# run" << std::right << std::setw(6) << "ranks"
+        << std::setw(12) << "micro-batch" << std::setw(10) << "step (s)" << std::setw(13)
+        << "world batch" << std::setw(11) << "tokens/s" << std::setw(9) << "speed-up"
+        << std::setw(11) << "efficiency" << std::setw(10) << "comm (s)" << std::setw(13)
+        << "exposed (s)" << std::setw(19) << "loss first->last"
+        << "\n";
+  for (const auto& r : results) {
+    const Result* solo = soloRun(results, r);
+    const double speedup = solo ? r.tokens_per_second / solo->tokens_per_second : NAN;
+    std::string label = r.run.empty() ? r.name : r.run;
+    if (label.size() > 26) label = label.substr(0, 25) + "~";
+    table << std::left << std::setw(28) << ("  " + label) << std::right << std::setw(6) << r.ranks
+          << std::setw(12) << microBatchText(r) << std::setw(10)
+          << detail::format("%.3f", r.step_seconds) << std::setw(13)
+          << detail::withCommas(r.world_batch_tokens) << std::setw(11)
+          << detail::withCommas(std::llround(r.tokens_per_second)) << std::setw(9)
+          << (solo ? detail::format("%.2f", speedup) : "-") << std::setw(11)
+          << (solo ? detail::format("%.1f%%", 100 * speedup / r.ranks) : "-") << std::setw(10)
+          << detail::format("%.4f", r.comm_seconds) << std::setw(13)
+          << detail::format("%.4f", r.exposed_seconds) << std::setw(19)
+          << (detail::format("%.3f", r.first_loss) + " -> " + detail::format("%.3f", r.last_loss))
+          << "\n";
+  }
+  out << table.str();
+  for (const auto& r : results) printDetails(out, r);
+}
+
+void writeSummaryJson(const std::string& path, const std::vector<Result>& results) {
+  json all = json::array();
+  for (const auto& r : results) all.push_back(toJson(r));
+  std::ofstream out(path);
+  out << all.dump(2) << "\n";
+  if (!out) throw InternalError("cannot write " + path);
+}
+
+void saveResult(const std::string& path, const Result& result) {
+  const std::string partial = path + ".partial";
+  {
+    std::ofstream out(partial);
+    out << toJson(result).dump() << "\n";
+    if (!out) throw InternalError("cannot write " + partial);
+  }
+  if (std::rename(partial.c_str(), path.c_str()) != 0) {
+    throw InternalError("cannot rename " + partial + " to " + path);
+  }
+}
+
+Result loadResult(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InternalError("rank 0 left no training result at " + path);
+  try {
+    return fromJson(json::parse(in));
+  } catch (const json::exception& e) {
+    throw InternalError(path + ": not a training result: " + e.what());
+  }
+}
+
+}  // namespace collie::train

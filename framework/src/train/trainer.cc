@@ -1,0 +1,464 @@
+// One rank's training loop: micro-batches, overlapped bucketed all-reduce, optimizer step,
+// metrics, weight-sync checks.
+#include "train/trainer.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <mutex>
+
+#include "bench/calibrate.h"
+#include "collie/error.h"
+#include "collie/log.h"
+#include "collie/model.h"
+#include "runtime/communicator.h"
+#include "runtime/control.h"
+#include "runtime/in_process.h"
+#include "train/data.h"
+#include "train/reducer.h"
+#include "train/sync.h"
+#include "util/strings.h"
+
+namespace collie::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// bf16 autocast of the forward pass on CPU; off again (and its cast cache dropped) after.
+class Autocast {
+ public:
+  explicit Autocast(bool on) : on_(on) {
+    if (!on_) return;
+    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    at::autocast::set_cpu_enabled(true);
+  }
+  ~Autocast() {
+    if (!on_) return;
+    at::autocast::set_cpu_enabled(false);
+    at::autocast::clear_cache();
+  }
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
+
+ private:
+  bool on_;
+};
+
+// Model construction draws the initial weights from LibTorch's global generator; ranks that
+// are threads of one process take turns so that each gets the same, repeatable draw.
+std::mutex& modelCreationMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+// What one step cost on this rank.
+struct StepStats {
+  double step = 0, forward = 0, backward = 0, optimizer = 0;
+  double loss = 0;  // mean over this rank's samples of the step
+  double lr = 0, grad_norm = 0;
+  SyncTiming sync;
+};
+
+class RankTrainer {
+ public:
+  RankTrainer(const PluginLoader& loader, const config::Experiment& e,
+              std::shared_ptr<Backend> backend, const Topology& topology,
+              const std::string& out_dir)
+      : e_(e),
+        spec_(e.train),
+        rank_(backend->rank()),
+        world_(backend->size()),
+        comm_(backend, e.backend.label, topology),
+        control_(*backend) {
+    checkMicroBatches();
+    for (int r = 0; r < world_; ++r) sharding_.micro_batch.push_back(spec_.microBatchOf(r));
+    sharding_.grad_accum = spec_.grad_accum;
+    addSchedulers(loader);
+    createModel(loader);
+    shape_ = model_->shape();
+    source_ = openSource(e.data, shape_.seq_len + 1, shape_.vocab);
+    for (const auto& named : model_->module().named_parameters()) {
+      names_.push_back(named.key());
+      params_.push_back(named.value());
+    }
+    checkParameterCount();
+    const std::string jsonl = out_dir + "/rank-" + std::to_string(rank_) + ".jsonl";
+    metrics_.open(jsonl, std::ios::trunc);
+    if (!metrics_) throw ConfigError("cannot write per-step metrics to " + jsonl);
+  }
+
+  Result run() {
+    if (rank_ == 0) {
+      logInfo("training " + e_.model.label + " (" + detail::withCommas(model_->parameterCount()) +
+              " parameters, " + detail::format("%.3g", model_->flopsPerToken()) +
+              " FLOP/token) on " + source_->describe() + ", " + std::to_string(world_) +
+              " ranks, micro-batches " + microBatchText() + " x " +
+              std::to_string(spec_.grad_accum) + " accumulation");
+    }
+    const CostModel cost =
+        bench::calibrate(comm_.backend(), control_, comm_.topology(), DType::kF32);
+    Reducer reducer(params_, spec_.bucket_bytes, comm_, spec_.overlap);
+    reducer.broadcastParameters();
+    createOptimizer();
+    const double predicted = predictComm(reducer, cost);
+
+    std::vector<StepStats> stats;
+    Result result = describeRun(reducer, cost, predicted);
+    const auto started = Clock::now();
+    for (int64_t s = 0; s < spec_.steps; ++s) {
+      stats.push_back(step(s, reducer));
+      writeMetrics(s, stats.back());
+      if ((s + 1) % spec_.log_every == 0 || s + 1 == spec_.steps) progress(s, stats, started);
+      if (spec_.verify_sync_every > 0 && (s + 1) % spec_.verify_sync_every == 0 &&
+          s + 1 != spec_.steps) {
+        enforce(verifyWeights(comm_, control_, params_, names_, s + 1));
+      }
+    }
+    result.sync = verifyWeights(comm_, control_, params_, names_, spec_.steps);
+    enforce(result.sync);
+    summarise(stats, &result);
+    return result;
+  }
+
+ private:
+  void checkMicroBatches() const {
+    const auto n = spec_.micro_batch.size();
+    if (n != 1 && static_cast<int>(n) != world_) {
+      throw ConfigError(e_.file + ": train.micro_batch: expected one size for every rank or " +
+                        std::to_string(world_) + " sizes (one per rank), found " +
+                        std::to_string(n) + ". HINT: the job has " + std::to_string(world_) +
+                        " ranks");
+    }
+  }
+
+  void addSchedulers(const PluginLoader& loader) {
+    auto create = [&](const config::PluginRef& ref) {
+      Params params = ref.params;
+      return loader.createScheduler(ref.plugin, params);
+    };
+    const auto& ref = spec_.scheduler;
+    if (ref.rules.empty()) rules_.push_back({ref.label, create(ref), 0});
+    for (const auto& rule : ref.rules) {
+      rules_.push_back({rule.scheduler.label, create(rule.scheduler), rule.max_bytes});
+    }
+    for (const auto& rule : rules_) comm_.addRule(rule.label, rule.scheduler, rule.max_bytes);
+  }
+
+  void createModel(const PluginLoader& loader) {
+    std::lock_guard<std::mutex> lock(modelCreationMutex());
+    torch::manual_seed(spec_.seed);
+    Params params = e_.model.params;
+    model_ = loader.createModel(e_.model.plugin, params);
+    if (spec_.grad_checkpointing && !model_->setGradCheckpointing(true)) {
+      throw ConfigError("train.grad_checkpointing: model '" + e_.model.label +
+                        "' cannot recompute activations. HINT: set it to false");
+    }
+    // Dropout draws differ per rank (each sees other samples), repeatably.
+    torch::manual_seed(spec_.seed + 1 + static_cast<uint64_t>(rank_));
+  }
+
+  void checkParameterCount() const {
+    int64_t actual = 0;
+    for (const auto& p : params_) actual += p.numel();
+    if (actual != model_->parameterCount()) {
+      throw InternalError("model '" + e_.model.label + "' reports " +
+                          std::to_string(model_->parameterCount()) +
+                          " parameters by its formula, but its module has " +
+                          std::to_string(actual) + ": the plugin's parameterCount() is wrong");
+    }
+  }
+
+  void createOptimizer() {
+    const double lr = scaledLr(spec_.lr);
+    if (spec_.sgd) {
+      optimizer_ = std::make_unique<torch::optim::SGD>(
+          params_,
+          torch::optim::SGDOptions(lr).momentum(spec_.momentum).weight_decay(spec_.weight_decay));
+    } else {
+      optimizer_ =
+          std::make_unique<torch::optim::AdamW>(params_, torch::optim::AdamWOptions(lr)
+                                                             .betas({spec_.beta1, spec_.beta2})
+                                                             .weight_decay(spec_.weight_decay));
+    }
+  }
+
+  // The linear scaling rule: lr grows with the world batch against a reference batch.
+  double scaledLr(double lr) const {
+    if (spec_.linear_scaling_batch == 0) return lr;
+    return lr * static_cast<double>(sharding_.globalBatch()) / spec_.linear_scaling_batch;
+  }
+
+  // Linear warmup, then cosine decay to min_lr (or constant).
+  double lrAt(int64_t step) const {
+    const double top = scaledLr(spec_.lr), floor = scaledLr(spec_.min_lr);
+    if (step < spec_.warmup_steps) return top * static_cast<double>(step + 1) / spec_.warmup_steps;
+    if (!spec_.cosine) return top;
+    const double span = std::max<int64_t>(1, spec_.steps - spec_.warmup_steps);
+    const double progress = std::min(1.0, static_cast<double>(step - spec_.warmup_steps) / span);
+    return floor + 0.5 * (top - floor) * (1.0 + std::cos(M_PI * progress));
+  }
+
+  void setLr(double lr) {
+    for (auto& group : optimizer_->param_groups()) {
+      if (spec_.sgd) {
+        static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
+      } else {
+        static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+      }
+    }
+  }
+
+  StepStats step(int64_t s, Reducer& reducer) {
+    StepStats st;
+    const auto start = Clock::now();
+    const int mb = spec_.microBatchOf(rank_);
+    const double global = static_cast<double>(sharding_.globalBatch());
+    // tokens: this micro-batch's share of the step's predictions; uniform: DDP's mean.
+    const double scale = spec_.tokens_weighting
+                             ? static_cast<double>(mb) / global
+                             : 1.0 / (static_cast<double>(spec_.grad_accum) * world_);
+    double loss_sum = 0;
+    for (int k = 0; k < spec_.grad_accum; ++k) {
+      at::Tensor tokens = batch(*source_, sharding_.firstSample(s, k, rank_), mb,
+                                shape_.seq_len + 1);  // (mb, T + 1)
+      if (k + 1 == spec_.grad_accum) reducer.arm();
+      auto t = Clock::now();
+      at::Tensor loss;
+      {
+        Autocast autocast(spec_.bf16);
+        loss = model_->loss(tokens);
+      }
+      st.forward += since(t);
+      t = Clock::now();
+      (loss * scale).backward();
+      st.backward += since(t);
+      loss_sum += loss.item<double>();
+    }
+    st.loss = loss_sum / spec_.grad_accum;
+    st.sync = reducer.finish();
+    auto t = Clock::now();
+    st.grad_norm = clipGradients();
+    st.lr = lrAt(s);
+    setLr(st.lr);
+    optimizer_->step();
+    for (auto& p : params_) p.mutable_grad() = at::Tensor();  // the next step starts afresh
+    st.optimizer = since(t);
+    st.step = since(start);
+    if (!std::isfinite(st.loss)) {
+      throw CommError("rank " + std::to_string(rank_) + ": loss is " + std::to_string(st.loss) +
+                      " at step " + std::to_string(s) +
+                      ". HINT: lower train.lr or set "
+                      "train.grad_clip");
+    }
+    return st;
+  }
+
+  // The global L2 norm of the (already all-reduced, identical) gradients; scaled down to
+  // train.grad_clip when it is larger.
+  double clipGradients() {
+    double squares = 0;
+    for (const auto& p : params_) {
+      const double n = p.grad().norm().item().toDouble();
+      squares += n * n;
+    }
+    const double norm = std::sqrt(squares);
+    if (spec_.grad_clip > 0 && norm > spec_.grad_clip) {
+      const double factor = spec_.grad_clip / (norm + 1e-6);
+      for (auto& p : params_) p.mutable_grad().mul_(factor);
+    }
+    return norm;
+  }
+
+  void writeMetrics(int64_t s, const StepStats& st) {
+    const int64_t samples = static_cast<int64_t>(spec_.microBatchOf(rank_)) * spec_.grad_accum;
+    const int64_t tokens = samples * shape_.seq_len;
+    nlohmann::json line = {
+        {"step", s + 1},
+        {"rank", rank_},
+        {"step_s", st.step},
+        {"forward_s", st.forward},
+        {"backward_s", st.backward},
+        {"comm_s", st.sync.comm_seconds},
+        {"exposed_comm_s", st.sync.exposed_seconds},
+        {"optimizer_s", st.optimizer},
+        {"samples", samples},
+        {"tokens", tokens},
+        {"tokens_per_s", st.step > 0 ? tokens / st.step : 0.0},
+        {"loss", st.loss},
+        {"lr", st.lr},
+        {"grad_norm", st.grad_norm},
+    };
+    nlohmann::json collectives = nlohmann::json::array();
+    for (const auto& p : st.sync.collectives) {
+      collectives.push_back({{"scheduler", p.scheduler},
+                             {"backend", p.backend},
+                             {"bytes", p.bytes},
+                             {"seq", p.seq},
+                             {"seconds", p.seconds}});
+    }
+    line["collectives"] = collectives;
+    metrics_ << line.dump() << '\n';
+    metrics_.flush();
+  }
+
+  // Every rank takes part (the loss is averaged over the job); rank 0 prints.
+  void progress(int64_t s, const std::vector<StepStats>& stats, Clock::time_point started) {
+    const auto all = control_.allGather({stats.back().loss * spec_.microBatchOf(rank_)});
+    double loss = 0;
+    for (const auto& r : all) loss += r[0];
+    loss /= static_cast<double>(sharding_.globalBatch() / spec_.grad_accum);
+    if (rank_ != 0) return;
+    const double elapsed = since(started), per_step = elapsed / static_cast<double>(s + 1);
+    const double tokens = static_cast<double>(sharding_.globalBatch() * shape_.seq_len);
+    logInfo("step " + std::to_string(s + 1) + "/" + std::to_string(spec_.steps) + "  loss " +
+            detail::format("%.4f", loss) + "  lr " + detail::format("%.2e", stats.back().lr) +
+            "  " + detail::withCommas(static_cast<int64_t>(tokens / stats.back().step)) +
+            " tok/s  step " + detail::format("%.3f", stats.back().step) + " s (comm " +
+            detail::format("%.3f", stats.back().sync.comm_seconds) + ", exposed " +
+            detail::format("%.3f", stats.back().sync.exposed_seconds) + ")  ETA " +
+            detail::format("%.0f", per_step * static_cast<double>(spec_.steps - s - 1)) + " s");
+  }
+
+  void enforce(const SyncCheck& check) {
+    if (check.identical) {
+      logDebug(check.describe(world_));
+      return;
+    }
+    if (spec_.fail_on_divergence) {
+      throw CommError(check.describe(world_) +
+                      ". HINT: a scheduler or backend returned different sums on different "
+                      "ranks; `collie plugin-check` finds which");
+    }
+    if (rank_ == 0) logWarn(check.describe(world_) + " (train.on_divergence: warn)");
+  }
+
+  // The all-reduce time per step the calibrated model predicts for these buckets.
+  double predictComm(const Reducer& reducer, const CostModel& cost) const {
+    double total = 0;
+    for (const auto& bucket : reducer.bucketLayout()) {
+      int64_t numel = 0;
+      for (size_t k : bucket) numel += params_[k].numel();
+      CollectiveArgs args;
+      args.data.count = static_cast<size_t>(numel);
+      args.data.dtype = DType::kF32;
+      std::string why;
+      const auto* rule = comm_.select(args, rules_, &why);
+      if (rule == nullptr) return kNoPrediction;
+      total += rule->scheduler->predictSeconds(args, comm_.topology(), cost);
+    }
+    return total;
+  }
+
+  Result describeRun(const Reducer& reducer, const CostModel& cost, double predicted) const {
+    Result r;
+    r.run = e_.matrix_point;
+    r.name = e_.name;
+    r.model = e_.model.label;
+    r.scheduler = spec_.scheduler.label;
+    r.backend = e_.backend.label;
+    r.ranks = world_;
+    r.parameters = model_->parameterCount();
+    r.flops_per_token = model_->flopsPerToken();
+    r.steps = spec_.steps;
+    r.world_batch_samples = sharding_.globalBatch();
+    r.world_batch_tokens = sharding_.globalBatch() * shape_.seq_len;
+    r.micro_batch = sharding_.micro_batch;
+    r.tokens_weighting = spec_.tokens_weighting;
+    r.buckets = static_cast<int>(reducer.bucketCount());
+    r.predicted_comm_seconds = predicted;
+    r.link_alpha = cost.intra.alpha;
+    r.link_beta = cost.intra.beta;
+    r.token_budgets = spec_.token_budgets;
+    return r;
+  }
+
+  // Step statistics over the timed steps (all but the first, which pays for allocation),
+  // gathered from every rank.
+  void summarise(const std::vector<StepStats>& stats, Result* r) {
+    const size_t first = stats.size() > 1 ? 1 : 0;
+    double step = 0, compute = 0, comm = 0, exposed = 0;
+    for (size_t i = first; i < stats.size(); ++i) {
+      step += stats[i].step;
+      compute += stats[i].forward + stats[i].backward;
+      comm += stats[i].sync.comm_seconds;
+      exposed += stats[i].sync.exposed_seconds;
+    }
+    const double n = static_cast<double>(stats.size() - first);
+    const double mb = spec_.microBatchOf(rank_);
+    const auto all = control_.allGather({step / n, compute / n, comm / n, exposed / n,
+                                         stats.front().loss * mb, stats.back().loss * mb});
+    r->timed_steps = static_cast<int64_t>(stats.size() - first);
+    r->allreduce_bytes = stats.back().sync.bytes;
+    const double per_micro = static_cast<double>(sharding_.globalBatch() / spec_.grad_accum);
+    for (const auto& rank : all) {
+      r->step_seconds = std::max(r->step_seconds, rank[0]);
+      r->compute_seconds.push_back(rank[1]);
+      r->comm_seconds += rank[2] / world_;
+      r->exposed_seconds += rank[3] / world_;
+      r->first_loss += rank[4] / per_micro;
+      r->last_loss += rank[5] / per_micro;
+    }
+    r->tokens_per_second = r->step_seconds > 0 ? r->world_batch_tokens / r->step_seconds : 0;
+  }
+
+  std::string microBatchText() const {
+    std::vector<std::string> parts;
+    for (int b : sharding_.micro_batch) parts.push_back(std::to_string(b));
+    return "[" + detail::join(parts, ", ") + "]";
+  }
+
+  const config::Experiment& e_;
+  const config::TrainSpec& spec_;
+  int rank_, world_;
+  Communicator comm_;
+  Control control_;
+  std::vector<Communicator::Rule> rules_;
+  std::shared_ptr<Model> model_;
+  ModelShape shape_;
+  std::unique_ptr<TokenSource> source_;
+  Sharding sharding_;
+  std::vector<std::string> names_;
+  std::vector<at::Tensor> params_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::ofstream metrics_;
+};
+
+}  // namespace
+
+Result run(const PluginLoader& loader, const config::Experiment& e, const std::string& out_dir) {
+  at::set_num_threads(e.threads_per_rank);
+  Result result;
+  std::mutex mu;
+  runInProcess(loader, e.backend, e.nproc_per_node, [&](std::shared_ptr<Backend> backend) {
+    RankTrainer trainer(loader, e, backend, e.topology, out_dir);
+    Result mine = trainer.run();
+    if (backend->rank() == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      result = std::move(mine);
+    }
+  });
+  return result;
+}
+
+Result runRank(const PluginLoader& loader, const config::Experiment& e,
+               std::shared_ptr<Backend> backend, const Topology& topology,
+               const std::string& out_dir) {
+  at::set_num_threads(e.threads_per_rank);
+  RankTrainer trainer(loader, e, std::move(backend), topology, out_dir);
+  return trainer.run();
+}
+
+}  // namespace collie::train

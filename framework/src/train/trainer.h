@@ -1,0 +1,74 @@
+// The synchronous data-parallel trainer (DESIGN §5): every rank runs its micro-batches,
+// gradients are all-reduced in buckets during the last backward, and the same optimizer
+// update runs everywhere. Free of LibTorch headers: the CLI and the report include it.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collie/backend.h"
+#include "collie/topology.h"
+#include "config/experiment.h"
+#include "plugin/loader.h"
+
+namespace collie::train {
+
+// The weight-sync verdict: every parameter hashed on every rank and compared.
+struct SyncCheck {
+  int64_t step = 0;
+  int parameters = 0;
+  bool identical = true;
+  double max_spread = 0;        // max over elements of max_r w - min_r w, over differing parameters
+  std::string first_parameter;  // the first that differs ("" when identical)
+  std::vector<int> ranks;       // ranks whose copy differs from rank 0's
+  int differing = 0;            // how many parameters differ
+  std::string describe(int world) const;  // one line
+};
+
+// One run's result, the same on every rank (rank 0's view of the job).
+struct Result {
+  std::string run;  // the matrix point, "" without a matrix
+  std::string name;
+  std::string model, scheduler, backend;
+  int ranks = 0;
+  int64_t parameters = 0;
+  double flops_per_token = 0;
+  int64_t steps = 0, timed_steps = 0;
+  int64_t world_batch_samples = 0, world_batch_tokens = 0;
+  std::vector<int> micro_batch;  // per rank
+  bool tokens_weighting = true;
+  double step_seconds = 0;  // mean over timed steps, slowest rank
+  double tokens_per_second = 0;
+  double comm_seconds = 0, exposed_seconds = 0;  // per step, mean over ranks
+  uint64_t allreduce_bytes = 0;                  // gradient bytes per step
+  int buckets = 0;
+  double predicted_comm_seconds = 0;  // from the calibrated α-β-γ model (NaN: no model)
+  double link_alpha = 0, link_beta = 0;
+  std::vector<double> compute_seconds;  // per rank: forward + backward per step
+  double first_loss = 0, last_loss = 0;
+  SyncCheck sync;
+  std::vector<double> token_budgets;  // besides Chinchilla's 20 tokens per parameter
+};
+
+// Runs a train experiment with its ranks as threads of this process (loopback backend).
+// `out_dir` receives rank-R.jsonl, one line per step. Throws Error on failure.
+Result run(const PluginLoader& loader, const config::Experiment& e, const std::string& out_dir);
+// This rank's part of a train experiment over `backend` (a worker process).
+Result runRank(const PluginLoader& loader, const config::Experiment& e,
+               std::shared_ptr<Backend> backend, const Topology& topology,
+               const std::string& out_dir);
+
+// A Result as JSON, for rank 0's worker to hand to the launcher (written atomically).
+void saveResult(const std::string& path, const Result& result);
+Result loadResult(const std::string& path);
+
+// The summary: one row per run (speed-up and efficiency against the 1-rank run of a matrix),
+// then per run the straggler line, the all-reduce against its prediction, the weight-sync
+// verdict and the time to each token budget.
+void printSummary(std::ostream& out, const std::vector<Result>& results);
+void writeSummaryJson(const std::string& path, const std::vector<Result>& results);
+
+}  // namespace collie::train

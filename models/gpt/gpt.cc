@@ -1,0 +1,251 @@
+// The `gpt` model: a decoder-only transformer (GPT-2 layout, the MicroPLLM family) with
+// pre-norm blocks, causal multi-head self-attention, a GELU MLP and an output head tied to
+// the token embedding. Written against the LibTorch API common to 1.13 and 2.x.
+#include <torch/autograd.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/init.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <limits>
+#include <mutex>
+
+#include "collie/model.h"
+
+namespace collie {
+namespace {
+
+struct GptShape {
+  int64_t layers, d_model, heads, seq_len, vocab, mlp_ratio;
+  double dropout;
+};
+
+// Causal multi-head self-attention.
+struct AttentionImpl : torch::nn::Module {
+  explicit AttentionImpl(const GptShape& s)
+      : heads(s.heads),
+        qkv(register_module("qkv", torch::nn::Linear(s.d_model, 3 * s.d_model))),
+        proj(register_module("proj", torch::nn::Linear(s.d_model, s.d_model))),
+        drop(register_module("drop", torch::nn::Dropout(s.dropout))) {
+    // (S, S): true above the diagonal, where a position would see the future.
+    future = register_buffer("future", torch::ones({s.seq_len, s.seq_len}, torch::kBool).triu(1));
+  }
+
+  // x: (B, T, C) -> (B, T, C)
+  at::Tensor forward(const at::Tensor& x) {
+    const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hd = C / heads;
+    at::Tensor qkv_heads = qkv->forward(x).view({B, T, 3, heads, hd}).permute({2, 0, 3, 1, 4});
+    at::Tensor q = qkv_heads[0], k = qkv_heads[1], v = qkv_heads[2];  // (B, H, T, hd)
+    at::Tensor att = q.matmul(k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
+    att = att.masked_fill(future.narrow(0, 0, T).narrow(1, 0, T),
+                          -std::numeric_limits<float>::infinity());  // (B, H, T, T)
+    att = drop->forward(torch::softmax(att, -1));
+    at::Tensor y = att.matmul(v).transpose(1, 2).contiguous().view({B, T, C});  // (B, T, C)
+    return drop->forward(proj->forward(y));
+  }
+
+  int64_t heads;
+  torch::nn::Linear qkv, proj;
+  torch::nn::Dropout drop;
+  at::Tensor future;
+};
+TORCH_MODULE(Attention);
+
+// One pre-norm transformer block: x + attn(ln1(x)), then + mlp(ln2(x)).
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(const GptShape& s)
+      : ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.d_model})))),
+        attn(register_module("attn", Attention(s))),
+        ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.d_model})))),
+        fc(register_module("fc", torch::nn::Linear(s.d_model, s.mlp_ratio * s.d_model))),
+        fc_out(register_module("fc_out", torch::nn::Linear(s.mlp_ratio * s.d_model, s.d_model))),
+        drop(register_module("drop", torch::nn::Dropout(s.dropout))) {}
+
+  // x: (B, T, C) -> (B, T, C)
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = x + attn->forward(ln1->forward(x));
+    return h + drop->forward(fc_out->forward(torch::gelu(fc->forward(ln2->forward(h)))));
+  }
+
+  torch::nn::LayerNorm ln1;
+  Attention attn;
+  torch::nn::LayerNorm ln2;
+  torch::nn::Linear fc, fc_out;
+  torch::nn::Dropout drop;
+};
+TORCH_MODULE(Block);
+
+// Activation checkpointing of one block: forward keeps only the block's input; backward
+// replays the forward (with the same dropout randomness) and backpropagates through it.
+class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor x,
+                            int64_t block_address) {
+    ctx->saved_data["block"] = block_address;
+    ctx->saved_data["rng"] = generatorState();
+    ctx->save_for_backward({x});
+    torch::NoGradGuard no_grad;
+    return blockAt(block_address)->forward(x);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    const at::Tensor resume = generatorState();
+    setGeneratorState(ctx->saved_data["rng"].toTensor());
+    at::Tensor y;
+    {
+      torch::AutoGradMode grad_on(true);
+      y = blockAt(ctx->saved_data["block"].toInt())->forward(x);
+    }
+    setGeneratorState(resume);
+    torch::autograd::backward({y}, {grad_out[0]});
+    return {x.grad(), at::Tensor()};
+  }
+
+ private:
+  static BlockImpl* blockAt(int64_t address) { return reinterpret_cast<BlockImpl*>(address); }
+  static at::Tensor generatorState() {
+    auto generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    return generator.get_state();
+  }
+  static void setGeneratorState(const at::Tensor& state) {
+    auto generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  }
+};
+
+struct GptNetImpl : torch::nn::Module {
+  explicit GptNetImpl(const GptShape& s)
+      : wte(register_module("wte", torch::nn::Embedding(s.vocab, s.d_model))),
+        wpe(register_module("wpe", torch::nn::Embedding(s.seq_len, s.d_model))),
+        drop(register_module("drop", torch::nn::Dropout(s.dropout))),
+        blocks(register_module("blocks", torch::nn::ModuleList())),
+        ln_f(register_module("ln_f",
+                             torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.d_model})))) {
+    for (int64_t l = 0; l < s.layers; ++l) blocks->push_back(Block(s));
+    // GPT-2's initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 L).
+    const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(s.layers));
+    torch::NoGradGuard no_grad;
+    for (auto& p : named_parameters()) {
+      const std::string& name = p.key();
+      if (name.find("ln") != std::string::npos) continue;  // LayerNorm keeps 1 and 0
+      if (name.size() > 4 && name.compare(name.size() - 4, 4, "bias") == 0) {
+        torch::nn::init::zeros_(p.value());
+      } else if (name.find("proj.weight") != std::string::npos ||
+                 name.find("fc_out.weight") != std::string::npos) {
+        torch::nn::init::normal_(p.value(), 0.0, residual_std);
+      } else {
+        torch::nn::init::normal_(p.value(), 0.0, 0.02);
+      }
+    }
+  }
+
+  // idx: (B, T) int64 -> logits (B, T, vocab)
+  at::Tensor forward(const at::Tensor& idx) {
+    const int64_t T = idx.size(1);
+    at::Tensor positions = torch::arange(T, idx.options());                     // (T)
+    at::Tensor x = drop->forward(wte->forward(idx) + wpe->forward(positions));  // (B, T, C)
+    for (const auto& module : *blocks) {
+      BlockImpl* block = module->as<BlockImpl>();
+      if (checkpointing && x.requires_grad()) {
+        x = CheckpointedBlock::apply(x, reinterpret_cast<int64_t>(block));
+      } else {
+        x = block->forward(x);
+      }
+    }
+    x = ln_f->forward(x);
+    return x.matmul(wte->weight.t());  // tied head: (B, T, vocab)
+  }
+
+  torch::nn::Embedding wte, wpe;
+  torch::nn::Dropout drop;
+  torch::nn::ModuleList blocks;
+  torch::nn::LayerNorm ln_f;
+  bool checkpointing = false;
+};
+TORCH_MODULE(GptNet);
+
+class GptModel final : public Model {
+ public:
+  explicit GptModel(const PluginContext& ctx) : s_(readShape(*ctx.params)), net_(s_) {}
+
+  torch::nn::Module& module() override { return *net_; }
+  ModelShape shape() const override { return {s_.seq_len, s_.vocab}; }
+  int64_t targetsPerSample() const override { return s_.seq_len; }
+
+  // tokens: (B, T + 1); positions 0..T-1 predict positions 1..T.
+  at::Tensor loss(const at::Tensor& tokens) override {
+    if (tokens.dim() != 2 || tokens.size(1) != s_.seq_len + 1) {
+      throw ConfigError(detail::concat("model 'gpt': expected a batch of shape (B, ",
+                                       s_.seq_len + 1, "), found ", tokens.sizes()));
+    }
+    at::Tensor logits = net_->forward(tokens.narrow(1, 0, s_.seq_len));  // (B, T, V)
+    at::Tensor targets = tokens.narrow(1, 1, s_.seq_len);                // (B, T)
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, s_.vocab}),
+                                                targets.reshape({-1}));
+  }
+
+  // N = V d + S d + L ((4 + 2 r) d^2 + (9 + r) d) + 2 d   (tied head, biases, LayerNorms)
+  int64_t parameterCount() const override {
+    const int64_t d = s_.d_model, r = s_.mlp_ratio;
+    return s_.vocab * d + s_.seq_len * d + s_.layers * ((4 + 2 * r) * d * d + (9 + r) * d) + 2 * d;
+  }
+
+  // 6 per weight of every matrix multiply (blocks and the tied head) plus attention's
+  // 12 L S d (scores and weighted values, forward and backward, full S as in PaLM's MFU).
+  double flopsPerToken() const override {
+    const double d = static_cast<double>(s_.d_model), L = static_cast<double>(s_.layers);
+    const double matmul_weights = L * (4.0 + 2.0 * static_cast<double>(s_.mlp_ratio)) * d * d +
+                                  static_cast<double>(s_.vocab) * d;
+    return 6.0 * matmul_weights + 12.0 * L * static_cast<double>(s_.seq_len) * d;
+  }
+
+  bool setGradCheckpointing(bool on) override {
+    net_->checkpointing = on;
+    return true;
+  }
+
+ private:
+  static GptShape readShape(const Params& p) {
+    GptShape s{};
+    s.layers = p.getInt("layers", 4, 1, 1024);
+    s.d_model = p.getInt("d_model", 256, 1, 1 << 16);
+    s.heads = p.getInt("heads", 4, 1, 1024);
+    s.seq_len = p.getInt("seq_len", 256, 1, 1 << 20);
+    s.vocab = p.getInt("vocab", 8192, 2, 1 << 24);
+    s.mlp_ratio = p.getInt("mlp_ratio", 4, 1, 64);
+    s.dropout = p.getDouble("dropout", 0.0);
+    if (s.d_model % s.heads != 0) {
+      throw ConfigError(detail::concat(p.where("heads"), "model 'gpt': param 'heads': expected a ",
+                                       "divisor of d_model (", s.d_model, "), found ", s.heads,
+                                       ". HINT: d_model = heads x head size, e.g. 768 = 12 x 64"));
+    }
+    if (!(s.dropout >= 0.0 && s.dropout < 1.0)) {
+      throw ConfigError(detail::concat(p.where("dropout"),
+                                       "model 'gpt': param 'dropout': expected a number in [0, 1), "
+                                       "found ",
+                                       s.dropout));
+    }
+    return s;
+  }
+
+  GptShape s_;
+  GptNet net_;
+};
+
+}  // namespace
+}  // namespace collie
+
+COLLIE_MODEL_PLUGIN("gpt", "1.0.0",
+                    "decoder-only transformer: pre-norm blocks, causal attention, tied head",
+                    collie::GptModel);
