@@ -218,6 +218,10 @@ void typedTrain(const YAML::Node& train, const std::string& file, TrainSpec* t) 
   t->fail_on_divergence = train["on_divergence"].Scalar() == "fail";
   t->seed = train["seed"].as<uint64_t>();
   t->log_every = train["log_every"].as<int>();
+  if (train["checkpoint_dir"]) t->checkpoint_dir = train["checkpoint_dir"].Scalar();
+  t->checkpoint_every = train["checkpoint_every"].as<int>();
+  t->checkpoint_keep = train["checkpoint_keep"].as<int>();
+  t->resume = train["resume"].as<bool>();
   if (train["token_budgets"]) t->token_budgets = train["token_budgets"].as<std::vector<double>>();
 }
 

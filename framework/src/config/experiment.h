@@ -81,6 +81,10 @@ struct TrainSpec {
   bool fail_on_divergence = true;
   uint64_t seed = 1234;
   int log_every = 10;
+  std::string checkpoint_dir;  // "": no checkpoints
+  int checkpoint_every = 0;    // 0: after the last step only
+  int checkpoint_keep = 2;
+  bool resume = true;
   std::vector<double> token_budgets;
 
   // This rank's samples per micro-batch.

@@ -450,6 +450,17 @@ const Schema& experimentSchema() {
                {"seed",
                 Schema::integer(0, int64_t{1} << 62).byDefault("1234").doc("initial weights")},
                {"log_every", Schema::integer(1, 100000000).byDefault("10").doc("progress lines")},
+               {"checkpoint_dir",
+                Schema::string().doc("write checkpoints here (and resume from the newest)")},
+               {"checkpoint_every",
+                Schema::integer(0, 100000000)
+                    .byDefault("0")
+                    .doc("steps between checkpoints (0: only after the last step)")},
+               {"checkpoint_keep", Schema::integer(1, 1000000)
+                                       .byDefault("2")
+                                       .doc("newest checkpoints kept in checkpoint_dir")},
+               {"resume", Schema::boolean().byDefault("true").doc(
+                              "continue from the newest checkpoint in checkpoint_dir")},
                {"token_budgets",
                 Schema::list(Schema::number(1, 1e18))
                     .doc("token counts to project the time to (besides 20 x params)")},

@@ -2,16 +2,16 @@
 // metrics, weight-sync checks.
 #include "train/trainer.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
 #include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <mutex>
@@ -23,7 +23,9 @@
 #include "runtime/communicator.h"
 #include "runtime/control.h"
 #include "runtime/in_process.h"
+#include "train/checkpoint.h"
 #include "train/data.h"
+#include "train/optimizer.h"
 #include "train/reducer.h"
 #include "train/sync.h"
 #include "util/strings.h"
@@ -95,9 +97,7 @@ class RankTrainer {
       params_.push_back(named.value());
     }
     checkParameterCount();
-    const std::string jsonl = out_dir + "/rank-" + std::to_string(rank_) + ".jsonl";
-    metrics_.open(jsonl, std::ios::trunc);
-    if (!metrics_) throw ConfigError("cannot write per-step metrics to " + jsonl);
+    metrics_path_ = out_dir + "/rank-" + std::to_string(rank_) + ".jsonl";
   }
 
   Result run() {
@@ -112,19 +112,29 @@ class RankTrainer {
         bench::calibrate(comm_.backend(), control_, comm_.topology(), DType::kF32);
     Reducer reducer(params_, spec_.bucket_bytes, comm_, spec_.overlap);
     reducer.broadcastParameters();
-    createOptimizer();
+    optimizer_ = makeOptimizer(spec_, params_);
+    const int64_t start = resume();
+    metrics_.open(metrics_path_, start > 0 ? std::ios::app : std::ios::trunc);
+    if (!metrics_) throw ConfigError("cannot write per-step metrics to " + metrics_path_);
     const double predicted = predictComm(reducer, cost);
 
     std::vector<StepStats> stats;
     Result result = describeRun(reducer, cost, predicted);
     const auto started = Clock::now();
-    for (int64_t s = 0; s < spec_.steps; ++s) {
+    for (int64_t s = start; s < spec_.steps; ++s) {
       stats.push_back(step(s, reducer));
       writeMetrics(s, stats.back());
-      if ((s + 1) % spec_.log_every == 0 || s + 1 == spec_.steps) progress(s, stats, started);
+      if ((s + 1) % spec_.log_every == 0 || s + 1 == spec_.steps) {
+        progress(s - start, s, stats, started);
+      }
       if (spec_.verify_sync_every > 0 && (s + 1) % spec_.verify_sync_every == 0 &&
           s + 1 != spec_.steps) {
         enforce(verifyWeights(comm_, control_, params_, names_, s + 1));
+      }
+      if (!spec_.checkpoint_dir.empty() &&
+          ((spec_.checkpoint_every > 0 && (s + 1) % spec_.checkpoint_every == 0) ||
+           s + 1 == spec_.steps)) {
+        checkpoint(s + 1);
       }
     }
     result.sync = verifyWeights(comm_, control_, params_, names_, spec_.steps);
@@ -134,6 +144,60 @@ class RankTrainer {
   }
 
  private:
+  // Everything a checkpoint holds, by name: the parameters and the optimizer state.
+  std::vector<std::pair<std::string, at::Tensor>> stateTensors() const {
+    std::vector<std::pair<std::string, at::Tensor>> all;
+    for (size_t k = 0; k < params_.size(); ++k) all.emplace_back("param/" + names_[k], params_[k]);
+    for (auto& entry : optimizer_->state()) all.push_back(entry);
+    return all;
+  }
+
+  // What a checkpoint must agree with to be resumed: the model and everything that decides
+  // which samples a step reads and how the optimizer updates.
+  std::string identity() const {
+    std::string id = "model " + e_.model.plugin + " {";
+    for (const auto& [key, value] : e_.model.params.values()) id += key + ": " + value + ", ";
+    id += "}; optimizer " + std::string(spec_.sgd ? "sgd" : "adamw") + "; micro_batch " +
+          microBatchText() + " x " + std::to_string(spec_.grad_accum) + "; data seed " +
+          std::to_string(e_.data.seed);
+    return id;
+  }
+
+  // Rank 0 writes (every rank holds the same weights and optimizer state, as verified).
+  void checkpoint(int64_t steps_done) {
+    if (rank_ != 0) return;
+    std::error_code ec;
+    std::filesystem::create_directories(spec_.checkpoint_dir, ec);
+    if (ec) {
+      throw CheckpointError("train.checkpoint_dir " + spec_.checkpoint_dir +
+                            ": cannot create: " + ec.message());
+    }
+    Checkpoint c{steps_done, identity(), stateTensors()};
+    const std::string path = checkpointPath(spec_.checkpoint_dir, steps_done);
+    saveCheckpoint(path, c);
+    pruneCheckpoints(spec_.checkpoint_dir, spec_.checkpoint_keep);
+    logInfo("checkpoint: " + path);
+  }
+
+  // Loads the newest checkpoint of checkpoint_dir (every rank reads the same file) and
+  // returns the step to continue from (0 without one).
+  int64_t resume() {
+    if (spec_.checkpoint_dir.empty() || !spec_.resume) return 0;
+    const std::string path = latestCheckpoint(spec_.checkpoint_dir);
+    if (path.empty()) return 0;
+    Checkpoint c = loadCheckpoint(path);
+    if (c.identity != identity()) {
+      throw CheckpointError("checkpoint " + path + " was written by another run: it holds " +
+                            c.identity + ", this run is " + identity() +
+                            ". HINT: point train.checkpoint_dir elsewhere or set "
+                            "train.resume: false");
+    }
+    restoreTensors(c, stateTensors(), path);
+    optimizer_->setSteps(c.step);
+    if (rank_ == 0) logInfo("resumed from " + path + " at step " + std::to_string(c.step));
+    return c.step;
+  }
+
   void checkMicroBatches() const {
     const auto n = spec_.micro_batch.size();
     if (n != 1 && static_cast<int>(n) != world_) {
@@ -166,8 +230,6 @@ class RankTrainer {
       throw ConfigError("train.grad_checkpointing: model '" + e_.model.label +
                         "' cannot recompute activations. HINT: set it to false");
     }
-    // Dropout draws differ per rank (each sees other samples), repeatably.
-    torch::manual_seed(spec_.seed + 1 + static_cast<uint64_t>(rank_));
   }
 
   void checkParameterCount() const {
@@ -178,20 +240,6 @@ class RankTrainer {
                           std::to_string(model_->parameterCount()) +
                           " parameters by its formula, but its module has " +
                           std::to_string(actual) + ": the plugin's parameterCount() is wrong");
-    }
-  }
-
-  void createOptimizer() {
-    const double lr = scaledLr(spec_.lr);
-    if (spec_.sgd) {
-      optimizer_ = std::make_unique<torch::optim::SGD>(
-          params_,
-          torch::optim::SGDOptions(lr).momentum(spec_.momentum).weight_decay(spec_.weight_decay));
-    } else {
-      optimizer_ =
-          std::make_unique<torch::optim::AdamW>(params_, torch::optim::AdamWOptions(lr)
-                                                             .betas({spec_.beta1, spec_.beta2})
-                                                             .weight_decay(spec_.weight_decay));
     }
   }
 
@@ -211,19 +259,10 @@ class RankTrainer {
     return floor + 0.5 * (top - floor) * (1.0 + std::cos(M_PI * progress));
   }
 
-  void setLr(double lr) {
-    for (auto& group : optimizer_->param_groups()) {
-      if (spec_.sgd) {
-        static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
-      } else {
-        static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-      }
-    }
-  }
-
   StepStats step(int64_t s, Reducer& reducer) {
     StepStats st;
     const auto start = Clock::now();
+    reseed(s);
     const int mb = spec_.microBatchOf(rank_);
     const double global = static_cast<double>(sharding_.globalBatch());
     // tokens: this micro-batch's share of the step's predictions; uniform: DDP's mean.
@@ -252,8 +291,7 @@ class RankTrainer {
     auto t = Clock::now();
     st.grad_norm = clipGradients();
     st.lr = lrAt(s);
-    setLr(st.lr);
-    optimizer_->step();
+    optimizer_->step(st.lr);
     for (auto& p : params_) p.mutable_grad() = at::Tensor();  // the next step starts afresh
     st.optimizer = since(t);
     st.step = since(start);
@@ -264,6 +302,15 @@ class RankTrainer {
                       "train.grad_clip");
     }
     return st;
+  }
+
+  // Dropout's randomness is a function of (seed, rank, step), so a resumed run draws what
+  // the uninterrupted one would have.
+  void reseed(int64_t s) const {
+    auto generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_current_seed(spec_.seed + 1 + static_cast<uint64_t>(rank_) +
+                               static_cast<uint64_t>(s) * 0x9E3779B9ull);
   }
 
   // The global L2 norm of the (already all-reduced, identical) gradients; scaled down to
@@ -315,13 +362,15 @@ class RankTrainer {
   }
 
   // Every rank takes part (the loss is averaged over the job); rank 0 prints.
-  void progress(int64_t s, const std::vector<StepStats>& stats, Clock::time_point started) {
+  // `done`: steps run by this process so far (minus one); `s`: the step's index in the run.
+  void progress(int64_t done, int64_t s, const std::vector<StepStats>& stats,
+                Clock::time_point started) {
     const auto all = control_.allGather({stats.back().loss * spec_.microBatchOf(rank_)});
     double loss = 0;
     for (const auto& r : all) loss += r[0];
     loss /= static_cast<double>(sharding_.globalBatch() / spec_.grad_accum);
     if (rank_ != 0) return;
-    const double elapsed = since(started), per_step = elapsed / static_cast<double>(s + 1);
+    const double elapsed = since(started), per_step = elapsed / static_cast<double>(done + 1);
     const double tokens = static_cast<double>(sharding_.globalBatch() * shape_.seq_len);
     logInfo("step " + std::to_string(s + 1) + "/" + std::to_string(spec_.steps) + "  loss " +
             detail::format("%.4f", loss) + "  lr " + detail::format("%.2e", stats.back().lr) +
@@ -387,7 +436,8 @@ class RankTrainer {
 
   // Step statistics over the timed steps (all but the first, which pays for allocation),
   // gathered from every rank.
-  void summarise(const std::vector<StepStats>& stats, Result* r) {
+  void summarise(std::vector<StepStats> stats, Result* r) {
+    if (stats.empty()) stats.emplace_back();  // resumed after the last step: nothing ran
     const size_t first = stats.size() > 1 ? 1 : 0;
     double step = 0, compute = 0, comm = 0, exposed = 0;
     for (size_t i = first; i < stats.size(); ++i) {
@@ -432,7 +482,8 @@ class RankTrainer {
   Sharding sharding_;
   std::vector<std::string> names_;
   std::vector<at::Tensor> params_;
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::string metrics_path_;
   std::ofstream metrics_;
 };
 

@@ -1,0 +1,240 @@
+// The checkpoint file format:
+//   "COLLIECK" | u32 version | u64 header length | header JSON | tensor bytes | u64 xxh3
+// where the hash covers every byte before it, and the header lists each tensor's name,
+// dtype, shape and offset into the tensor bytes.
+#include "train/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <ATen/ops/empty.h>
+#include <xxhash.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <regex>
+
+#include "collie/error.h"
+
+namespace fs = std::filesystem;
+
+namespace collie::train {
+namespace {
+
+constexpr char kMagic[8] = {'C', 'O', 'L', 'L', 'I', 'E', 'C', 'K'};
+constexpr uint32_t kVersion = 1;
+constexpr uint64_t kMaxHeader = 64 << 20;
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw CheckpointError("checkpoint " + path + ": " + what);
+}
+
+void writeAll(int fd, const void* data, size_t size, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = ::write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail(path, std::string("cannot write: ") + std::strerror(errno));
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+void syncDirectory(const fs::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+const char* dtypeName(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return "f32";
+    case at::kLong:
+      return "i64";
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace
+
+void saveCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
+  nlohmann::json header = {{"step", checkpoint.step}, {"identity", checkpoint.identity}};
+  nlohmann::json entries = nlohmann::json::array();
+  uint64_t offset = 0;
+  std::vector<at::Tensor> contiguous;
+  for (const auto& [name, tensor] : checkpoint.tensors) {
+    const char* dtype = dtypeName(tensor);
+    COLLIE_CHECK(dtype != nullptr, "checkpoint tensor ", name, " has dtype ", tensor.scalar_type());
+    contiguous.push_back(tensor.detach().contiguous());
+    entries.push_back({{"name", name},
+                       {"dtype", dtype},
+                       {"shape", tensor.sizes().vec()},
+                       {"offset", offset},
+                       {"bytes", contiguous.back().nbytes()}});
+    offset += contiguous.back().nbytes();
+  }
+  header["tensors"] = entries;
+  const std::string text = header.dump();
+  const uint64_t header_size = text.size();
+
+  const std::string partial = path + ".partial";
+  int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail(partial, std::string("cannot create: ") + std::strerror(errno));
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  auto emit = [&](const void* data, size_t size) {
+    XXH3_64bits_update(state, data, size);
+    writeAll(fd, data, size, partial);
+  };
+  try {
+    emit(kMagic, sizeof(kMagic));
+    emit(&kVersion, sizeof(kVersion));
+    emit(&header_size, sizeof(header_size));
+    emit(text.data(), text.size());
+    for (const auto& t : contiguous) emit(t.data_ptr(), t.nbytes());
+    const uint64_t digest = XXH3_64bits_digest(state);
+    writeAll(fd, &digest, sizeof(digest), partial);
+    if (::fsync(fd) != 0) fail(partial, std::string("fsync failed: ") + std::strerror(errno));
+  } catch (...) {
+    XXH3_freeState(state);
+    ::close(fd);
+    ::unlink(partial.c_str());
+    throw;
+  }
+  XXH3_freeState(state);
+  ::close(fd);
+  if (std::rename(partial.c_str(), path.c_str()) != 0) {
+    fail(path, std::string("cannot rename the temporary file into place: ") + std::strerror(errno));
+  }
+  syncDirectory(fs::absolute(path).parent_path());
+}
+
+Checkpoint loadCheckpoint(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
+  struct stat st {};
+  ::fstat(fd, &st);
+  std::string bytes(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  const size_t fixed = sizeof(kMagic) + sizeof(uint32_t) + sizeof(uint64_t);
+  if (done != bytes.size() || bytes.size() < fixed + sizeof(uint64_t)) {
+    fail(path, "truncated (" + std::to_string(done) + " bytes)");
+  }
+  if (std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
+    fail(path, "not a collie checkpoint (it does not start with COLLIECK)");
+  }
+  uint32_t version = 0;
+  uint64_t header_size = 0, digest = 0;
+  std::memcpy(&version, bytes.data() + 8, sizeof(version));
+  std::memcpy(&header_size, bytes.data() + 12, sizeof(header_size));
+  std::memcpy(&digest, bytes.data() + bytes.size() - 8, sizeof(digest));
+  if (version != kVersion) {
+    fail(path, "format version " + std::to_string(version) + ", this collie reads version " +
+                   std::to_string(kVersion));
+  }
+  if (XXH3_64bits(bytes.data(), bytes.size() - 8) != digest) {
+    fail(path,
+         "content hash mismatch: the file is corrupt or was cut short. HINT: delete it "
+         "to resume from the previous checkpoint");
+  }
+  if (header_size > kMaxHeader || fixed + header_size > bytes.size() - 8) {
+    fail(path, "header length " + std::to_string(header_size) + " is out of range");
+  }
+  Checkpoint checkpoint;
+  const char* payload = bytes.data() + fixed + header_size;
+  const uint64_t payload_size = bytes.size() - 8 - fixed - header_size;
+  try {
+    auto header = nlohmann::json::parse(bytes.begin() + fixed, bytes.begin() + fixed + header_size);
+    checkpoint.step = header.at("step");
+    checkpoint.identity = header.at("identity");
+    for (const auto& entry : header.at("tensors")) {
+      const std::string dtype = entry.at("dtype");
+      const auto shape = entry.at("shape").get<std::vector<int64_t>>();
+      const uint64_t offset = entry.at("offset"), size = entry.at("bytes");
+      at::Tensor t = at::empty(shape, dtype == "i64" ? at::kLong : at::kFloat);
+      if ((dtype != "f32" && dtype != "i64") || t.nbytes() != size || offset > payload_size ||
+          size > payload_size - offset) {
+        fail(path,
+             "tensor '" + entry.at("name").get<std::string>() + "' has an inconsistent entry");
+      }
+      std::memcpy(t.data_ptr(), payload + offset, size);
+      checkpoint.tensors.emplace_back(entry.at("name"), t);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, std::string("unreadable header: ") + e.what());
+  }
+  return checkpoint;
+}
+
+void restoreTensors(const Checkpoint& from,
+                    const std::vector<std::pair<std::string, at::Tensor>>& into,
+                    const std::string& path) {
+  if (from.tensors.size() != into.size()) {
+    fail(path, "holds " + std::to_string(from.tensors.size()) + " tensors, this run has " +
+                   std::to_string(into.size()));
+  }
+  for (size_t i = 0; i < into.size(); ++i) {
+    const auto& [name, saved] = from.tensors[i];
+    const auto& [want, target] = into[i];
+    if (name != want || saved.sizes() != target.sizes() ||
+        saved.scalar_type() != target.scalar_type()) {
+      fail(path, "tensor " + std::to_string(i) + " is '" + name + "' " + c10::str(saved.sizes()) +
+                     ", this run expects '" + want + "' " + c10::str(target.sizes()));
+    }
+  }
+  for (size_t i = 0; i < into.size(); ++i) {
+    at::Tensor target = into[i].second;
+    target.detach().copy_(from.tensors[i].second);
+  }
+}
+
+std::string checkpointPath(const std::string& dir, int64_t step) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "step-%08lld.ckpt", static_cast<long long>(step));
+  return (fs::path(dir) / name).string();
+}
+
+namespace {
+std::vector<std::pair<int64_t, std::string>> listCheckpoints(const std::string& dir) {
+  static const std::regex pattern("step-([0-9]{8,})\\.ckpt");
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (std::regex_match(name, m, pattern))
+      found.emplace_back(std::stoll(m[1]), entry.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+}  // namespace
+
+std::string latestCheckpoint(const std::string& dir) {
+  auto found = listCheckpoints(dir);
+  return found.empty() ? "" : found.back().second;
+}
+
+void pruneCheckpoints(const std::string& dir, int keep) {
+  auto found = listCheckpoints(dir);
+  for (size_t i = 0; i + keep < found.size(); ++i) {
+    std::error_code ec;
+    fs::remove(found[i].second, ec);
+  }
+}
+
+}  // namespace collie::train

@@ -1,0 +1,40 @@
+// Training checkpoints (DESIGN §5): named tensors plus a JSON header, written atomically
+// (temporary file, fsync, rename, directory fsync) and sealed with an xxh3 hash of every
+// byte. Loading parses data only — it never executes anything — and rejects a truncated,
+// corrupt or foreign file, or one whose tensors do not match the model, with the reason.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace collie::train {
+
+struct Checkpoint {
+  int64_t step = 0;      // steps completed
+  std::string identity;  // what must match to resume: model, params, optimizer, batch
+  std::vector<std::pair<std::string, at::Tensor>> tensors;  // float32 or int64, CPU
+};
+
+// Writes `checkpoint` to `path` atomically. Throws CheckpointError.
+void saveCheckpoint(const std::string& path, const Checkpoint& checkpoint);
+// Reads and verifies a whole file. Throws CheckpointError naming the file and the problem.
+Checkpoint loadCheckpoint(const std::string& path);
+
+// Copies `from`'s tensors into `into` (same names, order, dtypes and shapes), or throws
+// CheckpointError naming the first difference.
+void restoreTensors(const Checkpoint& from,
+                    const std::vector<std::pair<std::string, at::Tensor>>& into,
+                    const std::string& path);
+
+// "DIR/step-00000042.ckpt"
+std::string checkpointPath(const std::string& dir, int64_t step);
+// The checkpoint of the highest step in `dir`, or "" when there is none.
+std::string latestCheckpoint(const std::string& dir);
+// Removes all but the `keep` newest checkpoints of `dir`.
+void pruneCheckpoints(const std::string& dir, int keep);
+
+}  // namespace collie::train

@@ -1,0 +1,242 @@
+// The DDP trainer over loopback ranks (threads): equivalence with one process on the
+// concatenated batch, identical weights under every scheduler, the verifier catching a
+// perturbed rank, bit-identical resume, and overlapped communication.
+#include <gtest/gtest.h>
+
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/ones.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+
+#include "collie/error.h"
+#include "loopback_job.h"
+#include "run_command.h"
+#include "runtime/communicator.h"
+#include "runtime/control.h"
+#include "train/checkpoint.h"
+#include "train/sync.h"
+#include "train/trainer.h"
+
+namespace collie {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A small mlp run over loopback ranks; `sets` as with --set.
+const char* kBase = R"(
+name: trainer-test
+launch: {nproc_per_node: 1}
+backend: {plugin: loopback, params: {timeout: 30s}}
+model: {plugin: mlp, params: {seq_len: 6, vocab: 48, d_embed: 8, hidden: 32, layers: 2}}
+train:
+  steps: 4
+  micro_batch: 5
+  lr: 0.01
+  warmup_steps: 1
+  log_every: 100
+)";
+
+fs::path scratch(const std::string& name) {
+  fs::path dir = fs::path(COLLIE_TEST_BINARY_DIR) / "training-scratch" / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+train::Result runTraining(const std::string& name, std::vector<std::string> sets) {
+  const fs::path dir = scratch(name);
+  sets.push_back("train.checkpoint_dir=" + (dir / "ckpt").string());
+  const std::string config = testing::writeTempFile(name + ".yaml", kBase);
+  auto experiments = config::loadExperiments(config, sets);
+  return train::run(testing::buildTreeLoader(), experiments.at(0), dir.string());
+}
+
+// The final checkpoint's tensors of a run made by runTraining(name, ...).
+std::map<std::string, at::Tensor> finalWeights(const std::string& name) {
+  const fs::path dir = fs::path(COLLIE_TEST_BINARY_DIR) / "training-scratch" / name / "ckpt";
+  train::Checkpoint c = train::loadCheckpoint(train::latestCheckpoint(dir.string()));
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [key, tensor] : c.tensors) {
+    if (key.rfind("param/", 0) == 0) out[key] = tensor;
+  }
+  return out;
+}
+
+double maxDifference(const std::map<std::string, at::Tensor>& a,
+                     const std::map<std::string, at::Tensor>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (const auto& [key, tensor] : a) {
+    worst = std::max(worst, tensor.sub(b.at(key)).abs().max().item().toDouble());
+  }
+  return worst;
+}
+
+TEST(DdpEquivalence, TokensWeightingMatchesOneProcessOnTheConcatenatedBatch) {
+  runTraining("solo", {"train.micro_batch=[5]", "train.grad_accum=2"});
+  const auto solo = finalWeights("solo");
+  struct Case {
+    std::string name;
+    int ranks;
+    std::string micro_batch;
+  };
+  for (const Case& c : {Case{"equal", 5, "[1, 1, 1, 1, 1]"}, Case{"unequal2", 2, "[3, 2]"},
+                        Case{"unequal3", 3, "[1, 3, 1]"}}) {
+    SCOPED_TRACE(c.name);
+    auto result = runTraining(c.name, {"launch.nproc_per_node=" + std::to_string(c.ranks),
+                                       "train.micro_batch=" + c.micro_batch, "train.grad_accum=2"});
+    EXPECT_TRUE(result.sync.identical);
+    EXPECT_EQ(result.world_batch_samples, 10);
+    const double diff = maxDifference(solo, finalWeights(c.name));
+    EXPECT_LT(diff, 2e-6) << "N ranks with tokens weighting must update like one process";
+  }
+}
+
+TEST(DdpEquivalence, SgdMatchesToo) {
+  runTraining("solo-sgd", {"train.micro_batch=[4]", "train.optimizer=sgd", "train.lr=0.2"});
+  runTraining("pair-sgd", {"launch.nproc_per_node=2", "train.micro_batch=[3, 1]",
+                           "train.optimizer=sgd", "train.lr=0.2"});
+  EXPECT_LT(maxDifference(finalWeights("solo-sgd"), finalWeights("pair-sgd")), 2e-6);
+}
+
+TEST(DdpEquivalence, UniformWeightingOfUnequalBatchesDiffers) {
+  runTraining("solo-u", {"train.micro_batch=[5]", "train.optimizer=sgd", "train.lr=0.2"});
+  auto result = runTraining(
+      "uniform", {"launch.nproc_per_node=2", "train.micro_batch=[4, 1]",
+                  "train.grad_weighting=uniform", "train.optimizer=sgd", "train.lr=0.2"});
+  EXPECT_TRUE(result.sync.identical) << "uniform weighting drifts from one process, not apart";
+  EXPECT_GT(maxDifference(finalWeights("solo-u"), finalWeights("uniform")), 1e-4)
+      << "plain DDP's 1/world mean weights the rank with 1 sample like the one with 4";
+}
+
+class SchedulerSync : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SchedulerSync, WeightsStayIdenticalOnEveryRank) {
+  auto result = runTraining(
+      "sync-" + GetParam(),
+      {"launch.nproc_per_node=3", "train.micro_batch=[8, 6, 4]", "train.scheduler=" + GetParam(),
+       "train.verify_sync_every=10", "train.bucket_bytes=4KiB", "train.steps=40", "train.lr=0.01"});
+  EXPECT_TRUE(result.sync.identical) << result.sync.describe(3);
+  EXPECT_EQ(result.sync.max_spread, 0.0);
+  EXPECT_EQ(result.sync.step, 40);
+  EXPECT_GT(result.buckets, 1);
+  EXPECT_LT(result.last_loss, result.first_loss);
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedulers, SchedulerSync,
+                         ::testing::Values("ring", "tree", "halving_doubling", "hierarchical",
+                                           "auto"));
+
+TEST(WeightSync, PerturbedRankIsNamedWithItsSpread) {
+  std::mutex mu;
+  std::vector<train::SyncCheck> verdicts;
+  testing::runLoopback(3, [&](std::shared_ptr<Backend> backend) {
+    Communicator comm(backend, "loopback", Topology::fromLabels({"a", "a", "a"}));
+    comm.addRule("ring", testing::loadScheduler("ring"));
+    Control control(*backend);
+    std::vector<at::Tensor> params = {at::ones({4, 3}), at::ones({7})};
+    if (backend->rank() == 2) params[1][5] = 1.25f;
+    auto check = train::verifyWeights(comm, control, params, {"fc.weight", "fc.bias"}, 9);
+    std::lock_guard<std::mutex> lock(mu);
+    verdicts.push_back(check);
+  });
+  ASSERT_EQ(verdicts.size(), 3u);
+  for (const auto& v : verdicts) {
+    EXPECT_FALSE(v.identical);
+    EXPECT_EQ(v.first_parameter, "fc.bias");
+    EXPECT_EQ(v.ranks, std::vector<int>({2}));
+    EXPECT_EQ(v.differing, 1);
+    EXPECT_DOUBLE_EQ(v.max_spread, 0.25);
+    EXPECT_NE(v.describe(3).find("'fc.bias' differs between rank 0 and rank(s) 2"),
+              std::string::npos)
+        << v.describe(3);
+  }
+}
+
+TEST(Checkpoint, ResumeIsBitIdenticalToAnUninterruptedRun) {
+  const std::vector<std::string> sets = {"launch.nproc_per_node=2", "train.micro_batch=[3, 2]",
+                                         "train.steps=6", "train.checkpoint_every=3"};
+  runTraining("whole", sets);
+  // The interrupted run: it stops after the step-3 checkpoint (its later ones are removed),
+  // then a second run resumes from it.
+  runTraining("interrupted", sets);
+  const fs::path dir = fs::path(COLLIE_TEST_BINARY_DIR) / "training-scratch" / "interrupted";
+  fs::remove(train::checkpointPath((dir / "ckpt").string(), 6));
+  ASSERT_EQ(train::latestCheckpoint((dir / "ckpt").string()),
+            train::checkpointPath((dir / "ckpt").string(), 3));
+  auto experiments = config::loadExperiments(
+      testing::writeTempFile("resume.yaml", kBase),
+      {"launch.nproc_per_node=2", "train.micro_batch=[3, 2]", "train.steps=6",
+       "train.checkpoint_every=3", "train.checkpoint_dir=" + (dir / "ckpt").string()});
+  auto resumed = train::run(testing::buildTreeLoader(), experiments.at(0), dir.string());
+  EXPECT_EQ(resumed.timed_steps, 2);  // steps 4..6, the first untimed
+  const auto whole = finalWeights("whole"), again = finalWeights("interrupted");
+  ASSERT_EQ(whole.size(), again.size());
+  for (const auto& [key, tensor] : whole) {
+    EXPECT_TRUE(at::equal(tensor, again.at(key))) << key << " differs after resume";
+  }
+}
+
+TEST(Checkpoint, CorruptOrForeignFilesAreRejected) {
+  runTraining("corrupt", {"train.steps=2"});
+  const fs::path ckpt = fs::path(COLLIE_TEST_BINARY_DIR) / "training-scratch" / "corrupt" / "ckpt";
+  const std::string path = train::latestCheckpoint(ckpt.string());
+  {  // flip one byte in the middle
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(path) / 2));
+    f.put('\x7f');
+  }
+  try {
+    train::loadCheckpoint(path);
+    FAIL() << "a corrupt checkpoint loaded";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("content hash mismatch"), std::string::npos) << e.what();
+  }
+  const std::string text = testing::writeTempFile("not-a-checkpoint.ckpt", "hello, I am YAML\n");
+  EXPECT_THROW(train::loadCheckpoint(text), CheckpointError);
+  fs::resize_file(path, 20);
+  EXPECT_THROW(train::loadCheckpoint(path), CheckpointError);
+}
+
+TEST(Checkpoint, AnotherRunsCheckpointIsNotResumed) {
+  runTraining("other", {"train.steps=2"});
+  const fs::path ckpt = fs::path(COLLIE_TEST_BINARY_DIR) / "training-scratch" / "other" / "ckpt";
+  auto experiments = config::loadExperiments(
+      testing::writeTempFile("other.yaml", kBase),
+      {"train.steps=2", "train.optimizer=sgd", "train.checkpoint_dir=" + ckpt.string()});
+  try {
+    train::run(testing::buildTreeLoader(), experiments.at(0), ckpt.parent_path().string());
+    FAIL() << "resumed an adamw checkpoint into an sgd run";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("written by another run"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Overlap, ExposedCommunicationIsBelowTotal) {
+  // Several buckets, so all-reduce of the last layers runs while earlier layers backprop.
+  auto result = runTraining("overlap",
+                            {"launch.nproc_per_node=2", "train.steps=6", "train.bucket_bytes=16KiB",
+                             "model.params.hidden=256", "model.params.layers=4"});
+  ASSERT_GT(result.buckets, 2);
+  EXPECT_GT(result.comm_seconds, 0);
+  EXPECT_LT(result.exposed_seconds, result.comm_seconds)
+      << "with overlap, part of the all-reduce time hides behind backward";
+}
+
+TEST(MicroBatch, ListMustHaveOneSizePerRank) {
+  try {
+    runTraining("bad-list", {"launch.nproc_per_node=2", "train.micro_batch=[1, 2, 3]"});
+    FAIL() << "three micro-batch sizes for two ranks were accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("expected one size for every rank or 2 sizes"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace collie
