@@ -41,7 +41,7 @@ TEST_P(BrokenPlugin, IsRejectedWithOneLineBeforeItRuns) {
 
 TEST_P(BrokenPlugin, CliExitsTwoWithTheSameLine) {
   auto r = testing::runCollie(
-      {"run", std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/quickstart.yaml", "--set",
+      {"run", std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/ring-vs-tree.yaml", "--set",
        "bench.schedulers=[" + abiPlugin(GetParam().plugin) + "]", "--set", "bench.max_bytes=4KiB"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find(GetParam().reason), std::string::npos) << r.output;
@@ -78,7 +78,7 @@ TEST(PluginAbi, CreateThatThrowsBecomesAPluginError) {
         << m;
   }
   auto r =
-      testing::runCollie({"run", std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/quickstart.yaml",
+      testing::runCollie({"run", std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/ring-vs-tree.yaml",
                           "--set", "bench.schedulers=[create_throws]"},
                          {std::string("COLLIE_PLUGIN_PATH=") + COLLIE_TEST_ABI_PLUGIN_DIR});
   EXPECT_EQ(r.exit_code, 2) << r.output;

@@ -15,9 +15,9 @@ namespace {
 using testing::runCollie;
 using testing::writeTempFile;
 
-const std::string kQuickstart = std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/quickstart.yaml";
+const std::string kRingVsTree = std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/ring-vs-tree.yaml";
 
-// Options that make the quickstart take a second.
+// Options that make the ring-vs-tree bench take a second.
 const std::vector<std::string> kShort = {"--set", "bench.max_bytes=64KiB", "--set", "bench.iters=2",
                                          "--set", "bench.warmup_iters=1"};
 
@@ -79,7 +79,7 @@ TEST(Cli, PluginsListsRejectedFilesWithTheirReason) {
 
 TEST(Cli, QuickstartRunsAndSavesResolvedConfigAndResults) {
   auto out = std::filesystem::temp_directory_path() / ("collie-cli-" + std::to_string(::getpid()));
-  auto r = runCollie(args({"run", kQuickstart, "--out", out.string()}, kShort));
+  auto r = runCollie(args({"run", kRingVsTree, "--out", out.string()}, kShort));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("#wrong"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Wrong elements: 0"), std::string::npos) << r.output;
@@ -111,7 +111,7 @@ matrix:
 }
 
 TEST(Cli, ValidateChecksWithoutRunning) {
-  auto r = runCollie({"validate", kQuickstart});
+  auto r = runCollie({"validate", kRingVsTree});
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("OK, 1 run(s)"), std::string::npos) << r.output;
 }
@@ -121,7 +121,7 @@ TEST(Cli, BadConfigsExitTwoWithLocation) {
   expectBadInput(runCollie({"run", path}),
                  "typo.yaml:3:3: bench.schedulrs: unknown key (did you mean 'schedulers'?)");
   expectBadInput(runCollie({"validate", path}), "bench.schedulers: missing required key");
-  expectBadInput(runCollie({"run", kQuickstart, "--set", "bench.iters=-4"}),
+  expectBadInput(runCollie({"run", kRingVsTree, "--set", "bench.iters=-4"}),
                  "--set bench.iters: bench.iters: expected an integer");
   expectBadInput(runCollie({"run", "/nonexistent.yaml"}), "cannot open config");
   expectBadInput(runCollie({"run", COLLIE_TEST_SOURCE_DIR}), "is a directory");
@@ -149,15 +149,15 @@ TEST(Cli, UnreadableFileExitsTwo) {
 }
 
 TEST(Cli, MissingPluginIsAHardErrorWithAHint) {
-  auto r = runCollie(args({"run", kQuickstart, "--set", "bench.schedulers=[rnig]"}, kShort));
+  auto r = runCollie(args({"run", kRingVsTree, "--set", "bench.schedulers=[rnig]"}, kShort));
   expectBadInput(r, "no scheduler plugin named 'rnig' (did you mean 'ring'?)");
   EXPECT_NE(r.output.find("HINT: `collie plugins`"), std::string::npos) << r.output;
-  r = runCollie(args({"run", kQuickstart, "--set", "backend=mpi"}, kShort));
+  r = runCollie(args({"run", kRingVsTree, "--set", "backend=mpi"}, kShort));
   expectBadInput(r, "no backend plugin named 'mpi'");
 }
 
 TEST(Cli, UnknownPluginParamIsRejected) {
-  auto r = runCollie(args({"run", kQuickstart, "--set",
+  auto r = runCollie(args({"run", kRingVsTree, "--set",
                            "bench.schedulers=[{plugin: ring, params: {chunk_byte: 4KiB}}]"},
                           kShort));
   expectBadInput(r, "unknown param 'chunk_byte' (did you mean 'chunk_bytes'?)");
@@ -165,15 +165,15 @@ TEST(Cli, UnknownPluginParamIsRejected) {
 
 TEST(Cli, SchedulerThatCannotRunTheCollectiveIsBadInput) {
   auto r =
-      runCollie(args({"run", kQuickstart, "--set", "bench.collective=reduce_scatter"}, kShort));
+      runCollie(args({"run", kRingVsTree, "--set", "bench.collective=reduce_scatter"}, kShort));
   expectBadInput(r, "bench.schedulers: 'tree' cannot run reduce_scatter");
 }
 
 TEST(Cli, LogLevelFlagAndEnvironment) {
-  auto quiet = runCollie(args({"--log-level", "error", "run", kQuickstart}, kShort));
+  auto quiet = runCollie(args({"--log-level", "error", "run", kRingVsTree}, kShort));
   EXPECT_EQ(quiet.exit_code, 0);
   EXPECT_EQ(quiet.output.find("[info]"), std::string::npos) << quiet.output;
-  auto verbose = runCollie(args({"run", kQuickstart}, kShort), {"COLLIE_LOG_LEVEL=debug"});
+  auto verbose = runCollie(args({"run", kRingVsTree}, kShort), {"COLLIE_LOG_LEVEL=debug"});
   EXPECT_EQ(verbose.exit_code, 0);
   EXPECT_NE(verbose.output.find("[r0 debug]"), std::string::npos) << verbose.output;
 }
@@ -214,13 +214,13 @@ TEST(CliBench, EmitRulesThenAutoUsesThem) {
   auto dir =
       std::filesystem::temp_directory_path() / ("collie-rules-" + std::to_string(::getpid()));
   std::string rules = (dir / "rules.yaml").string();
-  auto r = testing::runCollie({"bench", kQuickstart, "--out", dir.string(), "--emit-rules", rules,
+  auto r = testing::runCollie({"bench", kRingVsTree, "--out", dir.string(), "--emit-rules", rules,
                                "--set", "bench.max_bytes=64KiB", "--set", "bench.iters=2"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("# Rules for auto: " + rules), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Crossovers (measured)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("predicted"), std::string::npos) << r.output;
-  r = testing::runCollie({"run", kQuickstart, "--out", (dir / "auto").string(), "--set",
+  r = testing::runCollie({"run", kRingVsTree, "--out", (dir / "auto").string(), "--set",
                           "bench.schedulers=[{plugin: auto, params: {rules_file: " + rules + "}}]",
                           "--set", "bench.max_bytes=64KiB", "--set", "bench.iters=2"});
   EXPECT_EQ(r.exit_code, 0) << r.output;

@@ -137,6 +137,52 @@ TEST(Config, SchedulerRulesLists) {
   expectContains(m, {"bench.schedulers[0].rules[0].max_bytes", "expected a size"});
 }
 
+const char* kTrain = R"(name: t
+launch: {nproc_per_node: 2}
+backend: gloo
+model: {plugin: gpt, params: {layers: 2}}
+train:
+  micro_batch: [8, 6]
+  lr: 1e-3
+)";
+
+TEST(TrainConfig, DefaultsAndTypedValues) {
+  auto runs = loadExperiments(writeTempFile("train.yaml", kTrain), {});
+  ASSERT_EQ(runs.size(), 1u);
+  const Experiment& e = runs[0];
+  EXPECT_EQ(e.kind, Experiment::Kind::kTrain);
+  EXPECT_EQ(e.model.plugin, "gpt");
+  EXPECT_EQ(e.train.scheduler.plugin, "ring");
+  EXPECT_EQ(e.train.micro_batch, std::vector<int>({8, 6}));
+  EXPECT_EQ(e.train.microBatchOf(1), 6);
+  EXPECT_TRUE(e.train.tokens_weighting);
+  EXPECT_EQ(e.train.bucket_bytes, 25000000u);
+  EXPECT_EQ(e.data.source, DataSpec::Source::kSynthetic);
+  EXPECT_FALSE(e.resolved["bench"].IsDefined()) << "the other kind's section is not filled in";
+  auto one = loadExperiments(writeTempFile("train.yaml", kTrain), {"train.micro_batch=4"});
+  EXPECT_EQ(one[0].train.micro_batch, std::vector<int>({4}));
+  EXPECT_EQ(one[0].train.microBatchOf(1), 4);
+}
+
+TEST(TrainConfig, ExactlyOneKindAndTheKeysTrainingNeeds) {
+  std::string m = errorOf(std::string(kTrain) + "bench: {schedulers: [ring]}\n");
+  expectContains(m, {"expected exactly one of 'bench'", "found both"});
+  m = errorOf("backend: loopback\n");
+  expectContains(m, {"found neither"});
+  m = errorOf("backend: gloo\ntrain: {steps: 3}\n");
+  expectContains(m, {"model: missing required key for a train: experiment"});
+  m = errorOf(std::string(kTrain) + "data: {source: tokens}\n");
+  expectContains(m, {"data.path: missing; source 'tokens' reads a file"});
+  m = errorOf(std::string(kTrain) + "  grad_weighting: mean\n");
+  expectContains(m, {"train.grad_weighting", "one of tokens, uniform", "found 'mean'"});
+  m = errorOf(std::string(kTrain) + "  min_lr: 0.1\n");
+  expectContains(m, {"train.min_lr: expected at most train.lr"});
+  m = errorOf(kTrain, {"train.micro_batch=[8, 0]"});
+  expectContains(m, {"train.micro_batch[1]", "expected an integer in [1, "});
+  m = errorOf(std::string(kValid) + "model: gpt\n");
+  expectContains(m, {"model: only a train: experiment uses it"});
+}
+
 TEST(ConfigFiles, EmptyFile) {
   expectContains(errorOf(""), {"the file is empty"});
   expectContains(errorOf("# only a comment\n"), {"the file is empty"});

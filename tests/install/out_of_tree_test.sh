@@ -17,7 +17,7 @@ test -f "$plugin"
 
 collie="$scratch/prefix/bin/collie"
 "$collie" plugins | grep -q "scheduler ring" || { echo "installed collie does not list ring"; exit 1; }
-config="$here/../../configs/quickstart.yaml"
+config="$here/../../configs/ring-vs-tree.yaml"
 short=(--set bench.max_bytes=64KiB --set bench.iters=2 --set bench.warmup_iters=1)
 "$collie" run "$config" "${short[@]}" --set "bench.schedulers=[$plugin, ring]" \
   --out "$scratch/run-path" | tee "$scratch/by-path.txt"

@@ -227,6 +227,32 @@ TEST(Overlap, ExposedCommunicationIsBelowTotal) {
       << "with overlap, part of the all-reduce time hides behind backward";
 }
 
+TEST(Gpt, ActivationCheckpointingGivesTheSameWeights) {
+  const std::vector<std::string> gpt = {
+      "model.plugin=gpt", "model.params={layers: 2, d_model: 32, heads: 4, seq_len: 16, vocab: 64}",
+      "launch.nproc_per_node=2", "train.micro_batch=2", "train.steps=3"};
+  auto plain = gpt, recomputed = gpt;
+  recomputed.push_back("train.grad_checkpointing=true");
+  runTraining("gpt-plain", plain);
+  auto result = runTraining("gpt-recomputed", recomputed);
+  EXPECT_TRUE(result.sync.identical);
+  EXPECT_EQ(result.parameters, 64 * 32 + 16 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32);
+  EXPECT_LT(maxDifference(finalWeights("gpt-plain"), finalWeights("gpt-recomputed")), 1e-6);
+}
+
+TEST(Gpt, Bf16AutocastTrainsAndDiffersFromFp32) {
+  const std::vector<std::string> gpt = {
+      "model.plugin=gpt", "model.params={layers: 1, d_model: 32, heads: 2, seq_len: 16, vocab: 64}",
+      "train.micro_batch=4", "train.steps=8", "train.lr=0.01"};
+  auto bf16 = gpt;
+  bf16.push_back("train.precision=bf16");
+  runTraining("gpt-fp32", gpt);
+  auto result = runTraining("gpt-bf16", bf16);
+  EXPECT_LT(result.last_loss, result.first_loss);
+  EXPECT_GT(maxDifference(finalWeights("gpt-fp32"), finalWeights("gpt-bf16")), 1e-6)
+      << "bf16 autocast must change the arithmetic";
+}
+
 TEST(MicroBatch, ListMustHaveOneSizePerRank) {
   try {
     runTraining("bad-list", {"launch.nproc_per_node=2", "train.micro_batch=[1, 2, 3]"});

@@ -413,7 +413,7 @@ const Schema& experimentSchema() {
                {"scheduler", Schema::pluginRef().byDefault("ring").doc("gradient all-reduce")},
                {"steps", Schema::integer(1, 100000000).byDefault("100")},
                {"micro_batch", Schema::list(Schema::integer(1, 1 << 20), 1)
-                                   .byDefault("8")
+                                   .byDefault("[8]")
                                    .doc("samples per micro-batch: one for every rank, or a list "
                                         "with one per rank")},
                {"grad_accum", Schema::integer(1, 1 << 16)

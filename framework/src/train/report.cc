@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iomanip>
+#include <numeric>
 #include <ostream>
 #include <sstream>
 
@@ -124,6 +125,22 @@ std::string microBatchText(const Result& r) {
   return "[" + detail::join(parts, ",") + "]";
 }
 
+// "grad_weighting=uniform, nproc_per_node=2" for "train.grad_weighting=uniform, launch...".
+std::string shortRun(const std::string& run) {
+  std::string out;
+  size_t start = 0;
+  while (start < run.size()) {
+    size_t end = run.find(", ", start);
+    if (end == std::string::npos) end = run.size();
+    std::string part = run.substr(start, end - start);
+    const size_t eq = part.find('='), dot = part.rfind('.', eq);
+    if (dot != std::string::npos && eq != std::string::npos) part = part.substr(dot + 1);
+    out += (out.empty() ? "" : ", ") + part;
+    start = end + 2;
+  }
+  return out;
+}
+
 // The 1-rank run of the same model to compare against, or null.
 const Result* soloRun(const std::vector<Result>& results, const Result& r) {
   for (const auto& other : results) {
@@ -133,8 +150,30 @@ const Result* soloRun(const std::vector<Result>& results, const Result& r) {
   return nullptr;
 }
 
+// With unequal micro-batches: how much one sample of each rank counts in the update,
+// against one process on the concatenated batch (1.00x).
+void printWeighting(std::ostream& out, const std::string& tag, const Result& r) {
+  const auto [low, high] = std::minmax_element(r.micro_batch.begin(), r.micro_batch.end());
+  if (*low == *high) return;
+  const int64_t per_step = r.world_batch_samples;
+  if (r.tokens_weighting) {
+    out << "# " << tag << "gradient weighting tokens: every sample counts 1/" << per_step
+        << " of the step, as one process on the concatenated " << per_step << " samples\n";
+    return;
+  }
+  const double per_micro = std::accumulate(r.micro_batch.begin(), r.micro_batch.end(), 0.0);
+  std::vector<std::string> counts;
+  for (size_t i = 0; i < r.micro_batch.size(); ++i) {
+    const double factor = per_micro / (static_cast<double>(r.ranks) * r.micro_batch[i]);
+    counts.push_back("rank " + std::to_string(i) + " (" + std::to_string(r.micro_batch[i]) + ") " +
+                     detail::format("%.2fx", factor));
+  }
+  out << "# " << tag << "gradient weighting uniform (DDP's 1/world mean): a sample counts "
+      << detail::join(counts, ", ") << " of its weight in one process on the same batch\n";
+}
+
 void printDetails(std::ostream& out, const Result& r) {
-  const std::string tag = r.run.empty() ? "" : "[" + r.run + "] ";
+  const std::string tag = r.run.empty() ? "" : "[" + shortRun(r.run) + "] ";
   if (r.ranks > 1) {
     std::vector<std::string> per_rank;
     int slowest = 0;
@@ -147,7 +186,8 @@ void printDetails(std::ostream& out, const Result& r) {
         << "; slowest rank " << slowest << ", "
         << detail::format("%.0f", 100 * r.compute_seconds[slowest] / r.step_seconds) << "% of the "
         << detail::format("%.3f", r.step_seconds) << " s step\n";
-    out << "# " << tag << "all-reduce per step: " << formatBytes(r.allreduce_bytes) << " in "
+    out << "# " << tag << "all-reduce per step: "
+        << detail::format("%.2f MB", static_cast<double>(r.allreduce_bytes) / 1e6) << " in "
         << r.buckets << " bucket(s): measured " << detail::format("%.4f", r.comm_seconds) << " s ("
         << detail::format("%.4f", r.exposed_seconds) << " s exposed), predicted "
         << (std::isnan(r.predicted_comm_seconds) ? std::string("-")
@@ -156,6 +196,7 @@ void printDetails(std::ostream& out, const Result& r) {
         << " us, " << (r.link_beta > 0 ? detail::format("%.2f", 1e-9 / r.link_beta) : "-")
         << " GB/s)\n";
   }
+  printWeighting(out, tag, r);
   out << "# " << tag << r.sync.describe(r.ranks) << "\n";
   std::vector<std::string> budgets = {"20 x params (" + count(20.0 * r.parameters) + " tokens): " +
                                       duration(20.0 * r.parameters / r.tokens_per_second)};
@@ -186,7 +227,7 @@ void printSummary(std::ostream& out, const std::vector<Result>& results) {
   for (const auto& r : results) {
     const Result* solo = soloRun(results, r);
     const double speedup = solo ? r.tokens_per_second / solo->tokens_per_second : NAN;
-    std::string label = r.run.empty() ? r.name : r.run;
+    std::string label = r.run.empty() ? r.name : shortRun(r.run);
     if (label.size() > 26) label = label.substr(0, 25) + "~";
     table << std::left << std::setw(28) << ("  " + label) << std::right << std::setw(6) << r.ranks
           << std::setw(12) << microBatchText(r) << std::setw(10)
