@@ -51,6 +51,10 @@ Reducer::~Reducer() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
+    queue_.clear();
+    // The step failed on this rank while a bucket was on the wire: unblock it now instead
+    // of waiting for the backend's timeout.
+    if (in_flight_) comm_.backend().abort("the training step failed on this rank");
   }
   cv_.notify_all();
   thread_.join();
@@ -124,6 +128,7 @@ void Reducer::communicationLoop() {
     Bucket& b = buckets_[queue_.front()];
     queue_.pop_front();
     const bool skip = failure_ != nullptr;
+    in_flight_ = !skip;
     lock.unlock();
     if (!skip) {
       try {
@@ -137,6 +142,7 @@ void Reducer::communicationLoop() {
       }
     }
     lock.lock();
+    in_flight_ = false;
     b.done = true;
     cv_.notify_all();
   }

@@ -84,7 +84,7 @@ class Reducer {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  bool armed_ = false, stopping_ = false;
+  bool armed_ = false, stopping_ = false, in_flight_ = false;
   size_t next_launch_ = 0;
   std::deque<size_t> queue_;
   std::exception_ptr failure_;

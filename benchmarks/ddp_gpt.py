@@ -1,0 +1,149 @@
+"""The PyTorch DDP peer of collie's trainer (benchmarks/ddp_peers.sh): the same GPT as
+models/gpt (pre-norm blocks, causal attention written with matmuls, GELU MLP, tied head,
+GPT-2 initialisation), AdamW with the same hyperparameters and clipping, trained by
+torch.nn.parallel.DistributedDataParallel over Gloo under torchrun. Prints one JSON line
+with the measured throughput (rank 0).
+
+Run it the way DESIGN §10 says Debian's torchrun works:
+  OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 --redirects 2 --tee 1 \
+      benchmarks/ddp_gpt.py --steps 30
+"""
+
+import argparse
+import json
+import math
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Attention(nn.Module):
+    def __init__(self, d, heads, seq_len):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.register_buffer("future", torch.ones(seq_len, seq_len, dtype=torch.bool).triu(1))
+
+    def forward(self, x):  # (B, T, C)
+        B, T, C = x.shape
+        hd = C // self.heads
+        q, k, v = self.qkv(x).view(B, T, 3, self.heads, hd).permute(2, 0, 3, 1, 4)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+        att = att.masked_fill(self.future[:T, :T], float("-inf")).softmax(-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        return self.proj(y)
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads, seq_len, mlp_ratio):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d)
+        self.attn = Attention(d, heads, seq_len)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, mlp_ratio * d)
+        self.fc_out = nn.Linear(mlp_ratio * d, d)
+
+    def forward(self, x):
+        h = x + self.attn(self.ln1(x))
+        return h + self.fc_out(F.gelu(self.fc(self.ln2(h))))
+
+
+class Gpt(nn.Module):
+    def __init__(self, layers, d, heads, seq_len, vocab, mlp_ratio):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Embedding(seq_len, d)
+        self.blocks = nn.ModuleList(Block(d, heads, seq_len, mlp_ratio) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        residual_std = 0.02 / math.sqrt(2 * layers)
+        for name, p in self.named_parameters():
+            if "ln" in name:
+                continue
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif name.endswith("proj.weight") or name.endswith("fc_out.weight"):
+                nn.init.normal_(p, 0.0, residual_std)
+            else:
+                nn.init.normal_(p, 0.0, 0.02)
+
+    def forward(self, idx):  # (B, T) -> (B, T, V)
+        positions = torch.arange(idx.shape[1])
+        x = self.wte(idx) + self.wpe(positions)
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_f(x) @ self.wte.weight.t()
+
+
+def blas_in_use():
+    """Every BLAS library mapped into this process (the first one wins symbol lookup)."""
+    found = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if "blas" in path and path not in found:
+                found.append(path)
+    return found
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--vocab", type=int, default=256)
+    parser.add_argument("--mlp-ratio", type=int, default=4)
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--bucket-mb", type=float, default=25)
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(1234)
+    model = Gpt(args.layers, args.d_model, args.heads, args.seq_len, args.vocab, args.mlp_ratio)
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    generator = torch.Generator().manual_seed(1234 + rank)
+
+    times, losses = [], []
+    for step in range(args.steps):
+        tokens = torch.randint(0, args.vocab, (args.micro_batch, args.seq_len + 1), generator=generator)
+        start = time.perf_counter()
+        logits = ddp(tokens[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+        losses.append(loss.item())
+
+    timed = times[1:] if len(times) > 1 else times
+    step_s = torch.tensor([sum(timed) / len(timed)])
+    dist.all_reduce(step_s, op=dist.ReduceOp.MAX)  # the slowest rank, as collie reports
+    if rank == 0:
+        world_tokens = world * args.micro_batch * args.seq_len
+        print(json.dumps({
+            "peer": "pytorch-ddp",
+            "torch": torch.__version__,
+            "blas": blas_in_use(),
+            "ranks": world,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "step_s": step_s.item(),
+            "tokens_per_s": world_tokens / step_s.item(),
+            "first_loss": losses[0],
+            "last_loss": losses[-1],
+        }), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

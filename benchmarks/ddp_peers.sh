@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# collie's DDP trainer against PyTorch DDP (Python, torchrun, Gloo; Debian's python3-torch)
+# on the same GPT, 1 and 2 processes, 1 thread each, in one run: tokens/s side by side and
+# the ratio collie / PyTorch. Both load the same OpenBLAS (DESIGN §10).
+#   benchmarks/ddp_peers.sh [OUT]        (STEPS=30 ROUNDS=2 RANKS="1 2" to change)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-runs/ddp-peers-$(date +%Y%m%d-%H%M%S)}"
+steps="${STEPS:-30}"
+rounds="${ROUNDS:-2}"
+ranks_list="${RANKS:-1 2}"
+python=/usr/bin/python3
+collie=build/bin/collie
+[[ -x "$collie" ]] || { echo "build collie first: scripts/build.sh" >&2; exit 2; }
+command -v torchrun >/dev/null || { echo "torchrun missing: apt-get install python3-torch" >&2; exit 2; }
+openblas="$(ldconfig -p | awk '/libopenblas\.so\.0 /{print $NF; exit}')"
+[[ -n "$openblas" ]] || { echo "OpenBLAS missing: apt-get install libopenblas0-pthread" >&2; exit 2; }
+mkdir -p "$out"
+echo "# collie: $($collie --version | tr '\n' ' ')"
+echo "# PyTorch peer: LD_PRELOAD=$openblas, torchrun --standalone --redirects 2 --tee 1"
+
+# Rounds alternate the peers so that a noisy minute does not favour one of them.
+for round in $(seq 1 "$rounds"); do
+  for ranks in $ranks_list; do
+    for scheduler in ring native; do
+      "$collie" --log-level warn run benchmarks/collie-gpt.yaml \
+        --out "$out/collie-$scheduler-$ranks-$round" --set launch.nproc_per_node="$ranks" \
+        --set train.steps="$steps" --set train.scheduler="$scheduler" > /dev/null
+    done
+    LD_PRELOAD="$openblas" OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node="$ranks" \
+      --redirects 2 --tee 1 --log_dir "$out/torchrun-logs" benchmarks/ddp_gpt.py \
+      --steps "$steps" > "$out/pytorch-$ranks-$round.log" 2>&1
+    echo "# round $round, $ranks rank(s) done"
+  done
+done
+
+"$python" - "$out" "$ranks_list" "$rounds" <<'PY' | tee "$out/table.md"
+import json, sys
+out, ranks_list, rounds = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
+
+def collie(scheduler, ranks, rnd):
+    with open(f"{out}/collie-{scheduler}-{ranks}-{rnd}/summary.json") as f:
+        return json.load(f)[0]
+
+def pytorch(ranks, rnd):
+    with open(f"{out}/pytorch-{ranks}-{rnd}.log") as f:
+        for line in f:
+            if '"peer": "pytorch-ddp"' in line:
+                return json.loads(line[line.index("{"):])
+    raise SystemExit(f"no result in {out}/pytorch-{ranks}-{rnd}.log")
+
+print("| ranks | collie ring (tok/s) | collie native (tok/s) | PyTorch DDP (tok/s) | collie ring / DDP | collie native / DDP |")
+print("|---|---|---|---|---|---|")
+for ranks in ranks_list:
+    ring = max(collie("ring", ranks, r)["tokens_per_s"] for r in range(1, rounds + 1))
+    native = max(collie("native", ranks, r)["tokens_per_s"] for r in range(1, rounds + 1))
+    peers = [pytorch(ranks, r) for r in range(1, rounds + 1)]
+    ddp = max(p["tokens_per_s"] for p in peers)
+    print(f"| {ranks} | {ring:,.0f} | {native:,.0f} | {ddp:,.0f} | {ring / ddp:.2f} | {native / ddp:.2f} |")
+p = peers[0]
+c = collie("ring", ranks_list[-1], 1)
+print(f"\nparameters: collie {c['parameters']:,}, PyTorch {p['parameters']:,}; "
+      f"PyTorch {p['torch']} BLAS {p['blas']}")
+PY
