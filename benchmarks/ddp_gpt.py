@@ -27,7 +27,8 @@ class Attention(nn.Module):
         self.heads = heads
         self.qkv = nn.Linear(d, 3 * d)
         self.proj = nn.Linear(d, d)
-        self.register_buffer("future", torch.ones(seq_len, seq_len, dtype=torch.bool).triu(1))
+        # A plain attribute, not a buffer: DDP would broadcast a buffer, and Gloo has no bool.
+        self.future = torch.ones(seq_len, seq_len, dtype=torch.bool).triu(1)
 
     def forward(self, x):  # (B, T, C)
         B, T, C = x.shape

@@ -1,0 +1,115 @@
+// Token sources and sharding: deterministic samples, files checked before training starts.
+#include <gtest/gtest.h>
+
+#include <ATen/ops/equal.h>
+
+#include <cstdint>
+#include <fstream>
+#include <numeric>
+#include <set>
+
+#include "collie/error.h"
+#include "run_command.h"
+#include "train/data.h"
+
+namespace collie::train {
+namespace {
+
+std::string writeTokens(const std::string& name, const std::vector<uint16_t>& ids) {
+  std::string bytes;
+  for (uint16_t id : ids) {
+    bytes += static_cast<char>(id & 0xFF);
+    bytes += static_cast<char>(id >> 8);
+  }
+  return testing::writeTempFile(name, bytes);
+}
+
+std::string errorOf(const config::DataSpec& spec, int64_t window, int64_t vocab) {
+  try {
+    openSource(spec, window, vocab);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Sharding, RanksTogetherReadOneProcessBatch) {
+  Sharding many{{3, 2}, 2}, one{{5}, 2};
+  EXPECT_EQ(many.globalBatch(), 10);
+  for (int64_t step = 0; step < 3; ++step) {
+    for (int micro = 0; micro < 2; ++micro) {
+      EXPECT_EQ(many.firstSample(step, micro, 0), one.firstSample(step, micro, 0));
+      EXPECT_EQ(many.firstSample(step, micro, 1), one.firstSample(step, micro, 0) + 3);
+    }
+  }
+  EXPECT_EQ(many.firstSample(1, 1, 1), 10u + 5u + 3u);
+}
+
+TEST(Synthetic, DeterministicInVocabAndLearnable) {
+  config::DataSpec spec;
+  auto a = openSource(spec, 17, 50), b = openSource(spec, 17, 50);
+  at::Tensor x = batch(*a, 100, 4, 17), y = batch(*b, 100, 4, 17);  // (4, 17)
+  EXPECT_TRUE(at::equal(x, y));
+  EXPECT_GE(x.min().item().toLong(), 0);
+  EXPECT_LT(x.max().item().toLong(), 50);
+  EXPECT_FALSE(at::equal(batch(*a, 0, 1, 17), batch(*a, 1, 1, 17)));
+  // Most tokens follow the rule t -> 5t + 3 (mod V).
+  int64_t follows = 0, total = 0;
+  const int64_t* t = x.data_ptr<int64_t>();
+  for (int64_t s = 0; s < 4; ++s) {
+    for (int64_t i = 1; i < 17; ++i, ++total)
+      follows += t[s * 17 + i] == (t[s * 17 + i - 1] * 5 + 3) % 50;
+  }
+  EXPECT_GT(follows * 2, total);
+  spec.seed = 99;
+  EXPECT_FALSE(at::equal(batch(*openSource(spec, 17, 50), 100, 4, 17), x));
+}
+
+TEST(TokensFile, WindowsComeFromTheFile) {
+  std::vector<uint16_t> ids(1000);
+  std::iota(ids.begin(), ids.end(), 0);  // token i at position i: a window is consecutive
+  config::DataSpec spec;
+  spec.source = config::DataSpec::Source::kTokens;
+  spec.path = writeTokens("ids.bin", ids);
+  auto source = openSource(spec, 9, 1000);
+  at::Tensor x = batch(*source, 0, 8, 9);
+  const int64_t* t = x.data_ptr<int64_t>();
+  std::set<int64_t> starts;
+  for (int s = 0; s < 8; ++s) {
+    starts.insert(t[s * 9]);
+    for (int i = 1; i < 9; ++i) EXPECT_EQ(t[s * 9 + i], t[s * 9] + i);
+  }
+  EXPECT_GT(starts.size(), 1u) << "windows start at seeded random offsets";
+  EXPECT_NE(source->describe().find("1000 tokens"), std::string::npos);
+}
+
+TEST(TokensFile, BadFilesAreNamedWithTheFix) {
+  config::DataSpec spec;
+  spec.source = config::DataSpec::Source::kTokens;
+  spec.path = "/nonexistent/train.bin";
+  EXPECT_NE(errorOf(spec, 9, 100).find("cannot open"), std::string::npos);
+  spec.path = testing::writeTempFile("odd.bin", "abc");
+  EXPECT_NE(errorOf(spec, 9, 100).find("odd size"), std::string::npos);
+  spec.path = writeTokens("short.bin", {1, 2, 3});
+  EXPECT_NE(errorOf(spec, 9, 100).find("expected at least 10 tokens"), std::string::npos);
+  std::vector<uint16_t> ids(50, 7);
+  ids[31] = 4000;
+  spec.path = writeTokens("big.bin", ids);
+  const std::string m = errorOf(spec, 9, 100);
+  EXPECT_NE(m.find("token 4000 at index 31 is outside the model's vocab (100)"), std::string::npos)
+      << m;
+}
+
+TEST(TextFile, BytesAreTokensAndNeedVocab256) {
+  config::DataSpec spec;
+  spec.source = config::DataSpec::Source::kText;
+  spec.path = testing::writeTempFile("words.txt", std::string(200, 'a') + "hello world");
+  EXPECT_NE(errorOf(spec, 9, 128).find("vocab of at least 256"), std::string::npos);
+  auto source = openSource(spec, 9, 256);
+  at::Tensor x = batch(*source, 3, 2, 9);
+  EXPECT_LE(x.max().item().toLong(), 'w');
+  EXPECT_GE(x.min().item().toLong(), ' ');
+}
+
+}  // namespace
+}  // namespace collie::train
