@@ -34,31 +34,4 @@ for round in $(seq 1 "$rounds"); do
   done
 done
 
-"$python" - "$out" "$ranks_list" "$rounds" <<'PY' | tee "$out/table.md"
-import json, sys
-out, ranks_list, rounds = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
-
-def collie(scheduler, ranks, rnd):
-    with open(f"{out}/collie-{scheduler}-{ranks}-{rnd}/summary.json") as f:
-        return json.load(f)[0]
-
-def pytorch(ranks, rnd):
-    with open(f"{out}/pytorch-{ranks}-{rnd}.log") as f:
-        for line in f:
-            if '"peer": "pytorch-ddp"' in line:
-                return json.loads(line[line.index("{"):])
-    raise SystemExit(f"no result in {out}/pytorch-{ranks}-{rnd}.log")
-
-print("| ranks | collie ring (tok/s) | collie native (tok/s) | PyTorch DDP (tok/s) | collie ring / DDP | collie native / DDP |")
-print("|---|---|---|---|---|---|")
-for ranks in ranks_list:
-    ring = max(collie("ring", ranks, r)["tokens_per_s"] for r in range(1, rounds + 1))
-    native = max(collie("native", ranks, r)["tokens_per_s"] for r in range(1, rounds + 1))
-    peers = [pytorch(ranks, r) for r in range(1, rounds + 1)]
-    ddp = max(p["tokens_per_s"] for p in peers)
-    print(f"| {ranks} | {ring:,.0f} | {native:,.0f} | {ddp:,.0f} | {ring / ddp:.2f} | {native / ddp:.2f} |")
-p = peers[0]
-c = collie("ring", ranks_list[-1], 1)
-print(f"\nparameters: collie {c['parameters']:,}, PyTorch {p['parameters']:,}; "
-      f"PyTorch {p['torch']} BLAS {p['blas']}")
-PY
+"$python" benchmarks/compare_ddp.py "$out" "$ranks_list" "$rounds" | tee "$out/table.md"

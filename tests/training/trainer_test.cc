@@ -157,6 +157,29 @@ TEST(WeightSync, PerturbedRankIsNamedWithItsSpread) {
   }
 }
 
+// A scheduler with a real bug (it leaves the tail of a bucket unreduced) makes the ranks
+// drift apart; the verifier stops the run naming a parameter and the ranks.
+TEST(WeightSync, BuggySchedulerFailsTheRunOrWarns) {
+  const std::string lossy =
+      std::string(COLLIE_TEST_BINARY_DIR) + "/conformance/plugins/libcollie_scheduler_lossy.so";
+  const std::vector<std::string> sets = {"launch.nproc_per_node=3", "train.micro_batch=2",
+                                         "train.scheduler=" + lossy};
+  try {
+    runTraining("lossy", sets);
+    FAIL() << "the lossy scheduler's divergence went unnoticed";
+  } catch (const CommError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("weights diverged at step"), std::string::npos) << m;
+    EXPECT_NE(m.find("differs between rank 0 and rank(s) 1, 2"), std::string::npos) << m;
+    EXPECT_NE(m.find("plugin-check"), std::string::npos) << m;
+  }
+  auto warned = sets;
+  warned.push_back("train.on_divergence=warn");
+  auto result = runTraining("lossy-warn", warned);
+  EXPECT_FALSE(result.sync.identical);
+  EXPECT_GT(result.sync.max_spread, 0);
+}
+
 TEST(Checkpoint, ResumeIsBitIdenticalToAnUninterruptedRun) {
   const std::vector<std::string> sets = {"launch.nproc_per_node=2", "train.micro_batch=[3, 2]",
                                          "train.steps=6", "train.checkpoint_every=3"};
