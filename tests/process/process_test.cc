@@ -352,6 +352,50 @@ TEST(Launcher, WorkerDeathStopsTheJobAndLeavesNoProcess) {
   EXPECT_TRUE(processesWith(out).empty());
 }
 
+// launch.max_restarts: a worker killed mid-training makes the launcher restart every
+// worker, and they resume from the newest checkpoint and finish the run.
+TEST(Launcher, RestartResumesTrainingFromTheNewestCheckpoint) {
+  const std::string out = scratch("restart"), checkpoints = out + "-ckpt";
+  const std::string config = writeTempFile(
+      "restart.yaml",
+      "name: restart\nlaunch: {nproc_per_node: 2, max_restarts: 1}\n"
+      "backend: {plugin: gloo, params: {timeout: 20s}}\n"
+      "model: {plugin: gpt, params: {layers: 2, d_model: 64, heads: 4, seq_len: 64, vocab: 256}}\n"
+      "train: {steps: 80, micro_batch: 8, checkpoint_every: 5, log_every: 1000, "
+      "checkpoint_dir: " +
+          checkpoints + "}\n");
+  auto launcher = spawn({"run", config, "--out", out}, {}, out + ".log");
+  std::vector<Spawned> keep{launcher};
+  Reaper reaper{&keep};
+  auto haveCheckpoint = [&] {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(checkpoints, ec)) {
+      if (entry.path().extension() == ".ckpt") return true;
+    }
+    return false;
+  };
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (Clock::now() < deadline && !haveCheckpoint()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(haveCheckpoint()) << launcher.output();
+  auto workers = processesWith(out);
+  workers.erase(std::remove(workers.begin(), workers.end(), launcher.pid), workers.end());
+  ASSERT_EQ(workers.size(), 2u) << launcher.output();
+  ::kill(workers[1], SIGKILL);
+  auto start = Clock::now();
+  ASSERT_TRUE(waitFor(keep[0], start, start + std::chrono::seconds(120))) << keep[0].output();
+  const std::string text = keep[0].output();
+  EXPECT_EQ(exitCode(keep[0]), 0) << text;
+  EXPECT_NE(text.find("was killed by signal 9 (SIGKILL); restarting all 2 workers (restart 1 of "
+                      "1) from the newest checkpoint"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("resumed from " + checkpoints), std::string::npos) << text;
+  EXPECT_NE(text.find("weights identical at step 80"), std::string::npos) << text;
+  EXPECT_TRUE(processesWith(out).empty());
+}
+
 TEST(Launcher, SigtermIsForwardedAndEveryWorkerStops) {
   std::string out = scratch("launcher-term");
   auto launcher = spawn({"run", longConfig("ucx", "5s"), "--out", out}, {}, out + ".log");

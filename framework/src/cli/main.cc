@@ -181,29 +181,45 @@ void launchRun(const Options& opt, const config::Experiment& e, size_t index, co
   spec.node_rank = opt.node_rank;
   spec.master_addr = opt.master_addr.empty() ? e.master_addr : opt.master_addr;
   const int port = opt.master_port != 0 ? opt.master_port : e.master_port;
-  // Consecutive runs of one file use consecutive ports, so that a late rank never reaches
-  // the previous run's store.
-  spec.master_port =
-      port != 0 ? static_cast<uint16_t>(port + index) : pickFreePort(spec.master_addr);
   spec.experiment = static_cast<int>(index);
   spec.threads_per_rank = e.threads_per_rank;
   spec.cpu_affinity = e.cpu_affinity;
   fs::remove(resultPath(out, index));
-  LaunchOutcome outcome = launchWorkers(spec);
-  if (outcome.interrupted) {
-    logError("interrupted: every worker was stopped");
-    throw Interrupted{outcome.exit_code};
+  const bool training = e.kind == config::Experiment::Kind::kTrain;
+  if (e.max_restarts > 0 && training && e.train.checkpoint_dir.empty()) {
+    logWarn("launch.max_restarts is " + std::to_string(e.max_restarts) +
+            " but train.checkpoint_dir is not set: a restart trains from step 0");
   }
-  if (!outcome.failure.empty()) {
+  for (int attempt = 0;; ++attempt) {
+    // Consecutive runs of one file use consecutive ports, so that a late rank never reaches
+    // the previous run's store; a restart reuses its run's port (the old store is gone).
+    spec.master_port =
+        port != 0 ? static_cast<uint16_t>(port + index) : pickFreePort(spec.master_addr);
+    LaunchOutcome outcome = launchWorkers(spec);
+    if (outcome.interrupted) {
+      logError("interrupted: every worker was stopped");
+      throw Interrupted{outcome.exit_code};
+    }
+    if (outcome.failure.empty()) return;
+    // Bad input fails the same way every time: never restarted.
+    if (attempt < e.max_restarts && outcome.exit_code != kExitBadInput && opt.nnodes == 1) {
+      logWarn("run " + std::to_string(index + 1) + " (" + e.name + ") failed: " + outcome.failure +
+              "; restarting all " + std::to_string(e.nproc_per_node) + " workers (restart " +
+              std::to_string(attempt + 1) + " of " + std::to_string(e.max_restarts) + ")" +
+              (training && !e.train.checkpoint_dir.empty()
+                   ? " from the newest checkpoint in " + e.train.checkpoint_dir
+                   : std::string()));
+      continue;
+    }
     std::string message =
         "run " + std::to_string(index + 1) + " (" + e.name +
         ") failed; every other rank was stopped. First failure: " + outcome.failure;
+    if (attempt > 0) message += " (after " + std::to_string(attempt) + " restart(s))";
     if (outcome.exit_code == kExitBadInput) throw ConfigError(message);
     throw CommError(message);
   }
 }
 
-// The training summary on the terminal and in summary.json.
 int reportTraining(const fs::path& out, const std::vector<train::Result>& results) {
   train::printSummary(std::cout, results);
   train::writeSummaryJson((out / "summary.json").string(), results);

@@ -245,6 +245,7 @@ Experiment typed(const YAML::Node& root, const std::string& file) {
   e.master_addr = root["launch"]["master_addr"].Scalar();
   e.master_port = root["launch"]["master_port"].as<int>();
   parseDuration(root["launch"]["rendezvous_timeout"].Scalar(), &e.rendezvous_timeout);
+  e.max_restarts = root["launch"]["max_restarts"].as<int>();
   e.backend = pluginRef(root["backend"], file, "backend");
   if (root["bench"]) typedBench(root["bench"], file, &e.bench);
   if (root["train"]) {

@@ -110,6 +110,7 @@ struct Experiment {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: the launcher picks a free port
   std::chrono::milliseconds rendezvous_timeout{60000};
+  int max_restarts = 0;  // collie's launcher restarts all workers after a failure
   PluginRef backend;
   BenchSpec bench;
   PluginRef model;  // train experiments

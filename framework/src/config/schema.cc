@@ -369,6 +369,9 @@ const Schema& experimentSchema() {
             Schema::integer(0, 65535).byDefault("0").doc("its port (0: a free one)")},
            {"rendezvous_timeout", Schema::duration().byDefault("60s").doc(
                                       "how long ranks wait for each other to arrive")},
+           {"max_restarts", Schema::integer(0, 1000).byDefault("0").doc(
+                                "restart every worker after a failure, this many times (a "
+                                "training run resumes from its newest checkpoint)")},
        })},
       {"backend", Schema::pluginRef().required().doc("the transport between ranks")},
       {"bench",
