@@ -5,7 +5,6 @@
 
 #include <chrono>
 #include <filesystem>
-#include <mutex>
 
 #include "bench/calibrate.h"
 #include "bench/pattern.h"
@@ -185,18 +184,10 @@ double busFactor(Collective coll, int n) {
 
 Result run(const PluginLoader& loader, const config::Experiment& experiment) {
   at::set_num_threads(experiment.threads_per_rank);
-  Result result;
-  std::mutex mu;
-  runInProcess(loader, experiment.backend, experiment.nproc_per_node,
-               [&](std::shared_ptr<Backend> backend) {
-                 RankBench bench(loader, experiment, backend, experiment.topology);
-                 Result mine = bench.run();
-                 if (backend->rank() == 0) {
-                   std::lock_guard<std::mutex> lock(mu);
-                   result = std::move(mine);
-                 }
-               });
-  return result;
+  return runInProcessForRank0<Result>(
+      loader, experiment.backend, experiment.nproc_per_node, [&](std::shared_ptr<Backend> backend) {
+        return RankBench(loader, experiment, std::move(backend), experiment.topology).run();
+      });
 }
 
 Result runRank(const PluginLoader& loader, const config::Experiment& experiment,

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 
 #include "collie/backend.h"
 #include "config/experiment.h"
@@ -15,5 +16,22 @@ namespace collie {
 // the exit code stays right) after every thread has finished.
 void runInProcess(const PluginLoader& loader, const config::PluginRef& backend, int world,
                   const std::function<void(std::shared_ptr<Backend>)>& body);
+
+// The same, returning what body returned on rank 0 (every rank's body runs to the end).
+template <typename Result>
+Result runInProcessForRank0(const PluginLoader& loader, const config::PluginRef& backend, int world,
+                            const std::function<Result(std::shared_ptr<Backend>)>& body) {
+  Result result;
+  std::mutex mu;
+  runInProcess(loader, backend, world, [&](std::shared_ptr<Backend> rank_backend) {
+    const bool root = rank_backend->rank() == 0;
+    Result mine = body(std::move(rank_backend));
+    if (root) {
+      std::lock_guard<std::mutex> lock(mu);
+      result = std::move(mine);
+    }
+  });
+  return result;
+}
 
 }  // namespace collie

@@ -491,17 +491,10 @@ class RankTrainer {
 
 Result run(const PluginLoader& loader, const config::Experiment& e, const std::string& out_dir) {
   at::set_num_threads(e.threads_per_rank);
-  Result result;
-  std::mutex mu;
-  runInProcess(loader, e.backend, e.nproc_per_node, [&](std::shared_ptr<Backend> backend) {
-    RankTrainer trainer(loader, e, backend, e.topology, out_dir);
-    Result mine = trainer.run();
-    if (backend->rank() == 0) {
-      std::lock_guard<std::mutex> lock(mu);
-      result = std::move(mine);
-    }
-  });
-  return result;
+  return runInProcessForRank0<Result>(
+      loader, e.backend, e.nproc_per_node, [&](std::shared_ptr<Backend> backend) {
+        return RankTrainer(loader, e, std::move(backend), e.topology, out_dir).run();
+      });
 }
 
 Result runRank(const PluginLoader& loader, const config::Experiment& e,
