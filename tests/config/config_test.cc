@@ -179,6 +179,16 @@ TEST(TrainConfig, ExactlyOneKindAndTheKeysTrainingNeeds) {
   expectContains(m, {"train.min_lr: expected at most train.lr"});
   m = errorOf(kTrain, {"train.micro_batch=[8, 0]"});
   expectContains(m, {"train.micro_batch[1]", "expected an integer in [1, "});
+  m = errorOf(kTrain, {"train.micro_batch=auto"});
+  expectContains(m, {"train.global_batch: missing; micro_batch: auto splits it"});
+  m = errorOf(kTrain, {"train.global_batch=16"});
+  expectContains(m, {"train.global_batch: only with micro_batch: auto"});
+  m = errorOf(kTrain, {"train.micro_batch=fast"});
+  expectContains(m, {"train.micro_batch", "or 'auto'"});
+  auto runs = loadExperiments(writeTempFile("auto.yaml", kTrain),
+                              {"train.micro_batch=auto", "train.global_batch=16"});
+  EXPECT_TRUE(runs[0].train.auto_micro_batch);
+  EXPECT_EQ(runs[0].train.global_batch, 16);
   m = errorOf(std::string(kValid) + "model: gpt\n");
   expectContains(m, {"model: only a train: experiment uses it"});
 }

@@ -45,6 +45,16 @@ TEST(Sharding, RanksTogetherReadOneProcessBatch) {
   EXPECT_EQ(many.firstSample(1, 1, 1), 10u + 5u + 3u);
 }
 
+TEST(Sharding, ProportionalSplitGivesEveryRankItsShare) {
+  EXPECT_EQ(proportionalSplit(8, {1, 1, 1, 1}), std::vector<int>({2, 2, 2, 2}));
+  EXPECT_EQ(proportionalSplit(22, {1, 1, 0.75}), std::vector<int>({8, 8, 6}));
+  EXPECT_EQ(proportionalSplit(3, {1, 1000}), std::vector<int>({1, 2})) << "at least one each";
+  auto split = proportionalSplit(10, {3.3, 1.1, 2.2});
+  EXPECT_EQ(std::accumulate(split.begin(), split.end(), 0), 10);
+  EXPECT_GT(split[0], split[2]);
+  EXPECT_GT(split[2], split[1]);
+}
+
 TEST(Synthetic, DeterministicInVocabAndLearnable) {
   config::DataSpec spec;
   auto a = openSource(spec, 17, 50), b = openSource(spec, 17, 50);

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <numeric>
 
 #include "collie/error.h"
 #include "loopback_job.h"
@@ -274,6 +275,16 @@ TEST(Gpt, Bf16AutocastTrainsAndDiffersFromFp32) {
   EXPECT_LT(result.last_loss, result.first_loss);
   EXPECT_GT(maxDifference(finalWeights("gpt-fp32"), finalWeights("gpt-bf16")), 1e-6)
       << "bf16 autocast must change the arithmetic";
+}
+
+TEST(MicroBatch, AutoSplitsTheGlobalBatchByMeasuredSpeed) {
+  auto result = runTraining(
+      "auto", {"launch.nproc_per_node=3", "train.micro_batch=auto", "train.global_batch=12"});
+  ASSERT_EQ(result.micro_batch.size(), 3u);
+  EXPECT_EQ(std::accumulate(result.micro_batch.begin(), result.micro_batch.end(), 0), 12);
+  for (int b : result.micro_batch) EXPECT_GE(b, 1);
+  EXPECT_EQ(result.world_batch_samples, 12);
+  EXPECT_TRUE(result.sync.identical);
 }
 
 TEST(MicroBatch, ListMustHaveOneSizePerRank) {

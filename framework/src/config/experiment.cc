@@ -196,7 +196,9 @@ void typedData(const YAML::Node& data, DataSpec* d) {
 void typedTrain(const YAML::Node& train, const std::string& file, TrainSpec* t) {
   t->scheduler = pluginRef(train["scheduler"], file, "scheduler");
   t->steps = train["steps"].as<int>();
-  t->micro_batch = train["micro_batch"].as<std::vector<int>>();
+  t->auto_micro_batch = train["micro_batch"].IsScalar();  // the word auto
+  if (!t->auto_micro_batch) t->micro_batch = train["micro_batch"].as<std::vector<int>>();
+  t->global_batch = train["global_batch"].as<int>();
   t->grad_accum = train["grad_accum"].as<int>();
   t->tokens_weighting = train["grad_weighting"].Scalar() == "tokens";
   t->sgd = train["optimizer"].Scalar() == "sgd";
@@ -269,6 +271,16 @@ void checkTrain(const Experiment& e, std::vector<Issue>* issues) {
     issues->push_back({location(e.file, train["min_lr"]) + ": train.min_lr: expected at most " +
                        "train.lr (" + scalarText(train["lr"]) + "), found " +
                        scalarText(train["min_lr"])});
+  }
+  if (e.train.auto_micro_batch && e.train.global_batch == 0) {
+    issues->push_back({location(e.file, train["micro_batch"]) +
+                       ": train.global_batch: missing; micro_batch: auto splits it between the "
+                       "ranks by their measured speed"});
+  }
+  if (!e.train.auto_micro_batch && e.train.global_batch != 0) {
+    issues->push_back({location(e.file, train["global_batch"]) +
+                       ": train.global_batch: only with micro_batch: auto (a list gives the "
+                       "sizes itself)"});
   }
   if (e.data.source != DataSpec::Source::kSynthetic && e.data.path.empty()) {
     issues->push_back({location(e.file, data) + ": data.path: missing; source '" +

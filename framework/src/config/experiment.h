@@ -63,7 +63,9 @@ struct DataSpec {
 struct TrainSpec {
   PluginRef scheduler;  // the gradient all-reduce (a plugin or rules)
   int steps = 100;
-  std::vector<int> micro_batch;  // one entry for every rank, or one per rank
+  std::vector<int> micro_batch;   // one entry for every rank, or one per rank (empty: auto)
+  bool auto_micro_batch = false;  // split global_batch by each rank's measured speed
+  int global_batch = 0;           // samples of one micro-batch over all ranks (auto)
   int grad_accum = 1;
   bool tokens_weighting = true;  // false: uniform 1/world mean (plain DDP)
   bool sgd = false;              // else AdamW
@@ -87,7 +89,7 @@ struct TrainSpec {
   bool resume = true;
   std::vector<double> token_budgets;
 
-  // This rank's samples per micro-batch.
+  // This rank's samples per micro-batch (not for auto, which the trainer measures).
   int microBatchOf(int rank) const {
     return micro_batch.size() == 1 ? micro_batch[0] : micro_batch[rank];
   }

@@ -84,6 +84,10 @@ Schema&& Schema::doc(const std::string& text) && {
   doc_ = text;
   return std::move(*this);
 }
+Schema&& Schema::orWord(const std::string& word) && {
+  word_ = word;
+  return std::move(*this);
+}
 Schema&& Schema::optionalSection() && {
   optional_section_ = true;
   return std::move(*this);
@@ -97,6 +101,11 @@ const Schema* Schema::field(const std::string& name) const {
 }
 
 std::string Schema::expected() const {
+  if (!word_.empty()) {
+    Schema plain = *this;
+    plain.word_.clear();
+    return plain.expected() + " or '" + word_ + "'";
+  }
   auto num = [](double v) {
     std::string s = std::to_string(v);
     if (v == std::floor(v) && std::fabs(v) < 1e18) s = std::to_string(static_cast<int64_t>(v));
@@ -153,6 +162,7 @@ class Validator {
       : file_(file), overrides_(overrides) {}
 
   void check(YAML::Node& node, const Schema& schema, const std::string& key) {
+    if (!schema.word_.empty() && node.IsScalar() && node.Scalar() == schema.word_) return;
     switch (schema.type_) {
       case Schema::Type::kMap:
         return checkMap(node, schema, key);
@@ -233,7 +243,13 @@ class Validator {
   }
 
   void checkList(YAML::Node& node, const Schema& schema, const std::string& key) {
-    if (node.IsScalar()) {  // a single value stands for a list of one
+    if (node.IsScalar()) {          // a single value stands for a list of one
+      if (!schema.word_.empty()) {  // neither the word nor one item: say both are possible
+        Validator probe(file_, overrides_);
+        YAML::Node copy = YAML::Clone(node);
+        probe.check(copy, *schema.item_, key);
+        if (!probe.issues.empty()) return mismatch(node, schema, key);
+      }
       YAML::Node list(YAML::NodeType::Sequence);
       list.push_back(YAML::Clone(node));
       node = list;
@@ -416,9 +432,15 @@ const Schema& experimentSchema() {
                {"scheduler", Schema::pluginRef().byDefault("ring").doc("gradient all-reduce")},
                {"steps", Schema::integer(1, 100000000).byDefault("100")},
                {"micro_batch", Schema::list(Schema::integer(1, 1 << 20), 1)
+                                   .orWord("auto")
                                    .byDefault("[8]")
-                                   .doc("samples per micro-batch: one for every rank, or a list "
-                                        "with one per rank")},
+                                   .doc("samples per micro-batch: one for every rank, a list "
+                                        "with one per rank, or auto (split global_batch by "
+                                        "measured speed)")},
+               {"global_batch",
+                Schema::integer(0, 1 << 30)
+                    .byDefault("0")
+                    .doc("with micro_batch: auto, the samples of one micro-batch over all ranks")},
                {"grad_accum", Schema::integer(1, 1 << 16)
                                   .byDefault("1")
                                   .doc("micro-batches per step (communication after the last)")},

@@ -47,6 +47,8 @@ class Schema {
   // A map that stays absent when the file leaves it out (no defaults filled in): one of
   // several alternative sections, such as bench: and train:.
   Schema&& optionalSection() &&;
+  // Also accepts this one word in place of the value (micro_batch: auto).
+  Schema&& orWord(const std::string& word) &&;
 
   Type type() const { return type_; }
   const std::string& documentation() const { return doc_; }
@@ -70,6 +72,7 @@ class Schema {
   double min_ = 0, max_ = 0;
   bool required_ = false;
   bool optional_section_ = false;
+  std::string word_;
   std::string default_;
 
   friend class Validator;

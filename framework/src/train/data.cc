@@ -8,6 +8,7 @@
 
 #include <ATen/ops/empty.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <numeric>
@@ -181,6 +182,27 @@ uint64_t Sharding::firstSample(int64_t step, int micro, int rank) const {
   const int64_t before =
       std::accumulate(micro_batch.begin(), micro_batch.begin() + rank, int64_t{0});
   return static_cast<uint64_t>(step * globalBatch() + micro * per_micro + before);
+}
+
+std::vector<int> proportionalSplit(int total, const std::vector<double>& speeds) {
+  const int n = static_cast<int>(speeds.size());
+  const double sum = std::accumulate(speeds.begin(), speeds.end(), 0.0);
+  // Everyone gets one; the rest is shared in proportion, floors first, then the largest
+  // remainders.
+  std::vector<int> split(n, 1);
+  const int rest = total - n;
+  std::vector<std::pair<double, int>> remainders;
+  int given = 0;
+  for (int r = 0; r < n; ++r) {
+    const double exact = rest * speeds[r] / sum;
+    split[r] += static_cast<int>(exact);
+    given += static_cast<int>(exact);
+    remainders.emplace_back(exact - static_cast<int>(exact), r);
+  }
+  std::stable_sort(remainders.begin(), remainders.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (int i = 0; i < rest - given; ++i) ++split[remainders[i].second];
+  return split;
 }
 
 }  // namespace collie::train

@@ -44,4 +44,8 @@ struct Sharding {
   uint64_t firstSample(int64_t step, int micro, int rank) const;
 };
 
+// `total` samples split in proportion to each rank's `speeds` (largest remainders), at
+// least one each. Requires total >= speeds.size() and positive speeds.
+std::vector<int> proportionalSplit(int total, const std::vector<double>& speeds);
+
 }  // namespace collie::train

@@ -86,7 +86,6 @@ class RankTrainer {
         comm_(backend, e.backend.label, topology),
         control_(*backend) {
     checkMicroBatches();
-    for (int r = 0; r < world_; ++r) sharding_.micro_batch.push_back(spec_.microBatchOf(r));
     sharding_.grad_accum = spec_.grad_accum;
     addSchedulers(loader);
     createModel(loader);
@@ -97,6 +96,12 @@ class RankTrainer {
       params_.push_back(named.value());
     }
     checkParameterCount();
+    if (spec_.auto_micro_batch) {
+      sharding_.micro_batch = measureSplit();
+    } else {
+      for (int r = 0; r < world_; ++r) sharding_.micro_batch.push_back(spec_.microBatchOf(r));
+    }
+    mb_ = sharding_.micro_batch[rank_];
     metrics_path_ = out_dir + "/rank-" + std::to_string(rank_) + ".jsonl";
   }
 
@@ -158,8 +163,9 @@ class RankTrainer {
     std::string id = "model " + e_.model.plugin + " {";
     for (const auto& [key, value] : e_.model.params.values()) id += key + ": " + value + ", ";
     id += "}; optimizer " + std::string(spec_.sgd ? "sgd" : "adamw") + "; micro_batch " +
-          microBatchText() + " x " + std::to_string(spec_.grad_accum) + "; data seed " +
-          std::to_string(e_.data.seed);
+          (spec_.auto_micro_batch ? "auto (global " + std::to_string(spec_.global_batch) + ")"
+                                  : microBatchText()) +
+          " x " + std::to_string(spec_.grad_accum) + "; data seed " + std::to_string(e_.data.seed);
     return id;
   }
 
@@ -198,7 +204,43 @@ class RankTrainer {
     return c.step;
   }
 
+  // micro_batch: auto. Every rank times forward + backward of an equal probe batch; the
+  // global batch is then split in proportion to the measured speeds, the same on every rank.
+  std::vector<int> measureSplit() {
+    if (spec_.global_batch < world_) {
+      throw ConfigError(e_.file + ": train.global_batch: expected at least one sample per rank (" +
+                        std::to_string(world_) + "), found " + std::to_string(spec_.global_batch));
+    }
+    const int probe = std::max(1, spec_.global_batch / world_);
+    at::Tensor tokens = batch(*source_, 0, probe, shape_.seq_len + 1);  // (probe, T + 1)
+    double best = std::numeric_limits<double>::infinity();
+    for (int i = 0; i < 3; ++i) {  // the first pays for allocation; keep the best
+      const auto start = Clock::now();
+      at::Tensor loss;
+      {
+        Autocast autocast(spec_.bf16);
+        loss = model_->loss(tokens);
+      }
+      loss.backward();
+      best = std::min(best, since(start));
+    }
+    for (auto& p : params_) p.mutable_grad() = at::Tensor();
+    std::vector<double> speeds;
+    for (const auto& r : control_.allGather({probe / best})) speeds.push_back(r[0]);
+    std::vector<int> split = proportionalSplit(spec_.global_batch, speeds);
+    if (rank_ == 0) {
+      std::vector<std::string> parts;
+      for (int r = 0; r < world_; ++r) {
+        parts.push_back("rank " + std::to_string(r) + " " + detail::format("%.1f", speeds[r]) +
+                        " samples/s -> " + std::to_string(split[r]));
+      }
+      logInfo("micro_batch auto: " + detail::join(parts, ", "));
+    }
+    return split;
+  }
+
   void checkMicroBatches() const {
+    if (spec_.auto_micro_batch) return;
     const auto n = spec_.micro_batch.size();
     if (n != 1 && static_cast<int>(n) != world_) {
       throw ConfigError(e_.file + ": train.micro_batch: expected one size for every rank or " +
@@ -263,7 +305,7 @@ class RankTrainer {
     StepStats st;
     const auto start = Clock::now();
     reseed(s);
-    const int mb = spec_.microBatchOf(rank_);
+    const int mb = mb_;
     const double global = static_cast<double>(sharding_.globalBatch());
     // tokens: this micro-batch's share of the step's predictions; uniform: DDP's mean.
     const double scale = spec_.tokens_weighting
@@ -330,7 +372,7 @@ class RankTrainer {
   }
 
   void writeMetrics(int64_t s, const StepStats& st) {
-    const int64_t samples = static_cast<int64_t>(spec_.microBatchOf(rank_)) * spec_.grad_accum;
+    const int64_t samples = static_cast<int64_t>(mb_) * spec_.grad_accum;
     const int64_t tokens = samples * shape_.seq_len;
     nlohmann::json line = {
         {"step", s + 1},
@@ -365,7 +407,7 @@ class RankTrainer {
   // `done`: steps run by this process so far (minus one); `s`: the step's index in the run.
   void progress(int64_t done, int64_t s, const std::vector<StepStats>& stats,
                 Clock::time_point started) {
-    const auto all = control_.allGather({stats.back().loss * spec_.microBatchOf(rank_)});
+    const auto all = control_.allGather({stats.back().loss * mb_});
     double loss = 0;
     for (const auto& r : all) loss += r[0];
     loss /= static_cast<double>(sharding_.globalBatch() / spec_.grad_accum);
@@ -447,7 +489,7 @@ class RankTrainer {
       exposed += stats[i].sync.exposed_seconds;
     }
     const double n = static_cast<double>(stats.size() - first);
-    const double mb = spec_.microBatchOf(rank_);
+    const double mb = mb_;
     const auto all = control_.allGather({step / n, compute / n, comm / n, exposed / n,
                                          stats.front().loss * mb, stats.back().loss * mb});
     r->timed_steps = static_cast<int64_t>(stats.size() - first);
@@ -480,6 +522,7 @@ class RankTrainer {
   ModelShape shape_;
   std::unique_ptr<TokenSource> source_;
   Sharding sharding_;
+  int mb_ = 0;  // this rank's samples per micro-batch
   std::vector<std::string> names_;
   std::vector<at::Tensor> params_;
   std::unique_ptr<Optimizer> optimizer_;
