@@ -224,6 +224,7 @@ void typedTrain(const YAML::Node& train, const std::string& file, TrainSpec* t) 
   t->checkpoint_every = train["checkpoint_every"].as<int>();
   t->checkpoint_keep = train["checkpoint_keep"].as<int>();
   t->resume = train["resume"].as<bool>();
+  t->peak_flops = train["peak_flops"].as<double>();
   if (train["token_budgets"]) t->token_budgets = train["token_budgets"].as<std::vector<double>>();
 }
 

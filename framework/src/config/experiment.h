@@ -88,6 +88,7 @@ struct TrainSpec {
   int checkpoint_keep = 2;
   bool resume = true;
   std::vector<double> token_budgets;
+  double peak_flops = 0;  // per rank, for MFU; 0: unknown
 
   // This rank's samples per micro-batch (not for auto, which the trainer measures).
   int microBatchOf(int rank) const {

@@ -475,6 +475,8 @@ const Schema& experimentSchema() {
                {"seed",
                 Schema::integer(0, int64_t{1} << 62).byDefault("1234").doc("initial weights")},
                {"log_every", Schema::integer(1, 100000000).byDefault("10").doc("progress lines")},
+               {"peak_flops", Schema::number(0, 1e18).byDefault("0").doc(
+                                  "peak FLOP/s of one rank's device, for MFU (0: unknown)")},
                {"checkpoint_dir",
                 Schema::string().doc("write checkpoints here (and resume from the newest)")},
                {"checkpoint_every",

@@ -59,7 +59,8 @@ json toJson(const Result& r) {
             {"first_parameter", r.sync.first_parameter},
             {"ranks", r.sync.ranks},
             {"differing", r.sync.differing}}},
-          {"token_budgets", r.token_budgets}};
+          {"token_budgets", r.token_budgets},
+          {"peak_flops", r.peak_flops}};
 }
 
 Result fromJson(const json& j) {
@@ -100,6 +101,7 @@ Result fromJson(const json& j) {
   r.sync.ranks = s.at("ranks").get<std::vector<int>>();
   r.sync.differing = s.at("differing");
   r.token_budgets = j.at("token_budgets").get<std::vector<double>>();
+  r.peak_flops = j.at("peak_flops");
   return r;
 }
 
@@ -196,6 +198,15 @@ void printDetails(std::ostream& out, const Result& r) {
         << " us, " << (r.link_beta > 0 ? detail::format("%.2f", 1e-9 / r.link_beta) : "-")
         << " GB/s)\n";
   }
+  const double achieved = r.flops_per_token * r.tokens_per_second / r.ranks;
+  out << "# " << tag << "model FLOP/s per rank: " << detail::format("%.3g", achieved);
+  if (r.peak_flops > 0) {
+    out << ", MFU " << detail::format("%.1f%%", 100 * achieved / r.peak_flops) << " of a "
+        << detail::format("%.3g", r.peak_flops) << " FLOP/s peak";
+  } else {
+    out << " (set train.peak_flops for MFU)";
+  }
+  out << "\n";
   printWeighting(out, tag, r);
   out << "# " << tag << r.sync.describe(r.ranks) << "\n";
   std::vector<std::string> budgets = {"20 x params (" + count(20.0 * r.parameters) + " tokens): " +

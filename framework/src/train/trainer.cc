@@ -473,6 +473,7 @@ class RankTrainer {
     r.link_alpha = cost.intra.alpha;
     r.link_beta = cost.intra.beta;
     r.token_budgets = spec_.token_budgets;
+    r.peak_flops = spec_.peak_flops;
     return r;
   }
 

@@ -51,6 +51,7 @@ struct Result {
   double first_loss = 0, last_loss = 0;
   SyncCheck sync;
   std::vector<double> token_budgets;  // besides Chinchilla's 20 tokens per parameter
+  double peak_flops = 0;              // per rank, from the config (0: unknown)
 };
 
 // Runs a train experiment with its ranks as threads of this process (loopback backend).
