@@ -204,6 +204,12 @@ class RankTrainer {
     return c.step;
   }
 
+  // The model's loss of `tokens` (B, T + 1), under bf16 autocast when configured.
+  at::Tensor lossOf(const at::Tensor& tokens) {
+    Autocast autocast(spec_.bf16);
+    return model_->loss(tokens);
+  }
+
   // micro_batch: auto. Every rank times forward + backward of an equal probe batch; the
   // global batch is then split in proportion to the measured speeds, the same on every rank.
   std::vector<int> measureSplit() {
@@ -216,12 +222,7 @@ class RankTrainer {
     double best = std::numeric_limits<double>::infinity();
     for (int i = 0; i < 3; ++i) {  // the first pays for allocation; keep the best
       const auto start = Clock::now();
-      at::Tensor loss;
-      {
-        Autocast autocast(spec_.bf16);
-        loss = model_->loss(tokens);
-      }
-      loss.backward();
+      lossOf(tokens).backward();
       best = std::min(best, since(start));
     }
     for (auto& p : params_) p.mutable_grad() = at::Tensor();
@@ -317,11 +318,7 @@ class RankTrainer {
                                 shape_.seq_len + 1);  // (mb, T + 1)
       if (k + 1 == spec_.grad_accum) reducer.arm();
       auto t = Clock::now();
-      at::Tensor loss;
-      {
-        Autocast autocast(spec_.bf16);
-        loss = model_->loss(tokens);
-      }
+      at::Tensor loss = lossOf(tokens);
       st.forward += since(t);
       t = Clock::now();
       (loss * scale).backward();
