@@ -136,6 +136,14 @@ std::string defaultLabel(const std::string& plugin, const std::string& kind) {
   return file;
 }
 
+// Where a nested value came from. A value parsed from --set carries the mark 1:1 of its own
+// one-line document; in a file no nested value can stand there (the file starts with a key).
+std::string valueLocation(const std::string& file, const YAML::Node& value) {
+  const YAML::Mark mark = value.Mark();
+  if (!mark.is_null() && mark.line == 0 && mark.column == 0) return "--set";
+  return location(file, value);
+}
+
 PluginRef pluginRef(const YAML::Node& node, const std::string& file, const std::string& kind) {
   PluginRef ref;
   ref.plugin = node.IsScalar() ? node.Scalar() : node["plugin"] ? node["plugin"].Scalar() : "";
@@ -144,7 +152,7 @@ PluginRef pluginRef(const YAML::Node& node, const std::string& file, const std::
     if (node["label"]) ref.label = node["label"].Scalar();
     if (YAML::Node params = node["params"]) {
       for (auto it = params.begin(); it != params.end(); ++it) {
-        ref.params.set(it->first.Scalar(), it->second.Scalar(), location(file, it->second));
+        ref.params.set(it->first.Scalar(), it->second.Scalar(), valueLocation(file, it->second));
       }
     }
     if (YAML::Node rules = node["rules"]) {
@@ -286,6 +294,12 @@ void checkTrain(const Experiment& e, std::vector<Issue>* issues) {
   if (e.data.source != DataSpec::Source::kSynthetic && e.data.path.empty()) {
     issues->push_back({location(e.file, data) + ": data.path: missing; source '" +
                        data["source"].Scalar() + "' reads a file"});
+  }
+  if (!e.data.path.empty() && e.data.source != DataSpec::Source::kSynthetic &&
+      !std::filesystem::is_regular_file(e.data.path)) {
+    issues->push_back({valueLocation(e.file, data["path"]) + ": data.path: " + e.data.path +
+                       " is not a readable file here (a relative path starts from the folder "
+                       "collie runs in)"});
   }
   if (e.data.source == DataSpec::Source::kSynthetic && !e.data.path.empty()) {
     issues->push_back({location(e.file, data["path"]) +
