@@ -6,6 +6,7 @@
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/ones.h>
+#include <xxhash.h>
 
 #include <filesystem>
 #include <fstream>
@@ -224,6 +225,32 @@ TEST(Checkpoint, CorruptOrForeignFilesAreRejected) {
   EXPECT_THROW(train::loadCheckpoint(text), CheckpointError);
   fs::resize_file(path, 20);
   EXPECT_THROW(train::loadCheckpoint(path), CheckpointError);
+}
+
+// A file with a valid hash but a header that asks for a tensor of 4 TB: refused before
+// anything is allocated.
+TEST(Checkpoint, CraftedHeaderCannotAskForHugeTensors) {
+  const std::string header =
+      R"({"step": 1, "identity": "x", "tensors": [{"name": "w", "dtype": "f32", )"
+      R"("shape": [1000000000000], "offset": 0, "bytes": 4}]})";
+  std::string file = "COLLIECK";
+  const uint32_t version = 1;
+  const uint64_t header_size = header.size();
+  file.append(reinterpret_cast<const char*>(&version), sizeof(version));
+  file.append(reinterpret_cast<const char*>(&header_size), sizeof(header_size));
+  file += header;
+  file.append(4, '\0');  // the payload
+  const uint64_t digest = XXH3_64bits(file.data(), file.size());
+  file.append(reinterpret_cast<const char*>(&digest), sizeof(digest));
+  const std::string path = testing::writeTempFile("crafted.ckpt", file);
+  try {
+    train::loadCheckpoint(path);
+    FAIL() << "a crafted header was accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'w' has an inconsistent entry"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Checkpoint, AnotherRunsCheckpointIsNotResumed) {

@@ -13,6 +13,7 @@
 #include "bench/bench.h"
 #include "collie/error.h"
 #include "collie/params.h"
+#include "util/files.h"
 
 namespace collie::bench {
 namespace {
@@ -169,9 +170,7 @@ void saveResult(const std::string& path, const Result& result) {
                          {{"intra", linkJson(result.model.intra)},
                           {"inter", linkJson(result.model.inter)},
                           {"gamma", result.model.gamma}}}};
-  const std::string partial = path + ".partial";
-  openOutput(partial) << doc.dump() << "\n";
-  std::filesystem::rename(partial, path);  // readers never see half a file
+  detail::writeFileAtomically(path, doc.dump() + "\n");
 }
 
 Result loadResult(const std::string& path) {

@@ -16,6 +16,7 @@
 #include "runtime/communicator.h"
 #include "runtime/control.h"
 #include "runtime/in_process.h"
+#include "util/files.h"
 
 namespace collie::check {
 namespace {
@@ -407,11 +408,7 @@ void saveReport(const std::string& path, const Report& report) {
                         {"declined", report.declined},
                         {"failures", report.failures},
                         {"declines", declines}};
-  std::ofstream out(path + ".partial");
-  out << doc.dump() << "\n";
-  out.close();
-  if (!out) throw Error(ErrorKind::kInternal, "cannot write " + path);
-  std::filesystem::rename(path + ".partial", path);
+  detail::writeFileAtomically(path, doc.dump() + "\n");
 }
 
 Report loadReport(const std::string& path) {

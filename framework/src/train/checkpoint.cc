@@ -16,9 +16,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <regex>
 
 #include "collie/error.h"
+#include "util/files.h"
 
 namespace fs = std::filesystem;
 
@@ -117,61 +119,60 @@ void saveCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
 }
 
 Checkpoint loadCheckpoint(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
-  struct stat st {};
-  ::fstat(fd, &st);
-  std::string bytes(static_cast<size_t>(st.st_size), '\0');
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += static_cast<size_t>(n);
+  std::unique_ptr<detail::MappedFile> file;
+  try {
+    file = std::make_unique<detail::MappedFile>(path);
+  } catch (const std::runtime_error& e) {
+    fail(path, e.what());
   }
-  ::close(fd);
+  const char* bytes = reinterpret_cast<const char*>(file->bytes());
+  const size_t size = file->size();
   const size_t fixed = sizeof(kMagic) + sizeof(uint32_t) + sizeof(uint64_t);
-  if (done != bytes.size() || bytes.size() < fixed + sizeof(uint64_t)) {
-    fail(path, "truncated (" + std::to_string(done) + " bytes)");
-  }
-  if (std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
+  if (size < fixed + sizeof(uint64_t)) fail(path, "truncated (" + std::to_string(size) + " bytes)");
+  if (std::memcmp(bytes, kMagic, sizeof(kMagic)) != 0) {
     fail(path, "not a collie checkpoint (it does not start with COLLIECK)");
   }
   uint32_t version = 0;
   uint64_t header_size = 0, digest = 0;
-  std::memcpy(&version, bytes.data() + 8, sizeof(version));
-  std::memcpy(&header_size, bytes.data() + 12, sizeof(header_size));
-  std::memcpy(&digest, bytes.data() + bytes.size() - 8, sizeof(digest));
+  std::memcpy(&version, bytes + 8, sizeof(version));
+  std::memcpy(&header_size, bytes + 12, sizeof(header_size));
+  std::memcpy(&digest, bytes + size - 8, sizeof(digest));
   if (version != kVersion) {
     fail(path, "format version " + std::to_string(version) + ", this collie reads version " +
                    std::to_string(kVersion));
   }
-  if (XXH3_64bits(bytes.data(), bytes.size() - 8) != digest) {
+  if (XXH3_64bits(bytes, size - 8) != digest) {
     fail(path,
          "content hash mismatch: the file is corrupt or was cut short. HINT: delete it "
          "to resume from the previous checkpoint");
   }
-  if (header_size > kMaxHeader || fixed + header_size > bytes.size() - 8) {
+  if (header_size > kMaxHeader || fixed + header_size > size - 8) {
     fail(path, "header length " + std::to_string(header_size) + " is out of range");
   }
   Checkpoint checkpoint;
-  const char* payload = bytes.data() + fixed + header_size;
-  const uint64_t payload_size = bytes.size() - 8 - fixed - header_size;
+  const char* payload = bytes + fixed + header_size;
+  const uint64_t payload_size = size - 8 - fixed - header_size;
   try {
-    auto header = nlohmann::json::parse(bytes.begin() + fixed, bytes.begin() + fixed + header_size);
+    auto header = nlohmann::json::parse(bytes + fixed, bytes + fixed + header_size);
     checkpoint.step = header.at("step");
     checkpoint.identity = header.at("identity");
     for (const auto& entry : header.at("tensors")) {
       const std::string dtype = entry.at("dtype");
       const auto shape = entry.at("shape").get<std::vector<int64_t>>();
-      const uint64_t offset = entry.at("offset"), size = entry.at("bytes");
-      at::Tensor t = at::empty(shape, dtype == "i64" ? at::kLong : at::kFloat);
-      if ((dtype != "f32" && dtype != "i64") || t.nbytes() != size || offset > payload_size ||
-          size > payload_size - offset) {
+      const uint64_t offset = entry.at("offset"), length = entry.at("bytes");
+      // Checked before anything is allocated: a crafted header cannot ask for terabytes.
+      uint64_t expected = dtype == "i64" ? 8 : 4;
+      bool valid = dtype == "f32" || dtype == "i64";
+      for (int64_t d : shape) {
+        valid = valid && d >= 0 && (d == 0 || expected <= payload_size / static_cast<uint64_t>(d));
+        if (valid) expected *= static_cast<uint64_t>(d);
+      }
+      if (!valid || expected != length || offset > payload_size || length > payload_size - offset) {
         fail(path,
              "tensor '" + entry.at("name").get<std::string>() + "' has an inconsistent entry");
       }
-      std::memcpy(t.data_ptr(), payload + offset, size);
+      at::Tensor t = at::empty(shape, dtype == "i64" ? at::kLong : at::kFloat);
+      std::memcpy(t.data_ptr(), payload + offset, length);
       checkpoint.tensors.emplace_back(entry.at("name"), t);
     }
   } catch (const nlohmann::json::exception& e) {

@@ -1,11 +1,6 @@
 // Token sources: synthetic sequences, flat uint16 token files and byte-level text files.
 #include "train/data.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
@@ -14,6 +9,7 @@
 #include <numeric>
 
 #include "collie/error.h"
+#include "util/files.h"
 #include "util/strings.h"
 
 namespace collie::train {
@@ -55,61 +51,23 @@ class SyntheticSource final : public TokenSource {
   uint64_t seed_, vocab_;
 };
 
-// A read-only mapping of a whole file.
-class MappedFile {
- public:
-  explicit MappedFile(const std::string& path) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      throw ConfigError("data.path " + path + ": cannot open: " + std::strerror(errno));
-    }
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      throw ConfigError("data.path " + path + ": not a regular file");
-    }
-    size_ = static_cast<size_t>(st.st_size);
-    if (size_ > 0) {
-      data_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (data_ == MAP_FAILED) {
-        int error = errno;
-        ::close(fd);
-        throw ConfigError("data.path " + path + ": cannot map: " + std::strerror(error));
-      }
-    }
-    ::close(fd);
-  }
-  ~MappedFile() {
-    if (data_ != nullptr && data_ != MAP_FAILED) ::munmap(data_, size_);
-  }
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-
-  const uint8_t* bytes() const { return static_cast<const uint8_t*>(data_); }
-  size_t size() const { return size_; }
-
- private:
-  void* data_ = nullptr;
-  size_t size_ = 0;
-};
-
 // Windows at seeded random offsets of a token array (nanoGPT's sampling), from a file of
 // little-endian uint16 ids (`tokens`) or of bytes (`text`).
 class FileSource final : public TokenSource {
  public:
   FileSource(const config::DataSpec& spec, int64_t window, int64_t vocab)
-      : file_(spec.path),
+      : file_(mapData(spec.path)),
         path_(spec.path),
         seed_(spec.seed),
         text_(spec.source == config::DataSpec::Source::kText) {
-    if (!text_ && file_.size() % 2 != 0) {
+    if (!text_ && file_->size() % 2 != 0) {
       throw ConfigError("data.path " + path_ +
                         ": a tokens file holds uint16 ids (2 bytes each), "
                         "but it has an odd size of " +
-                        std::to_string(file_.size()) +
+                        std::to_string(file_->size()) +
                         " bytes. HINT: for a text file use data.source: text");
     }
-    count_ = text_ ? file_.size() : file_.size() / 2;
+    count_ = text_ ? file_->size() : file_->size() / 2;
     if (count_ < static_cast<size_t>(window) + 1) {
       throw ConfigError("data.path " + path_ + ": expected at least " + std::to_string(window + 1) +
                         " tokens (the model's seq_len + 2), found " + std::to_string(count_));
@@ -145,11 +103,19 @@ class FileSource final : public TokenSource {
 
  private:
   int64_t at(size_t i) const {
-    const uint8_t* b = file_.bytes();
+    const uint8_t* b = file_->bytes();
     return text_ ? b[i] : static_cast<int64_t>(b[2 * i] | (b[2 * i + 1] << 8));
   }
 
-  MappedFile file_;
+  static std::unique_ptr<detail::MappedFile> mapData(const std::string& path) {
+    try {
+      return std::make_unique<detail::MappedFile>(path);
+    } catch (const std::runtime_error& e) {
+      throw ConfigError("data.path " + path + ": " + e.what());
+    }
+  }
+
+  std::unique_ptr<detail::MappedFile> file_;
   std::string path_;
   uint64_t seed_;
   bool text_;

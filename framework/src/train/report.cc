@@ -16,6 +16,7 @@
 #include "collie/error.h"
 #include "collie/params.h"
 #include "train/trainer.h"
+#include "util/files.h"
 #include "util/strings.h"
 
 namespace collie::train {
@@ -265,15 +266,7 @@ void writeSummaryJson(const std::string& path, const std::vector<Result>& result
 }
 
 void saveResult(const std::string& path, const Result& result) {
-  const std::string partial = path + ".partial";
-  {
-    std::ofstream out(partial);
-    out << toJson(result).dump() << "\n";
-    if (!out) throw InternalError("cannot write " + partial);
-  }
-  if (std::rename(partial.c_str(), path.c_str()) != 0) {
-    throw InternalError("cannot rename " + partial + " to " + path);
-  }
+  detail::writeFileAtomically(path, toJson(result).dump() + "\n");
 }
 
 Result loadResult(const std::string& path) {
