@@ -36,6 +36,9 @@ double spreadOf(Communicator& comm, const at::Tensor& param) {
 }  // namespace
 
 std::string SyncCheck::describe(int world) const {
+  if (identical && world == 1) {
+    return "weights at step " + std::to_string(step) + ": a single rank, nothing to compare";
+  }
   if (identical) {
     return "weights identical at step " + std::to_string(step) + ": " + std::to_string(parameters) +
            " parameters hash the same (xxh3) on all " + std::to_string(world) +
