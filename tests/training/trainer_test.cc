@@ -247,8 +247,7 @@ TEST(Checkpoint, CraftedHeaderCannotAskForHugeTensors) {
     train::loadCheckpoint(path);
     FAIL() << "a crafted header was accepted";
   } catch (const CheckpointError& e) {
-    EXPECT_NE(std::string(e.what()).find("tensor 'w' has an inconsistent entry"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("tensor 'w' has an inconsistent entry"), std::string::npos)
         << e.what();
   }
 }

@@ -55,16 +55,9 @@ class RankBench {
         rank_(backend->rank()),
         comm_(backend, e.backend.label, topology),
         control_(*backend) {
-    auto create = [&](const config::PluginRef& ref) {
-      Params params = ref.params;
-      return loader.createScheduler(ref.plugin, params);
-    };
     for (const auto& ref : spec_.schedulers) {
-      Scheduled entry{ref.label, ref.rules.empty() ? ref.plugin : "rules", {}};
-      if (ref.rules.empty()) entry.rules.push_back({ref.label, create(ref), 0});
-      for (const auto& rule : ref.rules) {
-        entry.rules.push_back({rule.scheduler.label, create(rule.scheduler), rule.max_bytes});
-      }
+      Scheduled entry{ref.label, ref.rules.empty() ? ref.plugin : "rules",
+                      createRules(loader, ref)};
       schedulers_.push_back(std::move(entry));
     }
   }

@@ -6,6 +6,8 @@
 
 #include "collie/error.h"
 #include "collie/params.h"
+#include "config/experiment.h"
+#include "plugin/loader.h"
 
 namespace collie {
 
@@ -67,6 +69,20 @@ Provenance Communicator::run(CollectiveArgs args, const std::vector<Rule>& rules
                     formatBytes(bytesOf(args)) + ": " +
                     (refusals.empty() ? "no rule admits this size" : refusals) +
                     ". HINT: add a scheduler that implements it to the rules");
+}
+
+std::vector<Communicator::Rule> createRules(const PluginLoader& loader,
+                                            const config::PluginRef& ref) {
+  auto create = [&](const config::PluginRef& one) {
+    Params params = one.params;
+    return loader.createScheduler(one.plugin, params);
+  };
+  std::vector<Communicator::Rule> rules;
+  if (ref.rules.empty()) rules.push_back({ref.label, create(ref), 0});
+  for (const auto& rule : ref.rules) {
+    rules.push_back({rule.scheduler.label, create(rule.scheduler), rule.max_bytes});
+  }
+  return rules;
 }
 
 }  // namespace collie

@@ -12,6 +12,11 @@
 
 namespace collie {
 
+class PluginLoader;
+namespace config {
+struct PluginRef;
+}
+
 // Where one collective ran and what it cost.
 struct Provenance {
   std::string scheduler;
@@ -61,5 +66,10 @@ class Communicator {
   std::vector<Rule> rules_;
   uint64_t next_seq_ = 1;
 };
+
+// The rules a config slot names: its one scheduler (for any size) or its size rules, each
+// created with its own params. Throws PluginError or ConfigError.
+std::vector<Communicator::Rule> createRules(const PluginLoader& loader,
+                                            const config::PluginRef& ref);
 
 }  // namespace collie

@@ -252,15 +252,7 @@ class RankTrainer {
   }
 
   void addSchedulers(const PluginLoader& loader) {
-    auto create = [&](const config::PluginRef& ref) {
-      Params params = ref.params;
-      return loader.createScheduler(ref.plugin, params);
-    };
-    const auto& ref = spec_.scheduler;
-    if (ref.rules.empty()) rules_.push_back({ref.label, create(ref), 0});
-    for (const auto& rule : ref.rules) {
-      rules_.push_back({rule.scheduler.label, create(rule.scheduler), rule.max_bytes});
-    }
+    rules_ = createRules(loader, spec_.scheduler);
     for (const auto& rule : rules_) comm_.addRule(rule.label, rule.scheduler, rule.max_bytes);
   }
 
