@@ -11,6 +11,7 @@
 #include "collie/rules.h"
 #include "config/experiment.h"
 #include "plugin/loader.h"
+#include "runtime/run.h"
 
 namespace collie::bench {
 
@@ -83,5 +84,8 @@ void printTable(std::ostream& out, const std::vector<Result>& results);
 bool writePlots(const std::string& dir, const std::vector<Row>& rows, std::string* why);
 void writeCsv(const std::string& path, const std::vector<Row>& rows);
 void writeJson(const std::string& path, const std::vector<Row>& rows);
+
+// The table runtime/run.h drives a file of bench experiments with.
+std::unique_ptr<ExperimentKind> makeKind();
 
 }  // namespace collie::bench

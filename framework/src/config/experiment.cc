@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <yaml-cpp/depthguard.h>
 
 #include "collie/error.h"
@@ -456,7 +457,30 @@ std::vector<Experiment> loadExperiments(const std::string& path,
   if (!problems.empty()) {
     throw ConfigError(detail::join(problems, "\n") + "\n" + kHintSchema);
   }
+  for (const auto& e : runs) {
+    if (e.kind != runs.front().kind) {
+      throw ConfigError(fmt::format(
+          "{}: the matrix turns a {} experiment into the other kind; one file runs one kind", path,
+          runs.front().kind == Experiment::Kind::kTrain ? "train" : "bench"));
+    }
+  }
   return runs;
+}
+
+void checkFixedWorld(const std::vector<Experiment>& runs, const std::string& source, int world) {
+  const int nproc = runs.front().nproc_per_node;
+  for (const auto& e : runs) {
+    if (e.nproc_per_node != nproc) {
+      throw ConfigError(fmt::format(
+          "{}: the matrix changes launch.nproc_per_node, but {} started a fixed {} ranks. HINT: "
+          "run it with `collie run` alone, which starts the workers itself",
+          e.file, source, world));
+    }
+  }
+  if (nproc != world && nproc != 1) {
+    logWarn(fmt::format("launch.nproc_per_node is {} but {} started {} ranks; using {}", nproc,
+                        source, world, world));
+  }
 }
 
 }  // namespace collie::config

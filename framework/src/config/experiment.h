@@ -127,6 +127,11 @@ struct Experiment {
 std::vector<Experiment> loadExperiments(const std::string& path,
                                         const std::vector<std::string>& sets);
 
+// The runs of a file under a launcher that started a fixed `world` of ranks (torchrun,
+// mpirun, srun; `source` names it): throws ConfigError when the matrix varies
+// launch.nproc_per_node, and warns when launch.nproc_per_node disagrees with `world`.
+void checkFixedWorld(const std::vector<Experiment>& runs, const std::string& source, int world);
+
 // The text of a config file, refused with a clear message when it is missing, a directory,
 // unreadable, too large or binary.
 // `what` names the file in messages ("config", "rules file").

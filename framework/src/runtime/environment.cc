@@ -91,6 +91,7 @@ WorkerEnv detectWorkerEnv(const std::function<const char*(const char*)>& getenv)
   w.master_addr = env.text("MASTER_ADDR");
   w.master_port = static_cast<uint16_t>(env.integer("MASTER_PORT", 0, 1, 65535));
   w.experiment = static_cast<int>(env.integer("COLLIE_EXPERIMENT", -1, 0, kMaxRanks));
+  w.result_path = env.text("COLLIE_RESULT");
   if (w.master_addr.empty() && w.local_world != w.world) {
     throw ConfigError("environment: " + w.source + " started " + std::to_string(w.world) +
                       " ranks on several nodes but MASTER_ADDR is not set. HINT: export "

@@ -16,7 +16,8 @@ struct WorkerEnv {
   int local_rank = 0, local_world = 1;
   std::string master_addr;  // empty: the caller's default
   uint16_t master_port = 0;
-  int experiment = -1;  // collie's launcher: the index of the run this worker does
+  int experiment = -1;      // collie's launcher: the index of the run this worker does
+  std::string result_path;  // collie's launcher: where the reporting rank leaves its result
 };
 
 // Reads the process environment (or `getenv` in tests). Throws ConfigError naming the

@@ -226,6 +226,27 @@ bool runsInProcess(const PluginLoader& loader, const std::string& plugin) {
   return pluginInfo(*loader.open(PluginKind::kBackend, plugin)).in_process;
 }
 
+std::vector<PluginUse> pluginsOf(const config::Experiment& e) {
+  std::vector<PluginUse> uses;
+  auto add = [&](PluginKind kind, const std::string& plugin) {
+    for (const auto& u : uses) {
+      if (u.kind == kind && u.plugin == plugin) return;
+    }
+    uses.push_back({kind, plugin});
+  };
+  auto addScheduler = [&](const config::PluginRef& s) {
+    if (s.rules.empty()) add(PluginKind::kScheduler, s.plugin);
+    for (const auto& rule : s.rules) add(PluginKind::kScheduler, rule.scheduler.plugin);
+  };
+  add(PluginKind::kBackend, e.backend.plugin);
+  for (const auto& s : e.bench.schedulers) addScheduler(s);
+  if (e.kind == config::Experiment::Kind::kTrain) {
+    add(PluginKind::kModel, e.model.plugin);
+    addScheduler(e.train.scheduler);
+  }
+  return uses;
+}
+
 std::string pluginIdentity(const PluginLoader& loader, PluginKind kind, const std::string& name) {
   auto library = loader.open(kind, name);  // keeps `info` alive
   const auto& info = pluginInfo(*library);
@@ -253,12 +274,9 @@ WorkerRank joinRun(ProcessJob& job, const PluginLoader& loader, const config::Ex
   const std::string run = "run" + std::to_string(index) + "/";
   YAML::Emitter emitter;
   emitter << e.resolved;
-  std::string plugins = pluginIdentity(loader, PluginKind::kBackend, e.backend.plugin) + " ";
-  for (const auto& s : e.bench.schedulers) {
-    if (s.rules.empty()) plugins += pluginIdentity(loader, PluginKind::kScheduler, s.plugin) + " ";
-    for (const auto& rule : s.rules)
-      plugins += pluginIdentity(loader, PluginKind::kScheduler, rule.scheduler.plugin) + " ";
-  }
+  std::string plugins;
+  for (const auto& use : pluginsOf(e))
+    plugins += pluginIdentity(loader, use.kind, use.plugin) + " ";
   job.checkSame(run + "identity", {{"world size", std::to_string(job.world())},
                                    {"collie version", COLLIE_VERSION},
                                    {"experiment (config digest)", hashText(emitter.c_str())},

@@ -75,6 +75,15 @@ struct WorkerRank {
   Topology topology;
 };
 
+// A plugin a run loads: its kind and its name or path.
+struct PluginUse {
+  PluginKind kind;
+  std::string plugin;
+};
+// Every plugin run `e` loads, each once, in the order they are opened: the backend, the
+// bench's schedulers (every scheduler of a rule list), the model and the training scheduler.
+std::vector<PluginUse> pluginsOf(const config::Experiment& e);
+
 // "name@version:digest" of a plugin file, for the same-plugins check.
 std::string pluginIdentity(const PluginLoader& loader, PluginKind kind, const std::string& name);
 

@@ -17,7 +17,11 @@ struct LaunchSpec {
   int nnodes = 1, node_rank = 0;  // global rank = node_rank * nproc + local rank
   std::string master_addr = "127.0.0.1";
   uint16_t master_port = 0;
-  int experiment = 0;                  // COLLIE_EXPERIMENT: which run of the file the workers do
+  // collie's own workers (the protocol by which collie runs itself): COLLIE_EXPERIMENT is the
+  // run of the file the workers do, COLLIE_RESULT the file where the reporting rank leaves its
+  // result as JSON for this launcher to read.
+  int experiment = 0;
+  std::string result_path;
   int threads_per_rank = 1;            // OMP_NUM_THREADS of each worker
   bool cpu_affinity = false;           // give each worker threads_per_rank CPUs of its own
   std::vector<std::string> extra_env;  // NAME=VALUE for every worker
@@ -35,8 +39,17 @@ struct LaunchOutcome {
   bool interrupted = false;
 };
 
+// The launcher was interrupted (SIGINT, SIGTERM, SIGHUP) and stopped its workers: collie
+// exits 128 + signal, as a shell reports a process killed by it.
+struct Interrupted {
+  int exit_code;
+};
+
 // Runs the workers to completion. Never leaves a child behind.
 LaunchOutcome launchWorkers(const LaunchSpec& spec);
+
+// The path of this executable, for a launcher that starts collie itself as its workers.
+std::string selfExecutable();
 
 // A TCP port on `addr` that was free a moment ago (the kernel's choice).
 uint16_t pickFreePort(const std::string& addr);

@@ -13,6 +13,7 @@
 #include "collie/topology.h"
 #include "config/experiment.h"
 #include "plugin/loader.h"
+#include "runtime/run.h"
 
 namespace collie::train {
 
@@ -71,5 +72,8 @@ Result loadResult(const std::string& path);
 // verdict and the time to each token budget.
 void printSummary(std::ostream& out, const std::vector<Result>& results);
 void writeSummaryJson(const std::string& path, const std::vector<Result>& results);
+
+// The table runtime/run.h drives a file of train experiments with.
+std::unique_ptr<ExperimentKind> makeKind();
 
 }  // namespace collie::train

@@ -1,0 +1,104 @@
+// The bench experiment's table for the runtime's roles (runtime/run.h): run, hand over,
+// report as nccl-tests does, plots and the rules file for `auto`.
+#include <fmt/format.h>
+
+#include <iostream>
+
+#include "bench/bench.h"
+#include "collie/config.h"
+#include "collie/error.h"
+#include "collie/log.h"
+
+namespace fs = std::filesystem;
+
+namespace collie::bench {
+namespace {
+
+constexpr int kExitRunFailed = 1;
+
+// --emit-rules, else bench.emit_rules ("": no rules file).
+std::string rulesPath(const RunRequest& request, const config::Experiment& first) {
+  return request.emit_rules.empty() ? first.bench.emit_rules : request.emit_rules;
+}
+
+class BenchKind : public ExperimentKind {
+ public:
+  void checkRequest(const RunRequest& request, const config::Experiment& first) const override {
+    const std::string rules = rulesPath(request, first);
+    if (rules.empty()) return;
+    fs::path folder = fs::absolute(rules).parent_path();  // fail before the sweep, not after it
+    if (!fs::is_directory(folder)) {
+      throw ConfigError(
+          fmt::format("--emit-rules {}: folder {} does not exist", rules, folder.string()));
+    }
+  }
+
+  void runInThreads(const PluginLoader& loader, const config::Experiment& e,
+                    const fs::path&) override {
+    results_.push_back(run(loader, e));
+  }
+
+  void runAsRank(const PluginLoader& loader, const config::Experiment& e, const WorkerRank& rank,
+                 const fs::path&) override {
+    results_.push_back(bench::runRank(loader, e, rank.backend, rank.topology));
+  }
+
+  void saveLast(const std::string& path) const override { saveResult(path, results_.back()); }
+  void load(const std::string& path) override { results_.push_back(loadResult(path)); }
+
+  int report(const RunRequest& request, const std::vector<config::Experiment>& runs,
+             const fs::path& out) override {
+    std::vector<Row> rows;
+    for (const auto& r : results_) rows.insert(rows.end(), r.rows.begin(), r.rows.end());
+    printTable(std::cout, results_);
+    writeCsv((out / "results.csv").string(), rows);
+    writeJson((out / "results.json").string(), rows);
+    std::cout << "# Results: " << (out / "results.csv").string() << ", "
+              << (out / "results.json").string() << std::endl;
+    writeExtras(request, runs.front(), out, rows);
+    uint64_t wrong = 0;
+    for (const auto& r : rows) wrong += r.wrong;
+    if (wrong > 0) {
+      logError(fmt::format(
+          "{} result elements differ from the expected values: a scheduler or backend computed "
+          "wrong results",
+          wrong));
+      return kExitRunFailed;
+    }
+    return 0;
+  }
+
+ private:
+  // Plots and the rules file for `auto`, when asked for.
+  void writeExtras(const RunRequest& request, const config::Experiment& first, const fs::path& out,
+                   const std::vector<Row>& rows) const {
+    if (first.bench.plots && !rows.empty()) {
+      std::string why;
+      if (writePlots(out.string(), rows, &why)) {
+        std::cout << "# Plots: " << (out / "busbw.png").string() << ", "
+                  << (out / "time.png").string() << " (and .svg)" << std::endl;
+      } else {
+        logWarn("plots skipped: " + why);
+      }
+    }
+    const std::string rules_path = rulesPath(request, first);
+    if (rules_path.empty()) return;
+    RulesFile rules = bestRules(results_.front().rows);
+    if (rules.rules.empty()) {
+      throw Error(ErrorKind::kInternal, "--emit-rules: no correct measurement to make rules from");
+    }
+    writeRulesFile(rules_path, rules,
+                   "written by collie " COLLIE_VERSION " from " + request.config +
+                       ": the fastest measured scheduler per size range; use with "
+                       "{plugin: auto, params: {rules_file: THIS_FILE}}");
+    std::cout << "# Rules for auto: " << rules_path << std::endl;
+  }
+
+  std::vector<Result> results_;
+};
+
+}  // namespace
+
+std::unique_ptr<ExperimentKind> makeKind() { return std::make_unique<BenchKind>(); }
+
+}  // namespace collie::bench

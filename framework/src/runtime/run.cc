@@ -1,0 +1,218 @@
+// The three roles of `collie run`: launcher, collie worker, rank of an outside launcher.
+#include "runtime/run.h"
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <ctime>
+#include <fstream>
+
+#include "collie/config.h"
+#include "collie/error.h"
+#include "collie/log.h"
+#include "runtime/launcher.h"
+
+namespace fs = std::filesystem;
+
+namespace collie {
+namespace {
+
+constexpr int kExitBadInput = 2;
+
+// Who this process is in the job; detected once, from the environment a launcher set.
+enum class Role {
+  kLauncher,      // started by a user: runs each run as threads or starts its workers
+  kCollieWorker,  // started by collie's launcher: one run, one rank
+  kOutsideRank,   // started by torchrun, mpirun or srun: one rank of every run
+};
+
+Role roleOf(const WorkerEnv& env) {
+  if (!env.present) return Role::kLauncher;
+  return env.source == "collie" ? Role::kCollieWorker : Role::kOutsideRank;
+}
+
+std::string timestamp() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y%m%d-%H%M%S", &tm);
+  return text;
+}
+
+void saveConfig(const fs::path& path, const YAML::Node& resolved) {
+  std::ofstream out(path);
+  YAML::Emitter emitter;
+  emitter << resolved;
+  out << "# resolved by collie " << COLLIE_VERSION << ": defaults filled in, --set applied\n"
+      << emitter.c_str() << "\n";
+  if (!out) throw Error(ErrorKind::kInternal, "cannot write " + path.string());
+}
+
+// Every plugin the runs name loads before anything runs (no silent fallback).
+void openPlugins(const PluginLoader& loader, const std::vector<config::Experiment>& runs) {
+  for (const auto& e : runs) {
+    for (const auto& use : pluginsOf(e)) loader.open(use.kind, use.plugin);
+  }
+}
+
+// Where rank 0 of run `index` leaves its result for the launcher on its node.
+fs::path resultPath(const fs::path& out, size_t index) {
+  return out / fmt::format(".rank0-results-{}.json", index);
+}
+
+// This process's rank of run `index`: join it, run it, and explain a failure.
+void runRank(ProcessJob& job, const PluginLoader& loader, const config::Experiment& e, size_t index,
+             ExperimentKind& kind, const fs::path& out) {
+  job.diagnose([&] {
+    WorkerRank rank = joinRun(job, loader, e, static_cast<int>(index));
+    kind.runAsRank(loader, e, rank, out);
+  });
+}
+
+// A worker collie's launcher started: one run of the file; rank 0 hands its result over.
+int runAsCollieWorker(const RunRequest& request, const std::vector<config::Experiment>& runs,
+                      const WorkerEnv& env, ExperimentKind& kind) {
+  if (env.experiment >= static_cast<int>(runs.size())) {
+    throw ConfigError(fmt::format("COLLIE_EXPERIMENT={} but {} has {} run(s)", env.experiment,
+                                  request.config, runs.size()));
+  }
+  if (request.out.empty() || env.result_path.empty()) {
+    throw ConfigError(
+        "collie worker: --out and COLLIE_RESULT are required (collie's launcher sets both)");
+  }
+  const auto& e = runs[env.experiment];
+  PluginLoader loader;
+  openPlugins(loader, {e});
+  ProcessJob job(env, e.master_addr, static_cast<uint16_t>(e.master_port), e.rendezvous_timeout);
+  runRank(job, loader, e, env.experiment, kind, request.out);
+  if (job.rank() == 0) kind.saveLast(env.result_path);
+  return 0;
+}
+
+// The launcher's part of run `index`: this node's workers, restarted after a failure as
+// launch.max_restarts allows. On node 0 the result is then at resultPath(out, index).
+void launchRun(const RunRequest& request, const config::Experiment& e, size_t index,
+               const fs::path& out) {
+  LaunchSpec spec;
+  spec.argv = {selfExecutable(), "run", request.config, "--out", out.string()};
+  for (const auto& s : request.sets) spec.argv.insert(spec.argv.end(), {"--set", s});
+  if (!request.log_level.empty())
+    spec.argv.insert(spec.argv.begin() + 1, {"--log-level", request.log_level});
+  spec.nproc = e.nproc_per_node;
+  spec.nnodes = request.nnodes;
+  spec.node_rank = request.node_rank;
+  spec.master_addr = request.master_addr.empty() ? e.master_addr : request.master_addr;
+  const int port = request.master_port != 0 ? request.master_port : e.master_port;
+  spec.experiment = static_cast<int>(index);
+  spec.result_path = resultPath(out, index).string();
+  spec.threads_per_rank = e.threads_per_rank;
+  spec.cpu_affinity = e.cpu_affinity;
+  fs::remove(spec.result_path);
+  const bool training = e.kind == config::Experiment::Kind::kTrain;
+  if (e.max_restarts > 0 && training && e.train.checkpoint_dir.empty()) {
+    logWarn(fmt::format(
+        "launch.max_restarts is {} but train.checkpoint_dir is not set: a restart trains "
+        "from step 0",
+        e.max_restarts));
+  }
+  for (int attempt = 0;; ++attempt) {
+    // Consecutive runs of one file use consecutive ports, so that a late rank never reaches
+    // the previous run's store; a restart reuses its run's port (the old store is gone).
+    spec.master_port =
+        port != 0 ? static_cast<uint16_t>(port + index) : pickFreePort(spec.master_addr);
+    LaunchOutcome outcome = launchWorkers(spec);
+    if (outcome.interrupted) {
+      logError("interrupted: every worker was stopped");
+      throw Interrupted{outcome.exit_code};
+    }
+    if (outcome.failure.empty()) return;
+    // Bad input fails the same way every time: never restarted.
+    if (attempt < e.max_restarts && outcome.exit_code != kExitBadInput && request.nnodes == 1) {
+      logWarn(fmt::format("run {} ({}) failed: {}; restarting all {} workers (restart {} of {}){}",
+                          index + 1, e.name, outcome.failure, e.nproc_per_node, attempt + 1,
+                          e.max_restarts,
+                          training && !e.train.checkpoint_dir.empty()
+                              ? " from the newest checkpoint in " + e.train.checkpoint_dir
+                              : std::string()));
+      continue;
+    }
+    std::string message =
+        fmt::format("run {} ({}) failed; every other rank was stopped. First failure: {}",
+                    index + 1, e.name, outcome.failure);
+    if (attempt > 0) message += fmt::format(" (after {} restart(s))", attempt);
+    if (outcome.exit_code == kExitBadInput) throw ConfigError(message);
+    throw CommError(message);
+  }
+}
+
+// The job of an outside launcher (torchrun, mpirun, srun): this process is one of its ranks
+// for every run of the file, and the output folder is the one rank 0 names.
+std::unique_ptr<ProcessJob> joinOutsideJob(const std::vector<config::Experiment>& runs,
+                                           const WorkerEnv& env, fs::path* out) {
+  setProcessLogRank(env.rank);
+  if (env.rank != 0) setLogLevel(LogLevel::kWarn);  // one progress log, from rank 0
+  const auto& first = runs.front();
+  config::checkFixedWorld(runs, env.source, env.world);
+  auto job = std::make_unique<ProcessJob>(
+      env, first.master_addr, static_cast<uint16_t>(first.master_port ? first.master_port : 29500),
+      first.rendezvous_timeout);
+  *out = job->allGather("output-dir", out->string()).front();  // rank 0's clock names it
+  return job;
+}
+
+}  // namespace
+
+int runExperiments(const RunRequest& request, const std::vector<config::Experiment>& runs,
+                   KindFactory kinds) {
+  const auto& first = runs.front();
+  std::unique_ptr<ExperimentKind> kind = kinds(first.kind);
+  const WorkerEnv env = detectWorkerEnv();
+  const Role role = roleOf(env);
+  if (role == Role::kCollieWorker) return runAsCollieWorker(request, runs, env, *kind);
+
+  fs::path out = request.out.empty() ? fs::path(first.output_dir) / (first.name + "-" + timestamp())
+                                     : fs::path(request.out);
+  PluginLoader loader;
+  openPlugins(loader, runs);
+  std::unique_ptr<ProcessJob> job;  // kOutsideRank: the job every run shares
+  if (role == Role::kOutsideRank) job = joinOutsideJob(runs, env, &out);
+  std::error_code ec;
+  fs::create_directories(out, ec);  // every rank writes its per-step metrics here
+  if (ec) throw ConfigError("--out " + out.string() + ": cannot create: " + ec.message());
+  kind->checkRequest(request, first);
+  const bool writer = !job || job->rank() == 0;  // under an outside launcher, rank 0 writes
+
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const auto& e = runs[i];
+    if (writer) {
+      saveConfig(out / (runs.size() == 1 ? "config.yaml" : fmt::format("config-{}.yaml", i)),
+                 e.resolved);
+    }
+    const bool threads = runsInProcess(loader, e.backend.plugin);
+    const int ranks = job ? job->world() : e.nproc_per_node * request.nnodes;
+    logInfo(fmt::format("run {}/{}: {}{}, {} ranks on {} ({})", i + 1, runs.size(), e.name,
+                        e.matrix_point.empty() ? "" : " [" + e.matrix_point + "]", ranks,
+                        e.backend.label, threads ? "threads" : "processes"));
+    if (threads && (job ? job->world() > 1 : request.nnodes > 1)) {
+      throw ConfigError(fmt::format(
+          "backend '{}' runs its ranks as threads of one process, but this job has {} "
+          "processes. HINT: use backend gloo or ucx across processes, or run `collie run` alone",
+          e.backend.label, ranks));
+    }
+    if (job) {
+      runRank(*job, loader, e, i, *kind, out);
+    } else if (threads) {
+      kind->runInThreads(loader, e, out);
+    } else {
+      launchRun(request, e, i, out);
+      if (request.node_rank != 0) continue;  // node 0's launcher reports
+      kind->load(resultPath(out, i).string());
+      fs::remove(resultPath(out, i));
+    }
+  }
+  if (!writer || request.node_rank != 0) return 0;
+  return kind->report(request, runs, out);
+}
+
+}  // namespace collie

@@ -1,0 +1,65 @@
+// Running the runs of an experiment file (`collie run`, `collie launch`) in whichever role
+// this process has: the launcher of a job, a worker collie's launcher started, or one rank
+// of a job that torchrun, mpirun or srun started. The role is detected once; what differs
+// between a bench and a train experiment is one ExperimentKind table.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/experiment.h"
+#include "plugin/loader.h"
+#include "runtime/environment.h"
+#include "runtime/job.h"
+
+namespace collie {
+
+// What `collie run` or `collie launch` was asked to do.
+struct RunRequest {
+  std::string config;             // the experiment file
+  std::vector<std::string> sets;  // --set KEY=VALUE, in order
+  std::string out;                // --out ("": output.dir/NAME-TIMESTAMP)
+  std::string log_level;          // --log-level, handed on to the workers
+  std::string emit_rules;         // --emit-rules
+  // collie launch: this node's place among several (collie run: one node).
+  int nnodes = 1, node_rank = 0;
+  std::string master_addr;  // "": launch.master_addr
+  int master_port = 0;      // 0: launch.master_port, else a free port
+};
+
+// One experiment kind's table: how a run of it goes in each role, how rank 0 hands its
+// result to the launcher, and how the results of a file are reported. An object keeps the
+// results of the runs it did or loaded, in run order.
+class ExperimentKind {
+ public:
+  virtual ~ExperimentKind() = default;
+
+  // Refuses, before anything runs, what the request asks that this kind cannot do.
+  virtual void checkRequest(const RunRequest& request, const config::Experiment& first) const = 0;
+  // Runs `e` with its ranks as threads of this process (an in-process backend).
+  virtual void runInThreads(const PluginLoader& loader, const config::Experiment& e,
+                            const std::filesystem::path& out) = 0;
+  // Runs this process's rank of `e` over the backend the job created for it.
+  virtual void runAsRank(const PluginLoader& loader, const config::Experiment& e,
+                         const WorkerRank& rank, const std::filesystem::path& out) = 0;
+  // The newest result as JSON (atomically), and one read back from such a file.
+  virtual void saveLast(const std::string& path) const = 0;
+  virtual void load(const std::string& path) = 0;
+  // Prints the table of every result and writes the result files into `out`; returns the
+  // exit code (1 when a result shows a failure, such as wrong elements).
+  virtual int report(const RunRequest& request, const std::vector<config::Experiment>& runs,
+                     const std::filesystem::path& out) = 0;
+};
+
+// The table for the experiments' kind (bench or train).
+using KindFactory = std::unique_ptr<ExperimentKind> (*)(config::Experiment::Kind);
+
+// Runs every run of the file in this process's role and reports on the process that
+// reports (the launcher on node 0, or rank 0 under an outside launcher). Returns the exit
+// code; throws Error on failure and Interrupted when a signal stopped the workers.
+int runExperiments(const RunRequest& request, const std::vector<config::Experiment>& runs,
+                   KindFactory kinds);
+
+}  // namespace collie

@@ -1,0 +1,276 @@
+// fork + exec of the workers, their output relayed line by line, their exits reaped.
+#include "runtime/worker_set.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "collie/error.h"
+#include "collie/log.h"
+
+extern char** environ;
+
+namespace collie {
+namespace {
+
+constexpr int kHandled[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP};
+
+// Writes the complete lines of `data` (appended to `pending`) to `fd`, each prefixed, and
+// keeps the last collie error line in `last_error`. `flush`: the rest too (the pipe closed).
+void emitLines(int fd, const std::string& prefix, std::string& pending, const char* data, size_t n,
+               bool flush, std::string* last_error) {
+  static const std::string kError = "collie: error: ";
+  pending.append(data, n);
+  size_t start = 0;
+  std::string out;
+  while (true) {
+    size_t end = pending.find('\n', start);
+    if (end == std::string::npos) break;
+    out += prefix;
+    out.append(pending, start, end - start + 1);
+    if (pending.compare(start, kError.size(), kError) == 0)
+      *last_error = pending.substr(start + kError.size(), end - start - kError.size());
+    start = end + 1;
+  }
+  pending.erase(0, start);
+  if (flush && !pending.empty()) {
+    out += prefix + pending + "\n";
+    pending.clear();
+  }
+  for (size_t done = 0; done < out.size();) {
+    ssize_t w = ::write(fd, out.data() + done, out.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) break;  // our own output is gone: nothing better to do than drop it
+    done += static_cast<size_t>(w);
+  }
+}
+
+// The environment of worker `w`: ours minus launcher variables we set, plus them.
+std::vector<std::string> workerEnvironment(const LaunchSpec& spec, const Worker& w) {
+  static const char* kOurs[] = {
+      "RANK",        "WORLD_SIZE",        "LOCAL_RANK",    "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+      "MASTER_PORT", "COLLIE_EXPERIMENT", "COLLIE_RESULT", "OMP_NUM_THREADS",  "GROUP_RANK",
+      "NODE_RANK"};
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string entry = *e;
+    std::string name = entry.substr(0, entry.find('='));
+    bool ours = false;
+    for (const char* o : kOurs) ours = ours || name == o;
+    if (!ours) env.push_back(entry);
+  }
+  const int world = spec.nproc * spec.nnodes;
+  env.push_back("RANK=" + std::to_string(w.rank));
+  env.push_back("WORLD_SIZE=" + std::to_string(world));
+  env.push_back("LOCAL_RANK=" + std::to_string(w.local_rank));
+  env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(spec.nproc));
+  env.push_back("GROUP_RANK=" + std::to_string(spec.node_rank));
+  env.push_back("MASTER_ADDR=" + spec.master_addr);
+  env.push_back("MASTER_PORT=" + std::to_string(spec.master_port));
+  env.push_back("COLLIE_EXPERIMENT=" + std::to_string(spec.experiment));
+  if (!spec.result_path.empty()) env.push_back("COLLIE_RESULT=" + spec.result_path);
+  env.push_back("OMP_NUM_THREADS=" + std::to_string(spec.threads_per_rank));
+  env.insert(env.end(), spec.extra_env.begin(), spec.extra_env.end());
+  return env;
+}
+
+// With launch.cpu_affinity: CPU sets that give every worker threads_per_rank CPUs of its own,
+// or none when the node has too few CPUs. Off by default: a backend's progress thread (Gloo's
+// event loop, UCX's) then shares the rank's CPUs with its compute threads, and on this 2-core
+// machine a 16 KiB ring all-reduce over gloo took 6.9 ms pinned against 1.05 ms unpinned.
+std::vector<cpu_set_t> cpuSets(const LaunchSpec& spec) {
+  if (!spec.cpu_affinity) return {};
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof(mine), &mine) != 0) return {};
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &mine)) cpus.push_back(c);
+  }
+  const size_t needed = static_cast<size_t>(spec.nproc) * spec.threads_per_rank;
+  if (needed > cpus.size()) {
+    logInfo("not pinning workers: " + std::to_string(spec.nproc) + " ranks x " +
+            std::to_string(spec.threads_per_rank) + " threads > " + std::to_string(cpus.size()) +
+            " CPUs");
+    return {};
+  }
+  std::vector<cpu_set_t> sets(spec.nproc);
+  for (int w = 0; w < spec.nproc; ++w) {
+    CPU_ZERO(&sets[w]);
+    for (int t = 0; t < spec.threads_per_rank; ++t)
+      CPU_SET(cpus[w * spec.threads_per_rank + t], &sets[w]);
+  }
+  return sets;
+}
+
+void closeFd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+}  // namespace
+
+std::string signalName(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
+std::string describeExit(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    return "was killed by signal " + std::to_string(sig) + " (" + signalName(sig) + ")";
+  }
+  return "stopped (status " + std::to_string(status) + ")";
+}
+
+BlockedSignals::BlockedSignals() {
+  sigset_t handled;
+  sigemptyset(&handled);
+  for (int sig : kHandled) sigaddset(&handled, sig);
+  pthread_sigmask(SIG_BLOCK, &handled, &old_mask_);
+  fd_ = ::signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (fd_ < 0) {
+    const int error = errno;
+    pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
+    throw CommError(std::string("launcher: signalfd failed: ") + std::strerror(error));
+  }
+}
+
+BlockedSignals::~BlockedSignals() {
+  ::close(fd_);
+  pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
+}
+
+std::vector<int> BlockedSignals::read() {
+  std::vector<int> signals;
+  signalfd_siginfo info;
+  while (::read(fd_, &info, sizeof(info)) == sizeof(info)) {
+    if (static_cast<int>(info.ssi_signo) != SIGCHLD) signals.push_back(info.ssi_signo);
+  }
+  return signals;
+}
+
+WorkerSet::WorkerSet(const LaunchSpec& spec, const sigset_t& child_mask) : workers_(spec.nproc) {
+  auto cpu_sets = cpuSets(spec);
+  std::vector<char*> argv;
+  for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const pid_t launcher = ::getpid();
+  for (int i = 0; i < spec.nproc; ++i) {
+    Worker& w = workers_[i];
+    w.local_rank = i;
+    w.rank = spec.node_rank * spec.nproc + i;
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+      start_error_ = std::string("pipe: ") + std::strerror(errno);
+      return;
+    }
+    // Everything the child touches is prepared before fork (the parent may have threads).
+    std::vector<std::string> env = workerEnvironment(spec, w);
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher) _exit(127);  // the launcher died before prctl
+      ::dup2(out[1], STDOUT_FILENO);
+      ::dup2(err[1], STDERR_FILENO);
+      if (!cpu_sets.empty()) sched_setaffinity(0, sizeof(cpu_set_t), &cpu_sets[i]);
+      pthread_sigmask(SIG_SETMASK, &child_mask, nullptr);
+      ::execve(argv[0], argv.data(), envp.data());
+      const char msg[] = "collie launcher: exec of the worker failed\n";
+      ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
+      (void)ignored;
+      _exit(127);
+    }
+    ::close(out[1]);
+    ::close(err[1]);
+    if (pid < 0) {
+      ::close(out[0]);
+      ::close(err[0]);
+      start_error_ = std::string("fork: ") + std::strerror(errno);
+      return;
+    }
+    w.pid = pid;
+    w.running = true;
+    w.fds[0] = out[0];
+    w.fds[1] = err[0];
+    ++running_;
+  }
+}
+
+WorkerSet::~WorkerSet() {
+  // Whatever is still there (a pipe held open by a grandchild) is closed; no child is left.
+  for (auto& w : workers_) {
+    if (w.running) {
+      ::kill(w.pid, SIGKILL);
+      ::waitpid(w.pid, nullptr, 0);
+    }
+    for (int s = 0; s < 2; ++s) closeFd(w.fds[s]);
+  }
+}
+
+bool WorkerSet::pipesOpen() const {
+  for (const auto& w : workers_) {
+    if (w.fds[0] >= 0 || w.fds[1] >= 0) return true;
+  }
+  return false;
+}
+
+void WorkerSet::signalAll(int sig) {
+  for (auto& w : workers_) {
+    if (w.running) ::kill(w.pid, sig);
+  }
+}
+
+void WorkerSet::addPipes(std::vector<pollfd>* fds) {
+  polled_.clear();
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    for (int s = 0; s < 2; ++s) {
+      if (workers_[i].fds[s] < 0) continue;
+      fds->push_back({workers_[i].fds[s], POLLIN, 0});
+      polled_.push_back({static_cast<int>(i), s});
+    }
+  }
+}
+
+void WorkerSet::relay(const std::vector<pollfd>& fds, size_t first) {
+  for (size_t p = 0; p < polled_.size(); ++p) {
+    if (!(fds[first + p].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    Worker& w = workers_[polled_[p].first];
+    const int s = polled_[p].second;
+    char buffer[65536];
+    ssize_t n = ::read(w.fds[s], buffer, sizeof(buffer));
+    const std::string prefix = "[rank " + std::to_string(w.rank) + "] ";
+    const int target = s == 0 ? STDOUT_FILENO : STDERR_FILENO;
+    if (n > 0) {
+      emitLines(target, prefix, w.pending[s], buffer, static_cast<size_t>(n), false, &w.last_error);
+    } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+      emitLines(target, prefix, w.pending[s], nullptr, 0, true, &w.last_error);
+      closeFd(w.fds[s]);
+    }
+  }
+}
+
+void WorkerSet::reap(const std::function<void(const Worker&, int status)>& on_exit) {
+  int status = 0;
+  pid_t pid;
+  while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+    for (auto& w : workers_) {
+      if (w.pid != pid || !w.running) continue;
+      w.running = false;
+      --running_;
+      on_exit(w, status);
+    }
+  }
+}
+
+}  // namespace collie

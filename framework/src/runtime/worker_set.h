@@ -1,0 +1,82 @@
+// The pieces of collie's launcher that touch processes: the signals it handles blocked and
+// read from a signalfd (RAII), and the set of worker processes it spawns, whose output it
+// relays with a rank prefix and whose exits it reaps.
+#pragma once
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/types.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "runtime/launcher.h"
+
+namespace collie {
+
+// Blocks SIGCHLD, SIGINT, SIGTERM and SIGHUP for the calling thread and reads them from a
+// signalfd; the destructor restores the old mask. Throws CommError when no signalfd.
+class BlockedSignals {
+ public:
+  BlockedSignals();
+  ~BlockedSignals();
+  BlockedSignals(const BlockedSignals&) = delete;
+  BlockedSignals& operator=(const BlockedSignals&) = delete;
+
+  int fd() const { return fd_; }
+  // The mask from before, which children get back.
+  const sigset_t& previousMask() const { return old_mask_; }
+  // The signals that arrived (SIGCHLD left out), without blocking.
+  std::vector<int> read();
+
+ private:
+  sigset_t old_mask_;
+  int fd_ = -1;
+};
+
+struct Worker {
+  int local_rank = 0;
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  int fds[2] = {-1, -1};  // stdout, stderr pipes (read ends)
+  std::string pending[2];
+  std::string last_error;  // the last "collie: error: ..." line it printed
+};
+
+// This node's workers of one launch. Never leaves a child behind: the destructor SIGKILLs
+// and reaps whatever still runs.
+class WorkerSet {
+ public:
+  // Forks and execs spec.nproc workers (children get `child_mask` and die with this
+  // process). Stops at the first worker that cannot be started: startError() says why.
+  WorkerSet(const LaunchSpec& spec, const sigset_t& child_mask);
+  ~WorkerSet();
+  WorkerSet(const WorkerSet&) = delete;
+  WorkerSet& operator=(const WorkerSet&) = delete;
+
+  const std::string& startError() const { return start_error_; }
+  int running() const { return running_; }
+  bool pipesOpen() const;
+  void signalAll(int sig);
+
+  // Appends a pollfd for every open output pipe, then relays what poll() found ready in
+  // them (from index `first` on) to stdout/stderr, each line prefixed "[rank N] ".
+  void addPipes(std::vector<pollfd>* fds);
+  void relay(const std::vector<pollfd>& fds, size_t first);
+  // Reaps every worker that exited, calling on_exit(worker, wait status) for each.
+  void reap(const std::function<void(const Worker&, int status)>& on_exit);
+
+ private:
+  std::vector<Worker> workers_;
+  std::vector<std::pair<int, int>> polled_;  // (worker, stream) of each pollfd addPipes added
+  int running_ = 0;
+  std::string start_error_;
+};
+
+// "exited with code 2", "was killed by signal 9 (SIGKILL)".
+std::string describeExit(int status);
+std::string signalName(int sig);
+
+}  // namespace collie

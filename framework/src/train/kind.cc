@@ -1,0 +1,55 @@
+// The train experiment's table for the runtime's roles (runtime/run.h): train, hand over,
+// print the summary and write summary.json.
+#include <fmt/format.h>
+
+#include <iostream>
+
+#include "collie/error.h"
+#include "train/trainer.h"
+
+namespace fs = std::filesystem;
+
+namespace collie::train {
+namespace {
+
+class TrainKind : public ExperimentKind {
+ public:
+  void checkRequest(const RunRequest& request, const config::Experiment&) const override {
+    if (!request.emit_rules.empty()) {
+      throw ConfigError(fmt::format(
+          "--emit-rules: {} is a train experiment; rules come from a bench: experiment",
+          request.config));
+    }
+  }
+
+  void runInThreads(const PluginLoader& loader, const config::Experiment& e,
+                    const fs::path& out) override {
+    results_.push_back(run(loader, e, out.string()));
+  }
+
+  void runAsRank(const PluginLoader& loader, const config::Experiment& e, const WorkerRank& rank,
+                 const fs::path& out) override {
+    results_.push_back(train::runRank(loader, e, rank.backend, rank.topology, out.string()));
+  }
+
+  void saveLast(const std::string& path) const override { saveResult(path, results_.back()); }
+  void load(const std::string& path) override { results_.push_back(loadResult(path)); }
+
+  int report(const RunRequest&, const std::vector<config::Experiment>&,
+             const fs::path& out) override {
+    printSummary(std::cout, results_);
+    writeSummaryJson((out / "summary.json").string(), results_);
+    std::cout << "# Results: " << (out / "summary.json").string()
+              << ", per step and rank: " << (out / "rank-*.jsonl").string() << std::endl;
+    return 0;
+  }
+
+ private:
+  std::vector<Result> results_;
+};
+
+}  // namespace
+
+std::unique_ptr<ExperimentKind> makeKind() { return std::make_unique<TrainKind>(); }
+
+}  // namespace collie::train
