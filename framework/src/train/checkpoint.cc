@@ -21,6 +21,7 @@
 
 #include "collie/error.h"
 #include "util/files.h"
+#include "util/strings.h"
 
 namespace fs = std::filesystem;
 
@@ -236,6 +237,58 @@ void pruneCheckpoints(const std::string& dir, int keep) {
     std::error_code ec;
     fs::remove(found[i].second, ec);
   }
+}
+
+std::string runIdentity(const config::Experiment& e, const std::vector<int>& micro_batch) {
+  const config::TrainSpec& t = e.train;
+  std::string id = "model " + e.model.plugin + " {";
+  for (const auto& [key, value] : e.model.params.values()) id += key + ": " + value + ", ";
+  std::vector<std::string> sizes;
+  for (int b : micro_batch) sizes.push_back(std::to_string(b));
+  id += "}; optimizer " + std::string(t.sgd ? "sgd" : "adamw") + "; micro_batch " +
+        (t.auto_micro_batch ? "auto (global " + std::to_string(t.global_batch) + ")"
+                            : "[" + detail::join(sizes, ", ") + "]") +
+        " x " + std::to_string(t.grad_accum) + "; data seed " + std::to_string(e.data.seed);
+  return id;
+}
+
+RunCheckpoints::RunCheckpoints(const config::TrainSpec& spec, std::string identity)
+    : spec_(spec), identity_(std::move(identity)) {}
+
+bool RunCheckpoints::dueAfter(int64_t steps_done) const {
+  if (spec_.checkpoint_dir.empty()) return false;
+  return (spec_.checkpoint_every > 0 && steps_done % spec_.checkpoint_every == 0) ||
+         steps_done == spec_.steps;
+}
+
+std::string RunCheckpoints::save(
+    int64_t steps_done, const std::vector<std::pair<std::string, at::Tensor>>& tensors) const {
+  std::error_code ec;
+  fs::create_directories(spec_.checkpoint_dir, ec);
+  if (ec) {
+    throw CheckpointError("train.checkpoint_dir " + spec_.checkpoint_dir +
+                          ": cannot create: " + ec.message());
+  }
+  const std::string path = checkpointPath(spec_.checkpoint_dir, steps_done);
+  saveCheckpoint(path, Checkpoint{steps_done, identity_, tensors});
+  pruneCheckpoints(spec_.checkpoint_dir, spec_.checkpoint_keep);
+  return path;
+}
+
+int64_t RunCheckpoints::restore(const std::vector<std::pair<std::string, at::Tensor>>& into,
+                                std::string* path) const {
+  if (spec_.checkpoint_dir.empty() || !spec_.resume) return 0;
+  *path = latestCheckpoint(spec_.checkpoint_dir);
+  if (path->empty()) return 0;
+  Checkpoint c = loadCheckpoint(*path);
+  if (c.identity != identity_) {
+    throw CheckpointError("checkpoint " + *path + " was written by another run: it holds " +
+                          c.identity + ", this run is " + identity_ +
+                          ". HINT: point train.checkpoint_dir elsewhere or set "
+                          "train.resume: false");
+  }
+  restoreTensors(c, into, *path);
+  return c.step;
 }
 
 }  // namespace collie::train

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "config/experiment.h"
+
 namespace collie::train {
 
 struct Checkpoint {
@@ -36,5 +38,31 @@ std::string checkpointPath(const std::string& dir, int64_t step);
 std::string latestCheckpoint(const std::string& dir);
 // Removes all but the `keep` newest checkpoints of `dir`.
 void pruneCheckpoints(const std::string& dir, int keep);
+
+// What a checkpoint must agree with to be resumed: the model and its params, the optimizer,
+// the micro-batches (`micro_batch`: the sizes per rank) and the data seed — everything that
+// decides which samples a step reads and how the optimizer updates.
+std::string runIdentity(const config::Experiment& e, const std::vector<int>& micro_batch);
+
+// The checkpoints of one run: train.checkpoint_dir, checkpoint_every, checkpoint_keep and
+// resume, and the identity its files carry.
+class RunCheckpoints {
+ public:
+  RunCheckpoints(const config::TrainSpec& spec, std::string identity);
+
+  // Whether a checkpoint is written after `steps_done` of the run's steps.
+  bool dueAfter(int64_t steps_done) const;
+  // Writes `tensors` as the checkpoint of `steps_done` and prunes the oldest; the path.
+  std::string save(int64_t steps_done,
+                   const std::vector<std::pair<std::string, at::Tensor>>& tensors) const;
+  // With resume on, restores the newest checkpoint into `into`, sets `path` and returns its
+  // step; 0 when there is none. Throws CheckpointError for a file of another run.
+  int64_t restore(const std::vector<std::pair<std::string, at::Tensor>>& into,
+                  std::string* path) const;
+
+ private:
+  const config::TrainSpec& spec_;
+  std::string identity_;
+};
 
 }  // namespace collie::train

@@ -5,7 +5,7 @@
 #include <iostream>
 
 #include "collie/error.h"
-#include "train/trainer.h"
+#include "train/report.h"
 
 namespace fs = std::filesystem;
 
@@ -16,9 +16,9 @@ class TrainKind : public ExperimentKind {
  public:
   void checkRequest(const RunRequest& request, const config::Experiment&) const override {
     if (!request.emit_rules.empty()) {
-      throw ConfigError(fmt::format(
-          "--emit-rules: {} is a train experiment; rules come from a bench: experiment",
-          request.config));
+      throw ConfigError(
+          fmt::format("--emit-rules: {} is a train experiment; rules come from a bench: experiment",
+                      request.config));
     }
   }
 

@@ -16,16 +16,9 @@
 #include <vector>
 
 #include "runtime/communicator.h"
+#include "train/step.h"
 
 namespace collie::train {
-
-// What the last step's gradient synchronisation cost.
-struct SyncTiming {
-  double comm_seconds = 0;     // sum of the buckets' all-reduce times
-  double exposed_seconds = 0;  // how long the step waited for them after backward
-  uint64_t bytes = 0;          // gradient bytes all-reduced
-  std::vector<Provenance> collectives;
-};
 
 class Reducer {
  public:

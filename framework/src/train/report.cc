@@ -1,7 +1,9 @@
-// The training summary: the table, stragglers, all-reduce against its prediction, the
-// weight-sync verdict and projections; and the JSON that carries a Result between processes.
+// What training reports (train/report.h): the step log, the progress line, the cross-rank
+// summary, the table with stragglers, all-reduce against its prediction, the weight-sync
+// verdict and projections; and the JSON that carries a Result between processes.
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -15,7 +17,7 @@
 
 #include "collie/error.h"
 #include "collie/params.h"
-#include "train/trainer.h"
+#include "train/report.h"
 #include "util/files.h"
 #include "util/strings.h"
 
@@ -109,17 +111,17 @@ Result fromJson(const json& j) {
 // "42 s", "3.5 min", "2.1 h", "4.0 d"
 std::string duration(double seconds) {
   if (!std::isfinite(seconds)) return "-";
-  if (seconds < 120) return detail::format("%.0f s", seconds);
-  if (seconds < 7200) return detail::format("%.1f min", seconds / 60);
-  if (seconds < 172800) return detail::format("%.1f h", seconds / 3600);
-  return detail::format("%.1f d", seconds / 86400);
+  if (seconds < 120) return fmt::format("{:.0f} s", seconds);
+  if (seconds < 7200) return fmt::format("{:.1f} min", seconds / 60);
+  if (seconds < 172800) return fmt::format("{:.1f} h", seconds / 3600);
+  return fmt::format("{:.1f} d", seconds / 86400);
 }
 
 std::string count(double value) {
-  if (value >= 1e9) return detail::format("%.2f G", value / 1e9);
-  if (value >= 1e6) return detail::format("%.2f M", value / 1e6);
-  if (value >= 1e3) return detail::format("%.1f k", value / 1e3);
-  return detail::format("%.0f", value);
+  if (value >= 1e9) return fmt::format("{:.2f} G", value / 1e9);
+  if (value >= 1e6) return fmt::format("{:.2f} M", value / 1e6);
+  if (value >= 1e3) return fmt::format("{:.1f} k", value / 1e3);
+  return fmt::format("{:.0f}", value);
 }
 
 std::string microBatchText(const Result& r) {
@@ -169,7 +171,7 @@ void printWeighting(std::ostream& out, const std::string& tag, const Result& r) 
   for (size_t i = 0; i < r.micro_batch.size(); ++i) {
     const double factor = per_micro / (static_cast<double>(r.ranks) * r.micro_batch[i]);
     counts.push_back("rank " + std::to_string(i) + " (" + std::to_string(r.micro_batch[i]) + ") " +
-                     detail::format("%.2fx", factor));
+                     fmt::format("{:.2f}x", factor));
   }
   out << "# " << tag << "gradient weighting uniform (DDP's 1/world mean): a sample counts "
       << detail::join(counts, ", ") << " of its weight in one process on the same batch\n";
@@ -182,28 +184,28 @@ void printDetails(std::ostream& out, const Result& r) {
     int slowest = 0;
     for (size_t i = 0; i < r.compute_seconds.size(); ++i) {
       per_rank.push_back("r" + std::to_string(i) + " " +
-                         detail::format("%.3f", r.compute_seconds[i]));
+                         fmt::format("{:.3f}", r.compute_seconds[i]));
       if (r.compute_seconds[i] > r.compute_seconds[slowest]) slowest = static_cast<int>(i);
     }
     out << "# " << tag << "compute per step (s): " << detail::join(per_rank, ", ")
         << "; slowest rank " << slowest << ", "
-        << detail::format("%.0f", 100 * r.compute_seconds[slowest] / r.step_seconds) << "% of the "
-        << detail::format("%.3f", r.step_seconds) << " s step\n";
+        << fmt::format("{:.0f}", 100 * r.compute_seconds[slowest] / r.step_seconds) << "% of the "
+        << fmt::format("{:.3f}", r.step_seconds) << " s step\n";
     out << "# " << tag << "all-reduce per step: "
-        << detail::format("%.2f MB", static_cast<double>(r.allreduce_bytes) / 1e6) << " in "
-        << r.buckets << " bucket(s): measured " << detail::format("%.4f", r.comm_seconds) << " s ("
-        << detail::format("%.4f", r.exposed_seconds) << " s exposed), predicted "
+        << fmt::format("{:.2f} MB", static_cast<double>(r.allreduce_bytes) / 1e6) << " in "
+        << r.buckets << " bucket(s): measured " << fmt::format("{:.4f}", r.comm_seconds) << " s ("
+        << fmt::format("{:.4f}", r.exposed_seconds) << " s exposed), predicted "
         << (std::isnan(r.predicted_comm_seconds) ? std::string("-")
-                                                 : detail::format("%.4f", r.predicted_comm_seconds))
-        << " s from the measured link (alpha " << detail::format("%.1f", r.link_alpha * 1e6)
-        << " us, " << (r.link_beta > 0 ? detail::format("%.2f", 1e-9 / r.link_beta) : "-")
+                                                 : fmt::format("{:.4f}", r.predicted_comm_seconds))
+        << " s from the measured link (alpha " << fmt::format("{:.1f}", r.link_alpha * 1e6)
+        << " us, " << (r.link_beta > 0 ? fmt::format("{:.2f}", 1e-9 / r.link_beta) : "-")
         << " GB/s)\n";
   }
   const double achieved = r.flops_per_token * r.tokens_per_second / r.ranks;
-  out << "# " << tag << "model FLOP/s per rank: " << detail::format("%.3g", achieved);
+  out << "# " << tag << "model FLOP/s per rank: " << fmt::format("{:.3g}", achieved);
   if (r.peak_flops > 0) {
-    out << ", MFU " << detail::format("%.1f%%", 100 * achieved / r.peak_flops) << " of a "
-        << detail::format("%.3g", r.peak_flops) << " FLOP/s peak";
+    out << ", MFU " << fmt::format("{:.1f}%", 100 * achieved / r.peak_flops) << " of a "
+        << fmt::format("{:.3g}", r.peak_flops) << " FLOP/s peak";
   } else {
     out << " (set train.peak_flops for MFU)";
   }
@@ -227,7 +229,7 @@ void printSummary(std::ostream& out, const std::vector<Result>& results) {
   const Result& first = results.front();
   out << "# Training: " << first.name << ", model " << first.model << " ("
       << detail::withCommas(first.parameters) << " parameters, "
-      << detail::format("%.3g", first.flops_per_token) << " FLOP/token), " << first.scheduler
+      << fmt::format("{:.3g}", first.flops_per_token) << " FLOP/token), " << first.scheduler
       << " over " << first.backend << "\n";
   std::ostringstream table;
   table << std::left << std::setw(28) << "# run" << std::right << std::setw(6) << "ranks"
@@ -243,14 +245,14 @@ void printSummary(std::ostream& out, const std::vector<Result>& results) {
     if (label.size() > 26) label = label.substr(0, 25) + "~";
     table << std::left << std::setw(28) << ("  " + label) << std::right << std::setw(6) << r.ranks
           << std::setw(12) << microBatchText(r) << std::setw(10)
-          << detail::format("%.3f", r.step_seconds) << std::setw(13)
+          << fmt::format("{:.3f}", r.step_seconds) << std::setw(13)
           << detail::withCommas(r.world_batch_tokens) << std::setw(11)
           << detail::withCommas(std::llround(r.tokens_per_second)) << std::setw(9)
-          << (solo ? detail::format("%.2f", speedup) : "-") << std::setw(11)
-          << (solo ? detail::format("%.1f%%", 100 * speedup / r.ranks) : "-") << std::setw(10)
-          << detail::format("%.4f", r.comm_seconds) << std::setw(13)
-          << detail::format("%.4f", r.exposed_seconds) << std::setw(19)
-          << (detail::format("%.3f", r.first_loss) + " -> " + detail::format("%.3f", r.last_loss))
+          << (solo ? fmt::format("{:.2f}", speedup) : "-") << std::setw(11)
+          << (solo ? fmt::format("{:.1f}%", 100 * speedup / r.ranks) : "-") << std::setw(10)
+          << fmt::format("{:.4f}", r.comm_seconds) << std::setw(13)
+          << fmt::format("{:.4f}", r.exposed_seconds) << std::setw(19)
+          << (fmt::format("{:.3f}", r.first_loss) + " -> " + fmt::format("{:.3f}", r.last_loss))
           << "\n";
   }
   out << table.str();
@@ -277,6 +279,114 @@ Result loadResult(const std::string& path) {
   } catch (const json::exception& e) {
     throw InternalError(path + ": not a training result: " + e.what());
   }
+}
+
+StepLog::StepLog(const std::string& out_dir, int rank, bool append)
+    : rank_(rank),
+      path_(out_dir + "/rank-" + std::to_string(rank) + ".jsonl"),
+      out_(path_, append ? std::ios::app : std::ios::trunc) {
+  if (!out_) throw ConfigError("cannot write per-step metrics to " + path_);
+}
+
+void StepLog::write(int64_t step, int64_t samples, int64_t tokens, const StepStats& st) {
+  json line = {
+      {"step", step + 1},
+      {"rank", rank_},
+      {"step_s", st.step},
+      {"forward_s", st.forward},
+      {"backward_s", st.backward},
+      {"comm_s", st.sync.comm_seconds},
+      {"exposed_comm_s", st.sync.exposed_seconds},
+      {"optimizer_s", st.optimizer},
+      {"samples", samples},
+      {"tokens", tokens},
+      {"tokens_per_s", st.step > 0 ? tokens / st.step : 0.0},
+      {"loss", st.loss},
+      {"lr", st.lr},
+      {"grad_norm", st.grad_norm},
+  };
+  json collectives = json::array();
+  for (const auto& p : st.sync.collectives) {
+    collectives.push_back({{"scheduler", p.scheduler},
+                           {"backend", p.backend},
+                           {"bytes", p.bytes},
+                           {"seq", p.seq},
+                           {"seconds", p.seconds}});
+  }
+  line["collectives"] = collectives;
+  out_ << line.dump() << '\n';
+  out_.flush();
+}
+
+std::string progressLine(int64_t step, int64_t steps, double loss, const StepStats& last,
+                         double world_tokens, double seconds_per_step) {
+  return fmt::format(
+      "step {}/{}  loss {:.4f}  lr {:.2e}  {} tok/s  step {:.3f} s (comm {:.3f}, exposed {:.3f})  "
+      "ETA {:.0f} s",
+      step, steps, loss, last.lr,
+      detail::withCommas(static_cast<int64_t>(world_tokens / last.step)), last.step,
+      last.sync.comm_seconds, last.sync.exposed_seconds,
+      seconds_per_step * static_cast<double>(steps - step));
+}
+
+std::vector<double> RankSummary::pack() const {
+  return {step,
+          compute,
+          comm,
+          exposed,
+          first_loss_sum,
+          last_loss_sum,
+          static_cast<double>(timed_steps)};
+}
+
+RankSummary RankSummary::unpack(const std::vector<double>& v) {
+  COLLIE_CHECK(v.size() == 7, "a rank summary has 7 values, found ", v.size());
+  RankSummary s;
+  s.step = v[0];
+  s.compute = v[1];
+  s.comm = v[2];
+  s.exposed = v[3];
+  s.first_loss_sum = v[4];
+  s.last_loss_sum = v[5];
+  s.timed_steps = static_cast<int64_t>(v[6]);
+  return s;
+}
+
+RankSummary summariseSteps(const std::vector<StepStats>& given, int samples_per_micro_batch) {
+  std::vector<StepStats> stats = given;
+  if (stats.empty()) stats.emplace_back();  // resumed after the last step: nothing ran
+  const size_t first = stats.size() > 1 ? 1 : 0;
+  RankSummary s;
+  for (size_t i = first; i < stats.size(); ++i) {
+    s.step += stats[i].step;
+    s.compute += stats[i].forward + stats[i].backward;
+    s.comm += stats[i].sync.comm_seconds;
+    s.exposed += stats[i].sync.exposed_seconds;
+  }
+  s.timed_steps = static_cast<int64_t>(stats.size() - first);
+  const double n = static_cast<double>(s.timed_steps);
+  s.step /= n;
+  s.compute /= n;
+  s.comm /= n;
+  s.exposed /= n;
+  s.first_loss_sum = stats.front().loss * samples_per_micro_batch;
+  s.last_loss_sum = stats.back().loss * samples_per_micro_batch;
+  return s;
+}
+
+void combineRanks(const std::vector<RankSummary>& ranks, int64_t world_micro_batch, Result* r) {
+  const double world = static_cast<double>(ranks.size());
+  const double per_micro = static_cast<double>(world_micro_batch);
+  r->timed_steps = ranks.empty() ? 0 : ranks.front().timed_steps;
+  for (const auto& rank : ranks) {
+    r->step_seconds = std::max(r->step_seconds, rank.step);
+    r->compute_seconds.push_back(rank.compute);
+    r->comm_seconds += rank.comm / world;
+    r->exposed_seconds += rank.exposed / world;
+    r->first_loss += rank.first_loss_sum / per_micro;
+    r->last_loss += rank.last_loss_sum / per_micro;
+  }
+  r->tokens_per_second = r->step_seconds > 0 ? r->world_batch_tokens / r->step_seconds : 0;
 }
 
 }  // namespace collie::train

@@ -2,6 +2,7 @@
 #include "train/sync.h"
 
 #include <ATen/ops/clone.h>
+#include <fmt/format.h>
 
 #include <xxhash.h>
 
@@ -49,7 +50,7 @@ std::string SyncCheck::describe(int world) const {
   return "weights diverged at step " + std::to_string(step) + ": parameter '" + first_parameter +
          "' differs between rank 0 and rank(s) " + detail::join(which, ", ") + "; " +
          std::to_string(differing) + " of " + std::to_string(parameters) +
-         " parameters differ, max |dw| " + detail::format("%.3g", max_spread);
+         " parameters differ, max |dw| " + fmt::format("{:.3g}", max_spread);
 }
 
 SyncCheck verifyWeights(Communicator& comm, Control& control, const std::vector<at::Tensor>& params,

@@ -5,9 +5,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
+#include <fmt/format.h>
 #include <torch/utils.h>
-
-#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -25,8 +24,10 @@
 #include "runtime/in_process.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
+#include "train/lr_schedule.h"
 #include "train/optimizer.h"
 #include "train/reducer.h"
+#include "train/report.h"
 #include "train/sync.h"
 #include "util/strings.h"
 
@@ -66,14 +67,6 @@ std::mutex& modelCreationMutex() {
   return mu;
 }
 
-// What one step cost on this rank.
-struct StepStats {
-  double step = 0, forward = 0, backward = 0, optimizer = 0;
-  double loss = 0;  // mean over this rank's samples of the step
-  double lr = 0, grad_norm = 0;
-  SyncTiming sync;
-};
-
 class RankTrainer {
  public:
   RankTrainer(const PluginLoader& loader, const config::Experiment& e,
@@ -84,7 +77,8 @@ class RankTrainer {
         rank_(backend->rank()),
         world_(backend->size()),
         comm_(backend, e.backend.label, topology),
-        control_(*backend) {
+        control_(*backend),
+        out_dir_(out_dir) {
     checkMicroBatches();
     sharding_.grad_accum = spec_.grad_accum;
     addSchedulers(loader);
@@ -102,13 +96,13 @@ class RankTrainer {
       for (int r = 0; r < world_; ++r) sharding_.micro_batch.push_back(spec_.microBatchOf(r));
     }
     mb_ = sharding_.micro_batch[rank_];
-    metrics_path_ = out_dir + "/rank-" + std::to_string(rank_) + ".jsonl";
+    lr_ = lrSchedule(spec_, sharding_.globalBatch());
   }
 
   Result run() {
     if (rank_ == 0) {
       logInfo("training " + e_.model.label + " (" + detail::withCommas(model_->parameterCount()) +
-              " parameters, " + detail::format("%.3g", model_->flopsPerToken()) +
+              " parameters, " + fmt::format("{:.3g}", model_->flopsPerToken()) +
               " FLOP/token) on " + source_->describe() + ", " + std::to_string(world_) +
               " ranks, micro-batches " + microBatchText() + " x " +
               std::to_string(spec_.grad_accum) + " accumulation");
@@ -118,9 +112,9 @@ class RankTrainer {
     Reducer reducer(params_, spec_.bucket_bytes, comm_, spec_.overlap);
     reducer.broadcastParameters();
     optimizer_ = makeOptimizer(spec_, params_);
-    const int64_t start = resume();
-    metrics_.open(metrics_path_, start > 0 ? std::ios::app : std::ios::trunc);
-    if (!metrics_) throw ConfigError("cannot write per-step metrics to " + metrics_path_);
+    RunCheckpoints checkpoints(spec_, runIdentity(e_, sharding_.micro_batch));
+    const int64_t start = resume(checkpoints);
+    StepLog log(out_dir_, rank_, start > 0);
     const double predicted = predictComm(reducer, cost);
 
     std::vector<StepStats> stats;
@@ -128,23 +122,27 @@ class RankTrainer {
     const auto started = Clock::now();
     for (int64_t s = start; s < spec_.steps; ++s) {
       stats.push_back(step(s, reducer));
-      writeMetrics(s, stats.back());
+      const int64_t samples = static_cast<int64_t>(mb_) * spec_.grad_accum;
+      log.write(s, samples, samples * shape_.seq_len, stats.back());
       if ((s + 1) % spec_.log_every == 0 || s + 1 == spec_.steps) {
-        progress(s - start, s, stats, started);
+        progress(s, stats.back(), since(started) / static_cast<double>(s - start + 1));
       }
       if (spec_.verify_sync_every > 0 && (s + 1) % spec_.verify_sync_every == 0 &&
           s + 1 != spec_.steps) {
         enforce(verifyWeights(comm_, control_, params_, names_, s + 1));
       }
-      if (!spec_.checkpoint_dir.empty() &&
-          ((spec_.checkpoint_every > 0 && (s + 1) % spec_.checkpoint_every == 0) ||
-           s + 1 == spec_.steps)) {
-        checkpoint(s + 1);
+      if (rank_ == 0 && checkpoints.dueAfter(s + 1)) {
+        // Rank 0 writes: every rank holds the same weights and optimizer state, as verified.
+        logInfo("checkpoint: " + checkpoints.save(s + 1, stateTensors()));
       }
     }
     result.sync = verifyWeights(comm_, control_, params_, names_, spec_.steps);
     enforce(result.sync);
-    summarise(stats, &result);
+    std::vector<RankSummary> ranks;
+    for (const auto& packed : control_.allGather(summariseSteps(stats, mb_).pack()))
+      ranks.push_back(RankSummary::unpack(packed));
+    combineRanks(ranks, sharding_.globalBatch() / spec_.grad_accum, &result);
+    result.allreduce_bytes = stats.empty() ? 0 : stats.back().sync.bytes;
     return result;
   }
 
@@ -157,51 +155,15 @@ class RankTrainer {
     return all;
   }
 
-  // What a checkpoint must agree with to be resumed: the model and everything that decides
-  // which samples a step reads and how the optimizer updates.
-  std::string identity() const {
-    std::string id = "model " + e_.model.plugin + " {";
-    for (const auto& [key, value] : e_.model.params.values()) id += key + ": " + value + ", ";
-    id += "}; optimizer " + std::string(spec_.sgd ? "sgd" : "adamw") + "; micro_batch " +
-          (spec_.auto_micro_batch ? "auto (global " + std::to_string(spec_.global_batch) + ")"
-                                  : microBatchText()) +
-          " x " + std::to_string(spec_.grad_accum) + "; data seed " + std::to_string(e_.data.seed);
-    return id;
-  }
-
-  // Rank 0 writes (every rank holds the same weights and optimizer state, as verified).
-  void checkpoint(int64_t steps_done) {
-    if (rank_ != 0) return;
-    std::error_code ec;
-    std::filesystem::create_directories(spec_.checkpoint_dir, ec);
-    if (ec) {
-      throw CheckpointError("train.checkpoint_dir " + spec_.checkpoint_dir +
-                            ": cannot create: " + ec.message());
-    }
-    Checkpoint c{steps_done, identity(), stateTensors()};
-    const std::string path = checkpointPath(spec_.checkpoint_dir, steps_done);
-    saveCheckpoint(path, c);
-    pruneCheckpoints(spec_.checkpoint_dir, spec_.checkpoint_keep);
-    logInfo("checkpoint: " + path);
-  }
-
-  // Loads the newest checkpoint of checkpoint_dir (every rank reads the same file) and
-  // returns the step to continue from (0 without one).
-  int64_t resume() {
-    if (spec_.checkpoint_dir.empty() || !spec_.resume) return 0;
-    const std::string path = latestCheckpoint(spec_.checkpoint_dir);
-    if (path.empty()) return 0;
-    Checkpoint c = loadCheckpoint(path);
-    if (c.identity != identity()) {
-      throw CheckpointError("checkpoint " + path + " was written by another run: it holds " +
-                            c.identity + ", this run is " + identity() +
-                            ". HINT: point train.checkpoint_dir elsewhere or set "
-                            "train.resume: false");
-    }
-    restoreTensors(c, stateTensors(), path);
-    optimizer_->setSteps(c.step);
-    if (rank_ == 0) logInfo("resumed from " + path + " at step " + std::to_string(c.step));
-    return c.step;
+  // Continues from the newest checkpoint (every rank reads the same file): the step to start
+  // from, 0 without one.
+  int64_t resume(const RunCheckpoints& checkpoints) {
+    std::string path;
+    const int64_t step = checkpoints.restore(stateTensors(), &path);
+    if (step == 0) return 0;
+    optimizer_->setSteps(step);
+    if (rank_ == 0) logInfo("resumed from " + path + " at step " + std::to_string(step));
+    return step;
   }
 
   // The model's loss of `tokens` (B, T + 1), under bf16 autocast when configured.
@@ -232,7 +194,7 @@ class RankTrainer {
     if (rank_ == 0) {
       std::vector<std::string> parts;
       for (int r = 0; r < world_; ++r) {
-        parts.push_back("rank " + std::to_string(r) + " " + detail::format("%.1f", speeds[r]) +
+        parts.push_back("rank " + std::to_string(r) + " " + fmt::format("{:.1f}", speeds[r]) +
                         " samples/s -> " + std::to_string(split[r]));
       }
       logInfo("micro_batch auto: " + detail::join(parts, ", "));
@@ -278,22 +240,6 @@ class RankTrainer {
     }
   }
 
-  // The linear scaling rule: lr grows with the world batch against a reference batch.
-  double scaledLr(double lr) const {
-    if (spec_.linear_scaling_batch == 0) return lr;
-    return lr * static_cast<double>(sharding_.globalBatch()) / spec_.linear_scaling_batch;
-  }
-
-  // Linear warmup, then cosine decay to min_lr (or constant).
-  double lrAt(int64_t step) const {
-    const double top = scaledLr(spec_.lr), floor = scaledLr(spec_.min_lr);
-    if (step < spec_.warmup_steps) return top * static_cast<double>(step + 1) / spec_.warmup_steps;
-    if (!spec_.cosine) return top;
-    const double span = std::max<int64_t>(1, spec_.steps - spec_.warmup_steps);
-    const double progress = std::min(1.0, static_cast<double>(step - spec_.warmup_steps) / span);
-    return floor + 0.5 * (top - floor) * (1.0 + std::cos(M_PI * progress));
-  }
-
   StepStats step(int64_t s, Reducer& reducer) {
     StepStats st;
     const auto start = Clock::now();
@@ -321,7 +267,7 @@ class RankTrainer {
     st.sync = reducer.finish();
     auto t = Clock::now();
     st.grad_norm = clipGradients();
-    st.lr = lrAt(s);
+    st.lr = lr_.at(s);
     optimizer_->step(st.lr);
     for (auto& p : params_) p.mutable_grad() = at::Tensor();  // the next step starts afresh
     st.optimizer = since(t);
@@ -360,56 +306,15 @@ class RankTrainer {
     return norm;
   }
 
-  void writeMetrics(int64_t s, const StepStats& st) {
-    const int64_t samples = static_cast<int64_t>(mb_) * spec_.grad_accum;
-    const int64_t tokens = samples * shape_.seq_len;
-    nlohmann::json line = {
-        {"step", s + 1},
-        {"rank", rank_},
-        {"step_s", st.step},
-        {"forward_s", st.forward},
-        {"backward_s", st.backward},
-        {"comm_s", st.sync.comm_seconds},
-        {"exposed_comm_s", st.sync.exposed_seconds},
-        {"optimizer_s", st.optimizer},
-        {"samples", samples},
-        {"tokens", tokens},
-        {"tokens_per_s", st.step > 0 ? tokens / st.step : 0.0},
-        {"loss", st.loss},
-        {"lr", st.lr},
-        {"grad_norm", st.grad_norm},
-    };
-    nlohmann::json collectives = nlohmann::json::array();
-    for (const auto& p : st.sync.collectives) {
-      collectives.push_back({{"scheduler", p.scheduler},
-                             {"backend", p.backend},
-                             {"bytes", p.bytes},
-                             {"seq", p.seq},
-                             {"seconds", p.seconds}});
-    }
-    line["collectives"] = collectives;
-    metrics_ << line.dump() << '\n';
-    metrics_.flush();
-  }
-
-  // Every rank takes part (the loss is averaged over the job); rank 0 prints.
-  // `done`: steps run by this process so far (minus one); `s`: the step's index in the run.
-  void progress(int64_t done, int64_t s, const std::vector<StepStats>& stats,
-                Clock::time_point started) {
-    const auto all = control_.allGather({stats.back().loss * mb_});
+  // Every rank takes part (the loss is averaged over the job); rank 0 prints the line of
+  // step `s` (0-based).
+  void progress(int64_t s, const StepStats& last, double seconds_per_step) {
     double loss = 0;
-    for (const auto& r : all) loss += r[0];
+    for (const auto& r : control_.allGather({last.loss * mb_})) loss += r[0];
     loss /= static_cast<double>(sharding_.globalBatch() / spec_.grad_accum);
     if (rank_ != 0) return;
-    const double elapsed = since(started), per_step = elapsed / static_cast<double>(done + 1);
     const double tokens = static_cast<double>(sharding_.globalBatch() * shape_.seq_len);
-    logInfo("step " + std::to_string(s + 1) + "/" + std::to_string(spec_.steps) + "  loss " +
-            detail::format("%.4f", loss) + "  lr " + detail::format("%.2e", stats.back().lr) +
-            "  " + detail::withCommas(static_cast<int64_t>(tokens / stats.back().step)) +
-            " tok/s  step " + detail::format("%.3f", stats.back().step) + " s (comm " +
-            detail::format("%.3f", stats.back().sync.comm_seconds) + ", exposed " +
-            detail::format("%.3f", stats.back().sync.exposed_seconds) + ")  ETA " +
-            detail::format("%.0f", per_step * static_cast<double>(spec_.steps - s - 1)) + " s");
+    logInfo(progressLine(s + 1, spec_.steps, loss, last, tokens, seconds_per_step));
   }
 
   void enforce(const SyncCheck& check) {
@@ -466,36 +371,6 @@ class RankTrainer {
     return r;
   }
 
-  // Step statistics over the timed steps (all but the first, which pays for allocation),
-  // gathered from every rank.
-  void summarise(std::vector<StepStats> stats, Result* r) {
-    if (stats.empty()) stats.emplace_back();  // resumed after the last step: nothing ran
-    const size_t first = stats.size() > 1 ? 1 : 0;
-    double step = 0, compute = 0, comm = 0, exposed = 0;
-    for (size_t i = first; i < stats.size(); ++i) {
-      step += stats[i].step;
-      compute += stats[i].forward + stats[i].backward;
-      comm += stats[i].sync.comm_seconds;
-      exposed += stats[i].sync.exposed_seconds;
-    }
-    const double n = static_cast<double>(stats.size() - first);
-    const double mb = mb_;
-    const auto all = control_.allGather({step / n, compute / n, comm / n, exposed / n,
-                                         stats.front().loss * mb, stats.back().loss * mb});
-    r->timed_steps = static_cast<int64_t>(stats.size() - first);
-    r->allreduce_bytes = stats.back().sync.bytes;
-    const double per_micro = static_cast<double>(sharding_.globalBatch() / spec_.grad_accum);
-    for (const auto& rank : all) {
-      r->step_seconds = std::max(r->step_seconds, rank[0]);
-      r->compute_seconds.push_back(rank[1]);
-      r->comm_seconds += rank[2] / world_;
-      r->exposed_seconds += rank[3] / world_;
-      r->first_loss += rank[4] / per_micro;
-      r->last_loss += rank[5] / per_micro;
-    }
-    r->tokens_per_second = r->step_seconds > 0 ? r->world_batch_tokens / r->step_seconds : 0;
-  }
-
   std::string microBatchText() const {
     std::vector<std::string> parts;
     for (int b : sharding_.micro_batch) parts.push_back(std::to_string(b));
@@ -507,6 +382,7 @@ class RankTrainer {
   int rank_, world_;
   Communicator comm_;
   Control control_;
+  std::string out_dir_;
   std::vector<Communicator::Rule> rules_;
   std::shared_ptr<Model> model_;
   ModelShape shape_;
@@ -516,8 +392,7 @@ class RankTrainer {
   std::vector<std::string> names_;
   std::vector<at::Tensor> params_;
   std::unique_ptr<Optimizer> optimizer_;
-  std::string metrics_path_;
-  std::ofstream metrics_;
+  LrSchedule lr_;
 };
 
 }  // namespace

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <iosfwd>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,16 +61,6 @@ Result run(const PluginLoader& loader, const config::Experiment& e, const std::s
 Result runRank(const PluginLoader& loader, const config::Experiment& e,
                std::shared_ptr<Backend> backend, const Topology& topology,
                const std::string& out_dir);
-
-// A Result as JSON, for rank 0's worker to hand to the launcher (written atomically).
-void saveResult(const std::string& path, const Result& result);
-Result loadResult(const std::string& path);
-
-// The summary: one row per run (speed-up and efficiency against the 1-rank run of a matrix),
-// then per run the straggler line, the all-reduce against its prediction, the weight-sync
-// verdict and the time to each token budget.
-void printSummary(std::ostream& out, const std::vector<Result>& results);
-void writeSummaryJson(const std::string& path, const std::vector<Result>& results);
 
 // The table runtime/run.h drives a file of train experiments with.
 std::unique_ptr<ExperimentKind> makeKind();

@@ -53,12 +53,6 @@ std::string join(const std::vector<std::string>& items, const std::string& separ
   return out;
 }
 
-std::string format(const char* spec, double value) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof(buffer), spec, value);
-  return buffer;
-}
-
 std::string withCommas(int64_t value) {
   std::string digits = std::to_string(value < 0 ? -value : value), out;
   for (size_t i = 0; i < digits.size(); ++i) {

@@ -14,8 +14,6 @@ std::string closestMatch(const std::string& word, const std::vector<std::string>
 std::string didYouMean(const std::string& word, const std::vector<std::string>& candidates);
 std::string trim(const std::string& text);
 std::string join(const std::vector<std::string>& items, const std::string& separator);
-// printf-style formatting of one value: format("%.3g", 0.00012) == "0.00012".
-std::string format(const char* spec, double value);
 // "1,234,567": an integer with thousands separators.
 std::string withCommas(int64_t value);
 

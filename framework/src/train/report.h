@@ -1,0 +1,64 @@
+// What training reports: one JSON line per step and rank, the progress line, each rank's
+// means over the timed steps and their combination into a Result, the summary table, and
+// the JSON that carries a Result between processes. Free of LibTorch headers.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "train/step.h"
+#include "train/trainer.h"
+
+namespace collie::train {
+
+// DIR/rank-R.jsonl: step, rank, the times of StepStats, samples, tokens, tokens/s, loss, lr,
+// grad norm and every collective's provenance. A resumed run appends.
+class StepLog {
+ public:
+  StepLog(const std::string& out_dir, int rank, bool append);  // throws ConfigError
+  // `step`: the 0-based index of the step; `samples`, `tokens`: this rank's in the step.
+  void write(int64_t step, int64_t samples, int64_t tokens, const StepStats& stats);
+
+ private:
+  int rank_;
+  std::string path_;
+  std::ofstream out_;
+};
+
+// "step 25/150  loss 2.2894  lr 2.93e-03  8,349 tok/s  step 0.245 s (comm 0.015, exposed
+// 0.005)  ETA 28 s": `step` is 1-based, `loss` the job's mean, `world_tokens` the job's
+// tokens per step, `seconds_per_step` the mean so far.
+std::string progressLine(int64_t step, int64_t steps, double loss, const StepStats& last,
+                         double world_tokens, double seconds_per_step);
+
+// One rank's means over the timed steps (every step but the first, which pays for
+// allocation; the one step when there is only one), as the control plane carries them.
+struct RankSummary {
+  double step = 0, compute = 0, comm = 0, exposed = 0;
+  double first_loss_sum = 0, last_loss_sum = 0;  // loss x this rank's samples per micro-batch
+  int64_t timed_steps = 0;
+
+  std::vector<double> pack() const;
+  static RankSummary unpack(const std::vector<double>& values);
+};
+RankSummary summariseSteps(const std::vector<StepStats>& stats, int samples_per_micro_batch);
+
+// Fills the timing and loss fields of `r` from every rank's summary (in rank order):
+// step time of the slowest rank, compute per rank, communication as the mean over ranks,
+// losses as the job's mean over `world_micro_batch` samples.
+void combineRanks(const std::vector<RankSummary>& ranks, int64_t world_micro_batch, Result* r);
+
+// The summary: one row per run (speed-up and efficiency against the 1-rank run of a matrix),
+// then per run the straggler line, the all-reduce against its prediction, the weight-sync
+// verdict and the time to each token budget.
+void printSummary(std::ostream& out, const std::vector<Result>& results);
+void writeSummaryJson(const std::string& path, const std::vector<Result>& results);
+
+// A Result as JSON, for rank 0's worker to hand to the launcher (written atomically).
+void saveResult(const std::string& path, const Result& result);
+Result loadResult(const std::string& path);
+
+}  // namespace collie::train

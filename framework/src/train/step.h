@@ -1,0 +1,28 @@
+// What one training step cost on one rank: the figures the reducer, the trainer and the
+// step log share. Free of LibTorch headers.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/communicator.h"
+
+namespace collie::train {
+
+// What the last step's gradient synchronisation cost.
+struct SyncTiming {
+  double comm_seconds = 0;     // sum of the buckets' all-reduce times
+  double exposed_seconds = 0;  // how long the step waited for them after backward
+  uint64_t bytes = 0;          // gradient bytes all-reduced
+  std::vector<Provenance> collectives;
+};
+
+// One step on one rank.
+struct StepStats {
+  double step = 0, forward = 0, backward = 0, optimizer = 0;  // seconds
+  double loss = 0;  // mean over this rank's samples of the step
+  double lr = 0, grad_norm = 0;
+  SyncTiming sync;
+};
+
+}  // namespace collie::train
