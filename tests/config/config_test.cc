@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
 
 #include "collie/error.h"
 #include "config/experiment.h"
+#include "config/schema.h"
 #include "run_command.h"
 
 namespace collie::config {
@@ -249,6 +251,156 @@ TEST(ConfigFiles, DirectoryMissingAndUnreadable) {
     FAIL();
   } catch (const ConfigError& e) {
     expectContains(e.what(), {"/proc/self/mem", "cannot read config"});
+  }
+}
+
+}  // namespace
+}  // namespace collie::config
+
+namespace collie::config {
+namespace {
+
+// Every key of the experiment schema, dotted, with its schema entry.
+void schemaKeys(const Schema& map, const std::string& prefix,
+                std::vector<std::pair<std::string, const Schema*>>* keys) {
+  for (const auto& [name, field] : map.fields()) {
+    const std::string key = prefix.empty() ? name : prefix + "." + name;
+    if (field.type() == Schema::Type::kMap) {
+      schemaKeys(field, key, keys);
+    } else {
+      keys->push_back({key, &field});
+    }
+  }
+}
+
+std::vector<std::string> splitCells(const std::string& row) {
+  std::vector<std::string> cells;
+  std::string cell;
+  for (size_t i = 1; i < row.size(); ++i) {
+    if (row[i] == '|') {
+      size_t a = cell.find_first_not_of(' '), b = cell.find_last_not_of(' ');
+      cells.push_back(a == std::string::npos ? "" : cell.substr(a, b - a + 1));
+      cell.clear();
+    } else {
+      cell += row[i];
+    }
+  }
+  return cells;
+}
+
+std::vector<std::string> splitList(const std::string& text) {
+  std::vector<std::string> items;
+  size_t start = 0;
+  while (start <= text.size() && !text.empty()) {
+    size_t comma = text.find(", ", start);
+    items.push_back(
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 2;
+  }
+  return items;
+}
+
+// docs/config.md: every row of its key tables whose first cell names keys in backticks
+// ("`a`" or "`a`, `b`"), with the default cell ("x" or "x, y", one per key).
+std::map<std::string, std::string> documentedDefaults() {
+  std::ifstream in(COLLIE_TEST_SOURCE_DIR "/docs/config.md");
+  EXPECT_TRUE(in.is_open());
+  std::map<std::string, std::string> documented;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("| `", 0) != 0) continue;
+    auto cells = splitCells(line);
+    if (cells.size() < 4) continue;
+    std::vector<std::string> keys;
+    for (const auto& k : splitList(cells[0])) {
+      EXPECT_TRUE(k.size() > 2 && k.front() == '`' && k.back() == '`') << line;
+      keys.push_back(k.substr(1, k.size() - 2));
+    }
+    std::vector<std::string> defaults = splitList(cells[2]);
+    if (defaults.empty() || defaults.front().rfind("(", 0) == 0 ||
+        defaults.front() == "**required**")
+      defaults.assign(keys.size(), cells[2]);  // one text for every key of the row
+    EXPECT_EQ(defaults.size(), keys.size()) << "one default per key: " << line;
+    for (size_t i = 0; i < keys.size() && i < defaults.size(); ++i) {
+      EXPECT_TRUE(documented.emplace(keys[i], defaults[i]).second) << "listed twice: " << keys[i];
+    }
+  }
+  return documented;
+}
+
+TEST(ConfigSchema, EveryKeyButFreeTextIsBoundToTheStruct) {
+  std::vector<std::pair<std::string, const Schema*>> keys;
+  schemaKeys(experimentSchema(), "", &keys);
+  for (const auto& [key, schema] : keys) {
+    if (key == "description") continue;  // free text, read by people only
+    EXPECT_TRUE(schema->isBound()) << key << " is validated but never reaches config::Experiment";
+  }
+}
+
+TEST(ConfigSchema, FillWritesDefaultsAndTheValuesOfTheFile) {
+  auto runs = loadExperiments(writeTempFile("fill.yaml", R"(backend: loopback
+launch: {nproc_per_node: 2, rendezvous_timeout: 2m, node_labels: [a, b]}
+model: mlp
+train:
+  micro_batch: [3, 5]
+  optimizer: sgd
+  lr_schedule: constant
+  bucket_bytes: 1MiB
+  on_divergence: warn
+  token_budgets: [1e6]
+)"),
+                              {"train.precision=bf16"});
+  ASSERT_EQ(runs.size(), 1u);
+  const Experiment& e = runs.front();
+  EXPECT_EQ(e.kind, Experiment::Kind::kTrain);
+  EXPECT_EQ(e.name, "fill");
+  EXPECT_EQ(e.nproc_per_node, 2);
+  EXPECT_EQ(e.rendezvous_timeout, std::chrono::minutes(2));
+  EXPECT_TRUE(e.explicit_topology);
+  EXPECT_EQ(e.topology.nodeCount(), 2);
+  EXPECT_EQ(e.master_addr, "127.0.0.1");  // a default
+  EXPECT_EQ(e.train.micro_batch, (std::vector<int>{3, 5}));
+  EXPECT_FALSE(e.train.auto_micro_batch);
+  EXPECT_TRUE(e.train.sgd);
+  EXPECT_FALSE(e.train.cosine);
+  EXPECT_TRUE(e.train.bf16);  // from --set
+  EXPECT_EQ(e.train.bucket_bytes, 1u << 20);
+  EXPECT_FALSE(e.train.fail_on_divergence);
+  EXPECT_EQ(e.train.token_budgets, (std::vector<double>{1e6}));
+  EXPECT_EQ(e.train.scheduler.plugin, "ring");  // a default plugin slot
+  EXPECT_EQ(e.train.steps, 100);
+  EXPECT_DOUBLE_EQ(e.train.beta2, 0.95);
+  EXPECT_EQ(e.data.seed, 1234u);  // data: left out, its defaults still apply
+  EXPECT_EQ(e.data.source, DataSpec::Source::kSynthetic);
+  EXPECT_EQ(e.output_dir, "runs");
+}
+
+TEST(ConfigDocs, ListExactlyTheSchemaKeysWithTheirDefaults) {
+  std::vector<std::pair<std::string, const Schema*>> keys;
+  schemaKeys(experimentSchema(), "", &keys);
+  ASSERT_GT(keys.size(), 50u);
+  auto documented = documentedDefaults();
+  documented.erase("matrix");  // not a schema key: expanded before validation
+  for (const auto& [key, schema] : keys) {
+    auto it = documented.find(key);
+    if (it == documented.end()) {
+      ADD_FAILURE() << "docs/config.md does not list " << key;
+      continue;
+    }
+    const std::string& doc = it->second;
+    if (schema->isRequired()) {
+      EXPECT_EQ(doc, "**required**") << key;
+    } else if (!schema->defaultValue().empty()) {
+      EXPECT_EQ(doc, schema->defaultValue()) << key << ": docs/config.md gives another default";
+    } else {
+      EXPECT_TRUE(doc.empty() || doc.front() == '(')
+          << key << " has no default in the schema; the docs may only describe one, in "
+          << "parentheses, found '" << doc << "'";
+    }
+    documented.erase(it);
+  }
+  for (const auto& [key, doc] : documented) {
+    ADD_FAILURE() << "docs/config.md lists " << key << ", which the schema does not have";
   }
 }
 

@@ -169,105 +169,24 @@ PluginRef pluginRef(const YAML::Node& node, const std::string& file, const std::
   return ref;
 }
 
-uint64_t bytesOf(const YAML::Node& node) {
-  uint64_t v = 0;
-  parseBytes(node.Scalar(), &v);
-  return v;
+// micro_batch: one size for every rank, a list with one per rank, or the word auto.
+void setMicroBatch(TrainSpec& t, const YAML::Node& node, const std::string&) {
+  t.auto_micro_batch = node.IsScalar();  // the word auto (a single size is a list of one)
+  t.micro_batch = t.auto_micro_batch ? std::vector<int>() : node.as<std::vector<int>>();
 }
 
-void typedBench(const YAML::Node& bench, const std::string& file, BenchSpec* spec) {
-  BenchSpec& b = *spec;
-  parseCollective(bench["collective"].Scalar(), &b.collective);
-  for (const auto& s : bench["schedulers"]) b.schedulers.push_back(pluginRef(s, file, "scheduler"));
-  parseDType(bench["dtype"].Scalar(), &b.dtype);
-  parseReduceOp(bench["op"].Scalar(), &b.op);
-  b.root = bench["root"].as<int>();
-  b.min_bytes = bytesOf(bench["min_bytes"]);
-  b.max_bytes = bytesOf(bench["max_bytes"]);
-  b.step_factor = bench["step_factor"].as<int>();
-  b.warmup_iters = bench["warmup_iters"].as<int>();
-  b.iters = bench["iters"].as<int>();
-  b.check = bench["check"].as<bool>();
-  b.calibrate = bench["calibrate"].as<bool>();
-  b.plots = bench["plots"].as<bool>();
-  if (bench["emit_rules"]) b.emit_rules = bench["emit_rules"].Scalar();
-}
-
-void typedData(const YAML::Node& data, DataSpec* d) {
-  const std::string source = data["source"].Scalar();
-  d->source = source == "tokens" ? DataSpec::Source::kTokens
-              : source == "text" ? DataSpec::Source::kText
-                                 : DataSpec::Source::kSynthetic;
-  if (data["path"]) d->path = data["path"].Scalar();
-  d->seed = data["seed"].as<uint64_t>();
-}
-
-void typedTrain(const YAML::Node& train, const std::string& file, TrainSpec* t) {
-  t->scheduler = pluginRef(train["scheduler"], file, "scheduler");
-  t->steps = train["steps"].as<int>();
-  t->auto_micro_batch = train["micro_batch"].IsScalar();  // the word auto
-  if (!t->auto_micro_batch) t->micro_batch = train["micro_batch"].as<std::vector<int>>();
-  t->global_batch = train["global_batch"].as<int>();
-  t->grad_accum = train["grad_accum"].as<int>();
-  t->tokens_weighting = train["grad_weighting"].Scalar() == "tokens";
-  t->sgd = train["optimizer"].Scalar() == "sgd";
-  t->lr = train["lr"].as<double>();
-  t->min_lr = train["min_lr"].as<double>();
-  t->cosine = train["lr_schedule"].Scalar() == "cosine";
-  t->warmup_steps = train["warmup_steps"].as<int>();
-  t->linear_scaling_batch = train["linear_scaling_batch"].as<int>();
-  t->weight_decay = train["weight_decay"].as<double>();
-  t->beta1 = train["beta1"].as<double>();
-  t->beta2 = train["beta2"].as<double>();
-  t->momentum = train["momentum"].as<double>();
-  t->grad_clip = train["grad_clip"].as<double>();
-  t->bf16 = train["precision"].Scalar() == "bf16";
-  t->grad_checkpointing = train["grad_checkpointing"].as<bool>();
-  t->bucket_bytes = bytesOf(train["bucket_bytes"]);
-  t->overlap = train["overlap"].as<bool>();
-  t->verify_sync_every = train["verify_sync_every"].as<int>();
-  t->fail_on_divergence = train["on_divergence"].Scalar() == "fail";
-  t->seed = train["seed"].as<uint64_t>();
-  t->log_every = train["log_every"].as<int>();
-  if (train["checkpoint_dir"]) t->checkpoint_dir = train["checkpoint_dir"].Scalar();
-  t->checkpoint_every = train["checkpoint_every"].as<int>();
-  t->checkpoint_keep = train["checkpoint_keep"].as<int>();
-  t->resume = train["resume"].as<bool>();
-  t->peak_flops = train["peak_flops"].as<double>();
-  if (train["token_budgets"]) t->token_budgets = train["token_budgets"].as<std::vector<double>>();
-}
-
-Experiment typed(const YAML::Node& root, const std::string& file) {
-  Experiment e;
-  e.file = file;
-  e.resolved = root;
-  e.name = root["name"] ? root["name"].Scalar() : std::filesystem::path(file).stem().string();
-  parseLogLevel(root["log_level"].Scalar(), &e.log_level);
-  e.nproc_per_node = root["launch"]["nproc_per_node"].as<int>();
-  e.threads_per_rank = root["launch"]["threads_per_rank"].as<int>();
-  std::vector<std::string> labels(e.nproc_per_node, "node0");
-  const int per_node = root["launch"]["ranks_per_node"].as<int>();
-  for (int r = 0; per_node > 0 && r < e.nproc_per_node; ++r)
-    labels[r] = "node" + std::to_string(r / per_node);
-  if (root["launch"]["node_labels"])
-    labels = root["launch"]["node_labels"].as<std::vector<std::string>>();
-  e.topology = Topology::fromLabels(labels);
-  e.explicit_topology = per_node > 0 || root["launch"]["node_labels"];
-  e.cpu_affinity = root["launch"]["cpu_affinity"].as<bool>();
-  e.master_addr = root["launch"]["master_addr"].Scalar();
-  e.master_port = root["launch"]["master_port"].as<int>();
-  parseDuration(root["launch"]["rendezvous_timeout"].Scalar(), &e.rendezvous_timeout);
-  e.max_restarts = root["launch"]["max_restarts"].as<int>();
-  e.backend = pluginRef(root["backend"], file, "backend");
-  if (root["bench"]) typedBench(root["bench"], file, &e.bench);
-  if (root["train"]) {
-    e.kind = Experiment::Kind::kTrain;
-    typedTrain(root["train"], file, &e.train);
-  }
-  if (root["model"]) e.model = pluginRef(root["model"], file, "model");
-  if (root["data"]) typedData(root["data"], &e.data);
-  e.output_dir = root["output"]["dir"].Scalar();
-  return e;
+// The values that follow from several keys, once fill() has written the bound ones.
+void derive(const YAML::Node& root, const std::string& file, Experiment* e) {
+  e->file = file;
+  e->resolved = root;
+  if (e->name.empty()) e->name = std::filesystem::path(file).stem().string();
+  e->kind = root["train"] ? Experiment::Kind::kTrain : Experiment::Kind::kBench;
+  std::vector<std::string> labels(e->nproc_per_node, "node0");
+  for (int r = 0; e->ranks_per_node > 0 && r < e->nproc_per_node; ++r)
+    labels[r] = "node" + std::to_string(r / e->ranks_per_node);
+  if (!e->node_labels.empty()) labels = e->node_labels;
+  e->topology = Topology::fromLabels(labels);
+  e->explicit_topology = e->ranks_per_node > 0 || !e->node_labels.empty();
 }
 
 void checkTrain(const Experiment& e, std::vector<Issue>* issues) {
@@ -440,7 +359,9 @@ std::vector<Experiment> loadExperiments(const std::string& path,
     std::string label = detail::join(labels, ", ");
     std::vector<Issue> issues = validate(point, experimentSchema(), path, overrides);
     if (issues.empty()) {
-      Experiment e = typed(point, path);
+      Experiment e;
+      experimentSchema().fill(point, &e, path);
+      derive(point, path, &e);
       e.matrix_point = label;
       checkConsistency(e, &issues);
       if (issues.empty()) runs.push_back(std::move(e));
@@ -481,6 +402,258 @@ void checkFixedWorld(const std::vector<Experiment>& runs, const std::string& sou
     logWarn(fmt::format("launch.nproc_per_node is {} but {} started {} ranks; using {}", nproc,
                         source, world, world));
   }
+}
+
+const Schema& experimentSchema() {
+  using S = Schema;
+  auto plugin = [](PluginRef Experiment::*slot, const char* kind) {
+    return [slot, kind](Experiment& e, const YAML::Node& node, const std::string& file) {
+      e.*slot = pluginRef(node, file, kind);
+    };
+  };
+  static const Schema schema = S::map({
+      {"name", S::string().into(&Experiment::name).doc("experiment name (default: the file name)")},
+      {"description", S::string().doc("free text")},
+      {"log_level",
+       S::oneOf({"trace", "debug", "info", "warn", "error", "off"})
+           .byDefault("info")
+           .into(&Experiment::log_level, {LogLevel::kTrace, LogLevel::kDebug, LogLevel::kInfo,
+                                          LogLevel::kWarn, LogLevel::kError, LogLevel::kOff})},
+      {"launch",
+       S::map({
+           {"nproc_per_node", S::integer(1, 1024)
+                                  .byDefault("1")
+                                  .into(&Experiment::nproc_per_node)
+                                  .doc("ranks on this node")},
+           {"threads_per_rank", S::integer(1, 1024)
+                                    .byDefault("1")
+                                    .into(&Experiment::threads_per_rank)
+                                    .doc("intra-op CPU threads per rank")},
+           {"ranks_per_node", S::integer(0, 1024)
+                                  .byDefault("0")
+                                  .into(&Experiment::ranks_per_node)
+                                  .doc("emulate nodes of this many ranks (0: one node)")},
+           {"node_labels", S::list(S::string())
+                               .into(&Experiment::node_labels)
+                               .doc("a node label per rank (emulated nodes)")},
+           {"cpu_affinity", S::boolean()
+                                .byDefault("false")
+                                .into(&Experiment::cpu_affinity)
+                                .doc("bind each rank to threads_per_rank CPUs of its own")},
+           {"master_addr",
+            S::string()
+                .byDefault("127.0.0.1")
+                .into(&Experiment::master_addr)
+                .doc("where rank 0's rendezvous store is reached (collie's launcher)")},
+           {"master_port", S::integer(0, 65535)
+                               .byDefault("0")
+                               .into(&Experiment::master_port)
+                               .doc("its port (0: a free one)")},
+           {"rendezvous_timeout", S::duration()
+                                      .byDefault("60s")
+                                      .into(&Experiment::rendezvous_timeout)
+                                      .doc("how long ranks wait for each other to arrive")},
+           {"max_restarts", S::integer(0, 1000)
+                                .byDefault("0")
+                                .into(&Experiment::max_restarts)
+                                .doc("restart every worker after a failure, this many times (a "
+                                     "training run resumes from its newest checkpoint)")},
+       })},
+      {"backend", S::pluginRef()
+                      .required()
+                      .into<Experiment>(plugin(&Experiment::backend, "backend"))
+                      .doc("the transport between ranks")},
+      {"bench",
+       S::map(
+           {
+               {"collective", S::oneOf({"allreduce", "reduce_scatter", "allgather", "broadcast"})
+                                  .byDefault("allreduce")
+                                  .into(&BenchSpec::collective,
+                                        {Collective::kAllReduce, Collective::kReduceScatter,
+                                         Collective::kAllGather, Collective::kBroadcast})},
+               {"schedulers", S::list(S::pluginRef(), 1)
+                                  .required()
+                                  .into<BenchSpec>([](BenchSpec& b, const YAML::Node& node,
+                                                      const std::string& file) {
+                                    for (const auto& s : node)
+                                      b.schedulers.push_back(pluginRef(s, file, "scheduler"));
+                                  })},
+               {"dtype", S::oneOf({"f32", "f64", "f16", "bf16", "i32", "i64"})
+                             .byDefault("f32")
+                             .into(&BenchSpec::dtype, {DType::kF32, DType::kF64, DType::kF16,
+                                                       DType::kBF16, DType::kI32, DType::kI64})},
+               {"op", S::oneOf({"sum", "avg", "min", "max", "prod"})
+                          .byDefault("sum")
+                          .into(&BenchSpec::op, {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin,
+                                                 ReduceOp::kMax, ReduceOp::kProd})},
+               {"root",
+                S::integer(0, 1 << 20).byDefault("0").into(&BenchSpec::root).doc("broadcast root")},
+               {"min_bytes", S::bytes(0, 1ull << 36).byDefault("4KiB").into(&BenchSpec::min_bytes)},
+               {"max_bytes",
+                S::bytes(0, 1ull << 36).byDefault("64MiB").into(&BenchSpec::max_bytes)},
+               {"step_factor", S::integer(2, 1024).byDefault("2").into(&BenchSpec::step_factor)},
+               {"warmup_iters",
+                S::integer(0, 100000).byDefault("5").into(&BenchSpec::warmup_iters)},
+               {"iters", S::integer(1, 1000000).byDefault("20").into(&BenchSpec::iters)},
+               {"check", S::boolean()
+                             .byDefault("true")
+                             .into(&BenchSpec::check)
+                             .doc("count wrong elements (#wrong)")},
+               {"calibrate", S::boolean()
+                                 .byDefault("true")
+                                 .into(&BenchSpec::calibrate)
+                                 .doc("fit the cost model, print predictions")},
+               {"plots", S::boolean()
+                             .byDefault("true")
+                             .into(&BenchSpec::plots)
+                             .doc("busbw/time plots with gnuplot")},
+               {"emit_rules", S::string()
+                                  .into(&BenchSpec::emit_rules)
+                                  .doc("write the best scheduler per size range (for auto)")},
+           })
+           .optionalSection()
+           .section(&Experiment::bench)},
+      {"model", S::pluginRef()
+                    .into<Experiment>(plugin(&Experiment::model, "model"))
+                    .doc("the model a train: experiment trains")},
+      {"data", S::map({
+                          {"source", S::oneOf({"synthetic", "tokens", "text"})
+                                         .byDefault("synthetic")
+                                         .into(&DataSpec::source, {DataSpec::Source::kSynthetic,
+                                                                   DataSpec::Source::kTokens,
+                                                                   DataSpec::Source::kText})},
+                          {"path", S::string()
+                                       .into(&DataSpec::path)
+                                       .doc("the token file (tokens) or text file (text)")},
+                          {"seed", S::integer(0, int64_t{1} << 62)
+                                       .byDefault("1234")
+                                       .into(&DataSpec::seed)
+                                       .doc("sample order, and synthetic tokens")},
+                      })
+                   .optionalSection()
+                   .section(&Experiment::data)},
+      {"train",
+       S::map(
+           {
+               {"scheduler",
+                S::pluginRef()
+                    .byDefault("ring")
+                    .into<TrainSpec>(
+                        [](TrainSpec& t, const YAML::Node& node, const std::string& file) {
+                          t.scheduler = pluginRef(node, file, "scheduler");
+                        })
+                    .doc("gradient all-reduce")},
+               {"steps", S::integer(1, 100000000).byDefault("100").into(&TrainSpec::steps)},
+               {"micro_batch", S::list(S::integer(1, 1 << 20), 1)
+                                   .orWord("auto")
+                                   .byDefault("[8]")
+                                   .into<TrainSpec>(setMicroBatch)
+                                   .doc("samples per micro-batch: one for every rank, a list "
+                                        "with one per rank, or auto (split global_batch by "
+                                        "measured speed)")},
+               {"global_batch",
+                S::integer(0, 1 << 30)
+                    .byDefault("0")
+                    .into(&TrainSpec::global_batch)
+                    .doc("with micro_batch: auto, the samples of one micro-batch over all ranks")},
+               {"grad_accum", S::integer(1, 1 << 16)
+                                  .byDefault("1")
+                                  .into(&TrainSpec::grad_accum)
+                                  .doc("micro-batches per step (communication after the last)")},
+               {"grad_weighting", S::oneOf({"tokens", "uniform"})
+                                      .byDefault("tokens")
+                                      .into(&TrainSpec::tokens_weighting, {true, false})},
+               {"optimizer",
+                S::oneOf({"adamw", "sgd"}).byDefault("adamw").into(&TrainSpec::sgd, {false, true})},
+               {"lr", S::number(0, 1e3).byDefault("3e-4").into(&TrainSpec::lr)},
+               {"min_lr", S::number(0, 1e3)
+                              .byDefault("0")
+                              .into(&TrainSpec::min_lr)
+                              .doc("the cosine schedule's floor")},
+               {"lr_schedule", S::oneOf({"cosine", "constant"})
+                                   .byDefault("cosine")
+                                   .into(&TrainSpec::cosine, {true, false})},
+               {"warmup_steps",
+                S::integer(0, 100000000).byDefault("0").into(&TrainSpec::warmup_steps)},
+               {"linear_scaling_batch",
+                S::integer(0, 1 << 30)
+                    .byDefault("0")
+                    .into(&TrainSpec::linear_scaling_batch)
+                    .doc("linear scaling rule: lr x world batch / this many samples (0: off)")},
+               {"weight_decay", S::number(0, 10).byDefault("0.1").into(&TrainSpec::weight_decay)},
+               {"beta1", S::number(0, 1).byDefault("0.9").into(&TrainSpec::beta1)},
+               {"beta2", S::number(0, 1).byDefault("0.95").into(&TrainSpec::beta2)},
+               {"momentum", S::number(0, 1).byDefault("0.9").into(&TrainSpec::momentum).doc("sgd")},
+               {"grad_clip",
+                S::number(0, 1e9)
+                    .byDefault("1.0")
+                    .into(&TrainSpec::grad_clip)
+                    .doc("max global norm (0: off)")},
+               {"precision",
+                S::oneOf({"fp32", "bf16"}).byDefault("fp32").into(&TrainSpec::bf16, {false, true})},
+               {"grad_checkpointing",
+                S::boolean().byDefault("false").into(&TrainSpec::grad_checkpointing)},
+               {"bucket_bytes",
+                S::bytes(1, 1ull << 40).byDefault("25MB").into(&TrainSpec::bucket_bytes)},
+               {"overlap",
+                S::boolean()
+                    .byDefault("true")
+                    .into(&TrainSpec::overlap)
+                    .doc("all-reduce each bucket during backward, on a communication thread")},
+               {"verify_sync_every",
+                S::integer(0, 100000000)
+                    .byDefault("0")
+                    .into(&TrainSpec::verify_sync_every)
+                    .doc("compare every parameter across ranks every N steps (0: at the end "
+                         "only)")},
+               {"on_divergence", S::oneOf({"fail", "warn"})
+                                     .byDefault("fail")
+                                     .into(&TrainSpec::fail_on_divergence, {true, false})},
+               {"seed", S::integer(0, int64_t{1} << 62)
+                            .byDefault("1234")
+                            .into(&TrainSpec::seed)
+                            .doc("initial weights")},
+               {"log_every", S::integer(1, 100000000)
+                                 .byDefault("10")
+                                 .into(&TrainSpec::log_every)
+                                 .doc("progress lines")},
+               {"peak_flops",
+                S::number(0, 1e18)
+                    .byDefault("0")
+                    .into(&TrainSpec::peak_flops)
+                    .doc("peak FLOP/s of one rank's device, for MFU (0: unknown)")},
+               {"checkpoint_dir", S::string()
+                                      .into(&TrainSpec::checkpoint_dir)
+                                      .doc("write checkpoints here (and resume from the newest)")},
+               {"checkpoint_every",
+                S::integer(0, 100000000)
+                    .byDefault("0")
+                    .into(&TrainSpec::checkpoint_every)
+                    .doc("steps between checkpoints (0: only after the last step)")},
+               {"checkpoint_keep", S::integer(1, 1000000)
+                                       .byDefault("2")
+                                       .into(&TrainSpec::checkpoint_keep)
+                                       .doc("newest checkpoints kept in checkpoint_dir")},
+               {"resume", S::boolean()
+                              .byDefault("true")
+                              .into(&TrainSpec::resume)
+                              .doc("continue from the newest checkpoint in checkpoint_dir")},
+               {"token_budgets",
+                S::list(S::number(1, 1e18))
+                    .into(&TrainSpec::token_budgets)
+                    .doc("token counts to project the time to (besides 20 x params)")},
+           })
+           .optionalSection()
+           .section(&Experiment::train)},
+      {"output", S::map({
+                     {"dir",
+                      S::string()
+                          .byDefault("runs")
+                          .into(&Experiment::output_dir)
+                          .doc("results go to DIR/NAME-TIMESTAMP")},
+                 })},
+  });
+  return schema;
 }
 
 }  // namespace collie::config

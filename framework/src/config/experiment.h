@@ -35,58 +35,61 @@ struct PluginRef::SizeRule {
   PluginRef scheduler;
 };
 
+// The typed view of a validated file. Every field a key of the file sets is written by
+// experimentSchema()'s bindings (experiment.cc), which hold the defaults; the zeros below are
+// only what a default-constructed struct holds before that.
 struct BenchSpec {
-  Collective collective = Collective::kAllReduce;
+  Collective collective{};
   std::vector<PluginRef> schedulers;
-  DType dtype = DType::kF32;
-  ReduceOp op = ReduceOp::kSum;
+  DType dtype{};
+  ReduceOp op{};
   int root = 0;
-  uint64_t min_bytes = 4096, max_bytes = 64 << 20;
-  int step_factor = 2;
-  int warmup_iters = 5, iters = 20;
-  bool check = true;
-  bool calibrate = true;   // fit the α-β-γ model first and print predictions
+  uint64_t min_bytes = 0, max_bytes = 0;
+  int step_factor = 0;
+  int warmup_iters = 0, iters = 0;
+  bool check = false;
+  bool calibrate = false;  // fit the α-β-γ model first and print predictions
   std::string emit_rules;  // write the measured best scheduler per size range here
-  bool plots = true;       // busbw and time plots (gnuplot) beside the CSV
+  bool plots = false;      // busbw and time plots (gnuplot) beside the CSV
 };
 
 // Where training samples come from (DESIGN §3): each rank's share is a deterministic
 // function of the seed, the step and the rank.
 struct DataSpec {
   enum class Source { kSynthetic, kTokens, kText };
-  Source source = Source::kSynthetic;
+  Source source{};
   std::string path;  // tokens: a flat uint16 file; text: any text file (bytes are tokens)
-  uint64_t seed = 1234;
+  uint64_t seed = 0;
 };
 
 // A synchronous data-parallel training run (DESIGN §5).
 struct TrainSpec {
   PluginRef scheduler;  // the gradient all-reduce (a plugin or rules)
-  int steps = 100;
+  int steps = 0;
   std::vector<int> micro_batch;   // one entry for every rank, or one per rank (empty: auto)
   bool auto_micro_batch = false;  // split global_batch by each rank's measured speed
   int global_batch = 0;           // samples of one micro-batch over all ranks (auto)
-  int grad_accum = 1;
-  bool tokens_weighting = true;  // false: uniform 1/world mean (plain DDP)
-  bool sgd = false;              // else AdamW
-  double lr = 3e-4, min_lr = 0;
-  bool cosine = true;
+  int grad_accum = 0;
+  bool tokens_weighting = false;  // false: uniform 1/world mean (plain DDP)
+  bool sgd = false;               // else AdamW
+  double lr = 0, min_lr = 0;
+  bool cosine = false;  // else constant after warmup
   int warmup_steps = 0;
   int linear_scaling_batch = 0;  // 0: off
-  double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, momentum = 0.9;
-  double grad_clip = 1.0;  // 0: off
+  double weight_decay = 0, beta1 = 0, beta2 = 0, momentum = 0;
+  double grad_clip = 0;  // 0: off
   bool bf16 = false;
   bool grad_checkpointing = false;
-  uint64_t bucket_bytes = 25000000;
-  bool overlap = true;
+  uint64_t bucket_bytes = 0;
+  bool overlap = false;
   int verify_sync_every = 0;  // 0: at the end only
-  bool fail_on_divergence = true;
-  uint64_t seed = 1234;
-  int log_every = 10;
+  bool fail_on_divergence = false;
+  uint64_t seed = 0;
+  int log_every = 0;
   std::string checkpoint_dir;  // "": no checkpoints
   int checkpoint_every = 0;    // 0: after the last step only
-  int checkpoint_keep = 2;
-  bool resume = true;
+  int checkpoint_keep = 0;
+  bool resume = false;
   std::vector<double> token_budgets;
   double peak_flops = 0;  // per rank, for MFU; 0: unknown
 
@@ -104,15 +107,17 @@ struct Experiment {
   std::string name;
   std::string matrix_point;  // "bench.dtype=bf16, launch.nproc_per_node=2", or ""
   YAML::Node resolved;       // defaults filled in, overrides applied: saved with results
-  LogLevel log_level = LogLevel::kInfo;
-  int nproc_per_node = 1;
-  int threads_per_rank = 1;
-  Topology topology;  // from launch.ranks_per_node or launch.node_labels; one node otherwise
+  LogLevel log_level{};
+  int nproc_per_node = 0;
+  int threads_per_rank = 0;
+  int ranks_per_node = 0;                // launch.ranks_per_node (0: one node)
+  std::vector<std::string> node_labels;  // launch.node_labels (empty: none)
+  Topology topology;                     // from ranks_per_node or node_labels; one node otherwise
   bool cpu_affinity = false;
   bool explicit_topology = false;  // labels or ranks_per_node given (else: host names)
-  std::string master_addr = "127.0.0.1";
+  std::string master_addr;
   int master_port = 0;  // 0: the launcher picks a free port
-  std::chrono::milliseconds rendezvous_timeout{60000};
+  std::chrono::milliseconds rendezvous_timeout{};
   int max_restarts = 0;  // collie's launcher restarts all workers after a failure
   PluginRef backend;
   BenchSpec bench;

@@ -360,145 +360,36 @@ std::vector<Issue> validate(YAML::Node& node, const Schema& schema, const std::s
   return validator.issues;
 }
 
-const Schema& experimentSchema() {
-  static const Schema schema = Schema::map({
-      {"name", Schema::string().doc("experiment name (default: the file name)")},
-      {"description", Schema::string().doc("free text")},
-      {"log_level",
-       Schema::oneOf({"trace", "debug", "info", "warn", "error", "off"}).byDefault("info")},
-      {"launch",
-       Schema::map({
-           {"nproc_per_node", Schema::integer(1, 1024).byDefault("1").doc("ranks on this node")},
-           {"threads_per_rank",
-            Schema::integer(1, 1024).byDefault("1").doc("intra-op CPU threads per rank")},
-           {"ranks_per_node", Schema::integer(0, 1024).byDefault("0").doc(
-                                  "emulate nodes of this many ranks (0: one node)")},
-           {"node_labels",
-            Schema::list(Schema::string()).doc("a node label per rank (emulated nodes)")},
-           {"cpu_affinity", Schema::boolean().byDefault("false").doc(
-                                "bind each rank to threads_per_rank CPUs of its own")},
-           {"master_addr",
-            Schema::string()
-                .byDefault("127.0.0.1")
-                .doc("where rank 0's rendezvous store is reached (collie's launcher)")},
-           {"master_port",
-            Schema::integer(0, 65535).byDefault("0").doc("its port (0: a free one)")},
-           {"rendezvous_timeout", Schema::duration().byDefault("60s").doc(
-                                      "how long ranks wait for each other to arrive")},
-           {"max_restarts", Schema::integer(0, 1000).byDefault("0").doc(
-                                "restart every worker after a failure, this many times (a "
-                                "training run resumes from its newest checkpoint)")},
-       })},
-      {"backend", Schema::pluginRef().required().doc("the transport between ranks")},
-      {"bench",
-       Schema::map(
-           {
-               {"collective",
-                Schema::oneOf({"allreduce", "reduce_scatter", "allgather", "broadcast"})
-                    .byDefault("allreduce")},
-               {"schedulers", Schema::list(Schema::pluginRef(), 1).required()},
-               {"dtype",
-                Schema::oneOf({"f32", "f64", "f16", "bf16", "i32", "i64"}).byDefault("f32")},
-               {"op", Schema::oneOf({"sum", "avg", "min", "max", "prod"}).byDefault("sum")},
-               {"root", Schema::integer(0, 1 << 20).byDefault("0").doc("broadcast root")},
-               {"min_bytes", Schema::bytes(0, 1ull << 36).byDefault("4KiB")},
-               {"max_bytes", Schema::bytes(0, 1ull << 36).byDefault("64MiB")},
-               {"step_factor", Schema::integer(2, 1024).byDefault("2")},
-               {"warmup_iters", Schema::integer(0, 100000).byDefault("5")},
-               {"iters", Schema::integer(1, 1000000).byDefault("20")},
-               {"check", Schema::boolean().byDefault("true").doc("count wrong elements (#wrong)")},
-               {"calibrate",
-                Schema::boolean().byDefault("true").doc("fit the cost model, print predictions")},
-               {"plots", Schema::boolean().byDefault("true").doc("busbw/time plots with gnuplot")},
-               {"emit_rules",
-                Schema::string().doc("write the best scheduler per size range (for auto)")},
-           })
-           .optionalSection()},
-      {"model", Schema::pluginRef().doc("the model a train: experiment trains")},
-      {"data",
-       Schema::map(
-           {
-               {"source", Schema::oneOf({"synthetic", "tokens", "text"}).byDefault("synthetic")},
-               {"path", Schema::string().doc("the token file (tokens) or text file (text)")},
-               {"seed", Schema::integer(0, int64_t{1} << 62)
-                            .byDefault("1234")
-                            .doc("sample order, and "
-                                 "synthetic tokens")},
-           })
-           .optionalSection()},
-      {"train",
-       Schema::map(
-           {
-               {"scheduler", Schema::pluginRef().byDefault("ring").doc("gradient all-reduce")},
-               {"steps", Schema::integer(1, 100000000).byDefault("100")},
-               {"micro_batch", Schema::list(Schema::integer(1, 1 << 20), 1)
-                                   .orWord("auto")
-                                   .byDefault("[8]")
-                                   .doc("samples per micro-batch: one for every rank, a list "
-                                        "with one per rank, or auto (split global_batch by "
-                                        "measured speed)")},
-               {"global_batch",
-                Schema::integer(0, 1 << 30)
-                    .byDefault("0")
-                    .doc("with micro_batch: auto, the samples of one micro-batch over all ranks")},
-               {"grad_accum", Schema::integer(1, 1 << 16)
-                                  .byDefault("1")
-                                  .doc("micro-batches per step (communication after the last)")},
-               {"grad_weighting", Schema::oneOf({"tokens", "uniform"}).byDefault("tokens")},
-               {"optimizer", Schema::oneOf({"adamw", "sgd"}).byDefault("adamw")},
-               {"lr", Schema::number(0, 1e3).byDefault("3e-4")},
-               {"min_lr", Schema::number(0, 1e3).byDefault("0").doc("the cosine schedule's floor")},
-               {"lr_schedule", Schema::oneOf({"cosine", "constant"}).byDefault("cosine")},
-               {"warmup_steps", Schema::integer(0, 100000000).byDefault("0")},
-               {"linear_scaling_batch",
-                Schema::integer(0, 1 << 30)
-                    .byDefault("0")
-                    .doc("linear scaling rule: lr x world batch / this many samples (0: off)")},
-               {"weight_decay", Schema::number(0, 10).byDefault("0.1")},
-               {"beta1", Schema::number(0, 1).byDefault("0.9")},
-               {"beta2", Schema::number(0, 1).byDefault("0.95")},
-               {"momentum", Schema::number(0, 1).byDefault("0.9").doc("sgd")},
-               {"grad_clip",
-                Schema::number(0, 1e9).byDefault("1.0").doc("max global norm (0: off)")},
-               {"precision", Schema::oneOf({"fp32", "bf16"}).byDefault("fp32")},
-               {"grad_checkpointing", Schema::boolean().byDefault("false")},
-               {"bucket_bytes", Schema::bytes(1, 1ull << 40).byDefault("25MB")},
-               {"overlap",
-                Schema::boolean().byDefault("true").doc(
-                    "all-reduce each bucket during backward, on a communication thread")},
-               {"verify_sync_every",
-                Schema::integer(0, 100000000)
-                    .byDefault("0")
-                    .doc(
-                        "compare every parameter across ranks every N steps (0: at the end only)")},
-               {"on_divergence", Schema::oneOf({"fail", "warn"}).byDefault("fail")},
-               {"seed",
-                Schema::integer(0, int64_t{1} << 62).byDefault("1234").doc("initial weights")},
-               {"log_every", Schema::integer(1, 100000000).byDefault("10").doc("progress lines")},
-               {"peak_flops", Schema::number(0, 1e18).byDefault("0").doc(
-                                  "peak FLOP/s of one rank's device, for MFU (0: unknown)")},
-               {"checkpoint_dir",
-                Schema::string().doc("write checkpoints here (and resume from the newest)")},
-               {"checkpoint_every",
-                Schema::integer(0, 100000000)
-                    .byDefault("0")
-                    .doc("steps between checkpoints (0: only after the last step)")},
-               {"checkpoint_keep", Schema::integer(1, 1000000)
-                                       .byDefault("2")
-                                       .doc("newest checkpoints kept in checkpoint_dir")},
-               {"resume", Schema::boolean().byDefault("true").doc(
-                              "continue from the newest checkpoint in checkpoint_dir")},
-               {"token_budgets",
-                Schema::list(Schema::number(1, 1e18))
-                    .doc("token counts to project the time to (besides 20 x params)")},
-           })
-           .optionalSection()},
-      {"output",
-       Schema::map({
-           {"dir", Schema::string().byDefault("runs").doc("results go to DIR/NAME-TIMESTAMP")},
-       })},
-  });
-  return schema;
+uint64_t Schema::bytesOf(const YAML::Node& node) {
+  uint64_t v = 0;
+  parseBytes(node.Scalar(), &v);
+  return v;
+}
+
+std::chrono::milliseconds Schema::durationOf(const YAML::Node& node) {
+  std::chrono::milliseconds v{};
+  parseDuration(node.Scalar(), &v);
+  return v;
+}
+
+void Schema::fillAny(const YAML::Node& node, void* target, const std::string& file) const {
+  if (section_) target = section_(target);
+  if (set_) {
+    // The word of orWord() is for a custom setter to read; a plain binding skips it.
+    set_(target, node, file);
+    return;
+  }
+  if (type_ != Type::kMap) return;
+  for (const auto& [name, field] : fields_) {
+    YAML::Node value = node.IsMap() ? node[name] : YAML::Node();
+    if (value.IsDefined() && !value.IsNull()) {
+      field.fillAny(value, target, file);
+    } else if (field.type_ == Type::kMap) {  // a section left out: its defaults
+      YAML::Node defaults(YAML::NodeType::Map);
+      validate(defaults, field, file, {});
+      field.fillAny(defaults, target, file);
+    }
+  }
 }
 
 }  // namespace collie::config
