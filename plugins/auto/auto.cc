@@ -41,8 +41,8 @@ class AutoScheduler : public Scheduler {
     if (!rules_file.empty()) {
       rules_ = readRulesFile(rules_file).rules;
       for (const auto& r : rules_) {
-        if (std::find(names.begin(), names.end(), r.plugin) == names.end())
-          names.push_back(r.plugin);
+        if (std::find(names.begin(), names.end(), r.choice) == names.end())
+          names.push_back(r.choice);
       }
     }
     if (names.empty()) throw ConfigError("auto: params.candidates names no scheduler");
@@ -87,7 +87,8 @@ class AutoScheduler : public Scheduler {
                     std::string* reasons) const {
     const uint64_t bytes = std::max(args.data.bytes(), args.output.bytes());
     if (!rules_.empty()) {
-      Scheduler* ruled = find(pickRule(rules_, bytes));
+      const auto* rule = firstAdmitting(rules_, bytes);
+      Scheduler* ruled = rule ? find(rule->choice) : nullptr;
       if (ruled != nullptr && ruled->accepts(args, topology).accepted) return ruled;
     }
     const CostModel model = builtInModel();
@@ -108,7 +109,7 @@ class AutoScheduler : public Scheduler {
     return best;
   }
 
-  std::vector<SizeRule> rules_;
+  std::vector<SizeRule<std::string>> rules_;
   std::vector<std::pair<std::string, std::shared_ptr<Scheduler>>> candidates_;
 };
 

@@ -131,7 +131,7 @@ TEST(Config, SchedulerRulesLists) {
   EXPECT_EQ(mixed.label, "mixed");
   ASSERT_EQ(mixed.rules.size(), 2u);
   EXPECT_EQ(mixed.rules[0].max_bytes, 65536u);
-  EXPECT_EQ(mixed.rules[0].scheduler.plugin, "tree");
+  EXPECT_EQ(mixed.rules[0].choice.plugin, "tree");
   EXPECT_EQ(mixed.rules[1].max_bytes, 0u);
   std::string m = errorOf(kValid, {"bench.schedulers=[{plugin: ring, rules: [{plugin: tree}]}]"});
   expectContains(m, {"bench.schedulers[0]", "exactly one of 'plugin'"});

@@ -115,9 +115,12 @@ TEST(Rules, RoundTripAndLocatedErrors) {
   RulesFile back = readRulesFile(path);
   ASSERT_EQ(back.rules.size(), 2u);
   EXPECT_EQ(back.rules[0].max_bytes, 256u << 10);
-  EXPECT_EQ(back.rules[1].plugin, "ring");
-  EXPECT_EQ(pickRule(back.rules, 4096), "tree");
-  EXPECT_EQ(pickRule(back.rules, 1 << 30), "ring");
+  EXPECT_EQ(back.rules[1].choice, "ring");
+  EXPECT_EQ(firstAdmitting(back.rules, 4096)->choice, "tree");
+  EXPECT_EQ(firstAdmitting(back.rules, 1 << 30)->choice, "ring");
+  EXPECT_EQ(
+      firstAdmitting(back.rules, 4096, [](const auto& r) { return r.choice != "tree"; })->choice,
+      "ring");
   std::string bad =
       testing::writeTempFile("bad-rules.yaml", "rules:\n  - {max_bytes: huge, plugin: ring}\n");
   try {

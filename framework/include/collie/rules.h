@@ -8,24 +8,41 @@
 
 namespace collie {
 
+// A choice that applies to messages of up to max_bytes. Wherever collie selects by size (a
+// rules file for `auto`, a config's scheduler rules, the Communicator's rules) the first
+// rule that admits a message wins: firstAdmitting().
+template <typename T>
 struct SizeRule {
   uint64_t max_bytes = 0;  // 0: any size
-  std::string plugin;      // a scheduler name or path
+  T choice;
+
+  bool admits(uint64_t bytes) const { return max_bytes == 0 || bytes <= max_bytes; }
 };
+
+// The first of `rules` that admits `bytes` and for which accept(rule) holds, or null.
+template <typename T, typename Accept>
+const SizeRule<T>* firstAdmitting(const std::vector<SizeRule<T>>& rules, uint64_t bytes,
+                                  Accept&& accept) {
+  for (const auto& rule : rules) {
+    if (rule.admits(bytes) && accept(rule)) return &rule;
+  }
+  return nullptr;
+}
+template <typename T>
+const SizeRule<T>* firstAdmitting(const std::vector<SizeRule<T>>& rules, uint64_t bytes) {
+  return firstAdmitting(rules, bytes, [](const SizeRule<T>&) { return true; });
+}
 
 struct RulesFile {
   std::string collective = "allreduce";
   int world_size = 0;   // the group size the rules were measured on (0: unknown)
   std::string backend;  // the backend they were measured on
-  std::vector<SizeRule> rules;
+  std::vector<SizeRule<std::string>> rules;  // the choice: a scheduler name or path
 };
 
 // Reads a rules file. Throws ConfigError with file:line:col for anything malformed.
 RulesFile readRulesFile(const std::string& path);
 // Writes it (YAML, with a header comment naming where the rules came from).
 void writeRulesFile(const std::string& path, const RulesFile& rules, const std::string& comment);
-
-// The plugin of the first rule admitting `bytes`, or "" when none does.
-std::string pickRule(const std::vector<SizeRule>& rules, uint64_t bytes);
 
 }  // namespace collie

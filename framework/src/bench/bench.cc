@@ -135,7 +135,7 @@ class RankBench {
   // ConfigError naming why none can.
   Scheduler* choose(const Scheduled& s, const CollectiveArgs& args) const {
     std::string refusals;
-    if (const auto* rule = comm_.select(args, s.rules, &refusals)) return rule->scheduler.get();
+    if (const auto* rule = comm_.select(args, s.rules, &refusals)) return rule->choice.scheduler.get();
     throw ConfigError("bench.schedulers: '" + s.label + "' cannot run " +
                       collectiveName(args.coll) + " of " +
                       formatBytes(std::max(args.data.bytes(), args.output.bytes())) + ": " +

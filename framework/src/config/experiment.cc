@@ -158,9 +158,9 @@ PluginRef pluginRef(const YAML::Node& node, const std::string& file, const std::
     }
     if (YAML::Node rules = node["rules"]) {
       for (const auto& rule : rules) {
-        PluginRef::SizeRule sized;
+        SizeRule<PluginRef> sized;
         if (rule["max_bytes"]) parseBytes(rule["max_bytes"].Scalar(), &sized.max_bytes);
-        sized.scheduler = pluginRef(rule, file, kind);
+        sized.choice = pluginRef(rule, file, kind);
         ref.rules.push_back(sized);
       }
     }

@@ -12,6 +12,7 @@
 #include "collie/collective.h"
 #include "collie/log.h"
 #include "collie/params.h"
+#include "collie/rules.h"
 #include "collie/topology.h"
 
 namespace collie::config {
@@ -25,14 +26,8 @@ constexpr size_t kMaxConfigBytes = 1 << 20;
 struct PluginRef {
   std::string plugin;
   Params params;
-  std::string label;  // defaults to the plugin name ("rules" for a rule list)
-  struct SizeRule;
-  std::vector<SizeRule> rules;
-};
-
-struct PluginRef::SizeRule {
-  uint64_t max_bytes = 0;  // 0: any size
-  PluginRef scheduler;
+  std::string label;                       // defaults to the plugin name ("rules" for a rule list)
+  std::vector<SizeRule<PluginRef>> rules;  // the choice: a scheduler slot
 };
 
 // The typed view of a validated file. Every field a key of the file sets is written by

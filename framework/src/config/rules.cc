@@ -52,8 +52,8 @@ RulesFile readRulesFile(const std::string& path) {
   file.world_size = root["world_size"].as<int>();
   if (root["backend"]) file.backend = root["backend"].Scalar();
   for (const auto& r : root["rules"]) {
-    SizeRule rule;
-    rule.plugin = r["plugin"].Scalar();
+    SizeRule<std::string> rule;
+    rule.choice = r["plugin"].Scalar();
     if (r["max_bytes"]) parseBytes(r["max_bytes"].Scalar(), &rule.max_bytes);
     file.rules.push_back(rule);
   }
@@ -72,19 +72,12 @@ void writeRulesFile(const std::string& path, const RulesFile& rules, const std::
       size.erase(std::remove(size.begin(), size.end(), ' '), size.end());
       out << YAML::Key << "max_bytes" << YAML::Value << size;
     }
-    out << YAML::Key << "plugin" << YAML::Value << r.plugin << YAML::EndMap;
+    out << YAML::Key << "plugin" << YAML::Value << r.choice << YAML::EndMap;
   }
   out << YAML::EndSeq << YAML::EndMap;
   std::ofstream file(path);
   file << "# " << comment << "\n" << out.c_str() << "\n";
   if (!file) throw ConfigError("cannot write rules file " + path);
-}
-
-std::string pickRule(const std::vector<SizeRule>& rules, uint64_t bytes) {
-  for (const auto& r : rules) {
-    if (r.max_bytes == 0 || bytes <= r.max_bytes) return r.plugin;
-  }
-  return "";
 }
 
 }  // namespace collie

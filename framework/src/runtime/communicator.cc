@@ -21,7 +21,7 @@ Communicator::Communicator(std::shared_ptr<Backend> backend, std::string backend
 
 void Communicator::addRule(std::string label, std::shared_ptr<Scheduler> scheduler,
                            uint64_t max_bytes) {
-  rules_.push_back({std::move(label), std::move(scheduler), max_bytes});
+  rules_.push_back({max_bytes, {std::move(label), std::move(scheduler)}});
 }
 
 namespace {
@@ -31,12 +31,12 @@ uint64_t bytesOf(const CollectiveArgs& args) {
 }  // namespace
 
 Provenance Communicator::runRule(const Rule& rule, CollectiveArgs args) {
-  const std::string& label = rule.label;
+  const std::string& label = rule.choice.label;
   args.seq = next_seq_++;
   const uint64_t bytes = bytesOf(args);
   auto start = std::chrono::steady_clock::now();
   try {
-    rule.scheduler->run(args, *backend_, topology_);
+    rule.choice.scheduler->run(args, *backend_, topology_);
   } catch (const CommError& e) {
     throw CommError(std::string(collectiveName(args.coll)) + " seq " + std::to_string(args.seq) +
                     " (" + formatBytes(bytes) + ", scheduler " + label + ", backend " +
@@ -52,14 +52,12 @@ Provenance Communicator::run(CollectiveArgs args) { return run(args, rules_); }
 const Communicator::Rule* Communicator::select(const CollectiveArgs& args,
                                                const std::vector<Rule>& rules,
                                                std::string* refusals) const {
-  const uint64_t bytes = bytesOf(args);
-  for (const Rule& rule : rules) {
-    if (rule.max_bytes != 0 && bytes > rule.max_bytes) continue;
-    Decision decision = rule.scheduler->accepts(args, topology_);
-    if (decision.accepted) return &rule;
-    *refusals += (refusals->empty() ? "" : "; ") + rule.label + ": " + decision.reason;
-  }
-  return nullptr;
+  return firstAdmitting(rules, bytesOf(args), [&](const Rule& rule) {
+    Decision decision = rule.choice.scheduler->accepts(args, topology_);
+    if (!decision.accepted)
+      *refusals += (refusals->empty() ? "" : "; ") + rule.choice.label + ": " + decision.reason;
+    return decision.accepted;
+  });
 }
 
 Provenance Communicator::run(CollectiveArgs args, const std::vector<Rule>& rules) {
@@ -78,9 +76,9 @@ std::vector<Communicator::Rule> createRules(const PluginLoader& loader,
     return loader.createScheduler(one.plugin, params);
   };
   std::vector<Communicator::Rule> rules;
-  if (ref.rules.empty()) rules.push_back({ref.label, create(ref), 0});
+  if (ref.rules.empty()) rules.push_back({0, {ref.label, create(ref)}});
   for (const auto& rule : ref.rules) {
-    rules.push_back({rule.scheduler.label, create(rule.scheduler), rule.max_bytes});
+    rules.push_back({rule.max_bytes, {rule.choice.label, create(rule.choice)}});
   }
   return rules;
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "collie/backend.h"
+#include "collie/rules.h"
 #include "collie/scheduler.h"
 #include "collie/topology.h"
 
@@ -29,12 +30,13 @@ struct Provenance {
 
 class Communicator {
  public:
-  // A scheduler admitted for messages up to max_bytes (0: any size).
-  struct Rule {
+  // A scheduler under the label the config gave it.
+  struct Labeled {
     std::string label;
     std::shared_ptr<Scheduler> scheduler;
-    uint64_t max_bytes = 0;
   };
+  // A scheduler admitted for messages up to max_bytes (0: any size).
+  using Rule = SizeRule<Labeled>;
 
   Communicator(std::shared_ptr<Backend> backend, std::string backend_name, Topology topology);
 

@@ -236,7 +236,7 @@ std::vector<PluginUse> pluginsOf(const config::Experiment& e) {
   };
   auto addScheduler = [&](const config::PluginRef& s) {
     if (s.rules.empty()) add(PluginKind::kScheduler, s.plugin);
-    for (const auto& rule : s.rules) add(PluginKind::kScheduler, rule.scheduler.plugin);
+    for (const auto& rule : s.rules) add(PluginKind::kScheduler, rule.choice.plugin);
   };
   add(PluginKind::kBackend, e.backend.plugin);
   for (const auto& s : e.bench.schedulers) addScheduler(s);

@@ -215,7 +215,8 @@ class RankTrainer {
 
   void addSchedulers(const PluginLoader& loader) {
     rules_ = createRules(loader, spec_.scheduler);
-    for (const auto& rule : rules_) comm_.addRule(rule.label, rule.scheduler, rule.max_bytes);
+    for (const auto& rule : rules_)
+      comm_.addRule(rule.choice.label, rule.choice.scheduler, rule.max_bytes);
   }
 
   void createModel(const PluginLoader& loader) {
@@ -342,7 +343,7 @@ class RankTrainer {
       std::string why;
       const auto* rule = comm_.select(args, rules_, &why);
       if (rule == nullptr) return kNoPrediction;
-      total += rule->scheduler->predictSeconds(args, comm_.topology(), cost);
+      total += rule->choice.scheduler->predictSeconds(args, comm_.topology(), cost);
     }
     return total;
   }
