@@ -111,8 +111,7 @@ struct Shared {
   std::string algorithm = "ring";
   std::mutex mu;
   std::set<gloo::transport::UnboundBuffer*> pending;
-  bool aborted = false;
-  std::string abort_reason;
+  AbortFlag aborted;  // set before the pending buffers are woken, under `mu`
 };
 
 class GlooRequest : public Request {
@@ -147,10 +146,7 @@ class GlooRequest : public Request {
                                  : ". HINT: the peer process died or closed its connection"));
     }
     forget();
-    if (!completed) {
-      std::lock_guard<std::mutex> lock(shared_->mu);
-      throw CommError("gloo: " + what_ + " aborted: " + shared_->abort_reason);
-    }
+    if (!completed) throw CommError("gloo: " + what_ + " aborted: " + shared_->aborted.reason());
     done_ = true;
   }
 
@@ -290,7 +286,7 @@ class GlooBackend : public Backend {
       return Decision::no("Gloo's algorithms count elements in an int");
     }
     if (args.data.count == 0 || size() == 1) return Decision::yes();
-    throwIfAborted("native all-reduce seq " + std::to_string(args.seq));
+    shared_->aborted.throwIfSet("gloo: native all-reduce seq " + std::to_string(args.seq));
     try {
       bool first_run = false;
       algorithmFor(args.data, args.op, &first_run).run();
@@ -305,8 +301,7 @@ class GlooBackend : public Backend {
 
   void abort(const std::string& reason) override {
     std::lock_guard<std::mutex> lock(shared_->mu);
-    if (!shared_->aborted) shared_->abort_reason = reason;
-    shared_->aborted = true;
+    shared_->aborted.set(reason);
     for (auto* buf : shared_->pending) {
       buf->abortWaitSend();
       buf->abortWaitRecv();
@@ -332,19 +327,9 @@ class GlooBackend : public Backend {
   }
 
   std::unique_ptr<Request> post(int peer, const Buffer& buf, Tag tag, bool sending) {
-    const char* verb = sending ? "send to" : "receive from";
-    if (peer < 0 || peer >= size() || peer == rank()) {
-      throw CommError("gloo: rank " + std::to_string(rank()) + " cannot " + verb + " rank " +
-                      std::to_string(peer) + " in a group of " + std::to_string(size()));
-    }
-    if (buf.memory != MemoryKind::kHost) {
-      throw CommError(
-          "gloo: only host memory is supported. HINT: use the nccl backend for "
-          "CUDA tensors");
-    }
-    std::string what = "rank " + std::to_string(rank()) + ": " + verb + " rank " +
-                       std::to_string(peer) + " " + describeTag(tag);
-    throwIfAborted(what);
+    checkTransfer("gloo", rank(), size(), peer, buf, sending, MemoryKind::kHost);
+    const std::string what = describeTransfer(rank(), peer, sending, tag);
+    shared_->aborted.throwIfSet("gloo: " + what);
     if (buf.bytes() == 0) return std::make_unique<CompletedRequest>();  // both sides skip it
     std::unique_ptr<gloo::transport::UnboundBuffer> ub;
     try {
@@ -359,11 +344,6 @@ class GlooBackend : public Backend {
                       ". HINT: the peer process died or closed its connection");
     }
     return std::make_unique<GlooRequest>(shared_, std::move(ub), sending, what);
-  }
-
-  void throwIfAborted(const std::string& what) {
-    std::lock_guard<std::mutex> lock(shared_->mu);
-    if (shared_->aborted) throw CommError("gloo: " + what + ": aborted: " + shared_->abort_reason);
   }
 
   // Gloo's algorithm objects bind their buffer when built; the bench and the trainer reuse

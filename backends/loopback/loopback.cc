@@ -167,9 +167,8 @@ class LoopbackBackend : public Backend {
   // it. A send waits in the peer's mailbox under (this rank, tag), a receive in ours under
   // (peer, tag), so both sides look in the same place.
   std::unique_ptr<Request> post(int peer, const Buffer& buf, Tag tag, bool sending) {
-    const char* verb = sending ? "send to" : "receive from";
-    check(peer, buf, verb);
-    const std::string what = describe(verb, peer, tag);
+    checkTransfer("loopback", rank_, size_, peer, buf, sending, MemoryKind::kHost);
+    const std::string what = describeTransfer(rank_, peer, sending, tag);
     auto& box = world_->boxes[sending ? peer : rank_];
     const World::Key key{sending ? rank_ : peer, tag};
     std::shared_ptr<Pending> other;
@@ -188,23 +187,6 @@ class LoopbackBackend : public Backend {
     complete(*other, error);
     if (!error.empty()) throw CommError(error);
     return std::make_unique<CompletedRequest>();
-  }
-
-  void check(int peer, const Buffer& buf, const char* verb) const {
-    if (peer < 0 || peer >= size_ || peer == rank_) {
-      throw CommError("loopback: rank " + std::to_string(rank_) + " cannot " + verb + " rank " +
-                      std::to_string(peer) + " in a group of " + std::to_string(size_));
-    }
-    if (buf.memory != MemoryKind::kHost) {
-      throw CommError(
-          "loopback: only host memory is supported. HINT: use the nccl backend for CUDA "
-          "tensors");
-    }
-  }
-
-  std::string describe(const char* verb, int peer, Tag tag) const {
-    return "rank " + std::to_string(rank_) + ": " + verb + " rank " + std::to_string(peer) + " " +
-           describeTag(tag);
   }
 
   // Under the lock: fails when this rank or the peer was aborted.

@@ -77,13 +77,11 @@ struct Comm {
   int device = 0;
   int rank = 0, size = 1;
   std::chrono::milliseconds timeout{30000};
-  std::mutex abort_mu;
-  bool aborted = false;
-  std::string abort_reason;
+  AbortFlag aborted;
 
   ~Comm() {
     if (comm != nullptr) {
-      if (aborted) {
+      if (aborted.isSet()) {
         // ncclCommAbort already released it
       } else {
         ncclCommFinalize(comm);
@@ -118,10 +116,7 @@ struct Comm {
   void waitEvent(cudaEvent_t event, const std::string& what, std::chrono::milliseconds limit) {
     auto deadline = Clock::now() + limit;
     while (true) {
-      {
-        std::lock_guard<std::mutex> lock(abort_mu);
-        if (aborted) throw CommError("nccl: " + what + ": aborted: " + abort_reason);
-      }
+      aborted.throwIfSet("nccl: " + what);
       cudaError_t done = cudaEventQuery(event);
       if (done == cudaSuccess) return;
       if (done != cudaErrorNotReady) checkCuda(done, what);
@@ -143,11 +138,7 @@ struct Comm {
   }
 
   void abortComm(const std::string& reason) {
-    std::lock_guard<std::mutex> lock(abort_mu);
-    if (aborted) return;
-    aborted = true;
-    abort_reason = reason;
-    ncclCommAbort(comm);
+    if (aborted.set(reason)) ncclCommAbort(comm);
   }
 };
 
@@ -352,24 +343,11 @@ class NcclBackend : public Backend {
   }
 
   std::unique_ptr<Request> queue(bool send, int peer, const Buffer& buf, Tag tag) {
-    const char* verb = send ? "send to" : "receive from";
-    if (peer < 0 || peer >= size() || peer == rank()) {
-      throw CommError("nccl: rank " + std::to_string(rank()) + " cannot " + verb + " rank " +
-                      std::to_string(peer) + " in a group of " + std::to_string(size()));
-    }
-    if (buf.memory != MemoryKind::kCuda) {
-      throw CommError(
-          "nccl: only device memory is supported. HINT: use gloo or ucx for host "
-          "buffers");
-    }
-    {
-      std::lock_guard<std::mutex> lock(comm_->abort_mu);
-      if (comm_->aborted) throw CommError("nccl: aborted: " + comm_->abort_reason);
-    }
+    checkTransfer("nccl", rank(), size(), peer, buf, send, MemoryKind::kCuda);
+    comm_->aborted.throwIfSet("nccl");
     if (!batch_) batch_ = std::make_shared<Batch>();
     batch_->ops.push_back({send, peer, buf});
-    std::string what = "rank " + std::to_string(rank()) + ": " + verb + " rank " +
-                       std::to_string(peer) + " " + describeTag(tag);
+    const std::string what = describeTransfer(rank(), peer, send, tag);
     return std::make_unique<NcclRequest>(this, comm_, batch_, what);
   }
 

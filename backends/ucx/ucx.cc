@@ -85,9 +85,7 @@ struct Worker {
   int world_rank = 0;
   std::chrono::milliseconds timeout{30000};
   std::string transports;
-  std::atomic<bool> aborted{false};
-  std::mutex abort_mu;
-  std::string abort_reason;
+  AbortFlag aborted;
 
   ~Worker() {
     for (ucp_ep_h ep : eps) {
@@ -120,9 +118,8 @@ struct Worker {
                "'s connection failed: " + peer_error[peer] + ". HINT: the peer process died";
         return cancel(request);
       }
-      if (aborted.load()) {
-        std::lock_guard<std::mutex> lock(abort_mu);
-        *why = "failed: aborted: " + abort_reason;
+      if (aborted.isSet()) {
+        *why = "failed: aborted: " + aborted.reason();
         return cancel(request);
       }
       auto now = Clock::now();
@@ -245,9 +242,9 @@ class UcxBackend : public Backend {
   Capabilities capabilities() const override { return Capabilities{}; }
 
   std::unique_ptr<Request> isend(int peer, const Buffer& buf, Tag tag) override {
-    const int world = checkPeer(peer, buf, "send to");
-    std::string what = describe("send to", peer, tag);
-    throwIfAborted(what);
+    const int world = checkPeer(peer, buf, true);
+    const std::string what = describe(true, peer, tag);
+    worker_->aborted.throwIfSet("ucx: " + what);
     if (buf.bytes() == 0) return std::make_unique<CompletedRequest>();
     ucp_request_param_t param{};
     ucs_status_ptr_t request = ucp_tag_send_nbx(worker_->eps[world], buf.data, buf.bytes(),
@@ -260,9 +257,9 @@ class UcxBackend : public Backend {
   }
 
   std::unique_ptr<Request> irecv(int peer, const Buffer& buf, Tag tag) override {
-    const int world = checkPeer(peer, buf, "receive from");
-    std::string what = describe("receive from", peer, tag);
-    throwIfAborted(what);
+    const int world = checkPeer(peer, buf, false);
+    const std::string what = describe(false, peer, tag);
+    worker_->aborted.throwIfSet("ucx: " + what);
     if (buf.bytes() == 0) return std::make_unique<CompletedRequest>();
     ucp_request_param_t param{};
     ucs_status_ptr_t request = ucp_tag_recv_nbx(worker_->worker, buf.data, buf.bytes(),
@@ -284,11 +281,7 @@ class UcxBackend : public Backend {
     return std::make_unique<UcxBackend>(worker_, world, me, group);
   }
 
-  void abort(const std::string& reason) override {
-    std::lock_guard<std::mutex> lock(worker_->abort_mu);
-    if (!worker_->aborted) worker_->abort_reason = reason;
-    worker_->aborted = true;
-  }
+  void abort(const std::string& reason) override { worker_->aborted.set(reason); }
 
  private:
   void start(Store& store, const std::string& interface, int size) {
@@ -373,29 +366,15 @@ class UcxBackend : public Backend {
     }
   }
 
-  int checkPeer(int peer, const Buffer& buf, const char* verb) const {
-    if (peer < 0 || peer >= size() || peer == rank_) {
-      throw CommError("ucx: rank " + std::to_string(rank_) + " cannot " + verb + " rank " +
-                      std::to_string(peer) + " in a group of " + std::to_string(size()));
-    }
-    if (buf.memory != MemoryKind::kHost) {
-      throw CommError(
-          "ucx: only host memory is supported. HINT: use the nccl backend for "
-          "CUDA tensors");
-    }
+  int checkPeer(int peer, const Buffer& buf, bool sending) const {
+    checkTransfer("ucx", rank_, size(), peer, buf, sending, MemoryKind::kHost);
     return ranks_[peer];
   }
 
-  std::string describe(const char* verb, int peer, Tag tag) const {
+  std::string describe(bool sending, int peer, Tag tag) const {
     std::string who = "rank " + std::to_string(peer);
     if (ranks_[peer] != peer) who += " (world rank " + std::to_string(ranks_[peer]) + ")";
-    return "rank " + std::to_string(rank_) + ": " + verb + " " + who + " " + describeTag(tag);
-  }
-
-  void throwIfAborted(const std::string& what) {
-    if (!worker_->aborted) return;
-    std::lock_guard<std::mutex> lock(worker_->abort_mu);
-    throw CommError("ucx: " + what + ": aborted: " + worker_->abort_reason);
+    return describeTransfer(rank_, peer, sending, tag, who);
   }
 
   std::shared_ptr<Worker> worker_;

@@ -2,9 +2,11 @@
 // optional native collectives, sub-groups and abort. Every blocking call has a timeout.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -107,6 +109,34 @@ class Backend {
   // Blocking helpers built on the two primitives above, with the group's timeout.
   void send(int peer, const Buffer& buf, Tag tag) { isend(peer, buf, tag)->wait(timeout()); }
   void recv(int peer, const Buffer& buf, Tag tag) { irecv(peer, buf, tag)->wait(timeout()); }
+};
+
+// For isend/irecv implementations: the checks every backend makes before it posts a
+// transfer, with the messages users see. Throws CommError "<backend>: rank R cannot send to
+// rank P in a group of N" for a peer that is not another rank of the group, and "<backend>:
+// only host memory is supported. HINT: ..." for a buffer of a memory kind other than `moves`.
+void checkTransfer(const std::string& backend, int rank, int size, int peer, const Buffer& buf,
+                   bool sending, MemoryKind moves);
+// "rank R: send to rank P tag T (seq s, phase p, step k)": one transfer, for messages.
+// `peer_name` replaces "rank P" where a backend knows more ("rank 1 (world rank 3)").
+std::string describeTransfer(int rank, int peer, bool sending, Tag tag,
+                             const std::string& peer_name = "");
+
+// The aborted state of a group: abort() sets it with its reason (the first reason stays);
+// posts and waits check it. Thread-safe, and never blocks for long.
+class AbortFlag {
+ public:
+  // Returns true for the call that set it, false when it was set already.
+  bool set(const std::string& reason);
+  bool isSet() const { return set_.load(std::memory_order_acquire); }
+  std::string reason() const;
+  // Throws CommError("<what>: aborted: <reason>") when set.
+  void throwIfSet(const std::string& what) const;
+
+ private:
+  std::atomic<bool> set_{false};
+  mutable std::mutex mu_;
+  std::string reason_;
 };
 
 // For Backend::split implementations: this rank's position in `ranks`, or a CommError

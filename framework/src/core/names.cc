@@ -1,12 +1,10 @@
 // Names of dtypes, reduce ops, collectives and tags, both ways where parsing is needed.
-#include <algorithm>
 #include <cstring>
 #include <string>
 
 #include "collie/backend.h"
 #include "collie/buffer.h"
 #include "collie/collective.h"
-#include "collie/error.h"
 
 namespace collie {
 namespace {
@@ -45,21 +43,6 @@ bool parseCollective(const std::string& name, Collective* out) {
 std::string describeTag(Tag tag) {
   return "tag " + std::to_string(tag) + " (seq " + std::to_string(tag >> 24) + ", phase " +
          std::to_string((tag >> 20) & 0xF) + ", step " + std::to_string(tag & 0xFFFFF) + ")";
-}
-
-int splitPosition(const std::vector<int>& ranks, int rank, const std::string& who) {
-  auto me = std::find(ranks.begin(), ranks.end(), rank);
-  if (me == ranks.end() || !std::is_sorted(ranks.begin(), ranks.end())) {
-    throw CommError(who + ": rank " + std::to_string(rank) +
-                    " called split with a list that does not hold it or is not ascending");
-  }
-  return static_cast<int>(me - ranks.begin());
-}
-
-std::string splitName(int ordinal, const std::vector<int>& ranks) {
-  std::string name = "split" + std::to_string(ordinal) + "[";
-  for (size_t i = 0; i < ranks.size(); ++i) name += (i ? "," : "") + std::to_string(ranks[i]);
-  return name + "]";
 }
 
 }  // namespace collie

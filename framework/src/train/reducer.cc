@@ -80,7 +80,7 @@ void Reducer::onGradient(size_t param, const at::Tensor& grad) {
     return;
   }
   fill(param, &grad);
-  if (overlap_) launchReady();
+  if (overlap_) launched_in_backward_ += launchReady();
 }
 
 void Reducer::fill(size_t param, const at::Tensor* grad) {
@@ -100,14 +100,15 @@ void Reducer::fill(size_t param, const at::Tensor* grad) {
   --buckets_[slot.bucket].pending;
 }
 
-void Reducer::launchReady() {
-  bool launched = false;
+int Reducer::launchReady() {
+  int launched = 0;
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     buckets_[next_launch_].launched = true;
     queue_.push_back(next_launch_++);
-    launched = true;
+    ++launched;
   }
-  if (launched) cv_.notify_all();
+  if (launched > 0) cv_.notify_all();
+  return launched;
 }
 
 CollectiveArgs Reducer::argsFor(Bucket& bucket, Collective coll) const {
@@ -165,6 +166,9 @@ SyncTiming Reducer::finish() {
       return true;
     });
     timing.exposed_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    timing.buckets = static_cast<int>(buckets_.size());
+    timing.launched_in_backward = launched_in_backward_;
+    launched_in_backward_ = 0;
     for (auto& b : buckets_) {
       timing.comm_seconds += b.seconds;
       timing.bytes += static_cast<uint64_t>(b.flat.numel()) * 4;

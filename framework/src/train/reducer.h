@@ -64,7 +64,7 @@ class Reducer {
   void fill(size_t param, const at::Tensor* grad);
   // Hands ready buckets to the communication thread strictly in bucket order, so that every
   // rank issues the same collectives in the same order. Caller holds mu_.
-  void launchReady();
+  int launchReady();  // queues the buckets that are complete, in order; how many
   void communicationLoop();
   CollectiveArgs argsFor(Bucket& bucket, Collective coll) const;
 
@@ -79,6 +79,7 @@ class Reducer {
   std::condition_variable cv_;
   bool armed_ = false, stopping_ = false, in_flight_ = false;
   size_t next_launch_ = 0;
+  int launched_in_backward_ = 0;  // this step, by the hooks
   std::deque<size_t> queue_;
   std::exception_ptr failure_;
   std::thread thread_;

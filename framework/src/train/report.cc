@@ -304,6 +304,8 @@ void StepLog::write(int64_t step, int64_t samples, int64_t tokens, const StepSta
       {"loss", st.loss},
       {"lr", st.lr},
       {"grad_norm", st.grad_norm},
+      {"buckets", st.sync.buckets},
+      {"buckets_launched_in_backward", st.sync.launched_in_backward},
   };
   json collectives = json::array();
   for (const auto& p : st.sync.collectives) {

@@ -14,6 +14,9 @@ struct SyncTiming {
   double comm_seconds = 0;     // sum of the buckets' all-reduce times
   double exposed_seconds = 0;  // how long the step waited for them after backward
   uint64_t bytes = 0;          // gradient bytes all-reduced
+  int buckets = 0;
+  int launched_in_backward = 0;  // buckets handed to the communication thread by backward's
+                                 // hooks (overlap), not after it
   std::vector<Provenance> collectives;
 };
 

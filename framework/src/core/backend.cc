@@ -1,0 +1,66 @@
+// The helpers every backend shares (collie/backend.h): transfer checks and descriptions, the
+// abort flag, and the rank arithmetic of split.
+#include "collie/backend.h"
+
+#include <algorithm>
+
+#include "collie/error.h"
+
+namespace collie {
+
+void checkTransfer(const std::string& backend, int rank, int size, int peer, const Buffer& buf,
+                   bool sending, MemoryKind moves) {
+  if (peer < 0 || peer >= size || peer == rank) {
+    throw CommError(backend + ": rank " + std::to_string(rank) + " cannot " +
+                    (sending ? "send to" : "receive from") + " rank " + std::to_string(peer) +
+                    " in a group of " + std::to_string(size));
+  }
+  if (buf.memory != moves) {
+    throw CommError(backend +
+                    (moves == MemoryKind::kHost
+                         ? ": only host memory is supported. HINT: use the nccl backend for "
+                           "CUDA tensors"
+                         : ": only device memory is supported. HINT: use gloo or ucx for host "
+                           "buffers"));
+  }
+}
+
+std::string describeTransfer(int rank, int peer, bool sending, Tag tag,
+                             const std::string& peer_name) {
+  return "rank " + std::to_string(rank) + ": " + (sending ? "send to " : "receive from ") +
+         (peer_name.empty() ? "rank " + std::to_string(peer) : peer_name) + " " + describeTag(tag);
+}
+
+bool AbortFlag::set(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (set_.load(std::memory_order_relaxed)) return false;
+  reason_ = reason;
+  set_.store(true, std::memory_order_release);
+  return true;
+}
+
+std::string AbortFlag::reason() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reason_;
+}
+
+void AbortFlag::throwIfSet(const std::string& what) const {
+  if (isSet()) throw CommError(what + ": aborted: " + reason());
+}
+
+int splitPosition(const std::vector<int>& ranks, int rank, const std::string& who) {
+  auto me = std::find(ranks.begin(), ranks.end(), rank);
+  if (me == ranks.end() || !std::is_sorted(ranks.begin(), ranks.end())) {
+    throw CommError(who + ": rank " + std::to_string(rank) +
+                    " called split with a list that does not hold it or is not ascending");
+  }
+  return static_cast<int>(me - ranks.begin());
+}
+
+std::string splitName(int ordinal, const std::vector<int>& ranks) {
+  std::string name = "split" + std::to_string(ordinal) + "[";
+  for (size_t i = 0; i < ranks.size(); ++i) name += (i ? "," : "") + std::to_string(ranks[i]);
+  return name + "]";
+}
+
+}  // namespace collie
