@@ -39,7 +39,7 @@ class AutoScheduler : public Scheduler {
     const std::string rules_file = context.params->getString("rules_file", "");
     auto names = splitList(context.params->getString("candidates", "ring,tree,halving_doubling"));
     if (!rules_file.empty()) {
-      rules_ = readRulesFile(rules_file).rules;
+      rules_ = context.read_rules(rules_file).rules;
       for (const auto& r : rules_) {
         if (std::find(names.begin(), names.end(), r.choice) == names.end())
           names.push_back(r.choice);

@@ -50,8 +50,9 @@ TEST_P(BrokenPlugin, CliExitsTwoWithTheSameLine) {
 INSTANTIATE_TEST_SUITE_P(
     Abi, BrokenPlugin,
     ::testing::Values(
-        BrokenCase{"wrong_major", "plugin ABI " + std::to_string(COLLIE_ABI_MAJOR + 1) +
-                                      ".0 is not supported: this collie speaks ABI " +
+        BrokenCase{"wrong_major", "plugin ABI " + std::to_string(COLLIE_ABI_MAJOR + 1) + "." +
+                                      std::to_string(COLLIE_ABI_MINOR) +
+                                      " is not supported: this collie speaks ABI " +
                                       std::to_string(COLLIE_ABI_MAJOR) + "." +
                                       std::to_string(COLLIE_ABI_MINOR)},
         BrokenCase{"newer_minor",

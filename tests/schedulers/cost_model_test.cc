@@ -5,6 +5,7 @@
 
 #include "collie/error.h"
 #include "collie/rules.h"
+#include "config/rules.h"
 #include "loopback_job.h"
 #include "run_command.h"
 
@@ -111,8 +112,8 @@ TEST(Rules, RoundTripAndLocatedErrors) {
   rules.backend = "loopback";
   rules.rules = {{256 << 10, "tree"}, {0, "ring"}};
   std::string path = testing::writeTempFile("out-rules.yaml", "");
-  writeRulesFile(path, rules, "test");
-  RulesFile back = readRulesFile(path);
+  config::writeRulesFile(path, rules, "test");
+  RulesFile back = config::readRulesFile(path);
   ASSERT_EQ(back.rules.size(), 2u);
   EXPECT_EQ(back.rules[0].max_bytes, 256u << 10);
   EXPECT_EQ(back.rules[1].choice, "ring");
@@ -124,7 +125,7 @@ TEST(Rules, RoundTripAndLocatedErrors) {
   std::string bad =
       testing::writeTempFile("bad-rules.yaml", "rules:\n  - {max_bytes: huge, plugin: ring}\n");
   try {
-    readRulesFile(bad);
+    config::readRulesFile(bad);
     FAIL();
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("bad-rules.yaml:2:17: rules[0].max_bytes"),

@@ -3,7 +3,7 @@
 
 #include "collie/error.h"
 #include "collie/params.h"
-#include "util/strings.h"
+#include "core/strings.h"
 
 namespace collie {
 namespace {

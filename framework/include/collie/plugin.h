@@ -16,6 +16,7 @@
 #include "collie/config.h"
 #include "collie/error.h"
 #include "collie/params.h"
+#include "collie/rules.h"
 #include "collie/scheduler.h"
 
 // "COLL" in ASCII: the first field of every descriptor.
@@ -93,12 +94,18 @@ namespace collie {
 using SchedulerFactory =
     std::function<std::shared_ptr<Scheduler>(const std::string& plugin, Params& params)>;
 
+// Reads and validates a rules file written by the bench (collie/rules.h). Throws
+// ConfigError with file:line:col for anything malformed.
+using RulesReader = std::function<RulesFile(const std::string& path)>;
+
 // What create() receives. Backends read `backend`; every kind reads `params`; schedulers
-// may create other schedulers through `make_scheduler` (valid only while create() runs).
+// may create other schedulers through `make_scheduler` and read a rules file through
+// `read_rules` (ABI 2.1; both valid only while create() runs).
 struct PluginContext {
   Params* params = nullptr;
   BackendContext backend;
   SchedulerFactory make_scheduler;
+  RulesReader read_rules;
 };
 
 namespace detail {

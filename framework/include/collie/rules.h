@@ -1,5 +1,7 @@
-// Scheduler selection rules by message size: written by the bench (--emit-rules), read by
-// the `auto` scheduler. The first rule whose max_bytes admits the message wins.
+// Scheduler selection rules by message size: written by the bench (--emit-rules), read and
+// validated by the framework, handed to the `auto` scheduler (PluginContext::read_rules).
+// The first rule whose max_bytes admits the message wins. Types only: plugins include this,
+// the framework implements reading and writing (config/rules.h).
 #pragma once
 
 #include <cstdint>
@@ -39,10 +41,5 @@ struct RulesFile {
   std::string backend;  // the backend they were measured on
   std::vector<SizeRule<std::string>> rules;  // the choice: a scheduler name or path
 };
-
-// Reads a rules file. Throws ConfigError with file:line:col for anything malformed.
-RulesFile readRulesFile(const std::string& path);
-// Writes it (YAML, with a header comment naming where the rules came from).
-void writeRulesFile(const std::string& path, const RulesFile& rules, const std::string& comment);
 
 }  // namespace collie

@@ -8,6 +8,7 @@
 #include "collie/config.h"
 #include "collie/error.h"
 #include "collie/log.h"
+#include "config/rules.h"
 
 namespace fs = std::filesystem;
 
@@ -87,10 +88,10 @@ class BenchKind : public ExperimentKind {
     if (rules.rules.empty()) {
       throw Error(ErrorKind::kInternal, "--emit-rules: no correct measurement to make rules from");
     }
-    writeRulesFile(rules_path, rules,
-                   "written by collie " COLLIE_VERSION " from " + request.config +
-                       ": the fastest measured scheduler per size range; use with "
-                       "{plugin: auto, params: {rules_file: THIS_FILE}}");
+    config::writeRulesFile(rules_path, rules,
+                           "written by collie " COLLIE_VERSION " from " + request.config +
+                               ": the fastest measured scheduler per size range; use with "
+                               "{plugin: auto, params: {rules_file: THIS_FILE}}");
     std::cout << "# Rules for auto: " << rules_path << std::endl;
   }
 

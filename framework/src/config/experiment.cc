@@ -13,11 +13,10 @@
 #include <sstream>
 
 #include <fmt/format.h>
-#include <yaml-cpp/depthguard.h>
 
 #include "collie/error.h"
 #include "config/schema.h"
-#include "util/strings.h"
+#include "core/strings.h"
 
 namespace collie::config {
 namespace {
@@ -25,23 +24,11 @@ namespace {
 const char* kHintSchema = "HINT: docs/config.md lists every key; `collie validate FILE` checks one";
 
 std::string location(const std::string& file, const YAML::Node& node) {
-  YAML::Mark mark = node.Mark();
-  if (mark.is_null()) return file;
-  return file + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+  return locate(file, node.Mark());
 }
 
 YAML::Node parse(const std::string& text, const std::string& file) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::DeepRecursion& e) {
-    throw ConfigError(file + ":" + std::to_string(e.mark.line + 1) + ":" +
-                      std::to_string(e.mark.column + 1) + ": nesting deeper than " +
-                      std::to_string(e.depth() - 1) + " levels; an experiment file needs a few");
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(file + ":" + std::to_string(e.mark.line + 1) + ":" +
-                      std::to_string(e.mark.column + 1) + ": not valid YAML: " + e.msg);
-  }
+  YAML::Node root = parseYaml(text, file);
   if (!root.IsDefined() || root.IsNull()) {
     throw ConfigError(file + ": the file is empty; expected a map of experiment keys. " +
                       kHintSchema);
@@ -183,7 +170,7 @@ void derive(const YAML::Node& root, const std::string& file, Experiment* e) {
   e->kind = root["train"] ? Experiment::Kind::kTrain : Experiment::Kind::kBench;
   std::vector<std::string> labels(e->nproc_per_node, "node0");
   for (int r = 0; e->ranks_per_node > 0 && r < e->nproc_per_node; ++r)
-    labels[r] = "node" + std::to_string(r / e->ranks_per_node);
+    labels[r] = fmt::format("node{}", r / e->ranks_per_node);
   if (!e->node_labels.empty()) labels = e->node_labels;
   e->topology = Topology::fromLabels(labels);
   e->explicit_topology = e->ranks_per_node > 0 || !e->node_labels.empty();
@@ -252,9 +239,9 @@ void checkConsistency(const Experiment& e, std::vector<Issue>* issues) {
   }
   const YAML::Node launch = e.resolved["launch"];
   if (launch["node_labels"] && static_cast<int>(launch["node_labels"].size()) != e.nproc_per_node) {
-    issues->push_back({location(e.file, launch["node_labels"]) + ": launch.node_labels: expected " +
-                       std::to_string(e.nproc_per_node) + " labels (one per rank), found " +
-                       std::to_string(launch["node_labels"].size())});
+    issues->push_back({fmt::format(
+        "{}: launch.node_labels: expected {} labels (one per rank), found {}",
+        location(e.file, launch["node_labels"]), e.nproc_per_node, launch["node_labels"].size())});
   }
   if (launch["node_labels"] && launch["ranks_per_node"].as<int>() > 0) {
     issues->push_back({location(e.file, launch["node_labels"]) +
@@ -262,9 +249,9 @@ void checkConsistency(const Experiment& e, std::vector<Issue>* issues) {
                        "either launch.node_labels or launch.ranks_per_node, not both"});
   }
   if (bench && e.bench.root >= e.nproc_per_node) {
-    issues->push_back({location(e.file, bench["root"]) + ": bench.root: expected a rank below " +
-                       "launch.nproc_per_node (" + std::to_string(e.nproc_per_node) + "), found " +
-                       std::to_string(e.bench.root)});
+    issues->push_back(
+        {fmt::format("{}: bench.root: expected a rank below launch.nproc_per_node ({}), found {}",
+                     location(e.file, bench["root"]), e.nproc_per_node, e.bench.root)});
   }
 }
 
@@ -306,10 +293,10 @@ std::string readConfigFile(const std::string& path, const std::string& what) {
   }
   if (!S_ISREG(st.st_mode)) throw ConfigError(path + ": not a regular file");
   if (static_cast<size_t>(st.st_size) > kMaxConfigBytes) {
-    throw ConfigError(path + ": " + what + " is " + std::to_string(st.st_size) +
-                      " bytes, larger than "
-                      "the " +
-                      formatBytes(kMaxConfigBytes) + " limit; is it really an experiment file?");
+    throw ConfigError(
+        fmt::format("{}: {} is {} bytes, larger than the {} limit; is it really an "
+                    "experiment file?",
+                    path, what, st.st_size, formatBytes(kMaxConfigBytes)));
   }
   std::string text = readAll(path, what);
   if (text.find('\0') != std::string::npos) {

@@ -1,5 +1,5 @@
 // Rules files (YAML) for the auto scheduler.
-#include "collie/rules.h"
+#include "config/rules.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -11,20 +11,30 @@
 #include "config/experiment.h"
 #include "config/schema.h"
 
-namespace collie {
+namespace collie::config {
 namespace {
 
-const config::Schema& rulesSchema() {
-  using config::Schema;
+void setRules(RulesFile& file, const YAML::Node& rules, const std::string&) {
+  for (const auto& r : rules) {
+    SizeRule<std::string> rule;
+    rule.choice = r["plugin"].Scalar();
+    if (r["max_bytes"]) parseBytes(r["max_bytes"].Scalar(), &rule.max_bytes);
+    file.rules.push_back(rule);
+  }
+}
+
+const Schema& rulesSchema() {
   static const Schema schema = Schema::map({
       {"collective", Schema::oneOf({"allreduce", "reduce_scatter", "allgather", "broadcast"})
-                         .byDefault("allreduce")},
-      {"world_size", Schema::integer(0, 1 << 20).byDefault("0")},
-      {"backend", Schema::string()},
+                         .byDefault("allreduce")
+                         .into(&RulesFile::collective)},
+      {"world_size", Schema::integer(0, 1 << 20).byDefault("0").into(&RulesFile::world_size)},
+      {"backend", Schema::string().into(&RulesFile::backend)},
       {"rules", Schema::list(Schema::map({{"max_bytes", Schema::bytes(1, 1ull << 50)},
                                           {"plugin", Schema::string().required()}}),
                              1)
-                    .required()},
+                    .required()
+                    .into<RulesFile>(setRules)},
   });
   return schema;
 }
@@ -32,15 +42,9 @@ const config::Schema& rulesSchema() {
 }  // namespace
 
 RulesFile readRulesFile(const std::string& path) {
-  std::string text = config::readConfigFile(path, "rules file");
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(path + ":" + std::to_string(e.mark.line + 1) + ":" +
-                      std::to_string(e.mark.column + 1) + ": not valid YAML: " + e.msg);
-  }
-  auto issues = config::validate(root, rulesSchema(), path, {});
+  std::string text = readConfigFile(path, "rules file");
+  YAML::Node root = parseYaml(text, path);
+  auto issues = validate(root, rulesSchema(), path, {});
   if (issues.empty() && !root.IsMap()) issues.push_back({path + ": expected a rules map"});
   if (!issues.empty()) {
     std::string all;
@@ -48,15 +52,7 @@ RulesFile readRulesFile(const std::string& path) {
     throw ConfigError(all + "\nHINT: `collie run CONFIG --emit-rules FILE` writes a valid one");
   }
   RulesFile file;
-  file.collective = root["collective"].Scalar();
-  file.world_size = root["world_size"].as<int>();
-  if (root["backend"]) file.backend = root["backend"].Scalar();
-  for (const auto& r : root["rules"]) {
-    SizeRule<std::string> rule;
-    rule.choice = r["plugin"].Scalar();
-    if (r["max_bytes"]) parseBytes(r["max_bytes"].Scalar(), &rule.max_bytes);
-    file.rules.push_back(rule);
-  }
+  rulesSchema().fill(root, &file, path);
   return file;
 }
 
@@ -80,4 +76,4 @@ void writeRulesFile(const std::string& path, const RulesFile& rules, const std::
   if (!file) throw ConfigError("cannot write rules file " + path);
 }
 
-}  // namespace collie
+}  // namespace collie::config

@@ -1,13 +1,16 @@
 // Schema construction and validation of YAML nodes, with file:line:col in every message.
 #include "config/schema.h"
 
+#include <fmt/format.h>
+#include <yaml-cpp/depthguard.h>
+
 #include <cmath>
 #include <set>
 
 #include "collie/buffer.h"
 #include "collie/collective.h"
 #include "collie/params.h"
-#include "util/strings.h"
+#include "core/strings.h"
 
 namespace collie::config {
 
@@ -107,9 +110,9 @@ std::string Schema::expected() const {
     return plain.expected() + " or '" + word_ + "'";
   }
   auto num = [](double v) {
-    std::string s = std::to_string(v);
-    if (v == std::floor(v) && std::fabs(v) < 1e18) s = std::to_string(static_cast<int64_t>(v));
-    return s;
+    if (v == std::floor(v) && std::fabs(v) < 1e18)
+      return fmt::format("{}", static_cast<int64_t>(v));
+    return fmt::format("{:g}", v);
   };
   switch (type_) {
     case Type::kMap:
@@ -186,9 +189,7 @@ class Validator {
         return "--set " + o;
       }
     }
-    YAML::Mark mark = node.Mark();
-    if (mark.is_null()) return file_;
-    return file_ + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+    return locate(file_, node.Mark());
   }
 
   void report(const YAML::Node& node, const std::string& key, const std::string& text) {
@@ -257,12 +258,11 @@ class Validator {
     if (!node.IsSequence()) return mismatch(node, schema, key);
     if (node.size() < schema.min_items_) {
       report(node, key,
-             "expected at least " + std::to_string(schema.min_items_) + " item(s), found " +
-                 std::to_string(node.size()));
+             fmt::format("expected at least {} item(s), found {}", schema.min_items_, node.size()));
     }
     for (size_t i = 0; i < node.size(); ++i) {
       YAML::Node item = node[i];
-      check(item, *schema.item_, key + "[" + std::to_string(i) + "]");
+      check(item, *schema.item_, fmt::format("{}[{}]", key, i));
     }
   }
 
@@ -352,6 +352,22 @@ class Validator {
   std::string file_;
   std::vector<std::string> overrides_;
 };
+
+std::string locate(const std::string& file, const YAML::Mark& mark) {
+  if (mark.is_null()) return file;
+  return fmt::format("{}:{}:{}", file, mark.line + 1, mark.column + 1);
+}
+
+YAML::Node parseYaml(const std::string& text, const std::string& file) {
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::DeepRecursion& e) {
+    throw ConfigError(fmt::format("{}: nesting deeper than {} levels; a config needs a few",
+                                  locate(file, e.mark), e.depth() - 1));
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(locate(file, e.mark) + ": not valid YAML: " + e.msg);
+  }
+}
 
 std::vector<Issue> validate(YAML::Node& node, const Schema& schema, const std::string& file,
                             const std::vector<std::string>& overrides) {

@@ -183,6 +183,13 @@ Schema&& Schema::section(T S::*member) && {
   return std::move(*this);
 }
 
+// "file:line:col" of `mark`, 1-based; just `file` when the mark is unknown.
+std::string locate(const std::string& file, const YAML::Mark& mark);
+
+// Parses YAML `text` of `file`. Throws ConfigError "file:line:col: not valid YAML: ..." (or
+// that the nesting is too deep) for text yaml-cpp cannot read.
+YAML::Node parseYaml(const std::string& text, const std::string& file);
+
 // One problem found in a config, already formatted "where: key: expected ..., found ...".
 struct Issue {
   std::string message;

@@ -2,6 +2,9 @@
 // abort flag, and the rank arithmetic of split.
 #include "collie/backend.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 
 #include "collie/error.h"
@@ -11,9 +14,8 @@ namespace collie {
 void checkTransfer(const std::string& backend, int rank, int size, int peer, const Buffer& buf,
                    bool sending, MemoryKind moves) {
   if (peer < 0 || peer >= size || peer == rank) {
-    throw CommError(backend + ": rank " + std::to_string(rank) + " cannot " +
-                    (sending ? "send to" : "receive from") + " rank " + std::to_string(peer) +
-                    " in a group of " + std::to_string(size));
+    throw CommError(fmt::format("{}: rank {} cannot {} rank {} in a group of {}", backend, rank,
+                                sending ? "send to" : "receive from", peer, size));
   }
   if (buf.memory != moves) {
     throw CommError(backend +
@@ -27,8 +29,9 @@ void checkTransfer(const std::string& backend, int rank, int size, int peer, con
 
 std::string describeTransfer(int rank, int peer, bool sending, Tag tag,
                              const std::string& peer_name) {
-  return "rank " + std::to_string(rank) + ": " + (sending ? "send to " : "receive from ") +
-         (peer_name.empty() ? "rank " + std::to_string(peer) : peer_name) + " " + describeTag(tag);
+  return fmt::format("rank {}: {} {} {}", rank, sending ? "send to" : "receive from",
+                     peer_name.empty() ? fmt::format("rank {}", peer) : peer_name,
+                     describeTag(tag));
 }
 
 bool AbortFlag::set(const std::string& reason) {
@@ -51,16 +54,15 @@ void AbortFlag::throwIfSet(const std::string& what) const {
 int splitPosition(const std::vector<int>& ranks, int rank, const std::string& who) {
   auto me = std::find(ranks.begin(), ranks.end(), rank);
   if (me == ranks.end() || !std::is_sorted(ranks.begin(), ranks.end())) {
-    throw CommError(who + ": rank " + std::to_string(rank) +
-                    " called split with a list that does not hold it or is not ascending");
+    throw CommError(fmt::format(
+        "{}: rank {} called split with a list that does not hold it or is not ascending", who,
+        rank));
   }
   return static_cast<int>(me - ranks.begin());
 }
 
 std::string splitName(int ordinal, const std::vector<int>& ranks) {
-  std::string name = "split" + std::to_string(ordinal) + "[";
-  for (size_t i = 0; i < ranks.size(); ++i) name += (i ? "," : "") + std::to_string(ranks[i]);
-  return name + "]";
+  return fmt::format("split{}[{}]", ordinal, fmt::join(ranks, ","));
 }
 
 }  // namespace collie

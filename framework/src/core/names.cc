@@ -1,4 +1,6 @@
 // Names of dtypes, reduce ops, collectives and tags, both ways where parsing is needed.
+#include <fmt/format.h>
+
 #include <cstring>
 #include <string>
 
@@ -41,8 +43,8 @@ bool parseCollective(const std::string& name, Collective* out) {
 }
 
 std::string describeTag(Tag tag) {
-  return "tag " + std::to_string(tag) + " (seq " + std::to_string(tag >> 24) + ", phase " +
-         std::to_string((tag >> 20) & 0xF) + ", step " + std::to_string(tag & 0xFFFFF) + ")";
+  return fmt::format("tag {} (seq {}, phase {}, step {})", tag, tag >> 24, (tag >> 20) & 0xF,
+                     tag & 0xFFFFF);
 }
 
 }  // namespace collie

@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "collie/error.h"
-#include "util/strings.h"
+#include "core/strings.h"
 
 namespace collie {
 namespace {

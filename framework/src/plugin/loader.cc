@@ -16,7 +16,8 @@
 #include "collie/error.h"
 #include "collie/log.h"
 #include "collie/plugin.h"
-#include "util/strings.h"
+#include "config/rules.h"
+#include "core/strings.h"
 
 namespace fs = std::filesystem;
 
@@ -168,10 +169,11 @@ void rejectUnreadParams(const Params& params, const PluginLibrary& library) {
                     "' knows: " + (known.empty() ? "no params" : detail::join(known, ", ")));
 }
 
-// The folder `collie/` beside the libcollie_core.so that contains this code.
+// The folder `collie/` beside the libcollie_core.so this process runs with (found by a
+// function of the core, since the loader itself is linked into the executable).
 std::string besideCoreLibrary() {
   Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&besideCoreLibrary), &info) == 0 || !info.dli_fname) {
+  if (dladdr(reinterpret_cast<void*>(&dtypeSize), &info) == 0 || !info.dli_fname) {
     return "";
   }
   return (fs::path(info.dli_fname).parent_path() / "collie").string();
@@ -298,6 +300,7 @@ std::shared_ptr<Scheduler> PluginLoader::createScheduler(const std::string& name
   plugin_context.make_scheduler = [this](const std::string& plugin, Params& child) {
     return createScheduler(plugin, child);
   };
+  plugin_context.read_rules = [](const std::string& path) { return config::readRulesFile(path); };
   auto scheduler = create<Scheduler>(library, plugin_context);
   rejectUnreadParams(params, *library);
   return scheduler;

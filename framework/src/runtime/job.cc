@@ -1,6 +1,8 @@
 // Rendezvous, join, same-experiment check and backend creation for worker processes.
 #include "runtime/job.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -13,8 +15,8 @@
 #include "collie/config.h"
 #include "collie/error.h"
 #include "collie/log.h"
+#include "core/strings.h"
 #include "runtime/tcp_store.h"
-#include "util/strings.h"
 
 namespace collie {
 namespace {
@@ -44,9 +46,7 @@ std::string hostName() {
 
 // "1, 3 and 5" style list of ranks.
 std::string rankList(const std::vector<int>& ranks) {
-  std::vector<std::string> parts;
-  for (int r : ranks) parts.push_back(std::to_string(r));
-  return detail::join(parts, ", ");
+  return fmt::format("{}", fmt::join(ranks, ", "));
 }
 
 }  // namespace
@@ -57,12 +57,12 @@ ProcessJob::ProcessJob(const WorkerEnv& env, const std::string& default_addr, ui
   const std::string addr = env.master_addr.empty() ? default_addr : env.master_addr;
   const uint16_t port = env.master_port != 0 ? env.master_port : default_port;
   if (port == 0) {
-    throw ConfigError("rank " + std::to_string(env.rank) + " (started by " + env.source +
+    throw ConfigError(fmt::format("rank {} (started by {}", env.rank, env.source) +
                       "): MASTER_PORT is not set. HINT: export MASTER_PORT (e.g. 29500) to "
                       "every rank, or set launch.master_port");
   }
-  logDebug("rendezvous at " + addr + ":" + std::to_string(port) + " as rank " +
-           std::to_string(env.rank) + " of " + std::to_string(env.world) + " (" + env.source + ")");
+  logDebug(fmt::format("rendezvous at {}:{} as rank {} of {} ({})", addr, port, env.rank, env.world,
+                       env.source));
   store_ = std::make_unique<TcpStore>(addr, port, env.rank == 0, timeout);
   join();
 }
@@ -85,7 +85,7 @@ Store& ProcessJob::store() { return *store_; }
 
 std::string ProcessJob::explainFailure(const std::string& error) {
   try {
-    store_->setString("failure/" + std::to_string(env_.rank), error);
+    store_->setString(fmt::format("failure/{}", env_.rank), error);
   } catch (const std::exception&) {
     return "; the rendezvous store on rank 0 is unreachable: rank 0 is the likely cause (the "
            "process died or was stopped)";
@@ -103,9 +103,9 @@ std::string ProcessJob::explainFailure(const std::string& error) {
     try {
       for (int r = 0; r < env_.world; ++r) {
         if (r == env_.rank) continue;
-        bool failed = store_->check({"failure/" + std::to_string(r)});
+        bool failed = store_->check({fmt::format("failure/{}", r)});
         (failed ? now_reported : now_silent).push_back(r);
-        if (failed && env_.rank == 0 && !store_->check({"looked/" + std::to_string(r)}))
+        if (failed && env_.rank == 0 && !store_->check({fmt::format("looked/{}", r)}))
           all_done_looking = false;
       }
     } catch (const std::exception&) {
@@ -122,7 +122,7 @@ std::string ProcessJob::explainFailure(const std::string& error) {
   }
   if (env_.rank != 0) {
     try {
-      store_->setString("looked/" + std::to_string(env_.rank), "");
+      store_->setString(fmt::format("looked/{}", env_.rank), "");
     } catch (const std::exception&) {
     }
   }
@@ -137,7 +137,7 @@ std::string ProcessJob::explainFailure(const std::string& error) {
 }
 
 void ProcessJob::join() {
-  store_->setString("join/" + std::to_string(env_.rank), hostName());
+  store_->setString(fmt::format("join/{}", env_.rank), hostName());
   waitForRanks("join/", "arrive at the rendezvous");
 }
 
@@ -147,10 +147,10 @@ void ProcessJob::waitForRanks(const std::string& key, const std::string& what) {
   std::vector<int> missing;
   for (int r = 0; r < env_.world; ++r) missing.push_back(r);
   auto verdict = [&](const std::vector<int>& ranks) {
-    return std::to_string(ranks.size()) + " of " + std::to_string(env_.world) + " ranks did not " +
-           what + " within " + std::to_string(timeout_.count() / 1000.0).substr(0, 5) +
-           " s: rank(s) " + rankList(ranks) + " (store " + store_->address() +
-           "). HINT: check that every rank was started with the same WORLD_SIZE, MASTER_ADDR "
+    return fmt::format("{} of {} ranks did not {} within {:g} s: rank(s) {} (store {})",
+                       ranks.size(), env_.world, what, timeout_.count() / 1000.0, rankList(ranks),
+                       store_->address()) +
+           ". HINT: check that every rank was started with the same WORLD_SIZE, MASTER_ADDR "
            "and MASTER_PORT; launch.rendezvous_timeout sets the wait";
   };
   const std::string failed_key = key + "failed";
@@ -160,17 +160,18 @@ void ProcessJob::waitForRanks(const std::string& key, const std::string& what) {
     std::vector<int> still;
     try {
       for (int r : missing) {
-        if (!store_->check({key + std::to_string(r)})) still.push_back(r);
+        if (!store_->check({key + fmt::format("{}", r)})) still.push_back(r);
       }
       if (env_.rank != 0 && !still.empty() && store_->check({failed_key})) {
-        throw CommError("rank " + std::to_string(env_.rank) + ": " + store_->getString(failed_key));
+        throw CommError(fmt::format("rank {}: {}", env_.rank, store_->getString(failed_key)));
       }
     } catch (const CommError&) {
       throw;
     } catch (const std::exception& e) {
-      throw CommError("rank " + std::to_string(env_.rank) +
-                      ": rank 0 (the store host) left the rendezvous while rank(s) " +
-                      rankList(missing) + " had not arrived: " + e.what());
+      throw CommError(fmt::format(
+          "rank {}: rank 0 (the store host) left the rendezvous while rank(s) {} had not "
+          "arrived: {}",
+          env_.rank, rankList(missing), e.what()));
     }
     missing = still;
     if (missing.empty()) return;
@@ -184,15 +185,15 @@ void ProcessJob::waitForRanks(const std::string& key, const std::string& what) {
     } catch (const std::exception&) {
     }
   }
-  throw CommError("rank " + std::to_string(env_.rank) + ": " + verdict(missing));
+  throw CommError(fmt::format("rank {}: {}", env_.rank, verdict(missing)));
 }
 
 std::vector<std::string> ProcessJob::allGather(const std::string& key, const std::string& value) {
-  store_->setString(key + "/" + std::to_string(env_.rank), value);
+  store_->setString(fmt::format("{}/{}", key, env_.rank), value);
   waitForRanks(key + "/", "publish '" + key + "'");
   std::vector<std::string> values;
   for (int r = 0; r < env_.world; ++r)
-    values.push_back(store_->getString(key + "/" + std::to_string(r)));
+    values.push_back(store_->getString(fmt::format("{}/{}", key, r)));
   return values;
 }
 
@@ -213,9 +214,10 @@ void ProcessJob::checkSame(const std::string& key,
       if (nth(all[r]) != nth(all[0])) differ.push_back(r);
     }
     if (!differ.empty()) {
-      throw ConfigError("rank(s) " + rankList(differ) + " loaded a different " + facts[f].first +
-                        " than rank 0: rank 0 has " + nth(all[0]) + ", rank " +
-                        std::to_string(differ[0]) + " has " + nth(all[differ[0]]) +
+      throw ConfigError(fmt::format("rank(s) {} loaded a different {} than rank 0: rank 0 has {}, "
+                                    "rank {} has {}",
+                                    rankList(differ), facts[f].first, nth(all[0]), differ[0],
+                                    nth(all[differ[0]])) +
                         ". HINT: every rank must run the same config file, --set overrides, "
                         "plugins and world size");
     }
@@ -271,13 +273,13 @@ WorkerRank createBackend(ProcessJob& job, const PluginLoader& loader, const conf
 
 WorkerRank joinRun(ProcessJob& job, const PluginLoader& loader, const config::Experiment& e,
                    int index) {
-  const std::string run = "run" + std::to_string(index) + "/";
+  const std::string run = fmt::format("run{}/", index);
   YAML::Emitter emitter;
   emitter << e.resolved;
   std::string plugins;
   for (const auto& use : pluginsOf(e))
     plugins += pluginIdentity(loader, use.kind, use.plugin) + " ";
-  job.checkSame(run + "identity", {{"world size", std::to_string(job.world())},
+  job.checkSame(run + "identity", {{"world size", fmt::format("{}", job.world())},
                                    {"collie version", COLLIE_VERSION},
                                    {"experiment (config digest)", hashText(emitter.c_str())},
                                    {"plugin files (digests)", hashText(plugins)}});
@@ -285,9 +287,9 @@ WorkerRank joinRun(ProcessJob& job, const PluginLoader& loader, const config::Ex
   Topology topology;
   if (e.explicit_topology) {
     if (e.topology.world_size != job.world()) {
-      throw ConfigError("launch.node_labels/ranks_per_node describe " +
-                        std::to_string(e.topology.world_size) + " ranks but the job has " +
-                        std::to_string(job.world()));
+      throw ConfigError(
+          fmt::format("launch.node_labels/ranks_per_node describe {} ranks but the job has {}",
+                      e.topology.world_size, job.world()));
     }
     topology = e.topology;
   } else {
@@ -295,9 +297,8 @@ WorkerRank joinRun(ProcessJob& job, const PluginLoader& loader, const config::Ex
   }
   WorkerRank w = createBackend(job, loader, e.backend, run, e.rendezvous_timeout);
   w.topology = topology;
-  logDebug("rank " + std::to_string(job.rank()) + " of " + std::to_string(job.world()) +
-           ": backend " + e.backend.label + " connected, " + std::to_string(topology.nodeCount()) +
-           " node(s)");
+  logDebug(fmt::format("rank {} of {}: backend {} connected, {} node(s)", job.rank(), job.world(),
+                       e.backend.label, topology.nodeCount()));
   return w;
 }
 

@@ -3,6 +3,7 @@
 #include "runtime/launcher.h"
 
 #include <arpa/inet.h>
+#include <fmt/format.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -63,13 +64,12 @@ LaunchOutcome launchWorkers(const LaunchSpec& spec) {
   auto onExit = [&](const Worker& w, int status) {
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     if (ok || !outcome.failure.empty() || outcome.interrupted || teardown.stopping()) return;
-    outcome.failure = "rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") " +
-                      describeExit(status);
+    outcome.failure = fmt::format("rank {} (pid {}) {}", w.rank, w.pid, describeExit(status));
     outcome.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
     failed = &w;
     if (workers.running() > 0) {
-      logError("launcher: " + outcome.failure + "; stopping the other " +
-               std::to_string(workers.running()) + " rank(s)");
+      logError(fmt::format("launcher: {}; stopping the other {} rank(s)", outcome.failure,
+                           workers.running()));
     }
     teardown.failed(Clock::now());
   };
@@ -97,8 +97,8 @@ LaunchOutcome launchWorkers(const LaunchSpec& spec) {
       }
       outcome.interrupted = true;
       outcome.exit_code = 128 + sig;
-      logWarn("launcher: " + signalName(sig) + " received; forwarding it to " +
-              std::to_string(workers.running()) + " worker(s)");
+      logWarn(fmt::format("launcher: {} received; forwarding it to {} worker(s)", signalName(sig),
+                          workers.running()));
       workers.signalAll(sig);
       teardown.forwarded(Clock::now());
     }

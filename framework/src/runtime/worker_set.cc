@@ -2,6 +2,7 @@
 #include "runtime/worker_set.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sched.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
@@ -66,16 +67,16 @@ std::vector<std::string> workerEnvironment(const LaunchSpec& spec, const Worker&
     if (!ours) env.push_back(entry);
   }
   const int world = spec.nproc * spec.nnodes;
-  env.push_back("RANK=" + std::to_string(w.rank));
-  env.push_back("WORLD_SIZE=" + std::to_string(world));
-  env.push_back("LOCAL_RANK=" + std::to_string(w.local_rank));
-  env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(spec.nproc));
-  env.push_back("GROUP_RANK=" + std::to_string(spec.node_rank));
+  env.push_back(fmt::format("RANK={}", w.rank));
+  env.push_back(fmt::format("WORLD_SIZE={}", world));
+  env.push_back(fmt::format("LOCAL_RANK={}", w.local_rank));
+  env.push_back(fmt::format("LOCAL_WORLD_SIZE={}", spec.nproc));
+  env.push_back(fmt::format("GROUP_RANK={}", spec.node_rank));
   env.push_back("MASTER_ADDR=" + spec.master_addr);
-  env.push_back("MASTER_PORT=" + std::to_string(spec.master_port));
-  env.push_back("COLLIE_EXPERIMENT=" + std::to_string(spec.experiment));
+  env.push_back(fmt::format("MASTER_PORT={}", spec.master_port));
+  env.push_back(fmt::format("COLLIE_EXPERIMENT={}", spec.experiment));
   if (!spec.result_path.empty()) env.push_back("COLLIE_RESULT=" + spec.result_path);
-  env.push_back("OMP_NUM_THREADS=" + std::to_string(spec.threads_per_rank));
+  env.push_back(fmt::format("OMP_NUM_THREADS={}", spec.threads_per_rank));
   env.insert(env.end(), spec.extra_env.begin(), spec.extra_env.end());
   return env;
 }
@@ -95,9 +96,8 @@ std::vector<cpu_set_t> cpuSets(const LaunchSpec& spec) {
   }
   const size_t needed = static_cast<size_t>(spec.nproc) * spec.threads_per_rank;
   if (needed > cpus.size()) {
-    logInfo("not pinning workers: " + std::to_string(spec.nproc) + " ranks x " +
-            std::to_string(spec.threads_per_rank) + " threads > " + std::to_string(cpus.size()) +
-            " CPUs");
+    logInfo(fmt::format("not pinning workers: {} ranks x {} threads > {} CPUs", spec.nproc,
+                        spec.threads_per_rank, cpus.size()));
     return {};
   }
   std::vector<cpu_set_t> sets(spec.nproc);
@@ -118,16 +118,16 @@ void closeFd(int& fd) {
 
 std::string signalName(int sig) {
   const char* abbrev = sigabbrev_np(sig);
-  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+  return abbrev ? fmt::format("SIG{}", abbrev) : fmt::format("signal {}", sig);
 }
 
 std::string describeExit(int status) {
-  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {
     int sig = WTERMSIG(status);
-    return "was killed by signal " + std::to_string(sig) + " (" + signalName(sig) + ")";
+    return fmt::format("was killed by signal {} ({})", sig, signalName(sig));
   }
-  return "stopped (status " + std::to_string(status) + ")";
+  return fmt::format("stopped (status {})", status);
 }
 
 BlockedSignals::BlockedSignals() {
@@ -249,7 +249,7 @@ void WorkerSet::relay(const std::vector<pollfd>& fds, size_t first) {
     const int s = polled_[p].second;
     char buffer[65536];
     ssize_t n = ::read(w.fds[s], buffer, sizeof(buffer));
-    const std::string prefix = "[rank " + std::to_string(w.rank) + "] ";
+    const std::string prefix = fmt::format("[rank {}] ", w.rank);
     const int target = s == 0 ? STDOUT_FILENO : STDERR_FILENO;
     if (n > 0) {
       emitLines(target, prefix, w.pending[s], buffer, static_cast<size_t>(n), false, &w.last_error);

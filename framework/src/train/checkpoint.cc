@@ -21,7 +21,7 @@
 
 #include "collie/error.h"
 #include "util/files.h"
-#include "util/strings.h"
+#include "core/strings.h"
 
 namespace fs = std::filesystem;
 

@@ -10,7 +10,7 @@
 
 #include "collie/error.h"
 #include "util/files.h"
-#include "util/strings.h"
+#include "core/strings.h"
 
 namespace collie::train {
 namespace {

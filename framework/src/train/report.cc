@@ -19,7 +19,7 @@
 #include "collie/params.h"
 #include "train/report.h"
 #include "util/files.h"
-#include "util/strings.h"
+#include "core/strings.h"
 
 namespace collie::train {
 namespace {

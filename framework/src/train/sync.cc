@@ -8,7 +8,7 @@
 
 #include <algorithm>
 
-#include "util/strings.h"
+#include "core/strings.h"
 
 namespace collie::train {
 namespace {

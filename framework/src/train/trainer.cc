@@ -29,7 +29,7 @@
 #include "train/reducer.h"
 #include "train/report.h"
 #include "train/sync.h"
-#include "util/strings.h"
+#include "core/strings.h"
 
 namespace collie::train {
 namespace {

@@ -1,5 +1,5 @@
 // String helpers for user-facing messages.
-#include "util/strings.h"
+#include "core/strings.h"
 
 #include <cstdio>
 
