@@ -1,6 +1,8 @@
 // Bench execution: per rank, sizes × schedulers interleaved, timed between barriers.
 #include "bench/bench.h"
 
+#include <fmt/format.h>
+
 #include <ATen/Parallel.h>
 
 #include <chrono>
@@ -126,8 +128,7 @@ class RankBench {
     row.time_us = seconds * 1e6;
     row.algbw = seconds > 0 ? row.bytes / seconds / 1e9 : 0;
     row.busbw = row.algbw * busFactor(spec_.collective, n_);
-    logDebug(row.scheduler + " " + std::to_string(row.bytes) +
-             " B: " + std::to_string(row.time_us) + " us");
+    logDebug(fmt::format("{} {} B: {:.1f} us", row.scheduler, row.bytes, row.time_us));
     return row;
   }
 
@@ -135,7 +136,8 @@ class RankBench {
   // ConfigError naming why none can.
   Scheduler* choose(const Scheduled& s, const CollectiveArgs& args) const {
     std::string refusals;
-    if (const auto* rule = comm_.select(args, s.rules, &refusals)) return rule->choice.scheduler.get();
+    if (const auto* rule = comm_.select(args, s.rules, &refusals))
+      return rule->choice.scheduler.get();
     throw ConfigError("bench.schedulers: '" + s.label + "' cannot run " +
                       collectiveName(args.coll) + " of " +
                       formatBytes(std::max(args.data.bytes(), args.output.bytes())) + ": " +

@@ -2,6 +2,9 @@
 // exchanges so that a wrong result on one rank is reported with the case that produced it.
 #include "check/conformance.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -37,7 +40,7 @@ Topology topologyFor(int world, bool emulate_nodes) {
     }
   }
   std::vector<std::string> labels;
-  for (int r = 0; r < world; ++r) labels.push_back("node" + std::to_string(r / per_node));
+  for (int r = 0; r < world; ++r) labels.push_back(fmt::format("node{}", r / per_node));
   return Topology::fromLabels(labels);
 }
 
@@ -177,26 +180,27 @@ class RankChecker {
               std::mutex* mu) {
     std::vector<std::string> problems;
     double wrong = 0;
-    std::string wrong_ranks, unstable_ranks;
+    std::vector<int> wrong_ranks, unstable_ranks;
     for (int r = 0; r < n; ++r) {
       wrong += all[r][0];
-      if (all[r][0] > 0) wrong_ranks += (wrong_ranks.empty() ? "" : ", ") + std::to_string(r);
-      if (all[r][3] > 0) unstable_ranks += (unstable_ranks.empty() ? "" : ", ") + std::to_string(r);
+      if (all[r][0] > 0) wrong_ranks.push_back(r);
+      if (all[r][3] > 0) unstable_ranks.push_back(r);
     }
     if (wrong > 0) {
-      problems.push_back(std::to_string(static_cast<uint64_t>(wrong)) + " wrong elements (ranks " +
-                         wrong_ranks + ")");
+      problems.push_back(fmt::format("{} wrong elements (ranks {})", static_cast<uint64_t>(wrong),
+                                     fmt::join(wrong_ranks, ", ")));
     }
     if (c.coll != Collective::kReduceScatter) {  // every other result is the same everywhere
       for (int r = 1; r < n; ++r) {
         if (all[r][1] != all[0][1] || all[r][2] != all[0][2]) {
-          problems.push_back("bytes differ between rank 0 and rank " + std::to_string(r));
+          problems.push_back(fmt::format("bytes differ between rank 0 and rank {}", r));
           break;
         }
       }
     }
     if (!unstable_ranks.empty()) {
-      problems.push_back("a second run gave other bytes (ranks " + unstable_ranks + ")");
+      problems.push_back(
+          fmt::format("a second run gave other bytes (ranks {})", fmt::join(unstable_ranks, ", ")));
     }
     std::lock_guard<std::mutex> lock(*mu);
     if (problems.empty()) {
@@ -259,8 +263,8 @@ Report checkScheduler(const PluginLoader& loader, const config::PluginRef& sched
       });
     } catch (const Error& e) {
       std::lock_guard<std::mutex> lock(mu);
-      report.failures.push_back(scheduler.label + ": " + std::to_string(world) +
-                                " ranks: stopped: " + e.what());
+      report.failures.push_back(
+          fmt::format("{}: {} ranks: stopped: {}", scheduler.label, world, e.what()));
     }
   }
   return report;
@@ -315,9 +319,8 @@ void contractSilentPeer(Backend& b, const std::string& label, Report* report) {
     std::string m = e.what();
     expect(m.find("rank 0") != std::string::npos,
            "the timeout error names the silent peer (rank 0): " + m);
-    expect(
-        took >= 0.65 && took < 5.7,
-        "the receive times out after params.timeout (700 ms), took " + std::to_string(took) + " s");
+    expect(took >= 0.65 && took < 5.7,
+           fmt::format("the receive times out after params.timeout (700 ms), took {:.3f} s", took));
   }
 }
 

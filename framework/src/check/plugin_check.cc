@@ -110,9 +110,9 @@ Report checkAsProcesses(const PluginCheckRequest& request, const std::string& ta
                "--backend",
                backend_under_test ? request.plugin : request.backend,
                "--worlds",
-               std::to_string(world),
+               fmt::format("{}", world),
                "--large-count",
-               std::to_string(request.large_count),
+               fmt::format("{}", request.large_count),
                "--worker-task",
                task};
   for (const auto& d : request.dtypes) spec.argv.insert(spec.argv.end(), {"--dtypes", d});

@@ -2,7 +2,6 @@
 // the commands do lives in runtime/run.h and check/plugin_check.h. Exit codes: 0 success,
 // 1 the run failed, 2 bad input (config, CLI, plugin).
 #include <fmt/format.h>
-#include <yaml-cpp/yaml.h>
 #include <CLI/CLI.hpp>
 
 #include <cstdlib>
@@ -76,7 +75,7 @@ int pluginsCommand() {
   for (const auto& p : scan.found) {
     std::cout << "  " << std::setw(10) << pluginKindName(p.kind) << std::setw(12) << p.name
               << std::setw(9) << p.version << std::setw(6)
-              << (std::to_string(p.abi_major) + "." + std::to_string(p.abi_minor)) << p.path << "\n"
+              << fmt::format("{}.{}", p.abi_major, p.abi_minor) << p.path << "\n"
               << "  " << std::setw(37) << "" << p.description << "\n";
   }
   if (!scan.rejected.empty()) {

@@ -1,6 +1,7 @@
 // spdlog behind collie/log.h: one stderr logger whose lines carry the calling rank.
 #include "collie/log.h"
 
+#include <fmt/format.h>
 #include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -23,7 +24,7 @@ class RankFlag : public spdlog::custom_flag_formatter {
               spdlog::memory_buf_t& dest) override {
     int rank = t_rank >= 0 ? t_rank : g_process_rank.load(std::memory_order_relaxed);
     if (rank < 0) return;
-    std::string text = "r" + std::to_string(rank) + " ";
+    std::string text = fmt::format("r{} ", rank);
     dest.append(text.data(), text.data() + text.size());
   }
   std::unique_ptr<custom_flag_formatter> clone() const override {

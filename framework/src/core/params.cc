@@ -1,6 +1,8 @@
 // Plugin params: typed getters with located errors, sizes and durations with units.
 #include "collie/params.h"
 
+#include <fmt/format.h>
+
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -85,7 +87,7 @@ std::string formatBytes(uint64_t bytes) {
     bytes /= 1024;
     ++unit;
   }
-  return std::to_string(bytes) + " " + kUnits[unit];
+  return fmt::format("{} {}", bytes, kUnits[unit]);
 }
 
 void Params::set(const std::string& key, const std::string& value, const std::string& where) {
@@ -126,7 +128,7 @@ int64_t Params::getInt(const std::string& key, int64_t fallback, int64_t min, in
   char* end = nullptr;
   errno = 0;
   long long value = std::strtoll(text.c_str(), &end, 10);
-  std::string range = "an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
+  std::string range = fmt::format("an integer in [{}, {}]", min, max);
   if (text.empty() || *end != '\0' || errno == ERANGE || value < min || value > max) {
     badParam(*this, key, text, range);
   }

@@ -1,7 +1,7 @@
 // String helpers for user-facing messages.
 #include "core/strings.h"
 
-#include <cstdio>
+#include <fmt/format.h>
 
 #include <algorithm>
 
@@ -54,7 +54,7 @@ std::string join(const std::vector<std::string>& items, const std::string& separ
 }
 
 std::string withCommas(int64_t value) {
-  std::string digits = std::to_string(value < 0 ? -value : value), out;
+  std::string digits = fmt::format("{}", value < 0 ? -value : value), out;
   for (size_t i = 0; i < digits.size(); ++i) {
     if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
     out += digits[i];

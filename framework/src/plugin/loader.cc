@@ -3,6 +3,8 @@
 #define BOOST_DLL_USE_STD_FS
 #include "plugin/loader.h"
 
+#include <fmt/format.h>
+
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -80,7 +82,7 @@ std::string text(const char* field) { return field == nullptr ? "" : field; }
 
 PluginKind checkKind(const std::string& path, uint32_t kind) {
   if (kind < 1 || kind > 3) {
-    reject(path, "descriptor kind " + std::to_string(kind) + " is unknown (expected 1-3)", "");
+    reject(path, fmt::format("descriptor kind {} is unknown (expected 1-3)", kind), "");
   }
   return static_cast<PluginKind>(kind);
 }
@@ -96,16 +98,14 @@ PluginInfo validate(const std::string& path, const collie_plugin_descriptor_v1& 
   }
   if (d.abi_major != COLLIE_ABI_MAJOR) {
     reject(path,
-           "plugin ABI " + std::to_string(d.abi_major) + "." + std::to_string(d.abi_minor) +
-               " is not supported: this collie speaks ABI " + std::to_string(COLLIE_ABI_MAJOR) +
-               "." + std::to_string(COLLIE_ABI_MINOR) + "; ignored",
+           fmt::format("plugin ABI {}.{} is not supported: this collie speaks ABI {}.{}; ignored",
+                       d.abi_major, d.abi_minor, COLLIE_ABI_MAJOR, COLLIE_ABI_MINOR),
            "rebuild the plugin against this collie's headers");
   }
   if (d.abi_minor > COLLIE_ABI_MINOR) {
     reject(path,
-           "plugin needs ABI " + std::to_string(d.abi_major) + "." + std::to_string(d.abi_minor) +
-               " but this collie provides only " + std::to_string(COLLIE_ABI_MAJOR) + "." +
-               std::to_string(COLLIE_ABI_MINOR) + "; ignored",
+           fmt::format("plugin needs ABI {}.{} but this collie provides only {}.{}; ignored",
+                       d.abi_major, d.abi_minor, COLLIE_ABI_MAJOR, COLLIE_ABI_MINOR),
            "upgrade collie or rebuild the plugin against this collie");
   }
   PluginKind kind = checkKind(path, d.kind);

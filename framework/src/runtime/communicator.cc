@@ -1,6 +1,8 @@
 // Scheduler selection and provenance.
 #include "runtime/communicator.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 
@@ -38,10 +40,9 @@ Provenance Communicator::runRule(const Rule& rule, CollectiveArgs args) {
   try {
     rule.choice.scheduler->run(args, *backend_, topology_);
   } catch (const CommError& e) {
-    throw CommError(std::string(collectiveName(args.coll)) + " seq " + std::to_string(args.seq) +
-                    " (" + formatBytes(bytes) + ", scheduler " + label + ", backend " +
-                    backend_name_ + ") failed on rank " + std::to_string(backend_->rank()) + ": " +
-                    e.what());
+    throw CommError(fmt::format("{} seq {} ({}, scheduler {}, backend {}) failed on rank {}: {}",
+                                collectiveName(args.coll), args.seq, formatBytes(bytes), label,
+                                backend_name_, backend_->rank(), e.what()));
   }
   std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
   return {label, backend_name_, args.coll, bytes, args.seq, took.count()};

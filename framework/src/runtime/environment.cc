@@ -2,6 +2,8 @@
 // Open MPI, then Slurm.
 #include "runtime/environment.h"
 
+#include <fmt/format.h>
+
 #include <cstdlib>
 
 #include "collie/error.h"
@@ -23,9 +25,8 @@ class Reader {
     errno = 0;
     long value = std::strtol(text, &end, 10);
     if (*text == '\0' || *end != '\0' || errno != 0 || value < min || value > max) {
-      throw ConfigError(std::string("environment variable ") + name + "='" + text +
-                        "': expected an integer in [" + std::to_string(min) + ", " +
-                        std::to_string(max) + "]");
+      throw ConfigError(fmt::format("environment variable {}='{}': expected an integer in [{}, {}]",
+                                    name, text, min, max));
     }
     return value;
   }
@@ -84,8 +85,8 @@ WorkerEnv detectWorkerEnv(const std::function<const char*(const char*)>& getenv)
                       ") sets them together");
   }
   if (w.rank >= w.world) {
-    throw ConfigError(std::string("environment: ") + rank_var + "=" + std::to_string(w.rank) +
-                      " is not below " + world_var + "=" + std::to_string(w.world));
+    throw ConfigError(
+        fmt::format("environment: {}={} is not below {}={}", rank_var, w.rank, world_var, w.world));
   }
   w.present = true;
   w.master_addr = env.text("MASTER_ADDR");
@@ -93,10 +94,11 @@ WorkerEnv detectWorkerEnv(const std::function<const char*(const char*)>& getenv)
   w.experiment = static_cast<int>(env.integer("COLLIE_EXPERIMENT", -1, 0, kMaxRanks));
   w.result_path = env.text("COLLIE_RESULT");
   if (w.master_addr.empty() && w.local_world != w.world) {
-    throw ConfigError("environment: " + w.source + " started " + std::to_string(w.world) +
-                      " ranks on several nodes but MASTER_ADDR is not set. HINT: export "
-                      "MASTER_ADDR (rank 0's host) and MASTER_PORT to every rank, e.g. "
-                      "mpirun -x MASTER_ADDR=node1 -x MASTER_PORT=29500");
+    throw ConfigError(fmt::format(
+        "environment: {} started {} ranks on several nodes but MASTER_ADDR is not set. HINT: "
+        "export MASTER_ADDR (rank 0's host) and MASTER_PORT to every rank, e.g. mpirun -x "
+        "MASTER_ADDR=node1 -x MASTER_PORT=29500",
+        w.source, w.world));
   }
   return w;
 }

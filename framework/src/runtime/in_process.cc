@@ -1,6 +1,8 @@
 // Thread-per-rank jobs.
 #include "runtime/in_process.h"
 
+#include <fmt/format.h>
+
 #include <unistd.h>
 
 #include <atomic>
@@ -22,7 +24,7 @@ void runInProcess(const PluginLoader& loader, const config::PluginRef& backend_r
   static std::atomic<int> jobs{0};
   BackendContext context;
   context.size = world;
-  context.job_id = "job-" + std::to_string(::getpid()) + "-" + std::to_string(jobs++);
+  context.job_id = fmt::format("job-{}-{}", ::getpid(), jobs++);
 
   std::mutex mu;
   std::exception_ptr first_error;
@@ -32,8 +34,7 @@ void runInProcess(const PluginLoader& loader, const config::PluginRef& backend_r
     if (!first_error) {
       first_error = error;
       for (int r = 0; r < world; ++r) {
-        if (backends[r] && r != rank)
-          backends[r]->abort("rank " + std::to_string(rank) + " failed");
+        if (backends[r] && r != rank) backends[r]->abort(fmt::format("rank {} failed", rank));
       }
     }
   };

@@ -57,9 +57,10 @@ ProcessJob::ProcessJob(const WorkerEnv& env, const std::string& default_addr, ui
   const std::string addr = env.master_addr.empty() ? default_addr : env.master_addr;
   const uint16_t port = env.master_port != 0 ? env.master_port : default_port;
   if (port == 0) {
-    throw ConfigError(fmt::format("rank {} (started by {}", env.rank, env.source) +
-                      "): MASTER_PORT is not set. HINT: export MASTER_PORT (e.g. 29500) to "
-                      "every rank, or set launch.master_port");
+    throw ConfigError(fmt::format(
+        "rank {} (started by {}): MASTER_PORT is not set. HINT: export MASTER_PORT (e.g. 29500) "
+        "to every rank, or set launch.master_port",
+        env.rank, env.source));
   }
   logDebug(fmt::format("rendezvous at {}:{} as rank {} of {} ({})", addr, port, env.rank, env.world,
                        env.source));

@@ -1,6 +1,7 @@
 // c10d's TCPStore behind collie's Store interface, its exceptions turned into CommErrors.
 #include "runtime/tcp_store.h"
 
+#include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "collie/error.h"
@@ -33,9 +34,7 @@ auto guarded(const std::string& where, const std::string& what, F&& f) -> declty
 
 TcpStore::TcpStore(const std::string& host, uint16_t port, bool is_server,
                    std::chrono::milliseconds timeout)
-    : impl_(std::make_unique<Impl>()),
-      where_(host + ":" + std::to_string(port)),
-      timeout_(timeout) {
+    : impl_(std::make_unique<Impl>()), where_(fmt::format("{}:{}", host, port)), timeout_(timeout) {
   c10d::TCPStoreOptions options;
   options.port = port;
   options.isServer = is_server;
@@ -49,15 +48,17 @@ TcpStore::TcpStore(const std::string& host, uint16_t port, bool is_server,
     if (newline != std::string::npos) message.resize(newline);
     while (!message.empty() && message.back() == '.') message.pop_back();
     if (is_server) {
-      throw CommError("rank 0 cannot host the rendezvous store on port " + std::to_string(port) +
-                      ": " + message + ". HINT: another job may use the port; set MASTER_PORT");
+      throw CommError(fmt::format(
+          "rank 0 cannot host the rendezvous store on port {}: {}. HINT: another job may use the "
+          "port; set MASTER_PORT",
+          port, message));
     }
-    throw CommError("cannot reach the rendezvous store at " + where_ + " within " +
-                    std::to_string(timeout.count() / 1000) + " s: " + message +
+    throw CommError(fmt::format("cannot reach the rendezvous store at {} within {} s: {}", where_,
+                                timeout.count() / 1000, message) +
                     ". HINT: rank 0 hosts it; it did not start, or MASTER_ADDR/MASTER_PORT "
                     "do not point at it");
   }
-  where_ = host + ":" + std::to_string(impl_->store->getPort());
+  where_ = fmt::format("{}:{}", host, impl_->store->getPort());
 }
 
 TcpStore::~TcpStore() = default;
@@ -91,8 +92,8 @@ void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseco
     if (!check({key})) missing += (missing.empty() ? "" : ", ") + key;
   }
   if (missing.empty()) return;  // they arrived while we looked
-  throw CommError("rendezvous store at " + where_ + ": waited " + std::to_string(timeout.count()) +
-                  " ms for " + missing);
+  throw CommError(
+      fmt::format("rendezvous store at {}: waited {} ms for {}", where_, timeout.count(), missing));
 }
 
 }  // namespace collie

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <ATen/ops/empty.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <xxhash.h>
 #include <nlohmann/json.hpp>
 
@@ -20,8 +22,8 @@
 #include <regex>
 
 #include "collie/error.h"
-#include "util/files.h"
 #include "core/strings.h"
+#include "util/files.h"
 
 namespace fs = std::filesystem;
 
@@ -129,7 +131,7 @@ Checkpoint loadCheckpoint(const std::string& path) {
   const char* bytes = reinterpret_cast<const char*>(file->bytes());
   const size_t size = file->size();
   const size_t fixed = sizeof(kMagic) + sizeof(uint32_t) + sizeof(uint64_t);
-  if (size < fixed + sizeof(uint64_t)) fail(path, "truncated (" + std::to_string(size) + " bytes)");
+  if (size < fixed + sizeof(uint64_t)) fail(path, fmt::format("truncated ({} bytes)", size));
   if (std::memcmp(bytes, kMagic, sizeof(kMagic)) != 0) {
     fail(path, "not a collie checkpoint (it does not start with COLLIECK)");
   }
@@ -139,8 +141,7 @@ Checkpoint loadCheckpoint(const std::string& path) {
   std::memcpy(&header_size, bytes + 12, sizeof(header_size));
   std::memcpy(&digest, bytes + size - 8, sizeof(digest));
   if (version != kVersion) {
-    fail(path, "format version " + std::to_string(version) + ", this collie reads version " +
-                   std::to_string(kVersion));
+    fail(path, fmt::format("format version {}, this collie reads version {}", version, kVersion));
   }
   if (XXH3_64bits(bytes, size - 8) != digest) {
     fail(path,
@@ -148,7 +149,7 @@ Checkpoint loadCheckpoint(const std::string& path) {
          "to resume from the previous checkpoint");
   }
   if (header_size > kMaxHeader || fixed + header_size > size - 8) {
-    fail(path, "header length " + std::to_string(header_size) + " is out of range");
+    fail(path, fmt::format("header length {} is out of range", header_size));
   }
   Checkpoint checkpoint;
   const char* payload = bytes + fixed + header_size;
@@ -186,16 +187,15 @@ void restoreTensors(const Checkpoint& from,
                     const std::vector<std::pair<std::string, at::Tensor>>& into,
                     const std::string& path) {
   if (from.tensors.size() != into.size()) {
-    fail(path, "holds " + std::to_string(from.tensors.size()) + " tensors, this run has " +
-                   std::to_string(into.size()));
+    fail(path, fmt::format("holds {} tensors, this run has {}", from.tensors.size(), into.size()));
   }
   for (size_t i = 0; i < into.size(); ++i) {
     const auto& [name, saved] = from.tensors[i];
     const auto& [want, target] = into[i];
     if (name != want || saved.sizes() != target.sizes() ||
         saved.scalar_type() != target.scalar_type()) {
-      fail(path, "tensor " + std::to_string(i) + " is '" + name + "' " + c10::str(saved.sizes()) +
-                     ", this run expects '" + want + "' " + c10::str(target.sizes()));
+      fail(path, fmt::format("tensor {} is '{}' {}, this run expects '{}' {}", i, name,
+                             c10::str(saved.sizes()), want, c10::str(target.sizes())));
     }
   }
   for (size_t i = 0; i < into.size(); ++i) {
@@ -243,12 +243,10 @@ std::string runIdentity(const config::Experiment& e, const std::vector<int>& mic
   const config::TrainSpec& t = e.train;
   std::string id = "model " + e.model.plugin + " {";
   for (const auto& [key, value] : e.model.params.values()) id += key + ": " + value + ", ";
-  std::vector<std::string> sizes;
-  for (int b : micro_batch) sizes.push_back(std::to_string(b));
-  id += "}; optimizer " + std::string(t.sgd ? "sgd" : "adamw") + "; micro_batch " +
-        (t.auto_micro_batch ? "auto (global " + std::to_string(t.global_batch) + ")"
-                            : "[" + detail::join(sizes, ", ") + "]") +
-        " x " + std::to_string(t.grad_accum) + "; data seed " + std::to_string(e.data.seed);
+  id += fmt::format("}}; optimizer {}; micro_batch {} x {}; data seed {}", t.sgd ? "sgd" : "adamw",
+                    t.auto_micro_batch ? fmt::format("auto (global {})", t.global_batch)
+                                       : fmt::format("[{}]", fmt::join(micro_batch, ", ")),
+                    t.grad_accum, e.data.seed);
   return id;
 }
 

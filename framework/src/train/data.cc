@@ -2,6 +2,7 @@
 #include "train/data.h"
 
 #include <ATen/ops/empty.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -9,8 +10,8 @@
 #include <numeric>
 
 #include "collie/error.h"
-#include "util/files.h"
 #include "core/strings.h"
+#include "util/files.h"
 
 namespace collie::train {
 namespace {
@@ -44,7 +45,7 @@ class SyntheticSource final : public TokenSource {
   }
 
   std::string describe() const override {
-    return "synthetic (seed " + std::to_string(seed_) + ", vocab " + std::to_string(vocab_) + ")";
+    return fmt::format("synthetic (seed {}, vocab {})", seed_, vocab_);
   }
 
  private:
@@ -61,22 +62,22 @@ class FileSource final : public TokenSource {
         seed_(spec.seed),
         text_(spec.source == config::DataSpec::Source::kText) {
     if (!text_ && file_->size() % 2 != 0) {
-      throw ConfigError("data.path " + path_ +
-                        ": a tokens file holds uint16 ids (2 bytes each), "
-                        "but it has an odd size of " +
-                        std::to_string(file_->size()) +
-                        " bytes. HINT: for a text file use data.source: text");
+      throw ConfigError(fmt::format(
+          "data.path {}: a tokens file holds uint16 ids (2 bytes each), but it has an odd size "
+          "of {} bytes. HINT: for a text file use data.source: text",
+          path_, file_->size()));
     }
     count_ = text_ ? file_->size() : file_->size() / 2;
     if (count_ < static_cast<size_t>(window) + 1) {
-      throw ConfigError("data.path " + path_ + ": expected at least " + std::to_string(window + 1) +
-                        " tokens (the model's seq_len + 2), found " + std::to_string(count_));
+      throw ConfigError(fmt::format(
+          "data.path {}: expected at least {} tokens (the model's seq_len + 2), found {}", path_,
+          window + 1, count_));
     }
     if (text_ && vocab < 256) {
-      throw ConfigError(
-          "data.source text: byte-level tokens need a model vocab of at least 256, "
-          "found " +
-          std::to_string(vocab) + ". HINT: set the model's vocab: 256");
+      throw ConfigError(fmt::format(
+          "data.source text: byte-level tokens need a model vocab of at least 256, found {}. "
+          "HINT: set the model's vocab: 256",
+          vocab));
     }
     int64_t largest = 0;
     size_t where = 0;
@@ -84,9 +85,10 @@ class FileSource final : public TokenSource {
       if (at(i) > largest) largest = at(i), where = i;
     }
     if (largest >= vocab) {
-      throw ConfigError("data.path " + path_ + ": token " + std::to_string(largest) + " at index " +
-                        std::to_string(where) + " is outside the model's vocab (" +
-                        std::to_string(vocab) + "). HINT: raise the model's vocab param");
+      throw ConfigError(fmt::format(
+          "data.path {}: token {} at index {} is outside the model's vocab ({}). HINT: raise the "
+          "model's vocab param",
+          path_, largest, where, vocab));
     }
   }
 
@@ -97,8 +99,7 @@ class FileSource final : public TokenSource {
   }
 
   std::string describe() const override {
-    return std::string(text_ ? "text " : "tokens ") + path_ + " (" + std::to_string(count_) +
-           " tokens)";
+    return fmt::format("{} {} ({} tokens)", text_ ? "text" : "tokens", path_, count_);
   }
 
  private:

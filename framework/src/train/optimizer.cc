@@ -1,6 +1,8 @@
 // The optimizers' update rules.
 #include "train/optimizer.h"
 
+#include <fmt/format.h>
+
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/zeros_like.h>
 
@@ -43,8 +45,8 @@ class AdamW final : public Optimizer {
   std::vector<std::pair<std::string, at::Tensor>> state() override {
     std::vector<std::pair<std::string, at::Tensor>> out;
     for (size_t k = 0; k < params_.size(); ++k) {
-      out.emplace_back("exp_avg/" + std::to_string(k), exp_avg_[k]);
-      out.emplace_back("exp_avg_sq/" + std::to_string(k), exp_avg_sq_[k]);
+      out.emplace_back(fmt::format("exp_avg/{}", k), exp_avg_[k]);
+      out.emplace_back(fmt::format("exp_avg_sq/{}", k), exp_avg_sq_[k]);
     }
     return out;
   }
@@ -82,7 +84,7 @@ class Sgd final : public Optimizer {
   std::vector<std::pair<std::string, at::Tensor>> state() override {
     std::vector<std::pair<std::string, at::Tensor>> out;
     for (size_t k = 0; k < params_.size(); ++k) {
-      out.emplace_back("momentum/" + std::to_string(k), buffer_[k]);
+      out.emplace_back(fmt::format("momentum/{}", k), buffer_[k]);
     }
     return out;
   }

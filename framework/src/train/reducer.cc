@@ -4,6 +4,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
+#include <fmt/format.h>
 
 #include <chrono>
 
@@ -72,9 +73,10 @@ void Reducer::onGradient(size_t param, const at::Tensor& grad) {
   if (slot.filled) {
     Bucket& b = buckets_[slot.bucket];
     if (b.launched) {
-      throw CommError("parameter " + std::to_string(param) +
-                      " received a second gradient in one backward after its bucket's "
-                      "all-reduce had started. HINT: set train.overlap: false");
+      throw CommError(
+          fmt::format("parameter {} received a second gradient in one backward after its bucket's "
+                      "all-reduce had started. HINT: set train.overlap: false",
+                      param));
     }
     b.flat.narrow(0, slot.offset, slot.numel).add_(grad.reshape({-1}));
     return;

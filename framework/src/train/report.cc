@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -17,9 +18,9 @@
 
 #include "collie/error.h"
 #include "collie/params.h"
+#include "core/strings.h"
 #include "train/report.h"
 #include "util/files.h"
-#include "core/strings.h"
 
 namespace collie::train {
 namespace {
@@ -125,9 +126,7 @@ std::string count(double value) {
 }
 
 std::string microBatchText(const Result& r) {
-  std::vector<std::string> parts;
-  for (int b : r.micro_batch) parts.push_back(std::to_string(b));
-  return "[" + detail::join(parts, ",") + "]";
+  return fmt::format("[{}]", fmt::join(r.micro_batch, ","));
 }
 
 // "grad_weighting=uniform, nproc_per_node=2" for "train.grad_weighting=uniform, launch...".
@@ -170,8 +169,7 @@ void printWeighting(std::ostream& out, const std::string& tag, const Result& r) 
   std::vector<std::string> counts;
   for (size_t i = 0; i < r.micro_batch.size(); ++i) {
     const double factor = per_micro / (static_cast<double>(r.ranks) * r.micro_batch[i]);
-    counts.push_back("rank " + std::to_string(i) + " (" + std::to_string(r.micro_batch[i]) + ") " +
-                     fmt::format("{:.2f}x", factor));
+    counts.push_back(fmt::format("rank {} ({}) {:.2f}x", i, r.micro_batch[i], factor));
   }
   out << "# " << tag << "gradient weighting uniform (DDP's 1/world mean): a sample counts "
       << detail::join(counts, ", ") << " of its weight in one process on the same batch\n";
@@ -183,8 +181,7 @@ void printDetails(std::ostream& out, const Result& r) {
     std::vector<std::string> per_rank;
     int slowest = 0;
     for (size_t i = 0; i < r.compute_seconds.size(); ++i) {
-      per_rank.push_back("r" + std::to_string(i) + " " +
-                         fmt::format("{:.3f}", r.compute_seconds[i]));
+      per_rank.push_back(fmt::format("r{} {:.3f}", i, r.compute_seconds[i]));
       if (r.compute_seconds[i] > r.compute_seconds[slowest]) slowest = static_cast<int>(i);
     }
     out << "# " << tag << "compute per step (s): " << detail::join(per_rank, ", ")
@@ -283,7 +280,7 @@ Result loadResult(const std::string& path) {
 
 StepLog::StepLog(const std::string& out_dir, int rank, bool append)
     : rank_(rank),
-      path_(out_dir + "/rank-" + std::to_string(rank) + ".jsonl"),
+      path_(fmt::format("{}/rank-{}.jsonl", out_dir, rank)),
       out_(path_, append ? std::ios::app : std::ios::trunc) {
   if (!out_) throw ConfigError("cannot write per-step metrics to " + path_);
 }

@@ -3,6 +3,7 @@
 
 #include <ATen/ops/clone.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <xxhash.h>
 
@@ -38,19 +39,18 @@ double spreadOf(Communicator& comm, const at::Tensor& param) {
 
 std::string SyncCheck::describe(int world) const {
   if (identical && world == 1) {
-    return "weights at step " + std::to_string(step) + ": a single rank, nothing to compare";
+    return fmt::format("weights at step {}: a single rank, nothing to compare", step);
   }
   if (identical) {
-    return "weights identical at step " + std::to_string(step) + ": " + std::to_string(parameters) +
-           " parameters hash the same (xxh3) on all " + std::to_string(world) +
-           " ranks, max |dw| 0";
+    return fmt::format(
+        "weights identical at step {}: {} parameters hash the same (xxh3) on all {} ranks, max "
+        "|dw| 0",
+        step, parameters, world);
   }
-  std::vector<std::string> which;
-  for (int r : ranks) which.push_back(std::to_string(r));
-  return "weights diverged at step " + std::to_string(step) + ": parameter '" + first_parameter +
-         "' differs between rank 0 and rank(s) " + detail::join(which, ", ") + "; " +
-         std::to_string(differing) + " of " + std::to_string(parameters) +
-         " parameters differ, max |dw| " + fmt::format("{:.3g}", max_spread);
+  return fmt::format(
+      "weights diverged at step {}: parameter '{}' differs between rank 0 and rank(s) {}; {} of "
+      "{} parameters differ, max |dw| {:.3g}",
+      step, first_parameter, fmt::join(ranks, ", "), differing, parameters, max_spread);
 }
 
 SyncCheck verifyWeights(Communicator& comm, Control& control, const std::vector<at::Tensor>& params,

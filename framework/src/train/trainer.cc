@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/utils.h>
 
 #include <chrono>
@@ -19,6 +20,7 @@
 #include "collie/error.h"
 #include "collie/log.h"
 #include "collie/model.h"
+#include "core/strings.h"
 #include "runtime/communicator.h"
 #include "runtime/control.h"
 #include "runtime/in_process.h"
@@ -29,7 +31,6 @@
 #include "train/reducer.h"
 #include "train/report.h"
 #include "train/sync.h"
-#include "core/strings.h"
 
 namespace collie::train {
 namespace {
@@ -101,11 +102,11 @@ class RankTrainer {
 
   Result run() {
     if (rank_ == 0) {
-      logInfo("training " + e_.model.label + " (" + detail::withCommas(model_->parameterCount()) +
-              " parameters, " + fmt::format("{:.3g}", model_->flopsPerToken()) +
-              " FLOP/token) on " + source_->describe() + ", " + std::to_string(world_) +
-              " ranks, micro-batches " + microBatchText() + " x " +
-              std::to_string(spec_.grad_accum) + " accumulation");
+      logInfo(fmt::format(
+          "training {} ({} parameters, {:.3g} FLOP/token) on {}, {} ranks, micro-batches {} x {} "
+          "accumulation",
+          e_.model.label, detail::withCommas(model_->parameterCount()), model_->flopsPerToken(),
+          source_->describe(), world_, microBatchText(), spec_.grad_accum));
     }
     const CostModel cost =
         bench::calibrate(comm_.backend(), control_, comm_.topology(), DType::kF32);
@@ -162,7 +163,7 @@ class RankTrainer {
     const int64_t step = checkpoints.restore(stateTensors(), &path);
     if (step == 0) return 0;
     optimizer_->setSteps(step);
-    if (rank_ == 0) logInfo("resumed from " + path + " at step " + std::to_string(step));
+    if (rank_ == 0) logInfo(fmt::format("resumed from {} at step {}", path, step));
     return step;
   }
 
@@ -176,8 +177,9 @@ class RankTrainer {
   // global batch is then split in proportion to the measured speeds, the same on every rank.
   std::vector<int> measureSplit() {
     if (spec_.global_batch < world_) {
-      throw ConfigError(e_.file + ": train.global_batch: expected at least one sample per rank (" +
-                        std::to_string(world_) + "), found " + std::to_string(spec_.global_batch));
+      throw ConfigError(fmt::format(
+          "{}: train.global_batch: expected at least one sample per rank ({}), found {}", e_.file,
+          world_, spec_.global_batch));
     }
     const int probe = std::max(1, spec_.global_batch / world_);
     at::Tensor tokens = batch(*source_, 0, probe, shape_.seq_len + 1);  // (probe, T + 1)
@@ -194,8 +196,7 @@ class RankTrainer {
     if (rank_ == 0) {
       std::vector<std::string> parts;
       for (int r = 0; r < world_; ++r) {
-        parts.push_back("rank " + std::to_string(r) + " " + fmt::format("{:.1f}", speeds[r]) +
-                        " samples/s -> " + std::to_string(split[r]));
+        parts.push_back(fmt::format("rank {} {:.1f} samples/s -> {}", r, speeds[r], split[r]));
       }
       logInfo("micro_batch auto: " + detail::join(parts, ", "));
     }
@@ -206,10 +207,10 @@ class RankTrainer {
     if (spec_.auto_micro_batch) return;
     const auto n = spec_.micro_batch.size();
     if (n != 1 && static_cast<int>(n) != world_) {
-      throw ConfigError(e_.file + ": train.micro_batch: expected one size for every rank or " +
-                        std::to_string(world_) + " sizes (one per rank), found " +
-                        std::to_string(n) + ". HINT: the job has " + std::to_string(world_) +
-                        " ranks");
+      throw ConfigError(fmt::format(
+          "{}: train.micro_batch: expected one size for every rank or {} sizes (one per rank), "
+          "found {}. HINT: the job has {} ranks",
+          e_.file, world_, n, world_));
     }
   }
 
@@ -234,10 +235,10 @@ class RankTrainer {
     int64_t actual = 0;
     for (const auto& p : params_) actual += p.numel();
     if (actual != model_->parameterCount()) {
-      throw InternalError("model '" + e_.model.label + "' reports " +
-                          std::to_string(model_->parameterCount()) +
-                          " parameters by its formula, but its module has " +
-                          std::to_string(actual) + ": the plugin's parameterCount() is wrong");
+      throw InternalError(fmt::format(
+          "model '{}' reports {} parameters by its formula, but its module has {}: the plugin's "
+          "parameterCount() is wrong",
+          e_.model.label, model_->parameterCount(), actual));
     }
   }
 
@@ -274,10 +275,9 @@ class RankTrainer {
     st.optimizer = since(t);
     st.step = since(start);
     if (!std::isfinite(st.loss)) {
-      throw CommError("rank " + std::to_string(rank_) + ": loss is " + std::to_string(st.loss) +
-                      " at step " + std::to_string(s) +
-                      ". HINT: lower train.lr or set "
-                      "train.grad_clip");
+      throw CommError(
+          fmt::format("rank {}: loss is {} at step {}. HINT: lower train.lr or set train.grad_clip",
+                      rank_, st.loss, s));
     }
     return st;
   }
@@ -373,9 +373,7 @@ class RankTrainer {
   }
 
   std::string microBatchText() const {
-    std::vector<std::string> parts;
-    for (int b : sharding_.micro_batch) parts.push_back(std::to_string(b));
-    return "[" + detail::join(parts, ", ") + "]";
+    return fmt::format("[{}]", fmt::join(sharding_.micro_batch, ", "));
   }
 
   const config::Experiment& e_;
