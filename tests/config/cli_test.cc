@@ -210,6 +210,66 @@ TEST(CliPluginCheck, UnknownPluginIsBadInput) {
   EXPECT_NE(r.output.find("did you mean 'ring'"), std::string::npos) << r.output;
 }
 
+// Where a payload of the tests below would have left its mark: gnuplot runs in the output
+// folder, collie in the test's working directory.
+bool payloadRan(const std::filesystem::path& out) {
+  return std::filesystem::exists(out / "owned") || std::filesystem::exists("owned");
+}
+
+TEST(CliBench, ALabelCannotReachGnuplot) {
+  auto out = std::filesystem::temp_directory_path() / ("collie-label-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(out);
+  std::filesystem::remove("owned");
+  const std::string payload = "x'; system('touch owned'); #";
+  auto r = runCollie(args({"run", kRingVsTree, "--out", out.string(), "--set",
+                           "backend={plugin: loopback, label: \"" + payload + "\"}"},
+                          kShort));
+  expectBadInput(r, "backend: the label 'x'; system('touch owned'); #' holds the character 0x27");
+  EXPECT_FALSE(payloadRan(out));
+  r = runCollie(args({"run", kRingVsTree, "--out", out.string(), "--set",
+                      "bench.schedulers=[{plugin: ring, label: \"a\\nb\"}]"},
+                     kShort));
+  expectBadInput(r, "bench.schedulers[0]: the label");
+  std::filesystem::remove_all(out);
+}
+
+TEST(CliBench, MatrixTextReachesPlotsAndCsvAsDataOnly) {
+  // A matrix point's text is free (here a description) and names every line of the plots
+  // and the CSV's run column: it must stay data there.
+  auto out = std::filesystem::temp_directory_path() / ("collie-plot-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(out);
+  std::filesystem::remove("owned");
+  std::string config = writeTempFile("payload.yaml", R"(backend: loopback
+launch: {nproc_per_node: 2}
+bench: {schedulers: [ring], min_bytes: 1KiB, max_bytes: 2KiB, iters: 1, warmup_iters: 0}
+matrix:
+  description: ["a'\nsystem('touch owned')\n#", "b, \"quoted\""]
+)");
+  auto r = runCollie({"run", config, "--out", out.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_NE(r.output.find("# Plots: "), std::string::npos) << r.output;
+  EXPECT_FALSE(payloadRan(out)) << "text of the config ran as a gnuplot command";
+  // RFC 4180: every row has the header's 15 fields, however the run's text reads.
+  std::ifstream csv(out / "results.csv");
+  std::string text((std::istreambuf_iterator<char>(csv)), {});
+  std::vector<int> fields(1, 1);
+  bool quoted = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '"') {
+      quoted = !quoted;
+    } else if (c == ',' && !quoted) {
+      ++fields.back();
+    } else if (c == '\n' && !quoted && i + 1 < text.size()) {
+      fields.push_back(1);
+    }
+  }
+  EXPECT_FALSE(quoted) << text;
+  ASSERT_EQ(fields.size(), 5u) << text;  // the header and 2 sizes x 2 points
+  for (int f : fields) EXPECT_EQ(f, 15) << text;
+  std::filesystem::remove_all(out);
+}
+
 TEST(CliBench, EmitRulesThenAutoUsesThem) {
   auto dir =
       std::filesystem::temp_directory_path() / ("collie-rules-" + std::to_string(::getpid()));

@@ -89,6 +89,30 @@ std::string quoteForShell(const std::string& text) {
   return out + "'";
 }
 
+// `text` as a gnuplot string literal that holds data only: single-quoted (gnuplot expands
+// nothing inside single quotes; a quote is written twice), every control character a space,
+// so no text from a config or a matrix point can end the literal or the line.
+std::string gnuplotString(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) {
+    if (c == '\'') {
+      out += "''";
+    } else {
+      out += static_cast<unsigned char>(c) < 0x20 || c == 0x7f ? ' ' : c;
+    }
+  }
+  return out + "'";
+}
+
+// One CSV field (RFC 4180): quoted when it holds a comma, a quote or a line break, with its
+// quotes doubled.
+std::string csvField(const std::string& text) {
+  if (text.find_first_of(",\"\r\n") == std::string::npos) return text;
+  std::string out = "\"";
+  for (char c : text) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
 }  // namespace
 
 void printTable(std::ostream& out, const std::vector<Result>& results) {
@@ -117,9 +141,10 @@ void writeCsv(const std::string& path, const std::vector<Row>& rows) {
   out << "run,collective,backend,ranks,scheduler,plugin,bytes,count,dtype,op,time_us,algbw_gbps,"
          "busbw_gbps,wrong,predicted_us\n";
   for (const Row& r : rows) {
-    out << fmt::format("\"{}\",{},{},{},{},{},{},{},{},{},{:.3f},{:.6f},{:.6f},{},{}\n", r.run,
-                       r.collective, r.backend, r.ranks, r.scheduler, r.plugin, r.bytes, r.count,
-                       r.dtype, r.op, r.time_us, r.algbw, r.busbw, r.wrong,
+    out << fmt::format("{},{},{},{},{},{},{},{},{},{},{:.3f},{:.6f},{:.6f},{},{}\n", csvField(r.run),
+                       csvField(r.collective), csvField(r.backend), r.ranks,
+                       csvField(r.scheduler), csvField(r.plugin), r.bytes, r.count,
+                       csvField(r.dtype), csvField(r.op), r.time_us, r.algbw, r.busbw, r.wrong,
                        std::isfinite(r.predicted_us) ? fmt::format("{:.3f}", r.predicted_us) : "");
   }
 }
@@ -227,7 +252,7 @@ bool writePlots(const std::string& dir, const std::vector<Row>& rows, std::strin
   {
     auto out = openOutput(data.string());
     for (const auto& name : lines) {
-      out << "# " << name << "\n";
+      out << "# " << gnuplotString(name) << "\n";
       for (const Row* r : series[name])
         out << r->bytes << " " << r->busbw << " " << r->time_us << "\n";
       out << "\n\n";
@@ -243,17 +268,15 @@ bool writePlots(const std::string& dir, const std::vector<Row>& rows, std::strin
         << "set format x '%.0b %BB'\n";
     for (const auto& [what, column, logy] :
          {std::tuple{"busbw", 2, false}, std::tuple{"time", 3, true}}) {
-      out << "set title '" << title << "'\n"
+      out << "set title " << gnuplotString(title) << "\n"
           << "set ylabel '" << (column == 2 ? "bus bandwidth (GB/s)" : "time (us)") << "'\n"
           << (logy ? "set logscale y 10\n" : "unset logscale y\n");
       for (const auto& [terminal, ext] : {std::pair{"pngcairo noenhanced size 1000,600", "png"},
                                           std::pair{"svg noenhanced size 1000,600", "svg"}}) {
         out << "set terminal " << terminal << "\nset output '" << what << "." << ext << "'\nplot ";
         for (size_t i = 0; i < lines.size(); ++i) {
-          std::string name = lines[i];
-          std::replace(name.begin(), name.end(), '\'', ' ');
           out << (i ? ", " : "") << "'plot-data.txt' index " << i << " using 1:" << column
-              << " with linespoints title '" << name << "'";
+              << " with linespoints title " << gnuplotString(lines[i]);
         }
         out << "\n";
       }

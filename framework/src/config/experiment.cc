@@ -215,8 +215,43 @@ void checkTrain(const Experiment& e, std::vector<Issue>* issues) {
   }
 }
 
+// A label names a plugin slot in tables, CSV, JSON and plot titles: printable ASCII without
+// quotes, backslashes or control characters, so that no writer has to trust it.
+void checkLabel(const Experiment& e, const YAML::Node& slot, const std::string& key,
+                const PluginRef& ref, std::vector<Issue>* issues) {
+  for (const auto& rule : ref.rules) checkLabel(e, slot, key + ".rules", rule.choice, issues);
+  const std::string& label = ref.label;
+  const auto bad = std::find_if(label.begin(), label.end(), [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return u < 0x20 || u > 0x7e || c == '\'' || c == '"' || c == '`' || c == '\\';
+  });
+  if (bad == label.end() && label.size() <= 64) return;
+  issues->push_back({fmt::format(
+      "{}: {}: the label '{}' {}; a label is at most 64 printable characters without quotes, "
+      "backslashes or control characters (it names the plugin in tables and plots). HINT: "
+      "give {{plugin: ..., label: NAME}}",
+      valueLocation(e.file, slot), key, fmt::format("{:.64}", label),
+      bad != label.end() ? fmt::format("holds the character {:#04x}",
+                                       static_cast<unsigned char>(*bad))
+                         : "is longer than 64 characters")});
+}
+
+void checkLabels(const Experiment& e, std::vector<Issue>* issues) {
+  checkLabel(e, e.resolved["backend"], "backend", e.backend, issues);
+  const YAML::Node schedulers = e.resolved["bench"]["schedulers"];
+  for (size_t i = 0; i < e.bench.schedulers.size(); ++i) {
+    checkLabel(e, schedulers[i], fmt::format("bench.schedulers[{}]", i), e.bench.schedulers[i],
+               issues);
+  }
+  if (e.kind == Experiment::Kind::kTrain) {
+    checkLabel(e, e.resolved["model"], "model", e.model, issues);
+    checkLabel(e, e.resolved["train"]["scheduler"], "train.scheduler", e.train.scheduler, issues);
+  }
+}
+
 // Checks that span several keys, once the schema has passed.
 void checkConsistency(const Experiment& e, std::vector<Issue>* issues) {
+  checkLabels(e, issues);
   const YAML::Node bench = e.resolved["bench"], train = e.resolved["train"];
   if (bool(bench) == bool(train)) {
     issues->push_back({location(e.file, e.resolved) +
