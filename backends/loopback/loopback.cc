@@ -28,12 +28,14 @@ struct Pending {
 };
 using Queue = std::deque<std::shared_ptr<Pending>>;
 
-// The shared state of one group: a mailbox per destination rank.
+// The shared state of one group: a mailbox per destination rank. A queue is erased as soon
+// as it is empty, so the mailboxes hold only what waits (they do not grow with every tag).
 struct World {
   using Key = std::pair<int, Tag>;  // (source rank, tag)
+  using Queues = std::map<Key, Queue>;
   struct Mailbox {
-    std::map<Key, Queue> sends;  // sends to this rank waiting for their receive
-    std::map<Key, Queue> recvs;  // receives this rank posted, waiting for their send
+    Queues sends;  // sends to this rank waiting for their receive
+    Queues recvs;  // receives this rank posted, waiting for their send
     bool aborted = false;
     std::string abort_reason;
   };
@@ -64,19 +66,41 @@ std::shared_ptr<World> joinWorld(const std::string& key, int size) {
   return world;
 }
 
+// Under World::mu: removes `pending` from the queue of `key`, and the queue when it empties.
+void withdraw(World::Queues& queues, const World::Key& key,
+              const std::shared_ptr<Pending>& pending) {
+  auto it = queues.find(key);
+  if (it == queues.end()) return;
+  Queue& queue = it->second;
+  queue.erase(std::remove(queue.begin(), queue.end(), pending), queue.end());
+  if (queue.empty()) queues.erase(it);
+}
+
 // A send or receive that waits for the other side.
 class PendingRequest : public Request {
  public:
-  // `queue` is where `pending` waits; `owner` is the rank whose abort fails it; `what`
-  // describes the transfer for messages ("rank 1: receive from rank 0 tag ...").
-  PendingRequest(std::shared_ptr<World> world, std::shared_ptr<Pending> pending, Queue* queue,
-                 int owner, int peer, std::string what)
+  // `pending` waits in `queues` under `key`; `owner` is the rank whose abort fails it;
+  // `what` describes the transfer for messages ("rank 1: receive from rank 0 tag ...").
+  PendingRequest(std::shared_ptr<World> world, std::shared_ptr<Pending> pending,
+                 World::Queues* queues, World::Key key, int owner, int peer, std::string what)
       : world_(std::move(world)),
         pending_(std::move(pending)),
-        queue_(queue),
+        queues_(queues),
+        key_(key),
         owner_(owner),
         peer_(peer),
         what_(std::move(what)) {}
+
+  // A request dropped without a successful wait (a collective that unwinds) takes its buffer
+  // back: a partner copying into it right now finishes first, a later one never finds it.
+  ~PendingRequest() override {
+    std::unique_lock<std::mutex> lock(world_->mu);
+    if (pending_->claimed) {
+      world_->cv.wait(lock, [&] { return pending_->done; });
+    } else if (!pending_->done) {
+      withdraw(*queues_, key_, pending_);
+    }
+  }
 
   void wait(std::chrono::milliseconds timeout) override {
     std::unique_lock<std::mutex> lock(world_->mu);
@@ -93,7 +117,7 @@ class PendingRequest : public Request {
       return;
     }
     // Withdraw, so that a late partner cannot touch a buffer the caller gave up.
-    queue_->erase(std::remove(queue_->begin(), queue_->end(), pending_), queue_->end());
+    withdraw(*queues_, key_, pending_);
     if (aborted()) {
       const auto& box =
           world_->boxes[owner_].aborted ? world_->boxes[owner_] : world_->boxes[peer_];
@@ -112,7 +136,8 @@ class PendingRequest : public Request {
  private:
   std::shared_ptr<World> world_;
   std::shared_ptr<Pending> pending_;
-  Queue* queue_;  // owned by the world; std::map nodes do not move
+  World::Queues* queues_;  // in the world's mailboxes, which never move
+  World::Key key_;
   int owner_, peer_;
   std::string what_;
 };
@@ -175,11 +200,12 @@ class LoopbackBackend : public Backend {
     {
       std::lock_guard<std::mutex> lock(world_->mu);
       throwIfAborted(peer, what);
-      other = claim(sending ? box.recvs[key] : box.sends[key]);
+      other = claim(sending ? box.recvs : box.sends, key);
       if (!other) {
-        Queue& queue = sending ? box.sends[key] : box.recvs[key];
-        queue.push_back(std::make_shared<Pending>(buf));
-        return std::make_unique<PendingRequest>(world_, queue.back(), &queue, rank_, peer, what);
+        World::Queues& queues = sending ? box.sends : box.recvs;
+        auto pending = std::make_shared<Pending>(buf);
+        queues[key].push_back(pending);
+        return std::make_unique<PendingRequest>(world_, pending, &queues, key, rank_, peer, what);
       }
     }
     std::string error =
@@ -200,11 +226,13 @@ class LoopbackBackend : public Backend {
     }
   }
 
-  // Under the lock: takes the oldest waiting side from `queue`, or null.
-  static std::shared_ptr<Pending> claim(Queue& queue) {
-    if (queue.empty()) return nullptr;
-    auto pending = queue.front();
-    queue.pop_front();
+  // Under the lock: takes the oldest side waiting under `key`, or null.
+  static std::shared_ptr<Pending> claim(World::Queues& queues, const World::Key& key) {
+    auto it = queues.find(key);
+    if (it == queues.end()) return nullptr;
+    auto pending = it->second.front();
+    it->second.pop_front();
+    if (it->second.empty()) queues.erase(it);
     pending->claimed = true;
     return pending;
   }
