@@ -12,6 +12,7 @@
 #include <torch/nn/modules/normalization.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 
 #include <cmath>
 #include <limits>
@@ -82,14 +83,44 @@ struct BlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+// The CPU autocast state of the forward, put back while backward replays it (as PyTorch's
+// torch.utils.checkpoint does): a replay in another precision computes another function.
+class ReplayAutocast {
+ public:
+  ReplayAutocast(bool enabled, at::ScalarType dtype)
+      : was_enabled_(at::autocast::is_cpu_enabled()),
+        was_dtype_(at::autocast::get_autocast_cpu_dtype()),
+        enabled_(enabled) {
+    at::autocast::set_autocast_cpu_dtype(dtype);
+    at::autocast::set_cpu_enabled(enabled);
+  }
+  ~ReplayAutocast() {
+    at::autocast::set_cpu_enabled(was_enabled_);
+    at::autocast::set_autocast_cpu_dtype(was_dtype_);
+    // Casts cached during the replay are of this step's weights: never reuse them later.
+    if (enabled_ && !was_enabled_) at::autocast::clear_cache();
+  }
+  ReplayAutocast(const ReplayAutocast&) = delete;
+  ReplayAutocast& operator=(const ReplayAutocast&) = delete;
+
+ private:
+  bool was_enabled_;
+  at::ScalarType was_dtype_;
+  bool enabled_;
+};
+
 // Activation checkpointing of one block: forward keeps only the block's input; backward
-// replays the forward (with the same dropout randomness) and backpropagates through it.
+// replays the forward (with the same dropout randomness and autocast state) and
+// backpropagates through it.
 class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor x,
                             int64_t block_address) {
     ctx->saved_data["block"] = block_address;
     ctx->saved_data["rng"] = generatorState();
+    ctx->saved_data["autocast"] = at::autocast::is_cpu_enabled();
+    ctx->saved_data["autocast_dtype"] =
+        static_cast<int64_t>(at::autocast::get_autocast_cpu_dtype());
     ctx->save_for_backward({x});
     torch::NoGradGuard no_grad;
     return blockAt(block_address)->forward(x);
@@ -103,6 +134,9 @@ class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
     at::Tensor y;
     {
       torch::AutoGradMode grad_on(true);
+      ReplayAutocast autocast(
+          ctx->saved_data["autocast"].toBool(),
+          static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
       y = blockAt(ctx->saved_data["block"].toInt())->forward(x);
     }
     setGeneratorState(resume);

@@ -318,6 +318,24 @@ TEST(Gpt, ActivationCheckpointingGivesTheSameWeights) {
   EXPECT_LT(maxDifference(finalWeights("gpt-plain"), finalWeights("gpt-recomputed")), 1e-6);
 }
 
+TEST(Gpt, ActivationCheckpointingRecomputesUnderTheForwardsAutocast) {
+  // The recompute in backward must run in bf16 as the forward did, or the gradients are
+  // those of another (fp32) function.
+  const std::vector<std::string> gpt = {
+      "model.plugin=gpt",
+      "model.params={layers: 2, d_model: 32, heads: 4, seq_len: 16, vocab: 64}",
+      "train.micro_batch=2",
+      "train.steps=3",
+      "train.precision=bf16",
+      "train.lr=0.01"};
+  auto recomputed = gpt;
+  recomputed.push_back("train.grad_checkpointing=true");
+  runTraining("gpt-bf16-plain", gpt);
+  runTraining("gpt-bf16-recomputed", recomputed);
+  EXPECT_LT(maxDifference(finalWeights("gpt-bf16-plain"), finalWeights("gpt-bf16-recomputed")),
+            1e-6);
+}
+
 TEST(Gpt, Bf16AutocastTrainsAndDiffersFromFp32) {
   const std::vector<std::string> gpt = {
       "model.plugin=gpt", "model.params={layers: 1, d_model: 32, heads: 2, seq_len: 16, vocab: 64}",
