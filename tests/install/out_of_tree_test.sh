@@ -16,7 +16,7 @@ plugin="$scratch/build/libcollie_scheduler_direct.so"
 test -f "$plugin"
 
 collie="$scratch/prefix/bin/collie"
-"$collie" plugins | grep -q "scheduler ring" || { echo "installed collie does not list ring"; exit 1; }
+"$collie" plugins | grep -Eq "scheduler +ring " || { echo "installed collie does not list ring"; exit 1; }
 config="$here/../../configs/ring-vs-tree.yaml"
 short=(--set bench.max_bytes=64KiB --set bench.iters=2 --set bench.warmup_iters=1)
 "$collie" run "$config" "${short[@]}" --set "bench.schedulers=[$plugin, ring]" \

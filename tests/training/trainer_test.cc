@@ -229,12 +229,8 @@ TEST(Checkpoint, CorruptOrForeignFilesAreRejected) {
   EXPECT_THROW(train::loadCheckpoint(path), CheckpointError);
 }
 
-// A file with a valid hash but a header that asks for a tensor of 4 TB: refused before
-// anything is allocated.
-TEST(Checkpoint, CraftedHeaderCannotAskForHugeTensors) {
-  const std::string header =
-      R"({"step": 1, "identity": "x", "tensors": [{"name": "w", "dtype": "f32", )"
-      R"("shape": [1000000000000], "offset": 0, "bytes": 4}]})";
+// A checkpoint file with `header` and a 4-byte payload, sealed with a valid hash.
+std::string craftedCheckpoint(const std::string& name, const std::string& header) {
   std::string file = "COLLIECK";
   const uint32_t version = 1;
   const uint64_t header_size = header.size();
@@ -244,13 +240,54 @@ TEST(Checkpoint, CraftedHeaderCannotAskForHugeTensors) {
   file.append(4, '\0');  // the payload
   const uint64_t digest = XXH3_64bits(file.data(), file.size());
   file.append(reinterpret_cast<const char*>(&digest), sizeof(digest));
-  const std::string path = testing::writeTempFile("crafted.ckpt", file);
+  return testing::writeTempFile(name, file);
+}
+
+TEST(Checkpoint, AStepOutOfRangeIsRefused) {
+  // A negative step would flow into the LR schedule and the sample indices.
+  for (const char* step : {"-5", "100000001"}) {
+    const std::string path = craftedCheckpoint(
+        "step.ckpt", std::string(R"({"step": )") + step + R"(, "identity": "x", "tensors": []})");
+    try {
+      train::loadCheckpoint(path);
+      FAIL() << "a checkpoint at step " << step << " loaded";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("step ") + step + " is out of range"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// A file with a valid hash but a header that asks for a tensor of 4 TB: refused before
+// anything is allocated.
+TEST(Checkpoint, CraftedHeaderCannotAskForHugeTensors) {
+  const std::string header =
+      R"({"step": 1, "identity": "x", "tensors": [{"name": "w", "dtype": "f32", )"
+      R"("shape": [1000000000000], "offset": 0, "bytes": 4}]})";
+  const std::string path = craftedCheckpoint("crafted.ckpt", header);
   try {
     train::loadCheckpoint(path);
     FAIL() << "a crafted header was accepted";
   } catch (const CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("tensor 'w' has an inconsistent entry"), std::string::npos)
         << e.what();
+  }
+}
+
+TEST(Training, ANonFiniteLossStopsBeforeTheUpdateWithItsOwnError) {
+  // SGD with a learning rate of 1000 and no clipping diverges within a few steps.
+  auto experiments = config::loadExperiments(
+      testing::writeTempFile("diverge.yaml", kBase),
+      {"launch.nproc_per_node=2", "train.optimizer=sgd", "train.lr=1000", "train.grad_clip=0",
+       "train.lr_schedule=constant", "train.steps=50", "train.checkpoint_dir="});
+  try {
+    train::run(testing::buildTreeLoader(), experiments.at(0), scratch("diverge").string());
+    FAIL() << "training with lr 1000 did not diverge";
+  } catch (const TrainingError& e) {
+    EXPECT_NE(std::string(e.what()).find("stopped before the update"), std::string::npos)
+        << e.what();
+    EXPECT_EQ(e.exitCode(), 1);
   }
 }
 

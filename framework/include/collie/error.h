@@ -8,7 +8,7 @@
 namespace collie {
 
 // What went wrong decides the process exit code (DESIGN §8): bad input → 2, a failed run → 1.
-enum class ErrorKind { kConfig, kPlugin, kComm, kCheckpoint, kInternal };
+enum class ErrorKind { kConfig, kPlugin, kComm, kCheckpoint, kInternal, kTraining };
 
 // Base of every exception collie throws. The message is complete and user-facing:
 // what failed, expected vs found, where, and a "HINT:" when there is one.
@@ -48,6 +48,12 @@ class CheckpointError : public Error {
  public:
   explicit CheckpointError(const std::string& what) : Error(ErrorKind::kCheckpoint, what) {}
   ~CheckpointError() override;
+};
+// Training itself went wrong (a non-finite loss): not a transport, config or plugin fault.
+class TrainingError : public Error {
+ public:
+  explicit TrainingError(const std::string& what) : Error(ErrorKind::kTraining, what) {}
+  ~TrainingError() override;
 };
 class InternalError : public Error {
  public:

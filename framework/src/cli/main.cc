@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <iomanip>
 #include <iostream>
 
@@ -69,14 +71,22 @@ int pluginsCommand() {
   std::cout << "Search path (first match wins):\n";
   for (const auto& dir : loader.searchPath()) std::cout << "  " << dir << "\n";
   std::cout << "\nPlugins (" << scan.found.size() << "):\n";
-  std::cout << std::left << "  " << std::setw(10) << "KIND" << std::setw(12) << "NAME"
-            << std::setw(9) << "VERSION" << std::setw(6) << "ABI"
-            << "PATH\n";
+  // Columns as wide as their longest entry, two spaces apart (names such as
+  // halving_doubling must not run into their version).
+  size_t kind = 4, name = 4, version = 7;
   for (const auto& p : scan.found) {
-    std::cout << "  " << std::setw(10) << pluginKindName(p.kind) << std::setw(12) << p.name
-              << std::setw(9) << p.version << std::setw(6)
-              << fmt::format("{}.{}", p.abi_major, p.abi_minor) << p.path << "\n"
-              << "  " << std::setw(37) << "" << p.description << "\n";
+    kind = std::max(kind, std::strlen(pluginKindName(p.kind)));
+    name = std::max(name, p.name.size());
+    version = std::max(version, p.version.size());
+  }
+  const size_t indent = 2 + kind + 2 + name + 2 + version + 2 + 3 + 2;
+  std::cout << fmt::format("  {:<{}}  {:<{}}  {:<{}}  {:<3}  PATH\n", "KIND", kind, "NAME", name,
+                           "VERSION", version, "ABI");
+  for (const auto& p : scan.found) {
+    std::cout << fmt::format("  {:<{}}  {:<{}}  {:<{}}  {:<3}  {}\n", pluginKindName(p.kind), kind,
+                             p.name, name, p.version, version,
+                             fmt::format("{}.{}", p.abi_major, p.abi_minor), p.path)
+              << std::string(indent, ' ') << p.description << "\n";
   }
   if (!scan.rejected.empty()) {
     std::cout << "\nRejected (" << scan.rejected.size() << "):\n";

@@ -10,5 +10,6 @@ PluginError::~PluginError() = default;
 CommError::~CommError() = default;
 CheckpointError::~CheckpointError() = default;
 InternalError::~InternalError() = default;
+TrainingError::~TrainingError() = default;
 
 }  // namespace collie

@@ -33,6 +33,7 @@ namespace {
 constexpr char kMagic[8] = {'C', 'O', 'L', 'L', 'I', 'E', 'C', 'K'};
 constexpr uint32_t kVersion = 1;
 constexpr uint64_t kMaxHeader = 64 << 20;
+constexpr int64_t kMaxStep = 100000000;  // train.steps' largest value
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw CheckpointError("checkpoint " + path + ": " + what);
@@ -157,6 +158,9 @@ Checkpoint loadCheckpoint(const std::string& path) {
   try {
     auto header = nlohmann::json::parse(bytes + fixed, bytes + fixed + header_size);
     checkpoint.step = header.at("step");
+    if (checkpoint.step < 0 || checkpoint.step > kMaxStep) {
+      fail(path, fmt::format("step {} is out of range (0 to {})", checkpoint.step, kMaxStep));
+    }
     checkpoint.identity = header.at("identity");
     for (const auto& entry : header.at("tensors")) {
       const std::string dtype = entry.at("dtype");

@@ -260,10 +260,18 @@ class RankTrainer {
       auto t = Clock::now();
       at::Tensor loss = lossOf(tokens);
       st.forward += since(t);
+      const double value = loss.item<double>();
+      if (!std::isfinite(value)) {  // stop before its gradients can reach the weights
+        throw TrainingError(fmt::format(
+            "rank {}: the loss is {} at step {} (micro-batch {} of {}); stopped before the "
+            "update, the weights are those after step {}. HINT: lower train.lr, set "
+            "train.grad_clip, or check the data",
+            rank_, value, s + 1, k + 1, spec_.grad_accum, s));
+      }
       t = Clock::now();
       (loss * scale).backward();
       st.backward += since(t);
-      loss_sum += loss.item<double>();
+      loss_sum += value;
     }
     st.loss = loss_sum / spec_.grad_accum;
     st.sync = reducer.finish();
@@ -274,11 +282,6 @@ class RankTrainer {
     for (auto& p : params_) p.mutable_grad() = at::Tensor();  // the next step starts afresh
     st.optimizer = since(t);
     st.step = since(start);
-    if (!std::isfinite(st.loss)) {
-      throw CommError(
-          fmt::format("rank {}: loss is {} at step {}. HINT: lower train.lr or set train.grad_clip",
-                      rank_, st.loss, s));
-    }
     return st;
   }
 
