@@ -31,6 +31,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int kMaxRanks = 1 << 16;
+constexpr int64_t kMaxGroup = 255;  // group ids 1..255; the world group is 0
 
 uint64_t packTag(uint32_t group, Tag tag, int sender) {
   return (static_cast<uint64_t>(group & 0xFF) << 56) | ((tag & 0xFFFFFFFFFFull) << 16) |
@@ -74,8 +75,12 @@ std::string transportList(const std::string& text) {
 }
 
 // The UCP context, worker and endpoints of one process, shared by its group and sub-groups.
-// Only the owning rank's thread calls into UCX; abort() only sets a flag.
+// The worker is created UCS_THREAD_MODE_SERIALIZED: any thread may call into UCX (the
+// trainer's communication thread and its main thread both do), one at a time under `mu`,
+// which is held for one call or one progress round, never across a wait. abort() only sets
+// a flag.
 struct Worker {
+  std::recursive_mutex mu;
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
   int event_fd = -1;
@@ -86,6 +91,7 @@ struct Worker {
   std::chrono::milliseconds timeout{30000};
   std::string transports;
   AbortFlag aborted;
+  Store* store = nullptr;  // the job's store (outlives the worker): sub-group ids are agreed here
 
   ~Worker() {
     for (ucp_ep_h ep : eps) {
@@ -111,6 +117,7 @@ struct Worker {
     const auto deadline = Clock::now() + timeout;
     int spins = 0;
     while (true) {
+      std::unique_lock<std::recursive_mutex> lock(mu);
       ucs_status_t status = ucp_request_check_status(request);
       if (status != UCS_INPROGRESS) return status;
       if (!peer_error[peer].empty()) {
@@ -130,8 +137,11 @@ struct Worker {
         return cancel(request);
       }
       if (ucp_worker_progress(worker) != 0 || ++spins < 2000) continue;
-      // Nothing moved for a while: sleep until UCX has an event (or 1 ms passes).
-      if (ucp_worker_arm(worker) == UCS_OK) {
+      // Nothing moved for a while: sleep until UCX has an event (or 1 ms passes), letting
+      // another thread progress meanwhile.
+      const bool armed = ucp_worker_arm(worker) == UCS_OK;
+      lock.unlock();
+      if (armed) {
         pollfd fd{event_fd, POLLIN, 0};
         ::poll(&fd, 1, 1);
       }
@@ -140,6 +150,7 @@ struct Worker {
   }
 
   ucs_status_t cancel(void* request) {
+    std::lock_guard<std::recursive_mutex> lock(mu);
     ucp_request_cancel(worker, request);
     auto until = Clock::now() + std::chrono::seconds(1);
     while (ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < until)
@@ -165,6 +176,7 @@ class UcxRequest : public Request {
         what_(std::move(what)) {}
   ~UcxRequest() override {
     if (request_ != nullptr) {
+      std::lock_guard<std::recursive_mutex> lock(worker_->mu);
       if (ucp_request_check_status(request_) == UCS_INPROGRESS) worker_->cancel(request_);
       ucp_request_free(request_);
     }
@@ -176,8 +188,11 @@ class UcxRequest : public Request {
     ucs_status_t status = worker_->wait(request_, peer_, timeout, &why);
     ucp_tag_recv_info_t info{};
     bool is_recv = what_.find("receive") != std::string::npos;
-    if (status == UCS_OK && is_recv) ucp_tag_recv_request_test(request_, &info);
-    ucp_request_free(request_);
+    {
+      std::lock_guard<std::recursive_mutex> lock(worker_->mu);
+      if (status == UCS_OK && is_recv) ucp_tag_recv_request_test(request_, &info);
+      ucp_request_free(request_);
+    }
     request_ = nullptr;
     if (status == UCS_OK && is_recv && info.length != bytes_) {
       throw CommError("ucx: " + what_ + ": the message has " + std::to_string(info.length) +
@@ -195,6 +210,7 @@ class UcxRequest : public Request {
 
   bool test() override {
     if (request_ == nullptr) return true;
+    std::lock_guard<std::recursive_mutex> lock(worker_->mu);
     ucp_worker_progress(worker_->worker);
     return ucp_request_check_status(request_) != UCS_INPROGRESS;
   }
@@ -228,6 +244,7 @@ class UcxBackend : public Backend {
       throw ConfigError("backend ucx: at most " + std::to_string(kMaxRanks) + " ranks");
     }
     worker_->world_rank = ctx.rank;
+    worker_->store = ctx.store;
     for (int r = 0; r < ctx.size; ++r) ranks_.push_back(r);
     rank_ = ctx.rank;
     start(*ctx.store, interface, ctx.size);
@@ -247,6 +264,7 @@ class UcxBackend : public Backend {
     worker_->aborted.throwIfSet("ucx: " + what);
     if (buf.bytes() == 0) return std::make_unique<CompletedRequest>();
     ucp_request_param_t param{};
+    std::lock_guard<std::recursive_mutex> lock(worker_->mu);
     ucs_status_ptr_t request = ucp_tag_send_nbx(worker_->eps[world], buf.data, buf.bytes(),
                                                 packTag(group_, tag, worker_->world_rank), &param);
     if (request == nullptr) return std::make_unique<CompletedRequest>();
@@ -262,6 +280,7 @@ class UcxBackend : public Backend {
     worker_->aborted.throwIfSet("ucx: " + what);
     if (buf.bytes() == 0) return std::make_unique<CompletedRequest>();
     ucp_request_param_t param{};
+    std::lock_guard<std::recursive_mutex> lock(worker_->mu);
     ucs_status_ptr_t request = ucp_tag_recv_nbx(worker_->worker, buf.data, buf.bytes(),
                                                 packTag(group_, tag, world), ~0ull, &param);
     if (UCS_PTR_IS_ERR(request)) {
@@ -271,13 +290,28 @@ class UcxBackend : public Backend {
   }
 
   // A view of the same worker and endpoints: sub-groups need no new connections. The group
-  // id in the tag keeps their messages apart from the parent's.
+  // id in the tag keeps their messages apart from every other group's: its lowest world rank
+  // draws the next id of the job from the store's counter and publishes it under the split's
+  // name, which is the same on every member and unique in the job.
   std::unique_ptr<Backend> split(const std::vector<int>& ranks) override {
     const int me = splitPosition(ranks, rank_, "ucx");
     std::vector<int> world;
     for (int r : ranks) world.push_back(ranks_.at(r));
-    uint32_t group = (group_ * 7 + ++splits_) & 0xFF;
-    if (group == 0) group = 1;
+    const std::string key =
+        "ucx/group/" + std::to_string(group_) + "/" + splitName(splits_++, world);
+    Store& store = *worker_->store;
+    if (me == 0) {
+      const int64_t id = store.add("ucx/groups", 1);
+      if (id > kMaxGroup) {
+        throw CommError("ucx: more than " + std::to_string(kMaxGroup) +
+                        " sub-groups in one job: UCX tags hold 8 bits of group id");
+      }
+      const auto bytes = std::to_string(id);
+      store.set(key, std::vector<uint8_t>(bytes.begin(), bytes.end()));
+    }
+    const std::vector<uint8_t> value = store.get(key);
+    const uint32_t group =
+        static_cast<uint32_t>(std::stoul(std::string(value.begin(), value.end())));
     return std::make_unique<UcxBackend>(worker_, world, me, group);
   }
 
@@ -310,7 +344,7 @@ class UcxBackend : public Backend {
     }
     ucp_worker_params_t wp{};
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
     check(ucp_worker_create(w.context, &wp, &w.worker), "creating the worker");
     check(ucp_worker_get_efd(w.worker, &w.event_fd), "getting the worker's event fd");
 
