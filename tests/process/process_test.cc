@@ -64,7 +64,7 @@ struct Spawned {
 };
 
 Spawned spawn(const std::vector<std::string>& args, const std::vector<std::string>& env,
-              const std::string& log) {
+              const std::string& log, const std::string& cwd = "") {
   Spawned s;
   s.log = log;
   std::vector<std::string> argv{COLLIE_TEST_BINARY};
@@ -73,6 +73,7 @@ Spawned spawn(const std::vector<std::string>& args, const std::vector<std::strin
   if (s.pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a test that dies takes its ranks with it
     for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
+    if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) _exit(126);
     FILE* out = std::freopen(log.c_str(), "w", stdout);
     (void)out;
     ::dup2(STDOUT_FILENO, STDERR_FILENO);
@@ -260,6 +261,96 @@ TEST(Processes, RanksWithDifferentConfigsAreNamed) {
               std::string::npos)
         << s.output();
   }
+}
+
+TEST(Processes, RanksWithADifferentNestedPluginAreNamed) {
+  // Rank 1 finds another file for `tree`, which only hierarchical opens (as its inter
+  // scheduler): the check must cover the plugins that plugins load, not only the config's.
+  std::string out = scratch("nested");
+  const fs::path alt = fs::path(out) / "alt-plugins";
+  fs::create_directories(alt);
+  const std::string tree = "libcollie_scheduler_tree.so";
+  fs::copy_file(fs::path(COLLIE_TEST_PLUGIN_DIR) / tree, alt / tree,
+                fs::copy_options::overwrite_existing);
+  std::ofstream(alt / tree, std::ios::app | std::ios::binary) << "another build";
+  const std::string config = writeTempFile("nested.yaml", R"(name: nested
+launch: {nproc_per_node: 2}
+backend: {plugin: gloo, params: {timeout: 20s}}
+bench: {schedulers: [{plugin: hierarchical, params: {intra: ring, inter: tree}}],
+        min_bytes: 4KiB, max_bytes: 4KiB, iters: 1, warmup_iters: 0, calibrate: false,
+        plots: false}
+)");
+  const int port = collie::pickFreePort("127.0.0.1");
+  std::vector<Spawned> ranks;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> env{"RANK=" + std::to_string(r), "WORLD_SIZE=2",
+                                 "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)};
+    if (r == 1) env.push_back("COLLIE_PLUGIN_PATH=" + alt.string());
+    ranks.push_back(
+        spawn({"run", config, "--out", out}, env, out + "/rank" + std::to_string(r) + ".log"));
+  }
+  Reaper reaper{&ranks};
+  auto start = Clock::now();
+  for (auto& s : ranks) {
+    ASSERT_TRUE(waitFor(s, start, start + std::chrono::seconds(60))) << s.output();
+    EXPECT_EQ(exitCode(s), 2) << s.output();
+    EXPECT_NE(s.output().find("rank(s) 1 loaded a different plugin and rules files (digests) "
+                              "than rank 0"),
+              std::string::npos)
+        << s.output();
+  }
+}
+
+TEST(Processes, EveryRankResumesFromTheCheckpointRank0Chose) {
+  // Two "nodes" without a shared file system: the same relative checkpoint_dir is another
+  // folder for each rank. Rank 0 alone writes checkpoints, so on resume rank 1 lacks the
+  // file rank 0 resumes from; it must say so rather than start from step 0.
+  const fs::path out = scratch("resume-agree");
+  const fs::path node0 = out / "node0", node1 = out / "node1";
+  fs::create_directories(node0);
+  fs::create_directories(node1);
+  const std::string config = writeTempFile("resume-agree.yaml", R"(name: resume-agree
+launch: {nproc_per_node: 2}
+backend: {plugin: gloo, params: {timeout: 20s}}
+model: {plugin: mlp, params: {seq_len: 6, vocab: 48, d_embed: 8, hidden: 32, layers: 2}}
+train: {steps: 4, micro_batch: 4, checkpoint_every: 2, checkpoint_dir: ckpt, log_every: 100}
+)");
+  auto runJob = [&](const std::vector<std::string>& sets, const std::string& tag) {
+    const int port = collie::pickFreePort("127.0.0.1");
+    std::vector<Spawned> ranks;
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> args{"run", config, "--out", (out / tag).string()};
+      for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+      ranks.push_back(spawn(args,
+                            {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+                             "MASTER_PORT=" + std::to_string(port)},
+                            (out / (tag + "-rank" + std::to_string(r) + ".log")).string(),
+                            (r == 0 ? node0 : node1).string()));
+    }
+    auto start = Clock::now();
+    for (auto& s : ranks) {
+      if (!waitFor(s, start, start + std::chrono::seconds(90))) killAndReap(s);
+    }
+    return ranks;
+  };
+  auto first = runJob({}, "first");
+  for (auto& s : first) ASSERT_EQ(exitCode(s), 0) << s.output();
+  ASSERT_TRUE(fs::exists(node0 / "ckpt" / "step-00000004.ckpt"));
+  ASSERT_FALSE(fs::exists(node1 / "ckpt"));
+  auto missing = runJob({"train.steps=6"}, "missing");
+  for (auto& s : missing) {
+    EXPECT_EQ(exitCode(s), 1) << s.output();
+    EXPECT_NE(s.output().find("rank 1 has no ckpt/step-00000004.ckpt, the checkpoint of step 4 "
+                              "that rank 0 resumes from"),
+              std::string::npos)
+        << s.output();
+  }
+  fs::copy(node0 / "ckpt", node1 / "ckpt", fs::copy_options::recursive);
+  auto copied = runJob({"train.steps=6"}, "copied");
+  for (auto& s : copied) EXPECT_EQ(exitCode(s), 0) << s.output();
+  EXPECT_NE(copied[0].output().find("resumed from ckpt/step-00000004.ckpt at step 4"),
+            std::string::npos)
+      << copied[0].output();
 }
 
 TEST(Faults, RankThatNeverArrivesIsNamed) {

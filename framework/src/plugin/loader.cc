@@ -254,6 +254,23 @@ PluginLoader::Scan PluginLoader::scan() const {
 
 std::shared_ptr<PluginLibrary> PluginLoader::open(PluginKind kind,
                                                   const std::string& name_or_path) const {
+  auto library = resolve(kind, name_or_path);
+  remember(library->info.path);
+  return library;
+}
+
+void PluginLoader::remember(const std::string& path) const {
+  std::lock_guard<std::mutex> lock(opened_mu_);
+  opened_.insert(path);
+}
+
+std::vector<std::string> PluginLoader::openedFiles() const {
+  std::lock_guard<std::mutex> lock(opened_mu_);
+  return {opened_.begin(), opened_.end()};
+}
+
+std::shared_ptr<PluginLibrary> PluginLoader::resolve(PluginKind kind,
+                                                     const std::string& name_or_path) const {
   if (name_or_path.find('/') != std::string::npos) return openPluginFile(name_or_path, &kind);
   std::string file = fileName(kind, name_or_path);
   for (const auto& dir : dirs_) {
@@ -300,7 +317,10 @@ std::shared_ptr<Scheduler> PluginLoader::createScheduler(const std::string& name
   plugin_context.make_scheduler = [this](const std::string& plugin, Params& child) {
     return createScheduler(plugin, child);
   };
-  plugin_context.read_rules = [](const std::string& path) { return config::readRulesFile(path); };
+  plugin_context.read_rules = [this](const std::string& path) {
+    remember(path);
+    return config::readRulesFile(path);
+  };
   auto scheduler = create<Scheduler>(library, plugin_context);
   rejectUnreadParams(params, *library);
   return scheduler;

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -64,8 +66,18 @@ class PluginLoader {
   std::shared_ptr<Scheduler> createScheduler(const std::string& name, Params& params) const;
   std::shared_ptr<Model> createModel(const std::string& name, Params& params) const;
 
+  // Every file this loader has opened so far, each once: plugin files (open(), also for the
+  // schedulers plugins create from others) and the rules files plugins read through
+  // read_rules. Paths as opened, sorted.
+  std::vector<std::string> openedFiles() const;
+
  private:
+  std::shared_ptr<PluginLibrary> resolve(PluginKind kind, const std::string& name_or_path) const;
+  void remember(const std::string& path) const;
+
   std::vector<std::string> dirs_;
+  mutable std::mutex opened_mu_;
+  mutable std::set<std::string> opened_;
 };
 
 // Validates one file as a plugin of `kind` (or of any kind when `kind` is null) without

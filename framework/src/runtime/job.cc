@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <sstream>
@@ -16,6 +17,7 @@
 #include "collie/error.h"
 #include "collie/log.h"
 #include "core/strings.h"
+#include "runtime/communicator.h"
 #include "runtime/tcp_store.h"
 
 namespace collie {
@@ -250,10 +252,18 @@ std::vector<PluginUse> pluginsOf(const config::Experiment& e) {
   return uses;
 }
 
-std::string pluginIdentity(const PluginLoader& loader, PluginKind kind, const std::string& name) {
-  auto library = loader.open(kind, name);  // keeps `info` alive
-  const auto& info = pluginInfo(*library);
-  return info.name + "@" + info.version + ":" + hashFile(info.path);
+std::string openedFilesIdentity(const PluginLoader& loader, const config::Experiment& e) {
+  for (const auto& use : pluginsOf(e)) loader.open(use.kind, use.plugin);
+  // Creating the schedulers opens what they open themselves (hierarchical's intra and
+  // inter, auto's candidates) and reads their rules files.
+  for (const auto& slot : e.bench.schedulers) createRules(loader, slot);
+  if (e.kind == config::Experiment::Kind::kTrain) createRules(loader, e.train.scheduler);
+  std::string identity;
+  for (const auto& path : loader.openedFiles()) {
+    identity +=
+        fmt::format("{}:{} ", std::filesystem::path(path).filename().string(), hashFile(path));
+  }
+  return identity;
 }
 
 WorkerRank createBackend(ProcessJob& job, const PluginLoader& loader, const config::PluginRef& ref,
@@ -277,13 +287,11 @@ WorkerRank joinRun(ProcessJob& job, const PluginLoader& loader, const config::Ex
   const std::string run = fmt::format("run{}/", index);
   YAML::Emitter emitter;
   emitter << e.resolved;
-  std::string plugins;
-  for (const auto& use : pluginsOf(e))
-    plugins += pluginIdentity(loader, use.kind, use.plugin) + " ";
+  const std::string plugins = openedFilesIdentity(loader, e);
   job.checkSame(run + "identity", {{"world size", fmt::format("{}", job.world())},
                                    {"collie version", COLLIE_VERSION},
                                    {"experiment (config digest)", hashText(emitter.c_str())},
-                                   {"plugin files (digests)", hashText(plugins)}});
+                                   {"plugin and rules files (digests)", hashText(plugins)}});
 
   Topology topology;
   if (e.explicit_topology) {

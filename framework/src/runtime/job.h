@@ -84,8 +84,10 @@ struct PluginUse {
 // bench's schedulers (every scheduler of a rule list), the model and the training scheduler.
 std::vector<PluginUse> pluginsOf(const config::Experiment& e);
 
-// "name@version:digest" of a plugin file, for the same-plugins check.
-std::string pluginIdentity(const PluginLoader& loader, PluginKind kind, const std::string& name);
+// "file:digest ..." of every plugin and rules file run `e` opens, nested ones included (it
+// opens them, and creates the run's schedulers once to make them open theirs): what every
+// rank must agree on.
+std::string openedFilesIdentity(const PluginLoader& loader, const config::Experiment& e);
 
 // Creates this rank's `ref` backend with its store keys under `prefix` (every rank must use
 // the same prefix, and each group its own).

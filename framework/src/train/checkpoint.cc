@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <regex>
 
@@ -277,20 +278,39 @@ std::string RunCheckpoints::save(
   return path;
 }
 
-int64_t RunCheckpoints::restore(const std::vector<std::pair<std::string, at::Tensor>>& into,
-                                std::string* path) const {
+int64_t RunCheckpoints::newest(std::string* path) const {
   if (spec_.checkpoint_dir.empty() || !spec_.resume) return 0;
   *path = latestCheckpoint(spec_.checkpoint_dir);
   if (path->empty()) return 0;
-  Checkpoint c = loadCheckpoint(*path);
+  // The step is in the file's name; loading checks that the header agrees.
+  const std::string name = fs::path(*path).filename().string();
+  return std::stoll(name.substr(5, name.size() - 10));  // step-NNNNNNNN.ckpt
+}
+
+std::string RunCheckpoints::pathOf(int64_t step) const {
+  return checkpointPath(spec_.checkpoint_dir, step);
+}
+
+int64_t RunCheckpoints::restore(const std::string& path,
+                                const std::vector<std::pair<std::string, at::Tensor>>& into) const {
+  Checkpoint c = loadCheckpoint(path);
   if (c.identity != identity_) {
-    throw CheckpointError("checkpoint " + *path + " was written by another run: it holds " +
+    throw CheckpointError("checkpoint " + path + " was written by another run: it holds " +
                           c.identity + ", this run is " + identity_ +
                           ". HINT: point train.checkpoint_dir elsewhere or set "
                           "train.resume: false");
   }
-  restoreTensors(c, into, *path);
+  restoreTensors(c, into, path);
   return c.step;
+}
+
+uint64_t checkpointDigest(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in.is_open() || in.tellg() < static_cast<std::streamoff>(sizeof(uint64_t))) return 0;
+  in.seekg(-static_cast<std::streamoff>(sizeof(uint64_t)), std::ios::end);
+  uint64_t digest = 0;
+  in.read(reinterpret_cast<char*>(&digest), sizeof(digest));
+  return in ? digest : 0;
 }
 
 }  // namespace collie::train

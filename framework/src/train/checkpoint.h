@@ -32,6 +32,10 @@ void restoreTensors(const Checkpoint& from,
                     const std::vector<std::pair<std::string, at::Tensor>>& into,
                     const std::string& path);
 
+// The content digest a checkpoint file is sealed with (its last 8 bytes), or 0 when the file
+// is missing or too short to hold one. Cheap: nothing else is read.
+uint64_t checkpointDigest(const std::string& path);
+
 // "DIR/step-00000042.ckpt"
 std::string checkpointPath(const std::string& dir, int64_t step);
 // The checkpoint of the highest step in `dir`, or "" when there is none.
@@ -55,10 +59,15 @@ class RunCheckpoints {
   // Writes `tensors` as the checkpoint of `steps_done` and prunes the oldest; the path.
   std::string save(int64_t steps_done,
                    const std::vector<std::pair<std::string, at::Tensor>>& tensors) const;
-  // With resume on, restores the newest checkpoint into `into`, sets `path` and returns its
-  // step; 0 when there is none. Throws CheckpointError for a file of another run.
-  int64_t restore(const std::vector<std::pair<std::string, at::Tensor>>& into,
-                  std::string* path) const;
+  // With resume on, the step of the newest checkpoint in checkpoint_dir (setting `path`);
+  // 0 when there is none or resume is off.
+  int64_t newest(std::string* path) const;
+  // The path of the checkpoint of `step` in checkpoint_dir.
+  std::string pathOf(int64_t step) const;
+  // Restores the checkpoint at `path` into `into` and returns its step. Throws
+  // CheckpointError for a file of another run (or a broken one).
+  int64_t restore(const std::string& path,
+                  const std::vector<std::pair<std::string, at::Tensor>>& into) const;
 
  private:
   const config::TrainSpec& spec_;

@@ -156,12 +156,37 @@ class RankTrainer {
     return all;
   }
 
-  // Continues from the newest checkpoint (every rank reads the same file): the step to start
-  // from, 0 without one.
+  // Continues from a checkpoint: the step to start from, 0 without one. Rank 0 decides which
+  // (its newest) and every rank loads that file, after every rank has said it holds the same
+  // bytes: on several nodes without a shared file system, each rank's newest file may differ.
   int64_t resume(const RunCheckpoints& checkpoints) {
     std::string path;
-    const int64_t step = checkpoints.restore(stateTensors(), &path);
+    int64_t step = rank_ == 0 ? checkpoints.newest(&path) : 0;
+    uint64_t digest = step > 0 ? checkpointDigest(path) : 0;
+    const auto chosen =
+        control_.allGather({static_cast<double>(step), static_cast<double>(digest >> 32),
+                            static_cast<double>(digest & 0xFFFFFFFFu)})[0];
+    step = static_cast<int64_t>(chosen[0]);
+    digest = (static_cast<uint64_t>(chosen[1]) << 32) | static_cast<uint64_t>(chosen[2]);
     if (step == 0) return 0;
+    path = checkpoints.pathOf(step);
+    const uint64_t mine = checkpointDigest(path);
+    const double verdict = mine == digest ? 0 : mine == 0 ? 1 : 2;  // same, missing, other
+    const auto verdicts = control_.allGather({verdict});
+    for (int r = 0; r < world_; ++r) {
+      if (verdicts[r][0] == 0) continue;
+      throw CheckpointError(fmt::format(
+          "rank {} {} {}, the checkpoint of step {} that rank 0 resumes from. HINT: every rank "
+          "resumes from the same file; train.checkpoint_dir must hold it on every node (a "
+          "shared file system, or copy it there)",
+          r, verdicts[r][0] == 1 ? "has no" : "holds other bytes in", path, step));
+    }
+    if (checkpoints.restore(path, stateTensors()) != step) {
+      throw CheckpointError(
+          fmt::format("checkpoint {}: its header holds another step than its "
+                      "name ({})",
+                      path, step));
+    }
     optimizer_->setSteps(step);
     if (rank_ == 0) logInfo(fmt::format("resumed from {} at step {}", path, step));
     return step;
