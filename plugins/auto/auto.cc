@@ -55,7 +55,9 @@ class AutoScheduler : public Scheduler {
 
   Decision accepts(const CollectiveArgs& args, const Topology& topology) const override {
     std::string reasons;
-    if (choose(args, topology, &reasons) != nullptr) return Decision::yes();
+    // Accepted "by" the candidate it picks, so that the provenance names what ran.
+    if (Scheduler* chosen = choose(args, topology, &reasons))
+      return Decision::yesBy(nameOf(chosen));
     return Decision::no("auto: no candidate can run it:" + reasons);
   }
 
@@ -74,6 +76,13 @@ class AutoScheduler : public Scheduler {
   }
 
  private:
+  std::string nameOf(const Scheduler* scheduler) const {
+    for (const auto& [n, s] : candidates_) {
+      if (s.get() == scheduler) return n;
+    }
+    return "";
+  }
+
   Scheduler* find(const std::string& name) const {
     for (const auto& [n, s] : candidates_) {
       if (n == name) return s.get();

@@ -2,11 +2,13 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
 
 #include "collie/config.h"
+#include "config/rules.h"
 #include "run_command.h"
 
 namespace collie {
@@ -252,7 +254,7 @@ matrix:
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_NE(r.output.find("# Plots: "), std::string::npos) << r.output;
   EXPECT_FALSE(payloadRan(out)) << "text of the config ran as a gnuplot command";
-  // RFC 4180: every row has the header's 15 fields, however the run's text reads.
+  // RFC 4180: every row has the header's 16 fields, however the run's text reads.
   std::ifstream csv(out / "results.csv");
   std::string text((std::istreambuf_iterator<char>(csv)), {});
   std::vector<int> fields(1, 1);
@@ -269,7 +271,7 @@ matrix:
   }
   EXPECT_FALSE(quoted) << text;
   ASSERT_EQ(fields.size(), 5u) << text;  // the header and 2 sizes x 2 points
-  for (int f : fields) EXPECT_EQ(f, 15) << text;
+  for (int f : fields) EXPECT_EQ(f, 16) << text;
   std::filesystem::remove_all(out);
 }
 
@@ -288,6 +290,34 @@ TEST(CliBench, EmitRulesThenAutoUsesThem) {
                           "--set", "bench.max_bytes=64KiB", "--set", "bench.iters=2"});
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("Wrong elements: 0"), std::string::npos) << r.output;
+  // auto ran, at every size, the scheduler the rules name for it.
+  RulesFile written = config::readRulesFile(rules);
+  std::ifstream json(dir / "auto" / "results.json");
+  const auto rows = nlohmann::json::parse(json);
+  ASSERT_GT(rows.size(), 3u);
+  for (const auto& row : rows) {
+    const uint64_t bytes = row.at("bytes");
+    const auto* rule = firstAdmitting(written.rules, bytes);
+    ASSERT_NE(rule, nullptr) << bytes;
+    EXPECT_EQ(row.at("scheduler"), "auto");
+    EXPECT_EQ(row.at("ran"), rule->choice) << bytes << " B";
+  }
+  // Rules against the grain of the built-in model (ring for small messages, tree for large)
+  // are followed too: what ran is what the file says, not what auto would pick alone.
+  const std::string against = writeTempFile("against.yaml", R"(collective: allreduce
+rules:
+  - {max_bytes: 8KiB, plugin: ring}
+  - {plugin: tree}
+)");
+  r = runCollie({"run", kRingVsTree, "--out", (dir / "against").string(), "--set",
+                 "bench.schedulers=[{plugin: auto, params: {rules_file: " + against + "}}]",
+                 "--set", "bench.max_bytes=64KiB", "--set", "bench.iters=2"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream against_json(dir / "against" / "results.json");
+  for (const auto& row : nlohmann::json::parse(against_json)) {
+    const uint64_t bytes = row.at("bytes");
+    EXPECT_EQ(row.at("ran"), bytes <= 8192 ? "ring" : "tree") << bytes << " B";
+  }
   std::filesystem::remove_all(dir);
 }
 

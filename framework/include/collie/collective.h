@@ -31,8 +31,11 @@ struct CollectiveArgs {
 // A cheap, normal refusal (DESIGN §8: statuses where declining is control flow).
 struct Decision {
   bool accepted = true;
-  std::string reason;  // why not, when !accepted
+  // Why not, when !accepted. When accepted by a scheduler that delegates (auto): the
+  // scheduler that will run it, recorded in the collective's provenance; else empty.
+  std::string reason;
   static Decision yes() { return {}; }
+  static Decision yesBy(std::string scheduler) { return {true, std::move(scheduler)}; }
   static Decision no(std::string why) { return {false, std::move(why)}; }
 };
 

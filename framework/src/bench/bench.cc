@@ -102,7 +102,8 @@ class RankBench {
     for (int i = 0; i < spec_.warmup_iters; ++i) comm_.run(args, s.rules);
     control_.barrier();
     auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < spec_.iters; ++i) comm_.run(args, s.rules);
+    Provenance last;
+    for (int i = 0; i < spec_.iters; ++i) last = comm_.run(args, s.rules);
     std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
     auto all = control_.allGather({took.count() / spec_.iters, static_cast<double>(wrong)});
 
@@ -110,6 +111,7 @@ class RankBench {
     row.run = e_.matrix_point;
     row.scheduler = s.label;
     row.plugin = std::filesystem::path(s.plugin).filename().string();
+    row.ran = last.ran;
     row.predicted_us = spec_.calibrate
                            ? chosen->predictSeconds(args, comm_.topology(), model_) * 1e6
                            : kNoPrediction;

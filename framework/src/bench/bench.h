@@ -20,6 +20,7 @@ struct Row {
   std::string run;        // the matrix point, "" without a matrix
   std::string scheduler;  // its label in the config
   std::string plugin;     // the plugin behind the label
+  std::string ran;        // what ran: the label, or the scheduler auto (or a rule list) chose
   std::string backend;
   std::string collective;
   int ranks = 0;

@@ -138,12 +138,12 @@ void printTable(std::ostream& out, const std::vector<Result>& results) {
 
 void writeCsv(const std::string& path, const std::vector<Row>& rows) {
   auto out = openOutput(path);
-  out << "run,collective,backend,ranks,scheduler,plugin,bytes,count,dtype,op,time_us,algbw_gbps,"
-         "busbw_gbps,wrong,predicted_us\n";
+  out << "run,collective,backend,ranks,scheduler,plugin,ran,bytes,count,dtype,op,time_us,"
+         "algbw_gbps,busbw_gbps,wrong,predicted_us\n";
   for (const Row& r : rows) {
-    out << fmt::format("{},{},{},{},{},{},{},{},{},{},{:.3f},{:.6f},{:.6f},{},{}\n", csvField(r.run),
-                       csvField(r.collective), csvField(r.backend), r.ranks,
-                       csvField(r.scheduler), csvField(r.plugin), r.bytes, r.count,
+    out << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{:.3f},{:.6f},{:.6f},{},{}\n",
+                       csvField(r.run), csvField(r.collective), csvField(r.backend), r.ranks,
+                       csvField(r.scheduler), csvField(r.plugin), csvField(r.ran), r.bytes, r.count,
                        csvField(r.dtype), csvField(r.op), r.time_us, r.algbw, r.busbw, r.wrong,
                        std::isfinite(r.predicted_us) ? fmt::format("{:.3f}", r.predicted_us) : "");
   }
@@ -160,6 +160,7 @@ nlohmann::json rowsJson(const std::vector<Row>& rows) {
                           {"ranks", r.ranks},
                           {"scheduler", r.scheduler},
                           {"plugin", r.plugin},
+                          {"ran", r.ran},
                           {"bytes", r.bytes},
                           {"count", r.count},
                           {"dtype", r.dtype},
@@ -216,6 +217,7 @@ Result loadResult(const std::string& path) {
       r.ranks = j.at("ranks").get<int>();
       r.scheduler = j.at("scheduler").get<std::string>();
       r.plugin = j.at("plugin").get<std::string>();
+      r.ran = j.at("ran").get<std::string>();
       r.bytes = j.at("bytes").get<uint64_t>();
       r.count = j.at("count").get<uint64_t>();
       r.dtype = j.at("dtype").get<std::string>();

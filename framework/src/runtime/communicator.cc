@@ -32,7 +32,7 @@ uint64_t bytesOf(const CollectiveArgs& args) {
 }
 }  // namespace
 
-Provenance Communicator::runRule(const Rule& rule, CollectiveArgs args) {
+Provenance Communicator::runRule(const Rule& rule, CollectiveArgs args, std::string ran) {
   const std::string& label = rule.choice.label;
   args.seq = next_seq_++;
   const uint64_t bytes = bytesOf(args);
@@ -45,25 +45,28 @@ Provenance Communicator::runRule(const Rule& rule, CollectiveArgs args) {
                                 backend_name_, backend_->rank(), e.what()));
   }
   std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-  return {label, backend_name_, args.coll, bytes, args.seq, took.count()};
+  return {label, backend_name_, args.coll, bytes, args.seq, took.count(), std::move(ran)};
 }
 
 Provenance Communicator::run(CollectiveArgs args) { return run(args, rules_); }
 
 const Communicator::Rule* Communicator::select(const CollectiveArgs& args,
                                                const std::vector<Rule>& rules,
-                                               std::string* refusals) const {
+                                               std::string* refusals, std::string* ran) const {
   return firstAdmitting(rules, bytesOf(args), [&](const Rule& rule) {
     Decision decision = rule.choice.scheduler->accepts(args, topology_);
-    if (!decision.accepted)
+    if (!decision.accepted) {
       *refusals += (refusals->empty() ? "" : "; ") + rule.choice.label + ": " + decision.reason;
+    } else if (ran != nullptr) {
+      *ran = decision.reason.empty() ? rule.choice.label : decision.reason;
+    }
     return decision.accepted;
   });
 }
 
 Provenance Communicator::run(CollectiveArgs args, const std::vector<Rule>& rules) {
-  std::string refusals;
-  if (const Rule* rule = select(args, rules, &refusals)) return runRule(*rule, args);
+  std::string refusals, ran;
+  if (const Rule* rule = select(args, rules, &refusals, &ran)) return runRule(*rule, args, ran);
   throw ConfigError(std::string("no scheduler can run ") + collectiveName(args.coll) + " of " +
                     formatBytes(bytesOf(args)) + ": " +
                     (refusals.empty() ? "no rule admits this size" : refusals) +

@@ -20,12 +20,13 @@ struct PluginRef;
 
 // Where one collective ran and what it cost.
 struct Provenance {
-  std::string scheduler;
+  std::string scheduler;  // the rule's label
   std::string backend;
   Collective coll = Collective::kAllReduce;
   uint64_t bytes = 0;
   uint64_t seq = 0;
   double seconds = 0;
+  std::string ran;  // what ran: the label, or the choice of a delegating scheduler (auto)
 };
 
 class Communicator {
@@ -52,15 +53,17 @@ class Communicator {
 
   // The rule that run(args, rules) would use: the first whose size limit admits the message
   // and whose scheduler accepts it, or null (with each refusal appended to `refusals`).
+  // `ran`, when given, receives what will run (the rule's label, or the scheduler a
+  // delegating one such as auto chose).
   const Rule* select(const CollectiveArgs& args, const std::vector<Rule>& rules,
-                     std::string* refusals) const;
+                     std::string* refusals, std::string* ran = nullptr) const;
 
   const std::vector<Rule>& rules() const { return rules_; }
   Backend& backend() { return *backend_; }
   const Topology& topology() const { return topology_; }
 
  private:
-  Provenance runRule(const Rule& rule, CollectiveArgs args);
+  Provenance runRule(const Rule& rule, CollectiveArgs args, std::string ran);
 
   std::shared_ptr<Backend> backend_;
   std::string backend_name_;

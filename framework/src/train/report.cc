@@ -307,6 +307,7 @@ void StepLog::write(int64_t step, int64_t samples, int64_t tokens, const StepSta
   json collectives = json::array();
   for (const auto& p : st.sync.collectives) {
     collectives.push_back({{"scheduler", p.scheduler},
+                           {"ran", p.ran},
                            {"backend", p.backend},
                            {"bytes", p.bytes},
                            {"seq", p.seq},
