@@ -330,7 +330,6 @@ class GlooBackend : public Backend {
     checkTransfer("gloo", rank(), size(), peer, buf, sending, MemoryKind::kHost);
     const std::string what = describeTransfer(rank(), peer, sending, tag);
     shared_->aborted.throwIfSet("gloo: " + what);
-    if (buf.bytes() == 0) return std::make_unique<CompletedRequest>();  // both sides skip it
     std::unique_ptr<gloo::transport::UnboundBuffer> ub;
     try {
       ub = context_->createUnboundBuffer(buf.data, buf.bytes());

@@ -262,7 +262,6 @@ class UcxBackend : public Backend {
     const int world = checkPeer(peer, buf, true);
     const std::string what = describe(true, peer, tag);
     worker_->aborted.throwIfSet("ucx: " + what);
-    if (buf.bytes() == 0) return std::make_unique<CompletedRequest>();
     ucp_request_param_t param{};
     std::lock_guard<std::recursive_mutex> lock(worker_->mu);
     ucs_status_ptr_t request = ucp_tag_send_nbx(worker_->eps[world], buf.data, buf.bytes(),
@@ -278,7 +277,6 @@ class UcxBackend : public Backend {
     const int world = checkPeer(peer, buf, false);
     const std::string what = describe(false, peer, tag);
     worker_->aborted.throwIfSet("ucx: " + what);
-    if (buf.bytes() == 0) return std::make_unique<CompletedRequest>();
     ucp_request_param_t param{};
     std::lock_guard<std::recursive_mutex> lock(worker_->mu);
     ucs_status_ptr_t request = ucp_tag_recv_nbx(worker_->worker, buf.data, buf.bytes(),

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "bench/pattern.h"
 #include "collie/error.h"
@@ -280,19 +281,29 @@ Buffer int32View(std::vector<int32_t>& v) {
   return b;
 }
 
-// Two messages with one tag arrive in order; a zero-byte message arrives. Rank 1 records.
+// Two messages with one tag arrive in order, and a zero-byte message between them takes its
+// place; a zero-byte message is really sent: a receive of one posted before its sender
+// gets there waits for it (barriers are made of them). Rank 1 records.
 void contractOrder(Backend& b, const std::function<void(bool, const std::string&)>& expect) {
+  constexpr auto kLate = std::chrono::milliseconds(200);
   if (b.rank() == 0) {
     std::vector<int32_t> first{1}, second{2}, empty;
     b.send(1, int32View(first), 5);
+    b.send(1, int32View(empty), 5);
     b.send(1, int32View(second), 5);
+    std::this_thread::sleep_for(kLate);
     b.send(1, int32View(empty), 6);
   } else {
     std::vector<int32_t> x(1), y(1), empty;
     b.recv(0, int32View(x), 5);
+    b.recv(0, int32View(empty), 5);
     b.recv(0, int32View(y), 5);
+    expect(x[0] == 1 && y[0] == 2,
+           "messages with one tag arrive in the order they were sent, a zero-byte one included");
+    const auto start = std::chrono::steady_clock::now();
     b.recv(0, int32View(empty), 6);
-    expect(x[0] == 1 && y[0] == 2, "messages with one tag arrive in the order they were sent");
+    expect(std::chrono::steady_clock::now() - start >= kLate * 3 / 4,
+           "a zero-byte receive waits for its message (it returned before the sender sent it)");
   }
 }
 

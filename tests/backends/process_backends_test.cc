@@ -1,0 +1,219 @@
+// The process backends (gloo, ucx) as real processes, forks of this test joined through the
+// store: zero-byte messages and barriers that synchronise; for ucx, sub-group ids that never
+// collide and a worker used from two threads at once.
+#include <gtest/gtest.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <thread>
+
+#include "collie/error.h"
+#include "loopback_job.h"
+#include "runtime/control.h"
+#include "runtime/job.h"
+#include "runtime/launcher.h"
+
+namespace collie {
+namespace {
+
+using namespace std::chrono_literals;
+
+Buffer view(int32_t* data, size_t count) {
+  Buffer b;
+  b.data = data;
+  b.count = count;
+  b.dtype = DType::kI32;
+  return b;
+}
+
+// Runs body(backend) as rank r of a 2-process job over `plugin`, for r = 0, 1, each in a
+// fork of this test. Returns the children's exit codes; a child prints what went wrong.
+std::vector<int> runJob(const std::string& plugin, const std::function<bool(Backend&)>& body) {
+  const uint16_t port = pickFreePort("127.0.0.1");
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < 2; ++rank) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      int code = 1;
+      try {
+        WorkerEnv env;
+        env.present = true;
+        env.source = "test";
+        env.rank = env.local_rank = rank;
+        env.world = env.local_world = 2;
+        env.master_addr = "127.0.0.1";
+        env.master_port = port;
+        ProcessJob job(env, "127.0.0.1", port, 20s);
+        config::PluginRef ref;
+        ref.plugin = ref.label = plugin;
+        ref.params = Params("backend '" + plugin + "'");
+        ref.params.set("timeout", "10s", "test");
+        WorkerRank w = createBackend(job, testing::buildTreeLoader(), ref, "test/", 20s);
+        code = body(*w.backend) ? 0 : 1;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+      }
+      std::fflush(nullptr);
+      _exit(code);
+    }
+    children.push_back(pid);
+  }
+  std::vector<int> codes;
+  for (pid_t pid : children) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  }
+  return codes;
+}
+
+class ProcessBackends : public ::testing::TestWithParam<std::string> {};
+
+// How long rank 0 waits for rank 1, which sleeps 300 ms first, in `meet` (a zero-byte
+// receive, a barrier): never less than the sleep, or the wait synchronised nothing.
+bool waitsForTheLateRank(Backend& b, const std::function<void(Backend&)>& meet, const char* what) {
+  if (b.rank() == 1) std::this_thread::sleep_for(300ms);
+  const auto start = std::chrono::steady_clock::now();
+  meet(b);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (b.rank() == 0 && waited < 0.25) {
+    std::fprintf(stderr, "rank 0: %s returned after %.3f s, before rank 1 arrived (0.3 s)\n", what,
+                 waited);
+    return false;
+  }
+  return true;
+}
+
+TEST_P(ProcessBackends, AZeroByteMessageIsReallySent) {
+  auto codes = runJob(GetParam(), [](Backend& b) {
+    const Tag tag = makeTag(1, 1, 0);
+    return waitsForTheLateRank(
+        b,
+        [&](Backend& g) {
+          int32_t nothing = 0;
+          if (g.rank() == 0) {
+            g.recv(1, view(&nothing, 0), tag);
+          } else {
+            g.send(0, view(&nothing, 0), tag);
+          }
+        },
+        "a zero-byte receive");
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+TEST_P(ProcessBackends, ZeroByteMessagesKeepTheirOrder) {
+  // Between two messages of one tag, a zero-byte one takes its place in the order.
+  auto codes = runJob(GetParam(), [](Backend& b) {
+    const Tag tag = makeTag(1, 1, 0);
+    int32_t first = 1, empty = 0, last = 3;
+    if (b.rank() == 1) {
+      b.send(0, view(&first, 1), tag);
+      b.send(0, view(&empty, 0), tag);
+      b.send(0, view(&last, 1), tag);
+      return true;
+    }
+    int32_t a = 0, c = 0;
+    b.recv(1, view(&a, 1), tag);
+    b.recv(1, view(&empty, 0), tag);
+    b.recv(1, view(&c, 1), tag);
+    return a == 1 && c == 3;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+TEST_P(ProcessBackends, TheControlPlaneBarrierWaitsForEveryRank) {
+  auto codes = runJob(GetParam(), [](Backend& b) {
+    Control control(b);
+    return waitsForTheLateRank(
+        b, [&](Backend&) { control.barrier(); }, "Control::barrier");
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+TEST_P(ProcessBackends, SchedulerBarriersWaitForEveryRank) {
+  // The barrier collective of tree and halving_doubling is made of zero-byte messages.
+  for (const char* scheduler : {"tree", "halving_doubling"}) {
+    auto codes = runJob(GetParam(), [&](Backend& b) {
+      auto barrier = testing::loadScheduler(scheduler);
+      const Topology topology = Topology::singleNode(b.size());
+      CollectiveArgs args;
+      args.coll = Collective::kBarrier;
+      args.seq = 1;
+      return waitsForTheLateRank(
+          b, [&](Backend& g) { barrier->run(args, g, topology); }, scheduler);
+    });
+    EXPECT_EQ(codes, (std::vector<int>{0, 0})) << scheduler;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ProcessBackends, ::testing::Values("gloo", "ucx"),
+                         [](const auto& info) { return info.param; });
+
+TEST(Ucx, SubGroupIdsNeverCollide) {
+  // Eight splits of the world, then a split of the first of them: the nested group and the
+  // eighth sibling have the same members; a message of one must never match in the other
+  // (their ids once came from (parent * 7 + k) & 0xFF: 1 * 7 + 1 == 8).
+  auto codes = runJob("ucx", [](Backend& world) {
+    std::vector<std::unique_ptr<Backend>> siblings;
+    for (int i = 0; i < 8; ++i) siblings.push_back(world.split({0, 1}));
+    std::unique_ptr<Backend> nested = siblings[0]->split({0, 1});
+    const Tag tag = makeTag(1, 1, 0);
+    if (world.rank() == 0) {
+      int32_t in_nested = 0, in_sibling = 0;
+      auto a = nested->irecv(1, view(&in_nested, 1), tag);
+      auto b = siblings[7]->irecv(1, view(&in_sibling, 1), tag);
+      a->wait(10s);
+      b->wait(10s);
+      if (in_nested != 1 || in_sibling != 8) {
+        std::fprintf(stderr, "rank 0: nested group got %d (expected 1), sibling 8 got %d\n",
+                     in_nested, in_sibling);
+        return false;
+      }
+    } else {
+      int32_t eight = 8, one = 1;
+      siblings[7]->send(0, view(&eight, 1), tag);  // first: it must not reach `nested`
+      nested->send(0, view(&one, 1), tag);
+    }
+    return true;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+TEST(Ucx, TwoThreadsUseOneWorkerAtOnce) {
+  // The trainer's communication thread and its main thread share the worker: two threads
+  // ping-pong on two sub-groups at the same time.
+  auto codes = runJob("ucx", [](Backend& world) {
+    std::unique_ptr<Backend> groups[2] = {world.split({0, 1}), world.split({0, 1})};
+    std::atomic<bool> ok{true};
+    auto pingPong = [&](Backend& g) {
+      try {
+        const int peer = 1 - g.rank();
+        for (uint64_t i = 1; i <= 2000; ++i) {
+          int32_t out = static_cast<int32_t>(i * 2 + g.rank()), in = -1;
+          auto recv = g.irecv(peer, view(&in, 1), makeTag(i, 1, 0));
+          g.send(peer, view(&out, 1), makeTag(i, 1, 0));
+          recv->wait(10s);
+          if (in != static_cast<int32_t>(i * 2 + peer)) ok = false;
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", g.rank(), e.what());
+        ok = false;
+      }
+    };
+    std::thread other(pingPong, std::ref(*groups[1]));
+    pingPong(*groups[0]);
+    other.join();
+    return ok.load();
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+}  // namespace
+}  // namespace collie
