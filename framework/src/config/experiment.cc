@@ -231,9 +231,9 @@ void checkLabel(const Experiment& e, const YAML::Node& slot, const std::string& 
       "backslashes or control characters (it names the plugin in tables and plots). HINT: "
       "give {{plugin: ..., label: NAME}}",
       valueLocation(e.file, slot), key, fmt::format("{:.64}", label),
-      bad != label.end() ? fmt::format("holds the character {:#04x}",
-                                       static_cast<unsigned char>(*bad))
-                         : "is longer than 64 characters")});
+      bad != label.end()
+          ? fmt::format("holds the character {:#04x}", static_cast<unsigned char>(*bad))
+          : "is longer than 64 characters")});
 }
 
 void checkLabels(const Experiment& e, std::vector<Issue>* issues) {
