@@ -1,13 +1,21 @@
-// "lossy": a direct all-reduce with a realistic bug: it reduces only the first
-// (count / n) * n elements, so a count that the group size does not divide loses its tail.
+// "lossy": a direct all-reduce with a realistic bug, chosen by params.bug:
+// - tail (default): it reduces only the first (count / n) * n elements, so a count that the
+//   group size does not divide loses its tail;
+// - swap: the sum is right but its two halves come back swapped, as a scheduler that mixes
+//   up two equal blocks would deliver (only inputs without a period can see it).
 // It passes the easy cases (0 elements, divisible counts) and must fail plugin-check.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
 #include "collie/plugin.h"
 
 namespace {
 
 class LossyScheduler : public collie::Scheduler {
  public:
-  explicit LossyScheduler(const collie::PluginContext&) {}
+  explicit LossyScheduler(const collie::PluginContext& context)
+      : swap_(context.params->getString("bug", "tail") == "swap") {}
 
   collie::Decision accepts(const collie::CollectiveArgs& args,
                            const collie::Topology&) const override {
@@ -41,7 +49,20 @@ class LossyScheduler : public collie::Scheduler {
     collie::waitAll(sends, backend.timeout());
     collie::copyInto(mine, result.view());
     collie::finishAverage(mine, args.op, n);
+    if (swap_) swapHalves(args.data);
   }
+
+ private:
+  static void swapHalves(const collie::Buffer& data) {
+    const size_t half = data.count / 2 * collie::dtypeSize(data.dtype);
+    if (half == 0) return;
+    auto* bytes = static_cast<char*>(data.data);
+    std::vector<char> first(bytes, bytes + half);
+    std::memmove(bytes, bytes + half, half);
+    std::memcpy(bytes + half, first.data(), half);
+  }
+
+  bool swap_;
 };
 
 }  // namespace

@@ -78,5 +78,24 @@ TEST(Conformance, BrokenSchedulerIsCaughtWithTheCasesNamed) {
   EXPECT_GT(report.passed, 0u) << "the easy cases still pass";
 }
 
+TEST(Conformance, SwappedEqualBlocksAreCaught) {
+  // Two swapped halves of 500 elements hold the same values under an input that repeats
+  // every 5 elements (the sum's): the inputs must not repeat.
+  auto swapped = pluginRef(
+      std::string(COLLIE_TEST_BINARY_DIR) + "/conformance/plugins/libcollie_scheduler_lossy.so",
+      "bug", "swap");
+  swapped.label = "swapped";
+  check::Options options;
+  options.worlds = {2};
+  options.large_count = 0;
+  options.ops = {ReduceOp::kSum};
+  options.dtypes = {DType::kF32, DType::kBF16};
+  auto report =
+      check::checkScheduler(testing::buildTreeLoader(), swapped, pluginRef("loopback"), options);
+  const std::string text = check::describe("swapped", report);
+  EXPECT_NE(text.find("allreduce, 2 ranks, f32 sum, 1000 elements"), std::string::npos) << text;
+  EXPECT_NE(text.find("allreduce, 2 ranks, bf16 sum, 1000 elements"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace collie

@@ -1,6 +1,9 @@
 // The closed forms behind pattern.h, as typed loops (ATen temporaries cost ~100 ms per
-// million elements; these loops a few). Every pattern is periodic in the element index, so
-// the reduction over ranks is computed once per residue and looked up.
+// million elements; these loops a few). Rank r's value at element i depends on i only
+// through a residue, key(i) = mix(i) mod period, so the reduction over ranks is computed once
+// per residue and looked up. The residue is of a hash of i, not of i: the sequence has no
+// period, so two equal-size blocks of a result that a scheduler swapped (or put at the
+// wrong offset) differ, whatever the block size.
 #include "bench/pattern.h"
 
 #include <c10/util/BFloat16.h>
@@ -124,23 +127,32 @@ void onHost(const Buffer& buf, bool write, F&& f) {
   if (write) detail::wrap(buf).copy_(detail::wrap(host.view()));
 }
 
-// buf[j] = table[(first + j) % table.size()].
+// SplitMix64's finaliser: consecutive indices map to unrelated 64-bit values.
+uint64_t mix(uint64_t i) {
+  i += 0x9E3779B97F4A7C15ull;
+  i = (i ^ (i >> 30)) * 0xBF58476D1CE4E5B9ull;
+  i = (i ^ (i >> 27)) * 0x94D049BB133111EBull;
+  return i ^ (i >> 31);
+}
+
+// The residue element `index` of a buffer uses in a table of `m` entries.
+size_t key(uint64_t index, size_t m) { return m == 1 ? 0 : static_cast<size_t>(mix(index) % m); }
+
+// buf[j] = table[key(first + j)].
 void store(const Buffer& buf, const std::vector<double>& table, uint64_t first) {
   onHost(buf, true, [&](const Buffer& host) {
     dispatch(host.dtype, [&](auto zero) {
       using T = decltype(zero);
       auto* p = static_cast<T*>(host.data);
       const size_t m = table.size();
-      for (size_t j = 0, k = first % m; j < host.count; ++j, k = k + 1 == m ? 0 : k + 1) {
-        p[j] = static_cast<T>(table[k]);
-      }
+      for (size_t j = 0; j < host.count; ++j) p[j] = static_cast<T>(table[key(first + j, m)]);
     });
   });
 }
 
 void storeConstant(const Buffer& buf, double v) { store(buf, {v}, 0); }
 
-// Elements of buf that differ from table[(first + j) % table.size()].
+// Elements of buf that differ from table[key(first + j)].
 uint64_t mismatches(const Buffer& buf, const std::vector<double>& table, uint64_t first) {
   uint64_t wrong = 0;
   onHost(buf, false, [&](const Buffer& host) {
@@ -149,8 +161,8 @@ uint64_t mismatches(const Buffer& buf, const std::vector<double>& table, uint64_
       using T = decltype(zero);
       const auto* p = static_cast<const T*>(host.data);
       const size_t m = table.size();
-      for (size_t j = 0, k = first % m; j < host.count; ++j, k = k + 1 == m ? 0 : k + 1) {
-        const double expected = table[k];
+      for (size_t j = 0; j < host.count; ++j) {
+        const double expected = table[key(first + j, m)];
         const double got = static_cast<double>(p[j]);
         // Integers compare exactly (tol 0); NaN never passes.
         if (!(std::fabs(got - expected) <= tol * std::max(1.0, std::fabs(expected)))) ++wrong;
