@@ -487,6 +487,32 @@ TEST(Launcher, RestartResumesTrainingFromTheNewestCheckpoint) {
   EXPECT_TRUE(processesWith(out).empty());
 }
 
+TEST(Launcher, AFailureAfterTheLastRestartEndsTheJobWithAnErrorFile) {
+  // SGD at lr 1000 diverges the same way on every attempt: one restart, then the end.
+  const std::string out = scratch("last-restart");
+  const std::string config = writeTempFile("last-restart.yaml", R"(name: last-restart
+launch: {nproc_per_node: 2, max_restarts: 1}
+backend: {plugin: gloo, params: {timeout: 20s}}
+model: {plugin: mlp, params: {seq_len: 6, vocab: 48, d_embed: 8, hidden: 32, layers: 2}}
+train: {steps: 50, micro_batch: 4, optimizer: sgd, lr: 1000, grad_clip: 0,
+        lr_schedule: constant, log_every: 100}
+)");
+  auto r = runCollie({"run", config, "--out", out});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("restarting all 2 workers (restart 1 of 1)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("(after 1 restart(s))"), std::string::npos) << r.output;
+  std::ifstream in(fs::path(out) / "error.json");
+  ASSERT_TRUE(in.is_open()) << "no error.json in " << out << "\n" << r.output;
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* field :
+       {"\"restarts\": 1", "\"max_restarts\": 1", "\"exit_code\": 1", "\"signal\": 0",
+        "\"failed_rank\": ", "\"time\": \"20", "the loss is"}) {
+    EXPECT_NE(text.find(field), std::string::npos) << field << " not in " << text;
+  }
+  EXPECT_TRUE(processesWith(out).empty()) << "a worker outlived the job";
+}
+
 TEST(Launcher, SigtermIsForwardedAndEveryWorkerStops) {
   std::string out = scratch("launcher-term");
   auto launcher = spawn({"run", longConfig("ucx", "5s"), "--out", out}, {}, out + ".log");

@@ -66,6 +66,8 @@ LaunchOutcome launchWorkers(const LaunchSpec& spec) {
     if (ok || !outcome.failure.empty() || outcome.interrupted || teardown.stopping()) return;
     outcome.failure = fmt::format("rank {} (pid {}) {}", w.rank, w.pid, describeExit(status));
     outcome.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+    outcome.failed_rank = w.rank;
+    outcome.failed_signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     failed = &w;
     if (workers.running() > 0) {
       logError(fmt::format("launcher: {}; stopping the other {} rank(s)", outcome.failure,

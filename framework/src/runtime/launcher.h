@@ -36,6 +36,8 @@ struct LaunchOutcome {
   // "rank 2 (pid 812) was killed by signal 9 (SIGKILL)" or "rank 1 (pid 80) exited with
   // code 2: <its last collie error line>"; "" on success.
   std::string failure;
+  int failed_rank = -1;   // the first worker that failed (-1: none, or none started)
+  int failed_signal = 0;  // the signal that killed it (0: it exited)
   bool interrupted = false;
 };
 

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include <nlohmann/json.hpp>
+
 #include <ctime>
 #include <fstream>
 
@@ -11,6 +13,7 @@
 #include "collie/error.h"
 #include "collie/log.h"
 #include "runtime/launcher.h"
+#include "util/files.h"
 
 namespace fs = std::filesystem;
 
@@ -90,8 +93,38 @@ int runAsCollieWorker(const RunRequest& request, const std::vector<config::Exper
   return 0;
 }
 
+// OUT/error.json: why run `index` failed for good, for a scheduler or a person to read
+// (torchrun writes one too): the run, the first failed rank, its exit code or signal, the
+// time, and how many restarts had been used.
+void writeErrorFile(const fs::path& out, const config::Experiment& e, size_t index,
+                    const LaunchOutcome& outcome, int restarts) {
+  char when[32];
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  nlohmann::json error = {
+      {"run", index + 1},
+      {"name", e.name},
+      {"matrix_point", e.matrix_point},
+      {"failed_rank", outcome.failed_rank},
+      {"exit_code", outcome.exit_code},
+      {"signal", outcome.failed_signal},
+      {"message", outcome.failure},
+      {"restarts", restarts},
+      {"max_restarts", e.max_restarts},
+      {"time", when},
+  };
+  try {
+    detail::writeFileAtomically((out / "error.json").string(), error.dump(2) + "\n");
+  } catch (const std::exception& x) {
+    logWarn(std::string("cannot write the error file: ") + x.what());
+  }
+}
+
 // The launcher's part of run `index`: this node's workers, restarted after a failure as
-// launch.max_restarts allows. On node 0 the result is then at resultPath(out, index).
+// launch.max_restarts allows. On node 0 the result is then at resultPath(out, index); a
+// failure that ends the run is also in OUT/error.json.
 void launchRun(const RunRequest& request, const config::Experiment& e, size_t index,
                const fs::path& out) {
   LaunchSpec spec;
@@ -109,6 +142,7 @@ void launchRun(const RunRequest& request, const config::Experiment& e, size_t in
   spec.threads_per_rank = e.threads_per_rank;
   spec.cpu_affinity = e.cpu_affinity;
   fs::remove(spec.result_path);
+  fs::remove(out / "error.json");  // from an earlier run into the same folder
   const bool training = e.kind == config::Experiment::Kind::kTrain;
   if (e.max_restarts > 0 && training && e.train.checkpoint_dir.empty()) {
     logWarn(fmt::format(
@@ -141,6 +175,7 @@ void launchRun(const RunRequest& request, const config::Experiment& e, size_t in
         fmt::format("run {} ({}) failed; every other rank was stopped. First failure: {}",
                     index + 1, e.name, outcome.failure);
     if (attempt > 0) message += fmt::format(" (after {} restart(s))", attempt);
+    writeErrorFile(out, e, index, outcome, attempt);
     if (outcome.exit_code == kExitBadInput) throw ConfigError(message);
     throw CommError(message);
   }
