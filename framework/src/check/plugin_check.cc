@@ -52,26 +52,25 @@ config::PluginRef pluginRef(const std::string& plugin, const std::vector<std::st
   return ref;
 }
 
+// `names` parsed by `parse` into `*values` (left as they are when `names` is empty).
+template <typename T>
+void parseNames(const std::vector<std::string>& names, bool (*parse)(const std::string&, T*),
+                const char* flag, std::vector<T>* values) {
+  if (names.empty()) return;
+  values->clear();
+  for (const auto& name : names) {
+    T value;
+    if (!parse(name, &value)) throw ConfigError(fmt::format("{}: unknown value '{}'", flag, name));
+    values->push_back(value);
+  }
+}
+
 Options optionsOf(const PluginCheckRequest& request) {
   Options options;
   if (!request.worlds.empty()) options.worlds = request.worlds;
   options.large_count = request.large_count;
-  if (!request.dtypes.empty()) {
-    options.dtypes.clear();
-    for (const auto& name : request.dtypes) {
-      DType d;
-      if (!parseDType(name, &d)) throw ConfigError("--dtypes: unknown dtype '" + name + "'");
-      options.dtypes.push_back(d);
-    }
-  }
-  if (!request.ops.empty()) {
-    options.ops.clear();
-    for (const auto& name : request.ops) {
-      ReduceOp op;
-      if (!parseReduceOp(name, &op)) throw ConfigError("--ops: unknown op '" + name + "'");
-      options.ops.push_back(op);
-    }
-  }
+  parseNames(request.dtypes, parseDType, "--dtypes", &options.dtypes);
+  parseNames(request.ops, parseReduceOp, "--ops", &options.ops);
   return options;
 }
 

@@ -280,11 +280,11 @@ std::string RunCheckpoints::save(
 
 int64_t RunCheckpoints::newest(std::string* path) const {
   if (spec_.checkpoint_dir.empty() || !spec_.resume) return 0;
-  *path = latestCheckpoint(spec_.checkpoint_dir);
-  if (path->empty()) return 0;
-  // The step is in the file's name; loading checks that the header agrees.
-  const std::string name = fs::path(*path).filename().string();
-  return std::stoll(name.substr(5, name.size() - 10));  // step-NNNNNNNN.ckpt
+  // The step is the file name's; the trainer checks that the header agrees.
+  const auto found = listCheckpoints(spec_.checkpoint_dir);
+  if (found.empty()) return 0;
+  *path = found.back().second;
+  return found.back().first;
 }
 
 std::string RunCheckpoints::pathOf(int64_t step) const {

@@ -352,11 +352,10 @@ RankSummary RankSummary::unpack(const std::vector<double>& v) {
   return s;
 }
 
-RankSummary summariseSteps(const std::vector<StepStats>& given, int samples_per_micro_batch) {
-  std::vector<StepStats> stats = given;
-  if (stats.empty()) stats.emplace_back();  // resumed after the last step: nothing ran
-  const size_t first = stats.size() > 1 ? 1 : 0;
+RankSummary summariseSteps(const std::vector<StepStats>& stats, int samples_per_micro_batch) {
   RankSummary s;
+  if (stats.empty()) return s;  // resumed after the last step: nothing ran
+  const size_t first = stats.size() > 1 ? 1 : 0;
   for (size_t i = first; i < stats.size(); ++i) {
     s.step += stats[i].step;
     s.compute += stats[i].forward + stats[i].backward;
