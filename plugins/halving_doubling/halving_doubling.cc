@@ -68,10 +68,11 @@ class HalvingDoublingScheduler : public Scheduler {
   // of two); halving and doubling take log2(p) steps each and move (p-1)/p of it.
   double predictSeconds(const CollectiveArgs& args, const Topology& topology,
                         const CostModel& model) const override {
-    if (args.coll != Collective::kAllReduce) return kNoPrediction;
     const int n = topology.world_size;
     if (n == 1) return 0;
     const LinkCost& link = topology.nodeCount() > 1 ? model.inter : model.intra;
+    if (args.coll == Collective::kBarrier) return std::ceil(std::log2(n)) * link.alpha;
+    if (args.coll != Collective::kAllReduce) return kNoPrediction;
     const int p = patterns::powerOfTwoFloor(n);
     const double m = static_cast<double>(args.data.bytes());
     const double steps = patterns::log2Exact(p);

@@ -254,7 +254,7 @@ matrix:
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_NE(r.output.find("# Plots: "), std::string::npos) << r.output;
   EXPECT_FALSE(payloadRan(out)) << "text of the config ran as a gnuplot command";
-  // RFC 4180: every row has the header's 16 fields, however the run's text reads.
+  // RFC 4180: every row has the header's 19 fields, however the run's text reads.
   std::ifstream csv(out / "results.csv");
   std::string text((std::istreambuf_iterator<char>(csv)), {});
   std::vector<int> fields(1, 1);
@@ -271,7 +271,61 @@ matrix:
   }
   EXPECT_FALSE(quoted) << text;
   ASSERT_EQ(fields.size(), 5u) << text;  // the header and 2 sizes x 2 points
-  for (int f : fields) EXPECT_EQ(f, 16) << text;
+  for (int f : fields) EXPECT_EQ(f, 19) << text;
+  std::filesystem::remove_all(out);
+}
+
+nlohmann::json resultRows(const std::filesystem::path& out) {
+  std::ifstream json(out / "results.json");
+  return nlohmann::json::parse(json);
+}
+
+TEST(CliBench, EveryMeasurementIsRepeatedAndGivesItsSpread) {
+  auto out =
+      std::filesystem::temp_directory_path() / ("collie-repeat-" + std::to_string(::getpid()));
+  auto r = runCollie(args(args({"run", kRingVsTree, "--out", out.string()}, kShort),
+                          {"--set", "bench.repeats=3", "--set", "bench.max_bytes=16KiB"}));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("# time: median of 3 repeat(s)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("# host "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank(s), "), std::string::npos) << r.output;
+  const auto rows = resultRows(out);
+  ASSERT_EQ(rows.size(), 6u);  // 4, 8 and 16 KiB x ring, tree
+  for (const auto& row : rows) {
+    EXPECT_EQ(row.at("repeats"), 3);
+    const double low = row.at("time_min_us"), mid = row.at("time_us"), high = row.at("time_max_us");
+    EXPECT_GT(low, 0);
+    EXPECT_LE(low, mid);
+    EXPECT_LE(mid, high);
+  }
+  r = runCollie(
+      args({"run", kRingVsTree, "--out", out.string(), "--set", "bench.repeats=0"}, kShort));
+  expectBadInput(r, "bench.repeats");
+  std::filesystem::remove_all(out);
+}
+
+TEST(CliBench, TimesBarriersOfTheSchedulersThatHaveOne) {
+  auto out =
+      std::filesystem::temp_directory_path() / ("collie-barrier-" + std::to_string(::getpid()));
+  auto r = runCollie(
+      args({"run", kRingVsTree, "--out", out.string(), "--set", "bench.collective=barrier", "--set",
+            "bench.schedulers=[tree, halving_doubling]", "--set", "bench.repeats=3"},
+           kShort));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("# Fastest (measured): "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("Avg bus bandwidth"), std::string::npos) << r.output;
+  const auto rows = resultRows(out);
+  ASSERT_EQ(rows.size(), 2u);  // sizes do not apply: one row per scheduler
+  for (const auto& row : rows) {
+    EXPECT_EQ(row.at("collective"), "barrier");
+    EXPECT_EQ(row.at("bytes"), 0);
+    EXPECT_GT(row.at("time_us").get<double>(), 0);
+    EXPECT_EQ(row.at("wrong"), 0);
+  }
+  // ring has no barrier: said before anything is timed, naming it once.
+  r = runCollie(args(
+      {"run", kRingVsTree, "--out", out.string(), "--set", "bench.collective=barrier"}, kShort));
+  expectBadInput(r, "'ring' cannot run a barrier: ring: barrier is not implemented");
   std::filesystem::remove_all(out);
 }
 

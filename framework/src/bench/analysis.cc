@@ -10,37 +10,86 @@ namespace {
 
 bool comparable(const Row& r) { return r.wrong == 0 && r.plugin != "auto" && r.plugin != "rules"; }
 
-// Per run, per size (ascending): the fastest comparable row.
+// A row's time as a range: min–max over repeats (measured), or the prediction as a point.
+struct Range {
+  double median = NAN, low = NAN, high = NAN;
+};
+
+Range rangeOf(const Row& r, bool predicted) {
+  if (predicted) return {r.predicted_us, r.predicted_us, r.predicted_us};
+  return {r.time_us, std::min(r.time_min_us, r.time_us), std::max(r.time_max_us, r.time_us)};
+}
+
+// Per run (in order of first appearance), per size (ascending): the comparable rows.
+std::vector<std::map<uint64_t, std::vector<const Row*>>> comparableBySize(
+    const std::vector<Row>& rows, bool predicted) {
+  std::vector<std::string> order;
+  std::map<std::string, std::map<uint64_t, std::vector<const Row*>>> by_run;
+  for (const Row& r : rows) {
+    if (!comparable(r) || !std::isfinite(rangeOf(r, predicted).median)) continue;
+    if (!by_run.count(r.run)) order.push_back(r.run);
+    by_run[r.run][r.bytes].push_back(&r);
+  }
+  std::vector<std::map<uint64_t, std::vector<const Row*>>> runs;
+  for (const auto& run : order) runs.push_back(std::move(by_run[run]));
+  return runs;
+}
+
+// Per run, per size (ascending): the comparable row with the lowest median.
 std::vector<std::vector<const Row*>> fastestPerSize(const std::vector<Row>& rows, bool predicted) {
   std::vector<std::vector<const Row*>> runs;
-  std::map<std::string, std::map<uint64_t, const Row*>> best;
-  std::vector<std::string> order;
-  auto time = [&](const Row* r) { return predicted ? r->predicted_us : r->time_us; };
-  for (const Row& r : rows) {
-    if (!comparable(r) || !std::isfinite(time(&r))) continue;
-    if (!best.count(r.run)) order.push_back(r.run);
-    const Row*& slot = best[r.run][r.bytes];
-    if (slot == nullptr || time(&r) < time(slot)) slot = &r;
-  }
-  for (const auto& run : order) {
-    std::vector<const Row*> sizes;
-    for (const auto& [bytes, row] : best[run]) sizes.push_back(row);
-    runs.push_back(sizes);
+  for (const auto& sizes : comparableBySize(rows, predicted)) {
+    std::vector<const Row*> fastest;
+    for (const auto& [bytes, candidates] : sizes) {
+      fastest.push_back(
+          *std::min_element(candidates.begin(), candidates.end(), [&](const Row* a, const Row* b) {
+            return rangeOf(*a, predicted).median < rangeOf(*b, predicted).median;
+          }));
+    }
+    runs.push_back(std::move(fastest));
   }
   return runs;
 }
 
 }  // namespace
 
+double median(std::vector<double> values) {
+  if (values.empty()) return NAN;
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
+}
+
+std::vector<SizeVerdict> verdicts(const std::vector<Row>& rows, bool predicted) {
+  std::vector<SizeVerdict> found;
+  auto sizes_of_runs = comparableBySize(rows, predicted);
+  auto fastest_of_runs = fastestPerSize(rows, predicted);
+  for (size_t run = 0; run < sizes_of_runs.size(); ++run) {
+    size_t i = 0;
+    for (const auto& [bytes, candidates] : sizes_of_runs[run]) {
+      const Row* best = fastest_of_runs[run][i++];
+      SizeVerdict v{best->run, bytes, best->scheduler, {}};
+      const Range fast = rangeOf(*best, predicted);
+      for (const Row* r : candidates) {
+        // Ranges that touch or overlap cannot be told apart.
+        if (r != best && rangeOf(*r, predicted).low <= fast.high) v.tied.push_back(r->scheduler);
+      }
+      if (!v.tied.empty()) v.tied.insert(v.tied.begin(), best->scheduler);
+      found.push_back(std::move(v));
+    }
+  }
+  return found;
+}
+
 std::vector<Crossover> crossovers(const std::vector<Row>& rows, bool predicted) {
   std::vector<Crossover> found;
-  for (const auto& sizes : fastestPerSize(rows, predicted)) {
-    for (size_t i = 1; i < sizes.size(); ++i) {
-      if (sizes[i]->scheduler != sizes[i - 1]->scheduler) {
-        found.push_back({sizes[i]->run, sizes[i - 1]->bytes, sizes[i]->bytes,
-                         sizes[i - 1]->scheduler, sizes[i]->scheduler});
-      }
-    }
+  const SizeVerdict* last = nullptr;  // the last distinguishable size of the current run
+  for (const auto& v : verdicts(rows, predicted)) {
+    if (last != nullptr && last->run != v.run) last = nullptr;
+    if (!v.distinguishable()) continue;
+    if (last != nullptr && last->fastest != v.fastest)
+      found.push_back({v.run, last->bytes, v.bytes, last->fastest, v.fastest});
+    last = &v;
   }
   return found;
 }
@@ -67,10 +116,7 @@ double medianErrorPercent(const std::vector<Row>& rows, const std::string& sched
     if (r.scheduler != scheduler || !std::isfinite(r.predicted_us) || r.time_us <= 0) continue;
     errors.push_back(std::fabs(r.predicted_us - r.time_us) / r.time_us * 100);
   }
-  if (errors.empty()) return NAN;
-  std::sort(errors.begin(), errors.end());
-  const size_t mid = errors.size() / 2;
-  return errors.size() % 2 ? errors[mid] : (errors[mid - 1] + errors[mid]) / 2;
+  return median(std::move(errors));
 }
 
 }  // namespace collie::bench

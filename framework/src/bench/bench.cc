@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 
 #include <ATen/Parallel.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 
@@ -15,6 +17,7 @@
 #include "runtime/communicator.h"
 #include "runtime/control.h"
 #include "runtime/in_process.h"
+#include "util/system.h"
 
 namespace collie::bench {
 namespace {
@@ -66,13 +69,16 @@ class RankBench {
 
   Result run() {
     Result result;
+    result.facts = facts();
     if (spec_.calibrate) {
       result.model = calibrate(comm_.backend(), control_, comm_.topology(), spec_.dtype);
       result.calibrated = true;
     }
     model_ = result.model;
-    std::vector<Row>& rows = result.rows;
-    auto sizes = sweepSizes(spec_.min_bytes, spec_.max_bytes, spec_.step_factor);
+    // A barrier moves no data: one "size", 0 bytes (as osu_barrier).
+    auto sizes = spec_.collective == Collective::kBarrier
+                     ? std::vector<uint64_t>{0}
+                     : sweepSizes(spec_.min_bytes, spec_.max_bytes, spec_.step_factor);
     Shape largest = shapeFor(spec_.collective, sizes.back(), spec_.dtype, n_);
     Buffer like;
     like.dtype = spec_.dtype;
@@ -85,13 +91,64 @@ class RankBench {
       args.output = output.view().slice(0, shape.output);
       args.op = spec_.op;
       args.root = spec_.root;
-      for (auto& s : schedulers_) rows.push_back(measure(s, args, shape));
+      std::vector<Row> size_rows;
+      for (auto& s : schedulers_) size_rows.push_back(check(s, args, shape));
+      // Every repeat measures every scheduler once, each repeat starting one scheduler
+      // later, so that drift in the machine's load falls on all of them alike.
+      const size_t k = schedulers_.size();
+      std::vector<std::vector<double>> seconds(k);
+      for (int repeat = 0; repeat < spec_.repeats; ++repeat) {
+        for (size_t j = 0; j < k; ++j) {
+          const size_t i = (j + repeat) % k;
+          seconds[i].push_back(timeOnce(schedulers_[i], args, &size_rows[i]));
+        }
+      }
+      for (size_t i = 0; i < k; ++i) result.rows.push_back(summarise(size_rows[i], seconds[i]));
     }
     return result;
   }
 
  private:
-  Row measure(Scheduled& s, const CollectiveArgs& args, const Shape& shape) {
+  // Every rank's host facts, gathered before anything is measured (collective).
+  Facts facts() {
+    const auto interface = e_.backend.params.values().find("interface");
+    const std::string nic = interface == e_.backend.params.values().end() ? "" : interface->second;
+    auto all = control_.allGather({static_cast<double>(detail::onlineCpus()), detail::loadAverage(),
+                                   static_cast<double>(detail::linkSpeedMbps(nic))});
+    Facts f;
+    f.cpu_model = detail::cpuModel();
+    f.backend = e_.backend.label;
+    std::string params;
+    for (const auto& [key, value] : e_.backend.params.values())
+      params += fmt::format("{}{}: {}", params.empty() ? "" : ", ", key, value);
+    if (!params.empty()) f.backend += " {" + params + "}";
+    const Topology& t = comm_.topology();
+    for (int node = 0; node < t.nodeCount(); ++node) {
+      const auto ranks = t.ranksOnNode(node);
+      if (ranks.empty()) continue;
+      const auto& first = all[ranks.front()];
+      HostFacts host;
+      host.name = t.nodeCount() == 1 ? hostName() : t.node_names[node];
+      host.ranks = static_cast<int>(ranks.size());
+      host.cpus = static_cast<int>(first[0]);
+      host.load = first[1];
+      if (!nic.empty()) {
+        host.link = first[2] > 0 ? fmt::format("{} {} Mbit/s", nic, first[2])
+                                 : nic + " (no speed reported)";
+      }
+      f.hosts.push_back(host);
+    }
+    return f;
+  }
+
+  static std::string hostName() {
+    char name[256] = {};
+    return gethostname(name, sizeof(name) - 1) == 0 ? std::string(name) : "this host";
+  }
+
+  // The row of (size, scheduler) before timing: what it is, its prediction and, with
+  // bench.check, the elements one call got wrong (summed over ranks).
+  Row check(Scheduled& s, const CollectiveArgs& args, const Shape& shape) {
     Scheduler* chosen = choose(s, args);
     uint64_t wrong = 0;
     if (spec_.check) {
@@ -99,19 +156,10 @@ class RankBench {
       comm_.run(args, s.rules);
       wrong = pattern::countWrong(args, rank_, n_);
     }
-    for (int i = 0; i < spec_.warmup_iters; ++i) comm_.run(args, s.rules);
-    control_.barrier();
-    auto start = std::chrono::steady_clock::now();
-    Provenance last;
-    for (int i = 0; i < spec_.iters; ++i) last = comm_.run(args, s.rules);
-    std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-    auto all = control_.allGather({took.count() / spec_.iters, static_cast<double>(wrong)});
-
     Row row;
     row.run = e_.matrix_point;
     row.scheduler = s.label;
     row.plugin = std::filesystem::path(s.plugin).filename().string();
-    row.ran = last.ran;
     row.predicted_us = spec_.calibrate
                            ? chosen->predictSeconds(args, comm_.topology(), model_) * 1e6
                            : kNoPrediction;
@@ -122,15 +170,38 @@ class RankBench {
     row.bytes = shape.total * dtypeSize(spec_.dtype);
     row.dtype = dtypeName(spec_.dtype);
     row.op = reduceOpName(spec_.op);
-    double seconds = 0;
-    for (const auto& r : all) {
-      seconds = std::max(seconds, r[0]);
-      row.wrong += static_cast<uint64_t>(r[1]);
-    }
-    row.time_us = seconds * 1e6;
-    row.algbw = seconds > 0 ? row.bytes / seconds / 1e9 : 0;
+    for (const auto& r : control_.allGather({static_cast<double>(wrong)}))
+      row.wrong += static_cast<uint64_t>(r[0]);
+    return row;
+  }
+
+  // One measurement as nccl-tests takes it: warm-up calls, a barrier, `iters` back-to-back
+  // calls; the mean per call of the slowest rank, in seconds (the same on every rank).
+  double timeOnce(Scheduled& s, const CollectiveArgs& args, Row* row) {
+    for (int i = 0; i < spec_.warmup_iters; ++i) comm_.run(args, s.rules);
+    control_.barrier();
+    auto start = std::chrono::steady_clock::now();
+    Provenance last;
+    for (int i = 0; i < spec_.iters; ++i) last = comm_.run(args, s.rules);
+    std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    row->ran = last.ran;
+    double slowest = 0;
+    for (const auto& r : control_.allGather({took.count() / spec_.iters}))
+      slowest = std::max(slowest, r[0]);
+    return slowest;
+  }
+
+  // The row with its times: the median of the repeats, and their min and max.
+  Row summarise(Row row, const std::vector<double>& seconds) const {
+    row.repeats = static_cast<int>(seconds.size());
+    row.time_us = median(seconds) * 1e6;
+    row.time_min_us = *std::min_element(seconds.begin(), seconds.end()) * 1e6;
+    row.time_max_us = *std::max_element(seconds.begin(), seconds.end()) * 1e6;
+    const double s = row.time_us / 1e6;
+    row.algbw = s > 0 ? row.bytes / s / 1e9 : 0;
     row.busbw = row.algbw * busFactor(spec_.collective, n_);
-    logDebug(fmt::format("{} {} B: {:.1f} us", row.scheduler, row.bytes, row.time_us));
+    logDebug(fmt::format("{} {} B: {:.1f} us ({:.1f}-{:.1f})", row.scheduler, row.bytes,
+                         row.time_us, row.time_min_us, row.time_max_us));
     return row;
   }
 
@@ -140,9 +211,12 @@ class RankBench {
     std::string refusals;
     if (const auto* rule = comm_.select(args, s.rules, &refusals))
       return rule->choice.scheduler.get();
-    throw ConfigError("bench.schedulers: '" + s.label + "' cannot run " +
-                      collectiveName(args.coll) + " of " +
-                      formatBytes(std::max(args.data.bytes(), args.output.bytes())) + ": " +
+    const std::string what =
+        args.coll == Collective::kBarrier
+            ? std::string("a barrier")
+            : std::string(collectiveName(args.coll)) + " of " +
+                  formatBytes(std::max(args.data.bytes(), args.output.bytes()));
+    throw ConfigError("bench.schedulers: '" + s.label + "' cannot run " + what + ": " +
                       (refusals.empty() ? "no rule admits this size" : refusals) +
                       ". HINT: remove it from bench.schedulers or change bench.collective");
   }

@@ -28,30 +28,66 @@ struct Row {
   uint64_t count = 0;  // elements
   std::string dtype;
   std::string op;
-  double time_us = 0;       // slowest rank's mean time per collective
+  int repeats = 1;         // measurements of this (size, scheduler), interleaved
+  double time_us = 0;      // median over repeats of the slowest rank's mean time per call
+  double time_min_us = 0;  // the fastest and slowest of those repeats: the spread
+  double time_max_us = 0;
   double algbw = 0;         // GB/s: bytes / time
   double busbw = 0;         // GB/s: algbw times the collective's bus factor
   uint64_t wrong = 0;       // elements that differ from the closed form, summed over ranks
   double predicted_us = 0;  // the scheduler's α-β-γ prediction (NaN: it has no model)
 };
 
+// What shapes a run's numbers, for its header: the hosts, their CPUs and load when the bench
+// started, the backend with its params and the link it uses.
+struct HostFacts {
+  std::string name;  // the node's name in the topology (this machine's when there is one)
+  int ranks = 0;
+  int cpus = 0;
+  double load = 0;   // 1-minute load average at the start (NaN: unknown)
+  std::string link;  // "eth0 1000 Mbit/s" when backend.params.interface names one, else ""
+};
+struct Facts {
+  std::string cpu_model;  // rank 0's
+  std::string backend;    // "gloo {interface: eth0}"
+  std::vector<HostFacts> hosts;
+};
+
 // One experiment's results: its rows and the cost model the bench calibrated for it.
 struct Result {
+  Facts facts;
   std::vector<Row> rows;
   CostModel model;
   bool calibrated = false;
 };
 
-// Where the fastest scheduler changes between two consecutive sizes.
-struct Crossover {
+// Which scheduler is fastest at one size of one run. Measured times are ranges (min–max
+// over repeats); the fastest is named only when its range lies wholly below every other
+// scheduler's, else `tied` holds every scheduler whose range overlaps the fastest one's.
+struct SizeVerdict {
   std::string run;
-  uint64_t below = 0, above = 0;  // the two sizes
-  std::string from, to;           // fastest at `below`, fastest at `above`
+  uint64_t bytes = 0;
+  std::string fastest;            // by median; "" when no comparable row has a time
+  std::vector<std::string> tied;  // with `fastest`, in row order; empty: distinguishable
+  bool distinguishable() const { return !fastest.empty() && tied.empty(); }
 };
 
-// Crossovers of the measured times (predicted: of the predictions). Rows with wrong results,
-// `auto` and rule lists (which run one of the others) are left out.
+// Per run, per size (ascending). Rows with wrong results, `auto` and rule lists (which run
+// one of the others) are left out. `predicted`: of the predictions (points, no spread).
+std::vector<SizeVerdict> verdicts(const std::vector<Row>& rows, bool predicted);
+
+// Where the distinguishable fastest scheduler changes: `below` is the last size where `from`
+// was distinguishably fastest, `above` the first where `to` is (sizes between them, if any,
+// are ties).
+struct Crossover {
+  std::string run;
+  uint64_t below = 0, above = 0;
+  std::string from, to;
+};
 std::vector<Crossover> crossovers(const std::vector<Row>& rows, bool predicted);
+
+// The median of `values` (NaN when empty).
+double median(std::vector<double> values);
 
 // The measured best scheduler per size range of one run's rows, as rules for `auto`.
 RulesFile bestRules(const std::vector<Row>& rows);

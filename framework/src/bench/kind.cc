@@ -73,7 +73,9 @@ class BenchKind : public ExperimentKind {
   // Plots and the rules file for `auto`, when asked for.
   void writeExtras(const RunRequest& request, const config::Experiment& first, const fs::path& out,
                    const std::vector<Row>& rows) const {
-    if (first.bench.plots && !rows.empty()) {
+    if (first.bench.plots && first.bench.collective == Collective::kBarrier) {
+      logInfo("plots skipped: a barrier has no message sizes to plot");
+    } else if (first.bench.plots && !rows.empty()) {
       std::string why;
       if (writePlots(out.string(), rows, &why)) {
         std::cout << "# Plots: " << (out / "busbw.png").string() << ", "

@@ -19,15 +19,22 @@ namespace collie::bench {
 namespace {
 
 constexpr const char* kRowFormat =
-    "  {:>12} {:>12} {:>6} {:>6} {:>16} {:>11} {:>9} {:>9} {:>7} {:>11} {:>7}\n";
+    "  {:>12} {:>12} {:>6} {:>6} {:>16} {:>11} {:>11} {:>11} {:>9} {:>9} {:>7} {:>11} {:>7}\n";
 
 std::string fixed(double value, int digits) {
   return std::isfinite(value) ? fmt::format("{:.{}f}", value, digits) : "-";
 }
 
 void header(std::ostream& out, const Row& first, const Result& result) {
-  out << fmt::format("# collective {} on {} ranks, backend {}, {} {}\n", first.collective,
-                     first.ranks, first.backend, first.dtype, first.op);
+  const bool barrier = first.collective == collectiveName(Collective::kBarrier);
+  out << fmt::format("# collective {} on {} ranks, backend {}{}\n", first.collective, first.ranks,
+                     result.facts.backend.empty() ? first.backend : result.facts.backend,
+                     barrier ? "" : fmt::format(", {} {}", first.dtype, first.op));
+  for (const HostFacts& h : result.facts.hosts) {
+    out << fmt::format("# host {}: {} rank(s), {} CPUs, load {} at start{}\n", h.name, h.ranks,
+                       h.cpus, fixed(h.load, 2), h.link.empty() ? "" : ", link " + h.link);
+  }
+  if (!result.facts.cpu_model.empty()) out << "# cpu: " << result.facts.cpu_model << "\n";
   if (result.calibrated) {
     const CostModel& m = result.model;
     out << fmt::format(
@@ -40,13 +47,54 @@ void header(std::ostream& out, const Row& first, const Result& result) {
     }
     out << "\n";
   }
+  out << fmt::format(
+      "# time: median of {} repeat(s) of the slowest rank's mean per call; min, max: their "
+      "spread\n",
+      first.repeats);
   out << "#\n";
-  out << fmt::format("#{}", fmt::format(kRowFormat, "size", "count", "type", "redop", "scheduler",
-                                        "time", "algbw", "busbw", "#wrong", "predicted", "error")
+  out << fmt::format(
+      "#{}", fmt::format(kRowFormat, "size", "count", "type", "redop", "scheduler", "time", "min",
+                         "max", "algbw", "busbw", "#wrong", "predicted", "error")
+                 .substr(1));
+  out << fmt::format("#{}", fmt::format(kRowFormat, "(B)", "(elements)", "", "", "", "(us)", "(us)",
+                                        "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(%)")
                                 .substr(1));
-  out << fmt::format("#{}", fmt::format(kRowFormat, "(B)", "(elements)", "", "", "", "(us)",
-                                        "(GB/s)", "(GB/s)", "", "(us)", "(%)")
-                                .substr(1));
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+// Which scheduler is fastest: crossovers between sizes where the fastest is distinguishable,
+// and the sizes where it is not (measured ranges overlap). One size (a barrier): its verdict.
+void fastest(std::ostream& out, const std::vector<Row>& rows) {
+  for (bool predicted : {false, true}) {
+    auto sizes = verdicts(rows, predicted);
+    const char* what = predicted ? "predicted" : "measured";
+    if (sizes.size() == 1) {
+      const auto& v = sizes.front();
+      out << fmt::format("# Fastest ({}): {}\n", what,
+                         v.distinguishable()
+                             ? v.fastest
+                             : "indistinguishable: " + joined(v.tied) + " (their ranges overlap)");
+      continue;
+    }
+    auto found = crossovers(rows, predicted);
+    out << "# Crossovers (" << what << "):" << (found.empty() ? " none" : "") << "\n";
+    for (const auto& c : found) {
+      out << fmt::format("#   {} -> {} between {} and {}\n", c.from, c.to, formatBytes(c.below),
+                         formatBytes(c.above));
+    }
+    if (predicted) continue;
+    std::string ties;
+    for (const auto& v : sizes) {
+      if (!v.tied.empty())
+        ties += fmt::format("#   {}: {}\n", formatBytes(v.bytes), joined(v.tied));
+    }
+    if (!ties.empty()) out << "# Indistinguishable (min-max ranges overlap):\n" << ties;
+  }
 }
 
 void summary(std::ostream& out, const std::vector<Row>& rows) {
@@ -57,24 +105,24 @@ void summary(std::ostream& out, const std::vector<Row>& rows) {
     busbw[r.scheduler].first += r.busbw;
     busbw[r.scheduler].second += 1;
   }
-  out << "#\n# Avg bus bandwidth (GB/s):";
-  for (const auto& s : order) out << fmt::format(" {} {:.3f}", s, busbw[s].first / busbw[s].second);
-  out << "\n";
+  out << "#\n";
+  if (rows.front().collective != collectiveName(Collective::kBarrier)) {
+    out << "# Avg bus bandwidth (GB/s):";
+    for (const auto& s : order)
+      out << fmt::format(" {} {:.3f}", s, busbw[s].first / busbw[s].second);
+    out << "\n";
+  }
   std::string errors;
   for (const auto& s : order) {
     double e = medianErrorPercent(rows, s);
     if (std::isfinite(e)) errors += fmt::format(" {} {:.0f}%", s, e);
   }
   if (!errors.empty()) out << "# Median prediction error:" << errors << "\n";
-  for (bool predicted : {false, true}) {
-    auto found = crossovers(rows, predicted);
-    out << "# Crossovers (" << (predicted ? "predicted" : "measured")
-        << "):" << (found.empty() ? " none" : "") << "\n";
-    for (const auto& c : found) {
-      out << fmt::format("#   {} -> {} between {} and {}\n", c.from, c.to, formatBytes(c.below),
-                         formatBytes(c.above));
-    }
+  if (rows.front().repeats < 2) {
+    out << "# 1 repeat: no spread was measured, so any difference counts (bench.repeats >= 3 "
+           "tells noise from a real difference)\n";
   }
+  fastest(out, rows);
 }
 
 std::ofstream openOutput(const std::string& path) {
@@ -126,8 +174,9 @@ void printTable(std::ostream& out, const std::vector<Result>& results) {
     for (const Row& r : rows) {
       double error = (r.predicted_us - r.time_us) / r.time_us * 100;
       out << fmt::format(kRowFormat, r.bytes, r.count, r.dtype, r.op, r.scheduler,
-                         fixed(r.time_us, 2), fixed(r.algbw, 3), fixed(r.busbw, 3), r.wrong,
-                         fixed(r.predicted_us, 2), fixed(error, 0));
+                         fixed(r.time_us, 2), fixed(r.time_min_us, 2), fixed(r.time_max_us, 2),
+                         fixed(r.algbw, 3), fixed(r.busbw, 3), r.wrong, fixed(r.predicted_us, 2),
+                         fixed(error, 0));
       wrong += r.wrong;
     }
     summary(out, rows);
@@ -138,14 +187,16 @@ void printTable(std::ostream& out, const std::vector<Result>& results) {
 
 void writeCsv(const std::string& path, const std::vector<Row>& rows) {
   auto out = openOutput(path);
-  out << "run,collective,backend,ranks,scheduler,plugin,ran,bytes,count,dtype,op,time_us,"
-         "algbw_gbps,busbw_gbps,wrong,predicted_us\n";
+  out << "run,collective,backend,ranks,scheduler,plugin,ran,bytes,count,dtype,op,repeats,time_us,"
+         "time_min_us,time_max_us,algbw_gbps,busbw_gbps,wrong,predicted_us\n";
   for (const Row& r : rows) {
-    out << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{:.3f},{:.6f},{:.6f},{},{}\n",
-                       csvField(r.run), csvField(r.collective), csvField(r.backend), r.ranks,
-                       csvField(r.scheduler), csvField(r.plugin), csvField(r.ran), r.bytes, r.count,
-                       csvField(r.dtype), csvField(r.op), r.time_us, r.algbw, r.busbw, r.wrong,
-                       std::isfinite(r.predicted_us) ? fmt::format("{:.3f}", r.predicted_us) : "");
+    out << fmt::format(
+        "{},{},{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.6f},{:.6f},{},{}\n",
+        csvField(r.run), csvField(r.collective), csvField(r.backend), r.ranks,
+        csvField(r.scheduler), csvField(r.plugin), csvField(r.ran), r.bytes, r.count,
+        csvField(r.dtype), csvField(r.op), r.repeats, r.time_us, r.time_min_us, r.time_max_us,
+        r.algbw, r.busbw, r.wrong,
+        std::isfinite(r.predicted_us) ? fmt::format("{:.3f}", r.predicted_us) : "");
   }
 }
 
@@ -165,7 +216,10 @@ nlohmann::json rowsJson(const std::vector<Row>& rows) {
                           {"count", r.count},
                           {"dtype", r.dtype},
                           {"op", r.op},
+                          {"repeats", r.repeats},
                           {"time_us", r.time_us},
+                          {"time_min_us", r.time_min_us},
+                          {"time_max_us", r.time_max_us},
                           {"algbw_gbps", r.algbw},
                           {"busbw_gbps", r.busbw},
                           {"wrong", r.wrong}};
@@ -190,7 +244,19 @@ void writeJson(const std::string& path, const std::vector<Row>& rows) {
 }
 
 void saveResult(const std::string& path, const Result& result) {
-  nlohmann::json doc = {{"rows", rowsJson(result.rows)},
+  nlohmann::json hosts = nlohmann::json::array();
+  for (const HostFacts& h : result.facts.hosts) {
+    hosts.push_back({{"name", h.name},
+                     {"ranks", h.ranks},
+                     {"cpus", h.cpus},
+                     {"load", std::isfinite(h.load) ? nlohmann::json(h.load) : nullptr},
+                     {"link", h.link}});
+  }
+  nlohmann::json doc = {{"facts",
+                         {{"cpu_model", result.facts.cpu_model},
+                          {"backend", result.facts.backend},
+                          {"hosts", hosts}}},
+                        {"rows", rowsJson(result.rows)},
                         {"calibrated", result.calibrated},
                         {"model",
                          {{"intra", linkJson(result.model.intra)},
@@ -206,6 +272,15 @@ Result loadResult(const std::string& path) {
     auto doc = nlohmann::json::parse(in);
     Result result;
     result.calibrated = doc.at("calibrated").get<bool>();
+    const auto& facts = doc.at("facts");
+    result.facts.cpu_model = facts.at("cpu_model").get<std::string>();
+    result.facts.backend = facts.at("backend").get<std::string>();
+    for (const auto& h : facts.at("hosts")) {
+      result.facts.hosts.push_back({h.at("name").get<std::string>(), h.at("ranks").get<int>(),
+                                    h.at("cpus").get<int>(),
+                                    h.at("load").is_null() ? NAN : h.at("load").get<double>(),
+                                    h.at("link").get<std::string>()});
+    }
     result.model.intra = linkOf(doc.at("model").at("intra"));
     result.model.inter = linkOf(doc.at("model").at("inter"));
     result.model.gamma = doc.at("model").at("gamma").get<double>();
@@ -222,7 +297,10 @@ Result loadResult(const std::string& path) {
       r.count = j.at("count").get<uint64_t>();
       r.dtype = j.at("dtype").get<std::string>();
       r.op = j.at("op").get<std::string>();
+      r.repeats = j.at("repeats").get<int>();
       r.time_us = j.at("time_us").get<double>();
+      r.time_min_us = j.at("time_min_us").get<double>();
+      r.time_max_us = j.at("time_max_us").get<double>();
       r.algbw = j.at("algbw_gbps").get<double>();
       r.busbw = j.at("busbw_gbps").get<double>();
       r.wrong = j.at("wrong").get<uint64_t>();

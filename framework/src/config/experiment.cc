@@ -488,11 +488,13 @@ const Schema& experimentSchema() {
       {"bench",
        S::map(
            {
-               {"collective", S::oneOf({"allreduce", "reduce_scatter", "allgather", "broadcast"})
-                                  .byDefault("allreduce")
-                                  .into(&BenchSpec::collective,
-                                        {Collective::kAllReduce, Collective::kReduceScatter,
-                                         Collective::kAllGather, Collective::kBroadcast})},
+               {"collective",
+                S::oneOf({"allreduce", "reduce_scatter", "allgather", "broadcast", "barrier"})
+                    .byDefault("allreduce")
+                    .into(&BenchSpec::collective,
+                          {Collective::kAllReduce, Collective::kReduceScatter,
+                           Collective::kAllGather, Collective::kBroadcast, Collective::kBarrier})
+                    .doc("barrier: one row per scheduler, sizes do not apply")},
                {"schedulers", S::list(S::pluginRef(), 1)
                                   .required()
                                   .into<BenchSpec>([](BenchSpec& b, const YAML::Node& node,
@@ -516,7 +518,15 @@ const Schema& experimentSchema() {
                {"step_factor", S::integer(2, 1024).byDefault("2").into(&BenchSpec::step_factor)},
                {"warmup_iters",
                 S::integer(0, 100000).byDefault("5").into(&BenchSpec::warmup_iters)},
-               {"iters", S::integer(1, 1000000).byDefault("20").into(&BenchSpec::iters)},
+               {"iters", S::integer(1, 1000000)
+                             .byDefault("20")
+                             .into(&BenchSpec::iters)
+                             .doc("timed calls of one measurement (their mean is its time)")},
+               {"repeats", S::integer(1, 1000)
+                               .byDefault("5")
+                               .into(&BenchSpec::repeats)
+                               .doc("measurements of each size and scheduler, interleaved; the "
+                                    "table gives their median and min-max")},
                {"check", S::boolean()
                              .byDefault("true")
                              .into(&BenchSpec::check)

@@ -56,7 +56,10 @@ const Communicator::Rule* Communicator::select(const CollectiveArgs& args,
   return firstAdmitting(rules, bytesOf(args), [&](const Rule& rule) {
     Decision decision = rule.choice.scheduler->accepts(args, topology_);
     if (!decision.accepted) {
-      *refusals += (refusals->empty() ? "" : "; ") + rule.choice.label + ": " + decision.reason;
+      // A refusal names its plugin ("tree: ..."); the label is added only when it differs.
+      const std::string prefix = rule.choice.label + ": ";
+      const bool named = decision.reason.compare(0, prefix.size(), prefix) == 0;
+      *refusals += (refusals->empty() ? "" : "; ") + (named ? "" : prefix) + decision.reason;
     } else if (ran != nullptr) {
       *ran = decision.reason.empty() ? rule.choice.label : decision.reason;
     }

@@ -2,6 +2,10 @@
 #include "util/system.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
 
 #include <filesystem>
 #include <fstream>
@@ -32,6 +36,34 @@ std::string blasInUse() {
     }
   }
   return "none loaded";
+}
+
+int onlineCpus() { return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)); }
+
+std::string cpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    auto first = line.find_first_not_of(" \t", colon + 1);
+    return first == std::string::npos ? "" : line.substr(first);
+  }
+  return "";
+}
+
+double loadAverage() {
+  double load[1];
+  return getloadavg(load, 1) == 1 ? load[0] : NAN;
+}
+
+int linkSpeedMbps(const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") return -1;
+  std::ifstream in("/sys/class/net/" + name + "/speed");
+  int speed = -1;
+  if (!(in >> speed) || speed <= 0) return -1;
+  return speed;
 }
 
 }  // namespace collie::detail

@@ -9,4 +9,14 @@ namespace collie::detail {
 // e.g. ".../openblas-pthread/libblas.so.3", or "none loaded".
 std::string blasInUse();
 
+// The host's online CPUs.
+int onlineCpus();
+// The first "model name" of /proc/cpuinfo ("" when it has none).
+std::string cpuModel();
+// The 1-minute load average (NaN when unknown).
+double loadAverage();
+// The link speed the kernel reports for network interface `name` in Mbit/s, or -1 when it
+// reports none (loopback, many virtual links, a missing interface).
+int linkSpeedMbps(const std::string& name);
+
 }  // namespace collie::detail

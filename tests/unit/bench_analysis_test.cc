@@ -1,0 +1,107 @@
+// What the bench concludes from its rows: which scheduler is fastest at a size only when the
+// spread over repeats allows it, crossovers between such sizes, and the rules for `auto`.
+#include <gtest/gtest.h>
+
+#include "bench/bench.h"
+
+namespace collie::bench {
+namespace {
+
+Row row(const std::string& scheduler, uint64_t bytes, double low, double median, double high) {
+  Row r;
+  r.scheduler = scheduler;
+  r.plugin = scheduler;
+  r.collective = "allreduce";
+  r.backend = "loopback";
+  r.ranks = 4;
+  r.bytes = bytes;
+  r.repeats = 5;
+  r.time_min_us = low;
+  r.time_us = median;
+  r.time_max_us = high;
+  r.predicted_us = median;
+  return r;
+}
+
+TEST(BenchAnalysis, SeparateRangesNameTheFastest) {
+  auto v = verdicts({row("ring", 4096, 90, 100, 110), row("tree", 4096, 40, 50, 60)}, false);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_TRUE(v[0].distinguishable());
+  EXPECT_EQ(v[0].fastest, "tree");
+}
+
+TEST(BenchAnalysis, OverlappingRangesAreATie) {
+  // tree's median is lower, but its slowest repeat is slower than ring's fastest.
+  auto v = verdicts({row("ring", 4096, 58, 100, 110), row("tree", 4096, 40, 50, 60)}, false);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_FALSE(v[0].distinguishable());
+  EXPECT_EQ(v[0].fastest, "tree");
+  EXPECT_EQ(v[0].tied, (std::vector<std::string>{"tree", "ring"}));
+  // The predictions are points: they still tell the two apart.
+  EXPECT_TRUE(verdicts({row("ring", 4096, 58, 100, 110), row("tree", 4096, 40, 50, 60)}, true)[0]
+                  .distinguishable());
+}
+
+TEST(BenchAnalysis, ACrossoverIsNamedOnlyBetweenDistinguishableSizes) {
+  std::vector<Row> rows = {
+      row("tree", 1024, 10, 11, 12),  row("ring", 1024, 20, 21, 22),   // tree
+      row("tree", 2048, 20, 25, 30),  row("ring", 2048, 24, 26, 28),   // a tie
+      row("tree", 4096, 50, 51, 52),  row("ring", 4096, 30, 31, 32),   // ring
+      row("tree", 8192, 90, 95, 100), row("ring", 8192, 80, 85, 90)};  // a tie (they touch)
+  auto found = crossovers(rows, false);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].from, "tree");
+  EXPECT_EQ(found[0].to, "ring");
+  EXPECT_EQ(found[0].below, 1024u);  // the tie at 2 KiB lies between
+  EXPECT_EQ(found[0].above, 4096u);
+  auto v = verdicts(rows, false);
+  ASSERT_EQ(v.size(), 4u);
+  EXPECT_FALSE(v[1].distinguishable());
+  EXPECT_FALSE(v[3].distinguishable());
+}
+
+TEST(BenchAnalysis, NoiseAloneMakesNoCrossover) {
+  // The medians alternate, as noise makes them, but every range overlaps.
+  std::vector<Row> rows;
+  bool odd = false;
+  for (uint64_t bytes : {1024, 2048, 4096, 8192}) {
+    rows.push_back(row("ring", bytes, 40, odd ? 45 : 55, 70));
+    rows.push_back(row("tree", bytes, 40, odd ? 55 : 45, 70));
+    odd = !odd;
+  }
+  EXPECT_TRUE(crossovers(rows, false).empty());
+  // With one repeat each (no spread) the same medians would claim crossovers.
+  for (Row& r : rows) r.time_min_us = r.time_max_us = r.time_us;
+  EXPECT_FALSE(crossovers(rows, false).empty());
+}
+
+TEST(BenchAnalysis, WrongResultsAutoAndRulesAreNotCandidates) {
+  Row wrong = row("fast_but_wrong", 4096, 1, 1, 1);
+  wrong.wrong = 3;
+  Row chooser = row("auto", 4096, 2, 2, 2);
+  Row rules = row("rules", 4096, 2, 2, 2);
+  rules.plugin = "rules";
+  auto v = verdicts({wrong, chooser, rules, row("ring", 4096, 9, 10, 11)}, false);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].fastest, "ring");
+  EXPECT_TRUE(v[0].distinguishable());
+}
+
+TEST(BenchAnalysis, RunsOfAMatrixAreJudgedApart) {
+  Row a = row("tree", 4096, 10, 11, 12), b = row("ring", 4096, 20, 21, 22);
+  Row c = row("tree", 8192, 50, 51, 52), d = row("ring", 8192, 30, 31, 32);
+  a.run = b.run = "small";
+  c.run = d.run = "large";  // another matrix point: no crossover from "small" into it
+  EXPECT_TRUE(crossovers({a, b, c, d}, false).empty());
+  EXPECT_EQ(verdicts({a, b, c, d}, false).size(), 2u);
+}
+
+TEST(BenchAnalysis, Median) {
+  EXPECT_TRUE(std::isnan(median({})));
+  EXPECT_EQ(median({3}), 3);
+  EXPECT_EQ(median({5, 1, 3}), 3);
+  EXPECT_EQ(median({4, 1, 3, 2}), 2.5);
+}
+
+}  // namespace
+}  // namespace collie::bench
