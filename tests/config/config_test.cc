@@ -103,6 +103,37 @@ TEST(Config, SetOverridesAnyKeyAndIsNamedInErrors) {
   expectContains(m, {"holds a value, not a map"});
 }
 
+TEST(Config, DottedOverridesReachAPluginSlotWrittenAsAName) {
+  // kValid has `backend: loopback`, the shorthand: its params are still reachable.
+  auto runs = loadExperiments(writeTempFile("ok.yaml", kValid), {"backend.params.timeout=5s"});
+  EXPECT_EQ(runs[0].backend.plugin, "loopback");
+  ASSERT_TRUE(runs[0].backend.params.has("timeout"));
+  EXPECT_EQ(runs[0].backend.params.values().at("timeout"), "5s");
+  // And from a matrix axis.
+  runs = loadExperiments(
+      writeTempFile("m.yaml", std::string(kValid) + "matrix: {backend.params.timeout: [5s, 9s]}\n"),
+      {});
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_EQ(runs[1].backend.params.values().at("timeout"), "9s");
+  // Only plugin slots: another scalar still holds a value.
+  expectContains(errorOf(kValid, {"name.params.x=1"}), {"'name' holds a value, not a map"});
+}
+
+TEST(Config, PerHostSettingsAreNotPartOfWhatRanksShare) {
+  auto shared = [](const std::vector<std::string>& sets) {
+    YAML::Emitter out;
+    out << sharedSettings(loadExperiments(writeTempFile("ok.yaml", kValid), sets)[0]);
+    return std::string(out.c_str());
+  };
+  const std::string plain = shared({});
+  // One host's NIC is eth0, another's wlp2s0: the ranks still run one experiment.
+  EXPECT_EQ(shared({"backend.params.interface=eth0"}), plain);
+  EXPECT_EQ(shared({"backend.params.interface=wlp2s0", "backend.params.hostname=h1"}), plain);
+  // What must agree still differs.
+  EXPECT_NE(shared({"backend.params.timeout=5s"}), plain);
+  EXPECT_NE(shared({"bench.iters=3"}), plain);
+}
+
 TEST(Config, MatrixExpandsTheCartesianProduct) {
   auto runs = loadExperiments(
       writeTempFile(

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -43,6 +44,15 @@ YAML::Node parse(const std::string& text, const std::string& file) {
   return root;
 }
 
+// A --set or matrix key that continues through a plugin slot written as a name
+// (`backend: gloo`) into a key only a map has: the slot becomes {plugin: NAME}.
+bool continuesIntoSlot(const std::string& slot, const YAML::Node& node,
+                       const std::string& next_key) {
+  static const std::set<std::string> kSlots = {"backend", "model", "train.scheduler"};
+  return kSlots.count(slot) > 0 && node.IsScalar() &&
+         (next_key == "params" || next_key == "plugin" || next_key == "label");
+}
+
 // Sets `dotted` (e.g. "bench.iters") in `root`, creating maps on the way.
 void setPath(YAML::Node root, const std::string& dotted, const YAML::Node& value,
              const std::string& origin) {
@@ -54,8 +64,16 @@ void setPath(YAML::Node root, const std::string& dotted, const YAML::Node& value
   }
   YAML::Node node;
   node.reset(root);
+  std::string prefix;
   for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    prefix += (i ? "." : "") + parts[i];
     YAML::Node next = node[parts[i]];
+    if (next.IsDefined() && continuesIntoSlot(prefix, next, parts[i + 1])) {
+      YAML::Node slot(YAML::NodeType::Map);
+      slot["plugin"] = next.Scalar();
+      node[parts[i]] = slot;
+      next = node[parts[i]];
+    }
     if (next.IsDefined() && !next.IsNull() && !next.IsMap()) {
       throw ConfigError(origin + ": cannot set '" + dotted + "': '" + parts[i] +
                         "' holds a value, not a map");
@@ -357,6 +375,31 @@ YAML::Node loadWithOverrides(const std::string& text, const std::string& path,
     overrides->push_back(key);
   }
   return root;
+}
+
+const std::vector<std::string> kPerHostKeys = {"backend.params.interface",
+                                               "backend.params.hostname", "backend.params.device"};
+
+YAML::Node sharedSettings(const Experiment& e) {
+  YAML::Node shared = YAML::Clone(e.resolved);
+  for (const auto& dotted : kPerHostKeys) {
+    YAML::Node node = shared;
+    std::stringstream in(dotted);
+    std::vector<std::string> parts;
+    for (std::string part; std::getline(in, part, '.');) parts.push_back(part);
+    for (size_t i = 0; i + 1 < parts.size() && node.IsMap(); ++i) node.reset(node[parts[i]]);
+    if (node.IsMap()) node.remove(parts.back());
+  }
+  // `backend: gloo` and `backend: {plugin: gloo, params: {}}` are one setting.
+  YAML::Node backend = shared["backend"];
+  if (backend.IsScalar()) {
+    const std::string name = backend.Scalar();
+    shared["backend"] = YAML::Node(YAML::NodeType::Map);
+    shared["backend"]["plugin"] = name;
+  } else if (backend.IsMap() && backend["params"].IsMap() && backend["params"].size() == 0) {
+    backend.remove("params");
+  }
+  return shared;
 }
 
 std::vector<Experiment> loadExperiments(const std::string& path,

@@ -123,6 +123,14 @@ struct Experiment {
   std::string output_dir;
 };
 
+// The keys whose values may differ from host to host in one job: the network interface a
+// backend uses and the address it announces (names differ between machines: enp3s0 on one,
+// wlp2s0 on another), the GPU a rank drives. Everything else every rank must agree on.
+extern const std::vector<std::string> kPerHostKeys;
+
+// `e.resolved` without the kPerHostKeys: the text every rank of a job checks it shares.
+YAML::Node sharedSettings(const Experiment& e);
+
 // Reads, overrides (each "key=value"), expands and validates. Throws ConfigError listing
 // every problem, each with file:line:col, the dotted key, expected and found.
 std::vector<Experiment> loadExperiments(const std::string& path,

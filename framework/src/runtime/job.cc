@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -44,6 +46,34 @@ std::string hostName() {
   char name[256] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0) return "localhost";
   return name;
+}
+
+// What tells this machine from another that reports the same host name: its machine id
+// and its network namespace (two emulated hosts of a lab share the machine id, two
+// machines cloned from one image may share the name).
+std::string machineKey() {
+  std::string id;
+  std::ifstream("/etc/machine-id") >> id;
+  struct stat ns {};
+  const unsigned long long inode = ::stat("/proc/self/ns/net", &ns) == 0 ? ns.st_ino : 0;
+  return fmt::format("{}/{}", id, inode);
+}
+
+// The topology from every rank's (host name, machine key): ranks with equal pairs share a
+// node, named by its host name, with " (2)", " (3)" added when different machines share
+// one.
+Topology topologyOfHosts(const std::vector<std::string>& names,
+                         const std::vector<std::string>& keys) {
+  std::vector<std::string> labels;
+  for (size_t r = 0; r < names.size(); ++r) labels.push_back(names[r] + "\n" + keys[r]);
+  Topology topology = Topology::fromLabels(labels);
+  std::map<std::string, int> seen;
+  for (auto& label : topology.node_names) {
+    const std::string name = label.substr(0, label.find('\n'));
+    const int count = ++seen[name];
+    label = count == 1 ? name : fmt::format("{} ({})", name, count);
+  }
+  return topology;
 }
 
 // "1, 3 and 5" style list of ranks.
@@ -286,7 +316,7 @@ WorkerRank joinRun(ProcessJob& job, const PluginLoader& loader, const config::Ex
                    int index) {
   const std::string run = fmt::format("run{}/", index);
   YAML::Emitter emitter;
-  emitter << e.resolved;
+  emitter << config::sharedSettings(e);  // per-host settings (a NIC's name) may differ
   const std::string plugins = openedFilesIdentity(loader, e);
   job.checkSame(run + "identity", {{"world size", fmt::format("{}", job.world())},
                                    {"collie version", COLLIE_VERSION},
@@ -302,7 +332,8 @@ WorkerRank joinRun(ProcessJob& job, const PluginLoader& loader, const config::Ex
     }
     topology = e.topology;
   } else {
-    topology = Topology::fromLabels(job.allGather(run + "host", hostName()));
+    topology = topologyOfHosts(job.allGather(run + "host", hostName()),
+                               job.allGather(run + "machine", machineKey()));
   }
   WorkerRank w = createBackend(job, loader, e.backend, run, e.rendezvous_timeout);
   w.topology = topology;
