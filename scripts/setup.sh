@@ -10,6 +10,8 @@ packages=(
   libgtest-dev gnuplot-nox libxxhash-dev
   # backends (gloo, ucx) and the peers their tests and benchmarks launch or compare against
   libgloo-dev libucx-dev ucx-utils libopenmpi-dev openmpi-bin python3-torch
+  # the lab: network namespaces, veth, bridge, tbf (ip, tc); unshare, setpriv
+  iproute2 util-linux
 )
 
 missing=()

@@ -224,6 +224,7 @@ class GlooBackend : public Backend {
           shared_->algorithm + "'");
     }
     const std::string interface = params.getString("interface", "");
+    if (!interface.empty()) requireInterface("backend gloo", interface);
     const std::string hostname = params.getString("hostname", "");
     if (!interface.empty() && !hostname.empty()) {
       throw ConfigError("backend gloo: give params.interface or params.hostname, not both");

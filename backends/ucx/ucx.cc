@@ -235,6 +235,7 @@ class UcxBackend : public Backend {
     worker_->timeout = params.getDuration("timeout", std::chrono::milliseconds(30000));
     worker_->transports = transportList(params.getString("transports", "tcp"));
     const std::string interface = params.getString("interface", "");
+    if (!interface.empty()) requireInterface("backend ucx", interface);
     if (ctx.store == nullptr) {
       throw PluginError(
           "backend ucx needs the job's rendezvous store: it runs one process "

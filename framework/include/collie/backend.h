@@ -122,6 +122,11 @@ void checkTransfer(const std::string& backend, int rank, int size, int peer, con
 std::string describeTransfer(int rank, int peer, bool sending, Tag tag,
                              const std::string& peer_name = "");
 
+// For backends that take a network interface by name (params.interface): throws ConfigError
+// "<owner>: params.interface 'eth9' does not exist on host H; it has: lo, eth0" when this
+// host has no such interface.
+void requireInterface(const std::string& owner, const std::string& name);
+
 // The aborted state of a group: abort() sets it with its reason (the first reason stays);
 // posts and waits check it. Thread-safe, and never blocks for long.
 class AbortFlag {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 
 #include "bench/calibrate.h"
@@ -109,12 +110,16 @@ class RankBench {
   }
 
  private:
-  // Every rank's host facts, gathered before anything is measured (collective).
+  // Every rank's host facts, gathered before anything is measured (collective). The link is
+  // the lab's cap (COLLIE_LAB_LINK_MBIT, set on its hosts) or the speed the kernel reports
+  // for backend.params.interface.
   Facts facts() {
     const auto interface = e_.backend.params.values().find("interface");
     const std::string nic = interface == e_.backend.params.values().end() ? "" : interface->second;
+    const char* lab = std::getenv("COLLIE_LAB_LINK_MBIT");
+    const double mbit = lab != nullptr ? std::atof(lab) : detail::linkSpeedMbps(nic);
     auto all = control_.allGather({static_cast<double>(detail::onlineCpus()), detail::loadAverage(),
-                                   static_cast<double>(detail::linkSpeedMbps(nic))});
+                                   mbit, lab != nullptr ? 1.0 : 0.0, nic.empty() ? 0.0 : 1.0});
     Facts f;
     f.cpu_model = detail::cpuModel();
     f.backend = e_.backend.label;
@@ -132,9 +137,11 @@ class RankBench {
       host.ranks = static_cast<int>(ranks.size());
       host.cpus = static_cast<int>(first[0]);
       host.load = first[1];
-      if (!nic.empty()) {
-        host.link = first[2] > 0 ? fmt::format("{} {} Mbit/s", nic, first[2])
-                                 : nic + " (no speed reported)";
+      if (first[2] > 0) {
+        host.link =
+            fmt::format("{:g} Mbit/s{}", first[2], first[3] > 0 ? " (the lab's tbf cap)" : "");
+      } else if (first[4] > 0) {
+        host.link = "speed not reported";
       }
       f.hosts.push_back(host);
     }

@@ -45,7 +45,7 @@ struct HostFacts {
   int ranks = 0;
   int cpus = 0;
   double load = 0;   // 1-minute load average at the start (NaN: unknown)
-  std::string link;  // "eth0 1000 Mbit/s" when backend.params.interface names one, else ""
+  std::string link;  // "1000 Mbit/s", the lab's cap or the interface's speed ("": unknown)
 };
 struct Facts {
   std::string cpu_model;  // rank 0's

@@ -1,4 +1,4 @@
-// The collie command line: run, launch, validate, plugins, plugin-check, --version. What
+// The collie command line: run, launch, validate, plugins, plugin-check, lab, --version. What
 // the commands do lives in runtime/run.h and check/plugin_check.h. Exit codes: 0 success,
 // 1 the run failed, 2 bad input (config, CLI, plugin).
 #include <fmt/format.h>
@@ -16,6 +16,7 @@
 #include "collie/log.h"
 #include "collie/plugin.h"
 #include "config/experiment.h"
+#include "lab/lab.h"
 #include "plugin/loader.h"
 #include "runtime/environment.h"
 #include "runtime/job.h"
@@ -33,6 +34,9 @@ constexpr int kExitBadInput = 2;
 struct Options {
   RunRequest run;
   check::PluginCheckRequest check;
+  lab::UpRequest lab;
+  std::string lab_host;
+  std::vector<std::string> lab_command;
 };
 
 void applyLogLevel(const std::string& cli_level, LogLevel config_level) {
@@ -93,6 +97,25 @@ int pluginsCommand() {
     for (const auto& r : scan.rejected) std::cout << "  " << r.reason << "\n";
   }
   return 0;
+}
+
+int labCommand(CLI::App* up, CLI::App* down, CLI::App* status, CLI::App* exec, const Options& opt) {
+  if (*status) return std::cout << lab::describe(), 0;
+  lab::requirePrivileges();
+  if (*up) {
+    lab::up(opt.lab);
+    std::cout << lab::describe();
+    return 0;
+  }
+  if (*down) {
+    auto removed = lab::down();
+    if (removed.empty()) std::cout << "no lab was up; nothing to remove\n";
+    for (const auto& r : removed) std::cout << "removed " << r << "\n";
+    return 0;
+  }
+  auto lab = lab::current();
+  if (!lab) throw ConfigError("no lab is up. HINT: collie lab up --hosts N");
+  return lab::exec(lab::hostNamed(*lab, opt.lab_host), opt.lab_command);
 }
 
 void printVersion() {
@@ -164,6 +187,22 @@ int dispatch(int argc, char** argv) {
       ->group("")  // internal: what a worker process of plugin-check does
       ->check(CLI::IsMember({"contract", "scheduler"}));
   plugin_check->add_option("--backend-param", opt.check.backend_params)->group("");
+  auto* lab_cmd = app.add_subcommand(
+      "lab", "an emulated cluster on this machine: hosts in network namespaces, capped links");
+  lab_cmd->require_subcommand(1);
+  auto* lab_up = lab_cmd->add_subcommand("up", "make the lab (or keep it, when it is as asked)");
+  lab_up->add_option("--hosts", opt.lab.hosts, "emulated hosts")
+      ->capture_default_str()
+      ->check(CLI::Range(1, lab::kMaxHosts));
+  lab_up->add_option("--rate", opt.lab.rate, "every link's rate, both directions (tbf)")
+      ->capture_default_str();
+  lab_up->add_option("--cpus", opt.lab.cpus, "CPUs per host, ';' between hosts: 0;1 or 0-1;2-3");
+  auto* lab_down = lab_cmd->add_subcommand("down", "remove everything the lab made");
+  auto* lab_status = lab_cmd->add_subcommand("status", "the lab's hosts, addresses and links");
+  auto* lab_exec = lab_cmd->add_subcommand("exec", "run a command on one lab host");
+  lab_exec->add_option("host", opt.lab_host, "collie-h0, collie-h1, ...")->required();
+  lab_exec->add_option("command", opt.lab_command, "the command and its arguments (after --)")
+      ->required();
 
   try {
     app.parse(argc, argv);
@@ -189,6 +228,7 @@ int dispatch(int argc, char** argv) {
   if (*validate) return validateCommand(opt.run);
   if (*plugins) return pluginsCommand();
   if (*plugin_check) return check::runPluginCheck(opt.check);
+  if (*lab_cmd) return labCommand(lab_up, lab_down, lab_status, lab_exec, opt);
   std::cout << app.help();
   return kExitBadInput;
 }

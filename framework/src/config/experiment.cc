@@ -18,6 +18,7 @@
 #include "collie/error.h"
 #include "config/schema.h"
 #include "core/strings.h"
+#include "lab/lab.h"
 
 namespace collie::config {
 namespace {
@@ -523,6 +524,27 @@ const Schema& experimentSchema() {
                                 .into(&Experiment::max_restarts)
                                 .doc("restart every worker after a failure, this many times (a "
                                      "training run resumes from its newest checkpoint)")},
+           {"lab",
+            S::map({
+                       {"hosts", S::integer(0, lab::kMaxHosts)
+                                     .byDefault("0")
+                                     .into(&LabSpec::hosts)
+                                     .doc("emulated hosts, nproc_per_node ranks each (0: no lab)")},
+                       {"rate", S::string()
+                                    .byDefault("1gbit")
+                                    .into<LabSpec>([](LabSpec& l, const YAML::Node& node,
+                                                      const std::string& file) {
+                                      lab::parseRate(node.Scalar(),
+                                                     location(file, node) + ": launch.lab.rate");
+                                      l.rate = node.Scalar();
+                                    })
+                                    .doc("every link's rate in both directions: 100mbit, 1gbit")},
+                       {"cpus", S::string()
+                                    .into(&LabSpec::cpus)
+                                    .doc("CPUs per host, ';' between hosts: '0;1' (default: any)")},
+                   })
+                .optionalSection()
+                .section(&Experiment::lab)},
        })},
       {"backend", S::pluginRef()
                       .required()

@@ -58,6 +58,13 @@ struct DataSpec {
   uint64_t seed = 0;
 };
 
+// launch.lab: run the job on an emulated cluster of this machine (lab/lab.h).
+struct LabSpec {
+  int hosts = 0;  // 0: no lab
+  std::string rate;
+  std::string cpus;  // per host, ';' between hosts ("" : every CPU)
+};
+
 // A synchronous data-parallel training run (DESIGN §5).
 struct TrainSpec {
   PluginRef scheduler;  // the gradient all-reduce (a plugin or rules)
@@ -115,6 +122,7 @@ struct Experiment {
   int master_port = 0;  // 0: the launcher picks a free port
   std::chrono::milliseconds rendezvous_timeout{};
   int max_restarts = 0;  // collie's launcher restarts all workers after a failure
+  LabSpec lab;
   PluginRef backend;
   BenchSpec bench;
   PluginRef model;  // train experiments

@@ -4,12 +4,28 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <net/if.h>
+#include <unistd.h>
 
 #include <algorithm>
 
 #include "collie/error.h"
 
 namespace collie {
+
+void requireInterface(const std::string& owner, const std::string& name) {
+  std::vector<std::string> names;
+  if (struct if_nameindex* list = ::if_nameindex()) {
+    for (auto* i = list; i->if_index != 0 && i->if_name != nullptr; ++i)
+      names.emplace_back(i->if_name);
+    ::if_freenameindex(list);
+  }
+  if (std::find(names.begin(), names.end(), name) != names.end()) return;
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  throw ConfigError(fmt::format("{}: params.interface '{}' does not exist on host {}; it has: {}",
+                                owner, name, host, fmt::join(names, ", ")));
+}
 
 void checkTransfer(const std::string& backend, int rank, int size, int peer, const Buffer& buf,
                    bool sending, MemoryKind moves) {

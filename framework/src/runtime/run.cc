@@ -12,6 +12,7 @@
 #include "collie/config.h"
 #include "collie/error.h"
 #include "collie/log.h"
+#include "lab/lab_job.h"
 #include "runtime/launcher.h"
 #include "util/files.h"
 
@@ -210,6 +211,17 @@ int runExperiments(const RunRequest& request, const std::vector<config::Experime
                                      : fs::path(request.out);
   PluginLoader loader;
   openPlugins(loader, runs);
+  if (role == Role::kLauncher && lab::wantsLab(runs)) {
+    for (const auto& e : runs) {
+      if (runsInProcess(loader, e.backend.plugin)) {
+        throw ConfigError(fmt::format(
+            "launch.lab runs ranks on emulated hosts, but backend '{}' runs its ranks as threads "
+            "of one process. HINT: use backend gloo or ucx",
+            e.backend.label));
+      }
+    }
+    return lab::runOnLab(request, runs, out);
+  }
   std::unique_ptr<ProcessJob> job;  // kOutsideRank: the job every run shares
   if (role == Role::kOutsideRank) job = joinOutsideJob(runs, env, &out);
   std::error_code ec;

@@ -2,7 +2,12 @@
 #include "util/system.h"
 
 #include <dlfcn.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <fcntl.h>
+
+#include <cerrno>
 
 #include <cmath>
 #include <cstdlib>
@@ -64,6 +69,44 @@ int linkSpeedMbps(const std::string& name) {
   int speed = -1;
   if (!(in >> speed) || speed <= 0) return -1;
   return speed;
+}
+
+int runProgram(const std::vector<std::string>& argv, std::string* output) {
+  output->clear();
+  if (argv.empty()) return 127;
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return 127;
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    return 127;
+  }
+  if (pid == 0) {
+    ::dup2(pipe_fds[1], STDOUT_FILENO);
+    ::dup2(pipe_fds[1], STDERR_FILENO);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execvp(args[0], args.data());
+    ::_exit(127);
+  }
+  ::close(pipe_fds[1]);
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = ::read(pipe_fds[0], buffer, sizeof(buffer));
+    if (n > 0) {
+      output->append(buffer, static_cast<size_t>(n));
+    } else if (n == 0 || errno != EINTR) {
+      break;
+    }
+  }
+  ::close(pipe_fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  while (!output->empty() && (output->back() == '\n' || output->back() == ' ')) output->pop_back();
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 }  // namespace collie::detail

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace collie::detail {
 
@@ -18,5 +19,10 @@ double loadAverage();
 // The link speed the kernel reports for network interface `name` in Mbit/s, or -1 when it
 // reports none (loopback, many virtual links, a missing interface).
 int linkSpeedMbps(const std::string& name);
+
+// Runs `argv` (looked up on PATH, no shell) and waits for it; its stdout and stderr together
+// go to `output`. Returns its exit code: 127 when it cannot be run, 128 + signal when one
+// killed it.
+int runProgram(const std::vector<std::string>& argv, std::string* output);
 
 }  // namespace collie::detail

@@ -1,0 +1,172 @@
+// The lab's launcher: a `collie launch` per host, started inside the host's namespaces,
+// watched as collie's launcher watches its workers (runtime/teardown.h decides when the
+// others are stopped after one fails).
+#include "lab/lab_job.h"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "collie/error.h"
+#include "collie/log.h"
+#include "lab/lab.h"
+#include "runtime/launcher.h"
+#include "runtime/teardown.h"
+#include "runtime/worker_set.h"
+
+namespace fs = std::filesystem;
+
+namespace collie::lab {
+namespace {
+
+constexpr const char* kHostVariable = "COLLIE_LAB_HOST";  // set in every host's launcher
+constexpr int kDefaultPort = 29500;
+
+struct HostLauncher {
+  const Host* host = nullptr;
+  int node = 0;
+  pid_t pid = -1;
+  bool running = false;
+};
+
+void checkRuns(const RunRequest& request, const std::vector<config::Experiment>& runs) {
+  const auto& lab = runs.front().lab;
+  for (const auto& e : runs) {
+    if (e.lab.hosts != lab.hosts || e.lab.rate != lab.rate || e.lab.cpus != lab.cpus) {
+      throw ConfigError(fmt::format(
+          "launch.lab differs between the runs of {} ({} has {} host(s) at {}): one file runs on "
+          "one lab. HINT: leave launch.lab out of the matrix",
+          request.config, e.matrix_point.empty() ? e.name : e.matrix_point, e.lab.hosts,
+          e.lab.rate));
+    }
+  }
+  if (request.nnodes > 1) {
+    throw ConfigError(
+        "launch.lab starts a launcher on every emulated host itself. HINT: use `collie run`, "
+        "not `collie launch`");
+  }
+}
+
+// The command host `node`'s launcher runs: collie launch, node `node` of the lab's hosts.
+std::vector<std::string> launchArgv(const RunRequest& request, const Lab& lab, int node, int port,
+                                    const fs::path& out) {
+  std::vector<std::string> argv = {selfExecutable()};
+  if (!request.log_level.empty()) argv.insert(argv.end(), {"--log-level", request.log_level});
+  argv.insert(argv.end(),
+              {"launch", request.config, "--nnodes", std::to_string(lab.hosts.size()),
+               "--node-rank", std::to_string(node), "--master-addr", lab.hosts.front().address,
+               "--master-port", std::to_string(port), "--out", out.string()});
+  for (const auto& s : request.sets) argv.insert(argv.end(), {"--set", s});
+  if (!request.emit_rules.empty())
+    argv.insert(argv.end(), {"--set", "bench.emit_rules=" + request.emit_rules});
+  // Each host's own NIC (their names differ, as on real machines): a per-host setting.
+  argv.insert(argv.end(), {"--set", "backend.params.interface=" + lab.hosts[node].interface});
+  return argv;
+}
+
+pid_t start(const Host& host, uint64_t rate_bits, const std::vector<std::string>& argv,
+            const sigset_t& mask) {
+  const pid_t pid = ::fork();
+  if (pid < 0) throw Error(ErrorKind::kInternal, std::string("fork: ") + std::strerror(errno));
+  if (pid > 0) return pid;
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the lab's launcher
+  ::pthread_sigmask(SIG_SETMASK, &mask, nullptr);
+  const std::string why = enter(host);
+  if (!why.empty()) {
+    std::fprintf(stderr, "collie: error: lab: %s\n", why.c_str());
+    ::_exit(2);
+  }
+  ::setenv(kHostVariable, host.name.c_str(), 1);
+  ::setenv("COLLIE_LAB_LINK_MBIT", fmt::format("{:g}", rate_bits / 1e6).c_str(), 1);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  ::execv(args[0], args.data());
+  std::fprintf(stderr, "collie: error: lab: cannot run %s: %s\n", args[0], std::strerror(errno));
+  ::_exit(127);
+}
+
+}  // namespace
+
+bool wantsLab(const std::vector<config::Experiment>& runs) {
+  return runs.front().lab.hosts > 0 && std::getenv(kHostVariable) == nullptr;
+}
+
+int runOnLab(const RunRequest& request, const std::vector<config::Experiment>& runs,
+             const fs::path& out) {
+  checkRuns(request, runs);
+  const auto& spec = runs.front().lab;
+  Lab lab = up({spec.hosts, spec.rate, spec.cpus});
+  const int port = runs.front().master_port != 0 ? runs.front().master_port : kDefaultPort;
+  logInfo(fmt::format("lab: {} host(s) at {}, {} rank(s) each; rank 0's store on {}:{}",
+                      lab.hosts.size(), lab.rate, runs.front().nproc_per_node,
+                      lab.hosts.front().address, port));
+
+  using Clock = Teardown::Clock;
+  BlockedSignals signals;
+  Teardown teardown(std::chrono::seconds(10), std::chrono::seconds(5));
+  std::vector<HostLauncher> launchers;
+  int running = 0;
+  auto signalAll = [&](int sig) {
+    for (const auto& l : launchers) {
+      if (l.running) ::kill(l.pid, sig);
+    }
+  };
+  std::string failure;
+  int exit_code = 0;
+  bool interrupted = false;
+  for (size_t i = 0; i < lab.hosts.size(); ++i) {
+    HostLauncher l{&lab.hosts[i], static_cast<int>(i)};
+    l.pid = start(lab.hosts[i], lab.rate_bits,
+                  launchArgv(request, lab, static_cast<int>(i), port, out), signals.previousMask());
+    l.running = true;
+    ++running;
+    launchers.push_back(l);
+  }
+  while (running > 0) {
+    while (int sig = teardown.due(Clock::now())) signalAll(sig);
+    pollfd fd{signals.fd(), POLLIN, 0};
+    ::poll(&fd, 1, 100);
+    for (int sig : signals.read()) {
+      if (interrupted) {
+        teardown.killNow(Clock::now());
+        continue;
+      }
+      interrupted = true;
+      exit_code = 128 + sig;
+      logWarn(
+          fmt::format("lab: {} received; forwarding it to the hosts' launchers", signalName(sig)));
+      signalAll(sig);
+      teardown.forwarded(Clock::now());
+    }
+    for (auto& l : launchers) {
+      int status = 0;
+      if (!l.running || ::waitpid(l.pid, &status, WNOHANG) != l.pid) continue;
+      l.running = false;
+      --running;
+      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (ok || !failure.empty() || interrupted || teardown.stopping()) continue;
+      failure = fmt::format("host {} (node {}) {}", l.host->name, l.node, describeExit(status));
+      exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+      if (running > 0) {
+        logError(fmt::format("lab: {}; the other host(s) get 10 s to stop on their own", failure));
+      }
+      teardown.failed(Clock::now());
+    }
+  }
+  if (interrupted) throw Interrupted{exit_code};
+  if (!failure.empty()) {
+    logError("lab: the job failed; first failure: " + failure);
+    return exit_code;
+  }
+  return 0;
+}
+
+}  // namespace collie::lab

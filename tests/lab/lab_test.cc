@@ -1,0 +1,191 @@
+// The lab as a user meets it (root only, as CI runs): hosts in network namespaces with their
+// own names, addresses and capped links; nothing left behind; jobs that cross the link.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "lab/lab.h"
+#include "run_command.h"
+#include "util/system.h"
+
+namespace collie {
+namespace {
+
+using testing::runCollie;
+using testing::writeTempFile;
+
+bool privileged() {
+  try {
+    lab::requirePrivileges();
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+#define REQUIRE_LAB()                                                           \
+  if (!privileged()) GTEST_SKIP() << "the lab needs root (network namespaces)"; \
+  lab::down()
+
+std::string sh(const std::string& command) {
+  std::string output;
+  detail::runProgram({"sh", "-c", command}, &output);
+  return output;
+}
+
+// What the lab made that is still there.
+std::string leftovers() {
+  return sh(
+      "ip netns list | grep '^collie-'; ls -d /run/collie-lab 2>/dev/null; "
+      "grep ' /run/collie-lab' /proc/mounts");
+}
+
+TEST(Lab, UpIsIdempotentAndDownLeavesNothingBehind) {
+  REQUIRE_LAB();
+  auto r = runCollie({"lab", "up", "--hosts", "2", "--rate", "100mbit"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("collie-h1  eth1  198.18.0.2/24"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rate 100Mbit"), std::string::npos) << r.output;
+  // Each host has its own name and address; the machine's namespace has no lab address.
+  r = runCollie({"lab", "exec", "collie-h1", "--", "sh", "-c",
+                 "test \"$(hostname)\" = collie-h1 && ip -brief addr show eth1 | grep -q "
+                 "198.18.0.2/24"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(sh("ip -brief addr | grep 198.18."), "");
+  EXPECT_NE(sh("hostname"), "collie-h1");
+  // The hosts reach each other over the bridge.
+  r = runCollie({"lab", "exec", "collie-h0", "--", "bash", "-c",
+                 "exec 3<>/dev/tcp/198.18.0.2/1"});
+  EXPECT_NE(r.output.find("Connection refused"), std::string::npos) << r.output;  // it answered
+  // Up again as asked: kept, not remade (the qdisc handles stay).
+  const std::string before = sh("tc -n collie-h0 qdisc show dev eth0");
+  r = runCollie({"lab", "up", "--hosts", "2", "--rate", "100mbit"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(sh("tc -n collie-h0 qdisc show dev eth0"), before);
+  // Up with another rate: remade as asked.
+  r = runCollie({"lab", "up", "--hosts", "3", "--rate", "1gbit"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("collie-h2"), std::string::npos) << r.output;
+  EXPECT_NE(sh("tc -n collie-h2 qdisc show dev eth2").find("rate 1Gbit"), std::string::npos);
+  r = runCollie({"lab", "down"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("removed network namespace collie-h2"), std::string::npos) << r.output;
+  EXPECT_EQ(leftovers(), "");
+  r = runCollie({"lab", "status"});
+  EXPECT_NE(r.output.find("no lab is up"), std::string::npos) << r.output;
+}
+
+TEST(Lab, DownCleansUpAfterACrashWithoutItsStateFile) {
+  REQUIRE_LAB();
+  ASSERT_EQ(runCollie({"lab", "up", "--hosts", "2"}).exit_code, 0);
+  std::filesystem::remove("/run/collie-lab/state.json");  // as a crash mid-up leaves it
+  // A process left running inside a host (a crashed job's rank) does not keep it alive.
+  sh("ip netns exec collie-h1 sleep 600 >/dev/null 2>&1 &");
+  auto r = runCollie({"lab", "down"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(leftovers(), "");
+  EXPECT_EQ(sh("pgrep -f 'slee[p] 600'"), "");
+}
+
+TEST(Lab, BadRequestsAreOneClearLine) {
+  REQUIRE_LAB();
+  auto r = runCollie({"lab", "up", "--hosts", "2", "--rate", "fast"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("'fast' is not a link rate"), std::string::npos) << r.output;
+  r = runCollie({"lab", "up", "--hosts", "2", "--cpus", "0;99"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("out of range"), std::string::npos) << r.output;
+  r = runCollie({"lab", "exec", "collie-h0", "--", "true"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("no lab is up"), std::string::npos) << r.output;
+  // Without root: refused before anything is made.
+  std::string output;
+  const int code = detail::runProgram({"setpriv", "--reuid=65534", "--regid=65534",
+                                       "--clear-groups", COLLIE_TEST_BINARY, "lab", "up"},
+                                      &output);
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_NE(output.find("the lab needs root"), std::string::npos) << output;
+  lab::down();
+  EXPECT_EQ(leftovers(), "");
+}
+
+const char* kCappedBench = R"(name: lab-capped
+launch:
+  nproc_per_node: 2
+  lab: {hosts: 2, rate: 100mbit}
+backend: gloo
+bench:
+  schedulers: [ring, hierarchical]
+  min_bytes: 2MiB
+  max_bytes: 2MiB
+  warmup_iters: 1
+  iters: 2
+  repeats: 1
+  calibrate: false
+  plots: false
+)";
+
+TEST(Lab, ACappedAllReduceIsNoFasterThanTheLinkAllows) {
+  REQUIRE_LAB();
+  auto out = std::filesystem::temp_directory_path() / ("collie-lab-" + std::to_string(::getpid()));
+  auto r = runCollie({"run", writeTempFile("capped.yaml", kCappedBench), "--out", out.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Two hosts from the hosts' own names: hierarchical is a two-level schedule.
+  EXPECT_NE(r.output.find("# host collie-h0: 2 rank(s)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("# host collie-h1: 2 rank(s)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("link 100 Mbit/s (the lab's tbf cap)"), std::string::npos) << r.output;
+  std::ifstream json(out / "results.json");
+  const auto rows = nlohmann::json::parse(json);
+  ASSERT_EQ(rows.size(), 2u);
+  for (const auto& row : rows) {
+    // An all-reduce between two hosts moves at least its S bytes out of each host, so on a
+    // 100 Mbit/s link algbw <= 12.5 MB/s (5 % for the bucket's burst). Over the uncapped
+    // veth it would be hundreds of MB/s.
+    EXPECT_LE(row.at("algbw_gbps").get<double>(), 0.0125 * 1.05) << row.dump();
+    EXPECT_EQ(row.at("wrong"), 0);
+  }
+  lab::down();
+  std::filesystem::remove_all(out);
+}
+
+TEST(Lab, KillingOneHostsRanksFailsTheJobOnTheOtherNamingThem) {
+  REQUIRE_LAB();
+  std::string config = writeTempFile("long.yaml", std::string(kCappedBench) + "  \n");
+  testing::CommandResult r;
+  std::thread job([&] {
+    r = runCollie({"run", config, "--out", "/tmp/collie-lab-kill", "--set", "bench.iters=200",
+                   "--set", "bench.schedulers=[ring]"});
+  });
+  // Wait for host 1's ranks, then kill them (not its launcher).
+  std::string ranks;
+  for (int i = 0; i < 300 && ranks.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ranks =
+        sh("for p in $(ip netns pids collie-h1 2>/dev/null); do "
+           "tr '\\0' ' ' </proc/$p/cmdline | grep -q ' run ' && echo $p; done");
+  }
+  ASSERT_FALSE(ranks.empty()) << "host 1's ranks never started";
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  sh("kill -9 " + ranks);
+  job.join();
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("host collie-h1 (node 1)"), std::string::npos) << r.output;
+  // Host 0's ranks name a dead peer of host 1 (rank 2 or 3).
+  EXPECT_TRUE(r.output.find("[rank 0] collie: error:") != std::string::npos ||
+              r.output.find("[rank 1] collie: error:") != std::string::npos)
+      << r.output;
+  EXPECT_TRUE(r.output.find("rank 2") != std::string::npos ||
+              r.output.find("rank 3") != std::string::npos)
+      << r.output;
+  lab::down();
+  EXPECT_EQ(sh("pgrep -f 'collie-lab-kil[l]'"), "");
+  std::filesystem::remove_all("/tmp/collie-lab-kill");
+}
+
+}  // namespace
+}  // namespace collie
