@@ -584,7 +584,15 @@ TEST(Processes, BadBackendParamsAreBadInput) {
   r = runCollie(
       {"run", shortConfig("gloo", 2, ", interface: nonexistent0"), "--out", scratch("nic")});
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("cannot open a TCP device on interface 'nonexistent0'"),
+  // Named before Gloo tries it, with the interfaces this host has.
+  EXPECT_NE(r.output.find("backend gloo: params.interface 'nonexistent0' does not exist on host"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("it has: lo"), std::string::npos) << r.output;
+  r = runCollie(
+      {"run", shortConfig("ucx", 2, ", interface: nonexistent0"), "--out", scratch("nic-ucx")});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("backend ucx: params.interface 'nonexistent0' does not exist"),
             std::string::npos)
       << r.output;
 }
