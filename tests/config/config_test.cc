@@ -151,6 +151,27 @@ TEST(Config, MatrixExpandsTheCartesianProduct) {
   expectContains(m, {"matrix.bench.dtype", "non-empty list"});
 }
 
+TEST(Config, AMatrixCanListItsPoints) {
+  // Points that are no product of axes: the file as written, 4 ranks, 2 ranks with f64.
+  auto runs = loadExperiments(
+      writeTempFile("points.yaml",
+                    std::string(kValid) +
+                        "matrix:\n  - {}\n  - {launch.nproc_per_node: 4}\n"
+                        "  - {launch.nproc_per_node: 2, bench.dtype: f64}\n"),
+      {});
+  ASSERT_EQ(runs.size(), 3u);
+  EXPECT_EQ(runs[0].matrix_point, "as written");
+  EXPECT_EQ(runs[0].nproc_per_node, 3);
+  EXPECT_EQ(runs[1].matrix_point, "launch.nproc_per_node=4");
+  EXPECT_EQ(runs[1].nproc_per_node, 4);
+  EXPECT_EQ(runs[2].matrix_point, "launch.nproc_per_node=2, bench.dtype=f64");
+  EXPECT_EQ(runs[2].bench.dtype, DType::kF64);
+  std::string m = errorOf(std::string(kValid) + "matrix:\n  - launch.nproc_per_node\n");
+  expectContains(m, {"each point of a list is a map"});
+  m = errorOf(std::string(kValid) + "matrix:\n  - {bench.dtype: f99}\n");
+  expectContains(m, {"f99", "matrix point bench.dtype=f99"});
+}
+
 TEST(Config, SchedulerRulesLists) {
   auto runs = loadExperiments(
       writeTempFile("rules.yaml", std::string(kValid) +

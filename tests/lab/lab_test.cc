@@ -175,7 +175,7 @@ TEST(Lab, KillingOneHostsRanksFailsTheJobOnTheOtherNamingThem) {
   job.join();
   EXPECT_EQ(r.exit_code, 1) << r.output;
   // Both hosts' launchers fail (whichever exits first is named first) ...
-  EXPECT_NE(r.output.find("lab: the job failed; first failure: host collie-h"), std::string::npos)
+  EXPECT_NE(r.output.find("failed on the lab; first failure: host collie-h"), std::string::npos)
       << r.output;
   // ... and host 0's ranks name a dead rank of host 1.
   bool named = false;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "bench/bench.h"
+#include "bench/calibrate.h"
 
 namespace collie::bench {
 namespace {
@@ -101,6 +102,45 @@ TEST(BenchAnalysis, Median) {
   EXPECT_EQ(median({3}), 3);
   EXPECT_EQ(median({5, 1, 3}), 3);
   EXPECT_EQ(median({4, 1, 3, 2}), 2.5);
+}
+
+TEST(CostModelFit, AnExactLineIsRecovered) {
+  const double alpha = 50e-6, beta = 1.0 / 1.2e9;  // 50 us, 1.2 GB/s
+  std::vector<std::pair<double, double>> points;
+  for (double m : {8.0, 4096.0, 65536.0, 262144.0, 1048576.0})
+    points.emplace_back(m, alpha + beta * m);
+  double residual = -1;
+  LinkCost link = fitLine(points, &residual);
+  EXPECT_NEAR(link.alpha, alpha, alpha * 1e-6);
+  EXPECT_NEAR(link.beta, beta, beta * 1e-6);
+  EXPECT_LT(residual, 1e-9);
+}
+
+TEST(CostModelFit, TheSlopeIsTheLargeMessagesBandwidth) {
+  // A token bucket: messages up to 512 KiB pass at 10 GB/s, larger ones drain at 125 MB/s.
+  // The fitted β must be the large messages' (what a large collective sees), and the
+  // residual must say that a line fits this link poorly.
+  auto bucket = [](double m) {
+    const double burst = 512.0 * 1024;
+    return 20e-6 + std::min(m, burst) / 10e9 + std::max(0.0, m - burst) / 125e6;
+  };
+  std::vector<std::pair<double, double>> points;
+  for (double m : {8.0, 4096.0, 65536.0, 262144.0, 1048576.0, 4194304.0})
+    points.emplace_back(m, bucket(m));
+  double residual = 0;
+  LinkCost link = fitLine(points, &residual);
+  EXPECT_NEAR(1.0 / link.beta, 125e6, 125e6 * 0.25);
+  EXPECT_NEAR(link.alpha, 20e-6, 1e-7);
+  EXPECT_GT(residual, 0.5);
+}
+
+TEST(CostModelFit, NeverNegative) {
+  // Times that fall with size (noise at one end) would give a negative β or α.
+  double residual = 0;
+  LinkCost link = fitLine({{8, 100e-6}, {4096, 90e-6}, {65536, 80e-6}}, &residual);
+  EXPECT_GE(link.alpha, 0);
+  EXPECT_GE(link.beta, 0);
+  EXPECT_EQ(link.beta, 0);
 }
 
 }  // namespace

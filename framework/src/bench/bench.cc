@@ -72,7 +72,10 @@ class RankBench {
     Result result;
     result.facts = facts();
     if (spec_.calibrate) {
-      result.model = calibrate(comm_.backend(), control_, comm_.topology(), spec_.dtype);
+      const Calibration c = calibrate(comm_.backend(), control_, comm_.topology(), spec_.dtype);
+      result.model = c.model;
+      result.fit_intra = c.intra;
+      result.fit_inter = c.inter;
       result.calibrated = true;
     }
     model_ = result.model;

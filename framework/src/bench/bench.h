@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/calibrate.h"
 #include "collie/cost_model.h"
 #include "collie/rules.h"
 #include "config/experiment.h"
@@ -59,6 +60,7 @@ struct Result {
   std::vector<Row> rows;
   CostModel model;
   bool calibrated = false;
+  LinkFit fit_intra, fit_inter;  // how each level's probes fit the model
 };
 
 // Which scheduler is fastest at one size of one run. Measured times are ranges (min–max

@@ -1,39 +1,64 @@
-// Ping-pong and reduction probes for the cost model.
+// Probes for the cost model, one link level at a time, and the least-squares fit.
 #include "bench/calibrate.h"
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 namespace collie::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr uint64_t kProbeBytes[] = {8, 4096, 65536, 1 << 20, 4 << 20};
+// Probe sizes, and how many timed exchanges each gets (fewer for the large ones, which a
+// slow link makes long: 4 MiB is 0.34 s at 100 Mbit/s). Each level probes up to its own
+// largest size (calibrate()).
+constexpr std::pair<uint64_t, int> kProbes[] = {{8, 30},      {4096, 30},   {65536, 20},
+                                                {262144, 10}, {1 << 20, 6}, {4 << 20, 3}};
 
-// Time of one step in which every rank sends `bytes` to its successor and receives from its
-// predecessor at once (a ring shift, as each step of a collective does), so that the probe
-// sees the contention for cores and memory that a collective sees. With `peer` set, only
-// rank 0 and `peer` exchange (the probe between nodes). The median of a few, as rank 0 saw it.
-double pingPong(Backend& backend, Control& control, uint64_t bytes, int peer) {
-  const int iters = bytes >= (1 << 20) ? 12 : 30;
+// Whom a rank exchanges with in one probe: it sends to `to` and receives from `from` at
+// once; -1 for both: it sits this probe out.
+struct Partners {
+  int to = -1, from = -1;
+};
+
+// Inside every node at once: a ring shift among the node's ranks.
+Partners intraPartners(const Topology& t, int rank) {
+  const auto ranks = t.ranksOnNode(t.node_of_rank[rank]);
+  const int k = static_cast<int>(ranks.size());
+  if (k < 2) return {};
+  const int i = t.localRank(rank);
+  return {ranks[(i + 1) % k], ranks[(i + k - 1) % k]};
+}
+
+// Between nodes: rank 0 and the first rank of another node, alone on the link.
+Partners interPartners(const Topology& t, int rank) {
+  int peer = -1;
+  for (int r = 1; r < t.world_size && peer < 0; ++r) {
+    if (t.node_of_rank[r] != t.node_of_rank[0]) peer = r;
+  }
+  if (peer < 0 || (rank != 0 && rank != peer)) return {};
+  const int other = rank == 0 ? peer : 0;
+  return {other, other};
+}
+
+// The median time of one exchange of `bytes` for this rank (0 when it sits out); barriers
+// around it, so every probing rank starts together.
+double exchange(Backend& backend, Control& control, uint64_t bytes, int iters, Partners p) {
   Buffer like;
   like.dtype = DType::kF64;  // the probe moves raw bytes; any dtype of the right size will do
   const size_t count = std::max<uint64_t>(1, bytes / 8);
   ScratchBuffer out(like, count), in(like, count);
   std::vector<Tag> tags;  // drawn on every rank, so that the control sequence stays in step
   for (int i = 0; i < iters; ++i) tags.push_back(control.nextTag());
-  const int rank = backend.rank(), n = backend.size();
-  int to = (rank + 1) % n, from = (rank + n - 1) % n;
-  if (peer >= 0) to = from = rank == 0 ? peer : (rank == peer ? 0 : -1);
   std::vector<double> times;
   control.barrier();
-  if (to >= 0) {
+  if (p.to >= 0) {
     for (Tag tag : tags) {
       auto start = Clock::now();
       std::vector<std::unique_ptr<Request>> requests;
-      requests.push_back(backend.irecv(from, in.view(), tag));
-      requests.push_back(backend.isend(to, out.view(), tag));
+      requests.push_back(backend.irecv(p.from, in.view(), tag));
+      requests.push_back(backend.isend(p.to, out.view(), tag));
       waitAll(requests, backend.timeout());
       times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
     }
@@ -44,15 +69,23 @@ double pingPong(Backend& backend, Control& control, uint64_t bytes, int peer) {
   return times[times.size() / 2];
 }
 
-// α is the step time of the smallest message; β the extra time per byte of the largest.
-LinkCost probeLink(Backend& backend, Control& control, int peer) {
-  const double small = pingPong(backend, control, 8, peer);
-  const uint64_t large_bytes = 1 << 20;
-  const double large = pingPong(backend, control, large_bytes, peer);
-  LinkCost link;
-  link.alpha = small;
-  link.beta = std::max(0.0, (large - small) / static_cast<double>(large_bytes));
-  return link;
+// One level: every size probed with the same partners, the slowest probing rank's median per
+// size, and the fitted line. Every rank returns the same.
+LinkCost probeLevel(Backend& backend, Control& control, Partners mine, uint64_t largest,
+                    LinkFit* fit) {
+  std::vector<std::pair<double, double>> points;
+  for (const auto& [bytes, iters] : kProbes) {
+    if (bytes > largest) break;
+    const double t = exchange(backend, control, bytes, iters, mine);
+    double slowest = 0;
+    for (const auto& r : control.allGather({t})) slowest = std::max(slowest, r[0]);
+    if (slowest > 0)
+      points.emplace_back(static_cast<double>(std::max<uint64_t>(bytes, 8)), slowest);
+  }
+  fit->probed = !points.empty();
+  fit->sizes = static_cast<int>(points.size());
+  if (!fit->probed) return {};
+  return fitLine(points, &fit->residual);
 }
 
 // Seconds per byte of reduceInto, on every rank at once (they share the cores), over buffers
@@ -73,27 +106,52 @@ double probeReduction(Control& control, DType dtype) {
   return best / static_cast<double>(a.view().bytes());
 }
 
-int firstPeer(const Topology& topology, bool same_node) {
-  for (int r = 1; r < topology.world_size; ++r) {
-    if ((topology.node_of_rank[r] == topology.node_of_rank[0]) == same_node) return r;
-  }
-  return -1;
-}
-
 }  // namespace
 
-CostModel calibrate(Backend& backend, Control& control, const Topology& topology, DType dtype) {
-  CostModel model;
-  if (backend.size() > 1) {
-    const int inter_peer = firstPeer(topology, false);
-    model.intra = probeLink(backend, control, -1);
-    model.inter = inter_peer >= 0 ? probeLink(backend, control, inter_peer) : model.intra;
+LinkCost fitLine(const std::vector<std::pair<double, double>>& points, double* residual) {
+  // The line passes through the smallest message (a latency, as a collective's small steps
+  // see it); its slope β is the least-squares slope through that point, which the largest
+  // messages decide: the bandwidth that large collectives see. (A fit on relative error
+  // would follow the small probes, which a lab link's token bucket passes at once.)
+  LinkCost link;
+  if (points.empty()) return *residual = 0, link;
+  const auto [m0, t0] = points.front();
+  double num = 0, den = 0;
+  for (size_t i = 1; i < points.size(); ++i) {
+    const auto& [m, t] = points[i];
+    num += (m - m0) * (t - t0);
+    den += (m - m0) * (m - m0);
   }
-  model.gamma = probeReduction(control, dtype);
-  auto all = control.allGather(
-      {model.intra.alpha, model.intra.beta, model.inter.alpha, model.inter.beta, model.gamma});
+  link.beta = den > 0 ? std::max(0.0, num / den) : 0;
+  link.alpha = std::max(0.0, t0 - link.beta * m0);
+  double sum = 0;
+  for (const auto& [m, t] : points) sum += std::pow((link.message(m) - t) / t, 2);
+  *residual = std::sqrt(sum / static_cast<double>(points.size()));
+  return link;
+}
+
+Calibration calibrate(Backend& backend, Control& control, const Topology& topology, DType dtype) {
+  Calibration c;
+  if (backend.size() > 1) {
+    const int rank = backend.rank();
+    // Inside a node the bandwidth regime starts well below 1 MiB, and larger probes of every
+    // rank at once measure the memory bus's contention rather than the link; between nodes
+    // the probes go past a lab link's token bucket (500 KB at 1 Gbit/s).
+    c.model.intra = probeLevel(backend, control, intraPartners(topology, rank), 1 << 20, &c.intra);
+    c.model.inter = probeLevel(backend, control, interPartners(topology, rank), 4 << 20, &c.inter);
+    // A level without a pair of ranks (one rank per node; one node) is the other level.
+    if (!c.intra.probed) c.model.intra = c.model.inter;
+    if (!c.inter.probed) c.model.inter = c.model.intra;
+  }
+  c.model.gamma = probeReduction(control, dtype);
+  auto all =
+      control.allGather({c.model.intra.alpha, c.model.intra.beta, c.model.inter.alpha,
+                         c.model.inter.beta, c.model.gamma, c.intra.residual, c.inter.residual});
   const auto& root = all[0];
-  return {{root[0], root[1]}, {root[2], root[3]}, root[4]};
+  c.model = {{root[0], root[1]}, {root[2], root[3]}, root[4]};
+  c.intra.residual = root[5];
+  c.inter.residual = root[6];
+  return c;
 }
 
 }  // namespace collie::bench

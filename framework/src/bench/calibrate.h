@@ -1,7 +1,8 @@
-// Calibrates the α-β-γ cost model on the actual backend before a sweep: a point-to-point
-// ping-pong of every rank pair at once gives α (smallest message) and β (largest), a
-// ping-pong between nodes (when there are several) gives their α and β, and timing local
-// reductions on every rank at once gives γ.
+// Calibrates the α-β-γ cost model on the actual backend before a sweep, one link level at a
+// time: inside a node, every node's ranks shift a message around the node's ring at once
+// (as a step of an intra-node collective does, contention included); between nodes, rank 0
+// and the first rank of another node exchange messages. Each level is probed, synchronised,
+// over several sizes and fitted (fitLine); γ times a local reduction on every rank at once.
 #pragma once
 
 #include "collie/backend.h"
@@ -11,7 +12,25 @@
 
 namespace collie::bench {
 
-// Collective over the group: every rank calls it and gets rank 0's model.
-CostModel calibrate(Backend& backend, Control& control, const Topology& topology, DType dtype);
+// How well one level's line t = α + β·m fits its probes.
+struct LinkFit {
+  bool probed = false;  // false: the level has no pair of ranks (it copies the other level)
+  int sizes = 0;        // probe sizes fitted
+  double residual = 0;  // RMS of (fit - measured) / measured over them
+};
+
+struct Calibration {
+  CostModel model;
+  LinkFit intra, inter;
+};
+
+// Collective over the group: every rank calls it and gets rank 0's calibration.
+Calibration calibrate(Backend& backend, Control& control, const Topology& topology, DType dtype);
+
+// α and β of (bytes, seconds) points sorted by size, smallest first: the line passes through
+// the smallest, with the least-squares slope (which the largest sizes decide); `residual` is
+// the RMS relative error over all points, which says how far a line describes the link.
+// Neither α nor β is ever negative.
+LinkCost fitLine(const std::vector<std::pair<double, double>>& points, double* residual);
 
 }  // namespace collie::bench

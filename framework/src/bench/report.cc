@@ -37,15 +37,17 @@ void header(std::ostream& out, const Row& first, const Result& result) {
   if (!result.facts.cpu_model.empty()) out << "# cpu: " << result.facts.cpu_model << "\n";
   if (result.calibrated) {
     const CostModel& m = result.model;
-    out << fmt::format(
-        "# cost model (calibrated): alpha {:.2f} us, beta {:.3f} GB/s, gamma {:.3f} GB/s",
-        m.intra.alpha * 1e6, m.intra.beta > 0 ? 1e-9 / m.intra.beta : INFINITY,
-        m.gamma > 0 ? 1e-9 / m.gamma : INFINITY);
-    if (m.inter.alpha != m.intra.alpha || m.inter.beta != m.intra.beta) {
-      out << fmt::format("; between nodes alpha {:.2f} us, beta {:.3f} GB/s", m.inter.alpha * 1e6,
-                         m.inter.beta > 0 ? 1e-9 / m.inter.beta : INFINITY);
-    }
-    out << "\n";
+    auto level = [](const char* name, const LinkCost& l, const LinkFit& fit) {
+      return fmt::format(
+          "{} alpha {:.2f} us, beta {:.3f} GB/s (fit over {} sizes, residual {:.0f}%)", name,
+          l.alpha * 1e6, l.beta > 0 ? 1e-9 / l.beta : INFINITY, fit.sizes, fit.residual * 100);
+    };
+    out << "# cost model (calibrated):";
+    if (result.fit_intra.probed)
+      out << " " << level("inside a node", m.intra, result.fit_intra) << ";";
+    if (result.fit_inter.probed)
+      out << " " << level("between nodes", m.inter, result.fit_inter) << ";";
+    out << fmt::format(" gamma {:.3f} GB/s\n", m.gamma > 0 ? 1e-9 / m.gamma : INFINITY);
   }
   out << fmt::format(
       "# time: median of {} repeat(s) of the slowest rank's mean per call; min, max: their "
@@ -73,6 +75,8 @@ void fastest(std::ostream& out, const std::vector<Row>& rows) {
   for (bool predicted : {false, true}) {
     auto sizes = verdicts(rows, predicted);
     const char* what = predicted ? "predicted" : "measured";
+    if (predicted && sizes.empty()) continue;            // no scheduler has a prediction
+    if (sizes.size() == 1 && rows.size() < 2) continue;  // one row: nothing to compare
     if (sizes.size() == 1) {
       const auto& v = sizes.front();
       out << fmt::format("# Fastest ({}): {}\n", what,
@@ -233,6 +237,14 @@ nlohmann::json linkJson(const LinkCost& link) {
   return {{"alpha", link.alpha}, {"beta", link.beta}};
 }
 
+nlohmann::json fitJson(const LinkFit& fit) {
+  return {{"probed", fit.probed}, {"sizes", fit.sizes}, {"residual", fit.residual}};
+}
+
+LinkFit fitOf(const nlohmann::json& j) {
+  return {j.at("probed").get<bool>(), j.at("sizes").get<int>(), j.at("residual").get<double>()};
+}
+
 LinkCost linkOf(const nlohmann::json& j) {
   return {j.at("alpha").get<double>(), j.at("beta").get<double>()};
 }
@@ -252,16 +264,18 @@ void saveResult(const std::string& path, const Result& result) {
                      {"load", std::isfinite(h.load) ? nlohmann::json(h.load) : nullptr},
                      {"link", h.link}});
   }
-  nlohmann::json doc = {{"facts",
-                         {{"cpu_model", result.facts.cpu_model},
-                          {"backend", result.facts.backend},
-                          {"hosts", hosts}}},
-                        {"rows", rowsJson(result.rows)},
-                        {"calibrated", result.calibrated},
-                        {"model",
-                         {{"intra", linkJson(result.model.intra)},
-                          {"inter", linkJson(result.model.inter)},
-                          {"gamma", result.model.gamma}}}};
+  nlohmann::json doc = {
+      {"facts",
+       {{"cpu_model", result.facts.cpu_model},
+        {"backend", result.facts.backend},
+        {"hosts", hosts}}},
+      {"rows", rowsJson(result.rows)},
+      {"calibrated", result.calibrated},
+      {"fits", {{"intra", fitJson(result.fit_intra)}, {"inter", fitJson(result.fit_inter)}}},
+      {"model",
+       {{"intra", linkJson(result.model.intra)},
+        {"inter", linkJson(result.model.inter)},
+        {"gamma", result.model.gamma}}}};
   detail::writeFileAtomically(path, doc.dump() + "\n");
 }
 
@@ -281,6 +295,8 @@ Result loadResult(const std::string& path) {
                                     h.at("load").is_null() ? NAN : h.at("load").get<double>(),
                                     h.at("link").get<std::string>()});
     }
+    result.fit_intra = fitOf(doc.at("fits").at("intra"));
+    result.fit_inter = fitOf(doc.at("fits").at("inter"));
     result.model.intra = linkOf(doc.at("model").at("intra"));
     result.model.inter = linkOf(doc.at("model").at("inter"));
     result.model.gamma = doc.at("model").at("gamma").get<double>();

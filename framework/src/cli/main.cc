@@ -162,6 +162,9 @@ int dispatch(int argc, char** argv) {
       ->required()
       ->check(CLI::Range(1, 65535));
   launch->add_option("--out", opt.run.out, "output folder on node 0");
+  launch->add_option("--only-run", opt.run.only_run)
+      ->group("")  // internal: what the lab's launcher starts on each emulated host
+      ->check(CLI::Range(0, 1 << 20));
   auto* validate = app.add_subcommand("validate", "check an experiment file without running it");
   addConfigOptions(validate, opt.run);
   auto* plugins = app.add_subcommand("plugins", "list the plugins found and the files rejected");

@@ -94,36 +94,68 @@ YAML::Node parseValue(const std::string& text) {
   }
 }
 
-struct MatrixAxis {
-  std::string key;
-  std::vector<YAML::Node> values;
-};
+// One point of a matrix: the dotted keys it sets, in order.
+using MatrixPoint = std::vector<std::pair<std::string, YAML::Node>>;
 
-std::vector<MatrixAxis> takeMatrix(YAML::Node& root, const std::string& file) {
-  std::vector<MatrixAxis> axes;
+void checkMatrixKey(const std::string& key, const YAML::Node& where, const std::string& file) {
+  if (key == "matrix" || key.rfind("matrix.", 0) == 0) {
+    throw ConfigError(location(file, where) + ": matrix." + key + ": a matrix cannot vary itself");
+  }
+}
+
+// The points of `matrix:`, which is removed from `root`. A map of dotted key: [values] is
+// their Cartesian product (the first key varies fastest); a list of maps of dotted key:
+// value is its points as listed. No matrix: one point that sets nothing.
+std::vector<MatrixPoint> takeMatrix(YAML::Node& root, const std::string& file) {
   YAML::Node matrix = root["matrix"];
-  if (!matrix.IsDefined() || matrix.IsNull()) return axes;
+  if (!matrix.IsDefined() || matrix.IsNull()) return {MatrixPoint{}};
+  std::vector<MatrixPoint> points;
+  if (matrix.IsSequence() && matrix.size() > 0) {
+    for (const auto& point : matrix) {
+      if (!point.IsMap()) {
+        throw ConfigError(location(file, point) +
+                          ": matrix: each point of a list is a map of dotted key: value, e.g. "
+                          "{launch.nproc_per_node: 2}");
+      }
+      MatrixPoint p;
+      for (auto it = point.begin(); it != point.end(); ++it) {
+        checkMatrixKey(it->first.Scalar(), it->first, file);
+        p.emplace_back(it->first.Scalar(), it->second);
+      }
+      points.push_back(p);
+    }
+    root.remove("matrix");
+    return points;
+  }
   if (!matrix.IsMap()) {
     throw ConfigError(location(file, matrix) +
-                      ": matrix: expected a map of dotted key: [values], "
-                      "e.g. {bench.dtype: [f32, bf16]}");
+                      ": matrix: expected a map of dotted key: [values], e.g. {bench.dtype: "
+                      "[f32, bf16]}, or a list of points, e.g. [{launch.nproc_per_node: 1}, "
+                      "{launch.nproc_per_node: 4}]");
   }
+  std::vector<std::pair<std::string, std::vector<YAML::Node>>> axes;
   for (auto it = matrix.begin(); it != matrix.end(); ++it) {
     std::string key = it->first.Scalar();
-    if (key == "matrix" || key.rfind("matrix.", 0) == 0) {
-      throw ConfigError(location(file, it->first) + ": matrix." + key +
-                        ": a matrix cannot vary itself");
-    }
+    checkMatrixKey(key, it->first, file);
     if (!it->second.IsSequence() || it->second.size() == 0) {
       throw ConfigError(location(file, it->second) + ": matrix." + key +
                         ": expected a non-empty list of values");
     }
-    MatrixAxis axis{key, {}};
-    for (const auto& v : it->second) axis.values.push_back(v);
-    axes.push_back(axis);
+    axes.emplace_back(key, std::vector<YAML::Node>(it->second.begin(), it->second.end()));
+  }
+  // An odometer over the axes.
+  std::vector<size_t> index(axes.size(), 0);
+  while (true) {
+    MatrixPoint p;
+    for (size_t a = 0; a < axes.size(); ++a)
+      p.emplace_back(axes[a].first, axes[a].second[index[a]]);
+    points.push_back(p);
+    size_t a = 0;
+    while (a < axes.size() && ++index[a] == axes[a].second.size()) index[a++] = 0;
+    if (a == axes.size()) break;
   }
   root.remove("matrix");
-  return axes;
+  return points;
 }
 
 std::string scalarText(const YAML::Node& node) {
@@ -408,21 +440,21 @@ std::vector<Experiment> loadExperiments(const std::string& path,
   const std::string text = readConfigFile(path);
   std::vector<std::string> overrides;
   YAML::Node root = loadWithOverrides(text, path, sets, &overrides);
-  std::vector<MatrixAxis> axes = takeMatrix(root, path);
+  const bool listed = root["matrix"].IsSequence();
+  std::vector<MatrixPoint> points = takeMatrix(root, path);
 
-  // Every point of the matrix: an odometer over the axes.
   std::vector<Experiment> runs;
-  std::vector<size_t> index(axes.size(), 0);
   std::vector<std::string> problems;
-  while (true) {
+  for (const MatrixPoint& setting : points) {
     YAML::Node point = loadWithOverrides(text, path, sets, &overrides);
     point.remove("matrix");
     std::vector<std::string> labels;
-    for (size_t a = 0; a < axes.size(); ++a) {
-      setPath(point, axes[a].key, YAML::Clone(axes[a].values[index[a]]), path + ": matrix");
-      labels.push_back(axes[a].key + "=" + scalarText(axes[a].values[index[a]]));
+    for (const auto& [key, value] : setting) {
+      setPath(point, key, YAML::Clone(value), path + ": matrix");
+      labels.push_back(key + "=" + scalarText(value));
     }
     std::string label = detail::join(labels, ", ");
+    if (listed && label.empty()) label = "as written";  // a listed point that sets nothing
     std::vector<Issue> issues = validate(point, experimentSchema(), path, overrides);
     if (issues.empty()) {
       Experiment e;
@@ -437,9 +469,6 @@ std::vector<Experiment> loadExperiments(const std::string& path,
       if (std::find(problems.begin(), problems.end(), line) == problems.end())
         problems.push_back(line);
     }
-    size_t a = 0;
-    while (a < axes.size() && ++index[a] == axes[a].values.size()) index[a++] = 0;
-    if (a == axes.size()) break;
   }
   if (!problems.empty()) {
     throw ConfigError(detail::join(problems, "\n") + "\n" + kHintSchema);

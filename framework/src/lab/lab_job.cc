@@ -36,36 +36,16 @@ struct HostLauncher {
   bool running = false;
 };
 
-void checkRuns(const RunRequest& request, const std::vector<config::Experiment>& runs) {
-  const auto& lab = runs.front().lab;
-  for (const auto& e : runs) {
-    if (e.lab.hosts != lab.hosts || e.lab.rate != lab.rate || e.lab.cpus != lab.cpus) {
-      throw ConfigError(fmt::format(
-          "launch.lab differs between the runs of {} ({} has {} host(s) at {}): one file runs on "
-          "one lab. HINT: leave launch.lab out of the matrix",
-          request.config, e.matrix_point.empty() ? e.name : e.matrix_point, e.lab.hosts,
-          e.lab.rate));
-    }
-  }
-  if (request.nnodes > 1) {
-    throw ConfigError(
-        "launch.lab starts a launcher on every emulated host itself. HINT: use `collie run`, "
-        "not `collie launch`");
-  }
-}
-
 // The command host `node`'s launcher runs: collie launch, node `node` of the lab's hosts.
-std::vector<std::string> launchArgv(const RunRequest& request, const Lab& lab, int node, int port,
-                                    const fs::path& out) {
+std::vector<std::string> launchArgv(const RunRequest& request, const Lab& lab, size_t index,
+                                    int node, int port, const fs::path& out) {
   std::vector<std::string> argv = {selfExecutable()};
   if (!request.log_level.empty()) argv.insert(argv.end(), {"--log-level", request.log_level});
-  argv.insert(argv.end(),
-              {"launch", request.config, "--nnodes", std::to_string(lab.hosts.size()),
-               "--node-rank", std::to_string(node), "--master-addr", lab.hosts.front().address,
-               "--master-port", std::to_string(port), "--out", out.string()});
+  argv.insert(argv.end(), {"launch", request.config, "--only-run", std::to_string(index),
+                           "--nnodes", std::to_string(lab.hosts.size()), "--node-rank",
+                           std::to_string(node), "--master-addr", lab.hosts.front().address,
+                           "--master-port", std::to_string(port), "--out", out.string()});
   for (const auto& s : request.sets) argv.insert(argv.end(), {"--set", s});
-  if (!request.emit_rules.empty())
-    argv.insert(argv.end(), {"--set", "bench.emit_rules=" + request.emit_rules});
   // Each host's own NIC (their names differ, as on real machines): a per-host setting.
   argv.insert(argv.end(), {"--set", "backend.params.interface=" + lab.hosts[node].interface});
   return argv;
@@ -95,19 +75,24 @@ pid_t start(const Host& host, uint64_t rate_bits, const std::vector<std::string>
 
 }  // namespace
 
-bool wantsLab(const std::vector<config::Experiment>& runs) {
-  return runs.front().lab.hosts > 0 && std::getenv(kHostVariable) == nullptr;
+bool wantsLab(const config::Experiment& e) {
+  return e.lab.hosts > 0 && std::getenv(kHostVariable) == nullptr;
 }
 
-int runOnLab(const RunRequest& request, const std::vector<config::Experiment>& runs,
-             const fs::path& out) {
-  checkRuns(request, runs);
-  const auto& spec = runs.front().lab;
-  Lab lab = up({spec.hosts, spec.rate, spec.cpus});
-  const int port = runs.front().master_port != 0 ? runs.front().master_port : kDefaultPort;
+void runOnLab(const RunRequest& request, const config::Experiment& e, size_t index,
+              const fs::path& out) {
+  if (request.nnodes > 1) {
+    throw ConfigError(
+        "launch.lab starts a launcher on every emulated host itself. HINT: use `collie run`, "
+        "not `collie launch`");
+  }
+  Lab lab = up({e.lab.hosts, e.lab.rate, e.lab.cpus});
+  // Consecutive runs use consecutive ports, as collie launch does (a late rank never meets
+  // the previous run's store).
+  const int port = (e.master_port != 0 ? e.master_port : kDefaultPort) + static_cast<int>(index);
   logInfo(fmt::format("lab: {} host(s) at {}, {} rank(s) each; rank 0's store on {}:{}",
-                      lab.hosts.size(), lab.rate, runs.front().nproc_per_node,
-                      lab.hosts.front().address, port));
+                      lab.hosts.size(), lab.rate, e.nproc_per_node, lab.hosts.front().address,
+                      port));
 
   using Clock = Teardown::Clock;
   BlockedSignals signals;
@@ -125,7 +110,8 @@ int runOnLab(const RunRequest& request, const std::vector<config::Experiment>& r
   for (size_t i = 0; i < lab.hosts.size(); ++i) {
     HostLauncher l{&lab.hosts[i], static_cast<int>(i)};
     l.pid = start(lab.hosts[i], lab.rate_bits,
-                  launchArgv(request, lab, static_cast<int>(i), port, out), signals.previousMask());
+                  launchArgv(request, lab, index, static_cast<int>(i), port, out),
+                  signals.previousMask());
     l.running = true;
     ++running;
     launchers.push_back(l);
@@ -162,11 +148,11 @@ int runOnLab(const RunRequest& request, const std::vector<config::Experiment>& r
     }
   }
   if (interrupted) throw Interrupted{exit_code};
-  if (!failure.empty()) {
-    logError("lab: the job failed; first failure: " + failure);
-    return exit_code;
-  }
-  return 0;
+  if (failure.empty()) return;
+  const std::string message =
+      fmt::format("run {} ({}) failed on the lab; first failure: {}", index + 1, e.name, failure);
+  if (exit_code == 2) throw ConfigError(message);
+  throw CommError(message);
 }
 
 }  // namespace collie::lab

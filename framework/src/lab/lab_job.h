@@ -10,14 +10,15 @@
 
 namespace collie::lab {
 
-// Whether this process should set the lab up and start the hosts' launchers: the file asks
-// for a lab and this process is not already one of its hosts' launchers.
-bool wantsLab(const std::vector<config::Experiment>& runs);
+// Whether this process should run `e` on the lab: the run asks for one and this process is
+// not already the launcher of one of its hosts.
+bool wantsLab(const config::Experiment& e);
 
-// Sets the lab up (or reuses it), runs every run of the file across its hosts and returns
-// the exit code of the job (node 0's report, or the first host's failure). `out` is the
-// output folder node 0 writes.
-int runOnLab(const RunRequest& request, const std::vector<config::Experiment>& runs,
-             const std::filesystem::path& out);
+// Sets the lab up as run `index` asks (or keeps it), then runs that run across the lab's
+// hosts: a `collie launch --only-run index` inside each. Returns once node 0 has left the
+// run's result in `out`; throws CommError (ConfigError for bad input, Interrupted for a
+// signal) naming the first host that failed.
+void runOnLab(const RunRequest& request, const config::Experiment& e, size_t index,
+              const std::filesystem::path& out);
 
 }  // namespace collie::lab

@@ -211,17 +211,6 @@ int runExperiments(const RunRequest& request, const std::vector<config::Experime
                                      : fs::path(request.out);
   PluginLoader loader;
   openPlugins(loader, runs);
-  if (role == Role::kLauncher && lab::wantsLab(runs)) {
-    for (const auto& e : runs) {
-      if (runsInProcess(loader, e.backend.plugin)) {
-        throw ConfigError(fmt::format(
-            "launch.lab runs ranks on emulated hosts, but backend '{}' runs its ranks as threads "
-            "of one process. HINT: use backend gloo or ucx",
-            e.backend.label));
-      }
-    }
-    return lab::runOnLab(request, runs, out);
-  }
   std::unique_ptr<ProcessJob> job;  // kOutsideRank: the job every run shares
   if (role == Role::kOutsideRank) job = joinOutsideJob(runs, env, &out);
   std::error_code ec;
@@ -230,17 +219,30 @@ int runExperiments(const RunRequest& request, const std::vector<config::Experime
   kind->checkRequest(request, first);
   const bool writer = !job || job->rank() == 0;  // under an outside launcher, rank 0 writes
 
+  if (request.only_run >= static_cast<int>(runs.size())) {
+    throw ConfigError(fmt::format("--only-run {}: {} has {} run(s)", request.only_run,
+                                  request.config, runs.size()));
+  }
   for (size_t i = 0; i < runs.size(); ++i) {
     const auto& e = runs[i];
+    const bool on_lab = role == Role::kLauncher && lab::wantsLab(e);
+    if (request.only_run >= 0 && static_cast<int>(i) != request.only_run) continue;
     if (writer) {
       saveConfig(out / (runs.size() == 1 ? "config.yaml" : fmt::format("config-{}.yaml", i)),
                  e.resolved);
     }
     const bool threads = runsInProcess(loader, e.backend.plugin);
-    const int ranks = job ? job->world() : e.nproc_per_node * request.nnodes;
+    const int ranks =
+        job ? job->world() : e.nproc_per_node * (on_lab ? e.lab.hosts : request.nnodes);
     logInfo(fmt::format("run {}/{}: {}{}, {} ranks on {} ({})", i + 1, runs.size(), e.name,
                         e.matrix_point.empty() ? "" : " [" + e.matrix_point + "]", ranks,
                         e.backend.label, threads ? "threads" : "processes"));
+    if (threads && on_lab) {
+      throw ConfigError(fmt::format(
+          "launch.lab runs ranks on emulated hosts, but backend '{}' runs its ranks as threads of "
+          "one process. HINT: use backend gloo or ucx",
+          e.backend.label));
+    }
     if (threads && (job ? job->world() > 1 : request.nnodes > 1)) {
       throw ConfigError(fmt::format(
           "backend '{}' runs its ranks as threads of one process, but this job has {} "
@@ -252,13 +254,18 @@ int runExperiments(const RunRequest& request, const std::vector<config::Experime
     } else if (threads) {
       kind->runInThreads(loader, e, out);
     } else {
-      launchRun(request, e, i, out);
-      if (request.node_rank != 0) continue;  // node 0's launcher reports
+      if (on_lab) {
+        lab::runOnLab(request, e, i, out);  // node 0 of the lab leaves the result here
+      } else {
+        launchRun(request, e, i, out);
+        // Node 0's launcher reports; on a lab host, the launcher that started the hosts does.
+        if (request.node_rank != 0 || request.only_run >= 0) continue;
+      }
       kind->load(resultPath(out, i).string());
       fs::remove(resultPath(out, i));
     }
   }
-  if (!writer || request.node_rank != 0) return 0;
+  if (!writer || request.node_rank != 0 || request.only_run >= 0) return 0;
   return kind->report(request, runs, out);
 }
 

@@ -27,6 +27,9 @@ struct RunRequest {
   int nnodes = 1, node_rank = 0;
   std::string master_addr;  // "": launch.master_addr
   int master_port = 0;      // 0: launch.master_port, else a free port
+  // The lab's launcher on each emulated host (collie launch --only-run N): run only run N of
+  // the file and leave node 0's result for the launcher that started the hosts (-1: all).
+  int only_run = -1;
 };
 
 // One experiment kind's table: how a run of it goes in each role, how rank 0 hands its

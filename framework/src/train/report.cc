@@ -52,6 +52,7 @@ json toJson(const Result& r) {
            std::isnan(r.predicted_comm_seconds) ? json(nullptr) : json(r.predicted_comm_seconds)},
           {"link_alpha_s", r.link_alpha},
           {"link_beta_s_per_byte", r.link_beta},
+          {"link_between_nodes", r.between_nodes},
           {"compute_s", r.compute_seconds},
           {"first_loss", r.first_loss},
           {"last_loss", r.last_loss},
@@ -93,6 +94,7 @@ Result fromJson(const json& j) {
       j.at("predicted_comm_s").is_null() ? kNoPrediction : j.at("predicted_comm_s").get<double>();
   r.link_alpha = j.at("link_alpha_s");
   r.link_beta = j.at("link_beta_s_per_byte");
+  r.between_nodes = j.at("link_between_nodes");
   r.compute_seconds = j.at("compute_s").get<std::vector<double>>();
   r.first_loss = j.at("first_loss");
   r.last_loss = j.at("last_loss");
@@ -194,9 +196,16 @@ void printDetails(std::ostream& out, const Result& r) {
         << fmt::format("{:.4f}", r.exposed_seconds) << " s exposed), predicted "
         << (std::isnan(r.predicted_comm_seconds) ? std::string("-")
                                                  : fmt::format("{:.4f}", r.predicted_comm_seconds))
-        << " s from the measured link (alpha " << fmt::format("{:.1f}", r.link_alpha * 1e6)
-        << " us, " << (r.link_beta > 0 ? fmt::format("{:.2f}", 1e-9 / r.link_beta) : "-")
-        << " GB/s)\n";
+        << " s from the measured link " << (r.between_nodes ? "between nodes" : "inside a node")
+        << " (alpha " << fmt::format("{:.1f}", r.link_alpha * 1e6) << " us, "
+        << (r.link_beta > 0 ? fmt::format("{:.3f}", 1e-9 / r.link_beta) : "-") << " GB/s)\n";
+    // The bandwidth a ring's all-reduce needs: 2(n-1)/n of the gradient bytes leave every rank.
+    const double bound = 2.0 * static_cast<double>(r.allreduce_bytes) * (r.ranks - 1) / r.ranks;
+    out << "# " << tag << "all-reduce bandwidth bound: 2(n-1)/n x "
+        << fmt::format("{:.2f} MB = {:.2f} MB per rank per step over that link: {:.4f} s",
+                       static_cast<double>(r.allreduce_bytes) / 1e6, bound / 1e6,
+                       bound * r.link_beta)
+        << ", measured " << fmt::format("{:.4f}", r.comm_seconds) << " s\n";
   }
   const double achieved = r.flops_per_token * r.tokens_per_second / r.ranks;
   out << "# " << tag << "model FLOP/s per rank: " << fmt::format("{:.3g}", achieved);

@@ -109,7 +109,7 @@ class RankTrainer {
           source_->describe(), world_, microBatchText(), spec_.grad_accum));
     }
     const CostModel cost =
-        bench::calibrate(comm_.backend(), control_, comm_.topology(), DType::kF32);
+        bench::calibrate(comm_.backend(), control_, comm_.topology(), DType::kF32).model;
     Reducer reducer(params_, spec_.bucket_bytes, comm_, spec_.overlap);
     reducer.broadcastParameters();
     optimizer_ = makeOptimizer(spec_, params_);
@@ -393,8 +393,11 @@ class RankTrainer {
     r.tokens_weighting = spec_.tokens_weighting;
     r.buckets = static_cast<int>(reducer.bucketCount());
     r.predicted_comm_seconds = predicted;
-    r.link_alpha = cost.intra.alpha;
-    r.link_beta = cost.intra.beta;
+    r.between_nodes = comm_.topology().nodeCount() > 1;
+    const LinkCost& link = r.between_nodes ? cost.inter : cost.intra;
+    r.link_alpha = link.alpha;
+    r.link_beta = link.beta;
+
     r.token_budgets = spec_.token_budgets;
     r.peak_flops = spec_.peak_flops;
     return r;

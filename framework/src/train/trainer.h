@@ -45,8 +45,9 @@ struct Result {
   double comm_seconds = 0, exposed_seconds = 0;  // per step, mean over ranks
   uint64_t allreduce_bytes = 0;                  // gradient bytes per step
   int buckets = 0;
-  double predicted_comm_seconds = 0;  // from the calibrated α-β-γ model (NaN: no model)
-  double link_alpha = 0, link_beta = 0;
+  double predicted_comm_seconds = 0;     // from the calibrated α-β-γ model (NaN: no model)
+  double link_alpha = 0, link_beta = 0;  // the slowest level: between nodes when there are several
+  bool between_nodes = false;
   std::vector<double> compute_seconds;  // per rank: forward + backward per step
   double first_loss = 0, last_loss = 0;
   SyncCheck sync;
