@@ -194,5 +194,28 @@ TEST(Lab, KillingOneHostsRanksFailsTheJobOnTheOtherNamingThem) {
   std::filesystem::remove_all("/tmp/collie-lab-kill");
 }
 
+TEST(Lab, TheTwoHostsExerciseTrainsOnOneHostAndAcrossTwo) {
+  REQUIRE_LAB();
+  auto out = std::filesystem::temp_directory_path() / ("collie-2h-" + std::to_string(::getpid()));
+  auto r = runCollie({"run", std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/two-hosts.yaml",
+                      "--out", out.string(), "--set", "train.steps=3", "--set",
+                      "train.warmup_steps=1", "--set", "train.log_every=1", "--set",
+                      "model.params.layers=1", "--set", "model.params.d_model=32"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Five rows in one table: 1, 2, 4 processes on this machine, 2 x 2 at 1 Gbit/s, 100 Mbit/s.
+  for (const char* row :
+       {"nproc_per_node=1      1", "nproc_per_node=2      2", "nproc_per_node=4      4",
+        "as written                     4", "rate=100mbit                   4"}) {
+    EXPECT_NE(r.output.find(row), std::string::npos) << row << "\n" << r.output;
+  }
+  // Across the hosts the all-reduce is set against the link between nodes, and the weights
+  // stay identical.
+  EXPECT_NE(r.output.find("[as written] all-reduce per step"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("from the measured link between nodes"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rate=100mbit] weights identical"), std::string::npos) << r.output;
+  lab::down();
+  std::filesystem::remove_all(out);
+}
+
 }  // namespace
 }  // namespace collie
