@@ -1,25 +1,54 @@
-// "auto": picks a scheduler per collective from its message size and the group. Built-in
-// decisions come from the candidates' α-β-γ predictions; a rules file written by the bench
-// (`--emit-rules`) replaces them, as Open MPI's coll/tuned keeps fixed rules apart from rules
-// read from a file.
+// "auto": picks a scheduler per collective from its message size and the group: by a rules
+// file written by the bench (`--emit-rules`, measured) when one applies, else by the
+// candidates' α-β-γ predictions under a calibration the bench saved (`calibration.json`),
+// else under a built-in model. Rules are kept apart from predictions, as Open MPI's
+// coll/tuned keeps rules read from a file apart from its fixed ones.
 #include <cmath>
+#include <fstream>
 #include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "collie/log.h"
 #include "collie/plugin.h"
 #include "collie/rules.h"
 
 namespace collie::autoselect {
 namespace {
 
-// Built-in model parameters: loopback ranks on the 2-core reference machine, as the bench
-// calibrated them (docs in plugins/auto/README.md). Only their ratios matter for choosing.
+// The fallback without a calibration: loopback ranks on the 2-core reference machine, as the
+// bench calibrated them (plugins/auto/README.md). Only their ratios matter for choosing.
 CostModel builtInModel() {
   CostModel model;
   model.intra = {30e-6, 1.0 / 2.0e9};
   model.inter = model.intra;
   model.gamma = 1.0 / 3.0e9;
   return model;
+}
+
+// A calibration the bench saved (OUT/calibration.json): the model of the machine and
+// backend it ran on.
+CostModel readCalibration(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("auto: params.calibration: cannot read " + path);
+  try {
+    const auto doc = nlohmann::json::parse(in);
+    auto link = [&](const char* level) {
+      const auto& l = doc.at(level);
+      return LinkCost{l.at("alpha").get<double>(), l.at("beta").get<double>()};
+    };
+    CostModel model{link("intra"), link("inter"), doc.at("gamma").get<double>()};
+    for (double v :
+         {model.intra.alpha, model.intra.beta, model.inter.alpha, model.inter.beta, model.gamma}) {
+      if (!std::isfinite(v) || v < 0) throw std::invalid_argument("a negative or infinite value");
+    }
+    return model;
+  } catch (const std::exception& e) {
+    throw ConfigError("auto: params.calibration: " + path +
+                      " is not a calibration the bench wrote (" + e.what() +
+                      "). HINT: a bench run with bench.calibrate writes OUT/calibration.json");
+  }
 }
 
 std::vector<std::string> splitList(const std::string& text) {
@@ -37,20 +66,16 @@ class AutoScheduler : public Scheduler {
  public:
   explicit AutoScheduler(const PluginContext& context) {
     const std::string rules_file = context.params->getString("rules_file", "");
+    const std::string calibration = context.params->getString("calibration", "");
     auto names = splitList(context.params->getString("candidates", "ring,tree,halving_doubling"));
-    if (!rules_file.empty()) {
-      rules_ = context.read_rules(rules_file).rules;
-      for (const auto& r : rules_) {
-        if (std::find(names.begin(), names.end(), r.choice) == names.end())
-          names.push_back(r.choice);
-      }
-    }
     if (names.empty()) throw ConfigError("auto: params.candidates names no scheduler");
-    for (const auto& name : names) {
-      if (name == "auto") throw ConfigError("auto: cannot choose among itself");
-      Params params("scheduler '" + name + "' (auto candidate)");
-      candidates_.emplace_back(name, context.make_scheduler(name, params));
+    for (const auto& name : names) add(context, RuleChoice{name, {}}, "auto candidate");
+    if (!rules_file.empty()) {
+      rules_ = context.read_rules(rules_file);
+      // A rule's scheduler with the params it was measured with.
+      for (const auto& r : rules_.rules) add(context, r.choice, "rule of " + rules_file);
     }
+    model_ = calibration.empty() ? builtInModel() : readCalibration(calibration);
   }
 
   Decision accepts(const CollectiveArgs& args, const Topology& topology) const override {
@@ -83,6 +108,31 @@ class AutoScheduler : public Scheduler {
     return "";
   }
 
+  void add(const PluginContext& context, const RuleChoice& choice, const std::string& why) {
+    const std::string name = choice.name();
+    if (find(name) != nullptr) return;
+    if (choice.plugin == "auto") throw ConfigError("auto: cannot choose among itself");
+    Params params("scheduler '" + name + "' (" + why + ")");
+    for (const auto& [key, value] : choice.params) params.set(key, value);
+    candidates_.emplace_back(name, context.make_scheduler(choice.plugin, params));
+  }
+
+  // Whether the rules file was measured for this collective and group size (0: any).
+  bool rulesApply(const CollectiveArgs& args, const Topology& topology) const {
+    if (rules_.rules.empty()) return false;
+    const bool same = rules_.collective == collectiveName(args.coll) &&
+                      (rules_.world_size == 0 || rules_.world_size == topology.world_size);
+    if (!same) {
+      std::call_once(*mismatch_warned_, [&] {
+        logWarn("auto: the rules file was measured for " + rules_.collective + " on " +
+                std::to_string(rules_.world_size) + " ranks, not " + collectiveName(args.coll) +
+                " on " + std::to_string(topology.world_size) +
+                "; choosing by the cost model instead");
+      });
+    }
+    return same;
+  }
+
   Scheduler* find(const std::string& name) const {
     for (const auto& [n, s] : candidates_) {
       if (n == name) return s.get();
@@ -95,12 +145,12 @@ class AutoScheduler : public Scheduler {
   Scheduler* choose(const CollectiveArgs& args, const Topology& topology,
                     std::string* reasons) const {
     const uint64_t bytes = std::max(args.data.bytes(), args.output.bytes());
-    if (!rules_.empty()) {
-      const auto* rule = firstAdmitting(rules_, bytes);
-      Scheduler* ruled = rule ? find(rule->choice) : nullptr;
+    if (rulesApply(args, topology)) {
+      const auto* rule = firstAdmitting(rules_.rules, bytes);
+      Scheduler* ruled = rule ? find(rule->choice.name()) : nullptr;
       if (ruled != nullptr && ruled->accepts(args, topology).accepted) return ruled;
     }
-    const CostModel model = builtInModel();
+    const CostModel& model = model_;
     Scheduler* best = nullptr;
     double best_time = INFINITY;
     for (const auto& [name, scheduler] : candidates_) {
@@ -118,7 +168,9 @@ class AutoScheduler : public Scheduler {
     return best;
   }
 
-  std::vector<SizeRule<std::string>> rules_;
+  RulesFile rules_;
+  CostModel model_;
+  std::unique_ptr<std::once_flag> mismatch_warned_ = std::make_unique<std::once_flag>();
   std::vector<std::pair<std::string, std::shared_ptr<Scheduler>>> candidates_;
 };
 

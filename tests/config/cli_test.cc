@@ -329,6 +329,34 @@ TEST(CliBench, TimesBarriersOfTheSchedulersThatHaveOne) {
   std::filesystem::remove_all(out);
 }
 
+TEST(CliBench, EmittedRulesKeepEachSchedulersParams) {
+  // Only the hierarchical entries: whichever wins a size, its rule must name its intra and
+  // inter, or auto would run the default hierarchical (ring, ring) instead.
+  auto dir =
+      std::filesystem::temp_directory_path() / ("collie-hrules-" + std::to_string(::getpid()));
+  const std::string rules = (dir / "rules.yaml").string();
+  auto r = runCollie(
+      args({"run", std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/compare-hierarchical.yaml",
+            "--out", dir.string(), "--emit-rules", rules, "--set",
+            "bench.schedulers=[{plugin: hierarchical, label: ht, params: {intra: "
+            "ring, inter: tree}}, {plugin: hierarchical, label: hh, params: "
+            "{intra: ring, inter: halving_doubling}}]"},
+           kShort));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  RulesFile written = config::readRulesFile(rules);
+  ASSERT_FALSE(written.rules.empty());
+  EXPECT_EQ(written.world_size, 4);
+  for (const auto& rule : written.rules) {
+    EXPECT_EQ(rule.choice.plugin, "hierarchical");
+    ASSERT_EQ(rule.choice.params.size(), 2u) << rule.choice.name();
+    EXPECT_EQ(rule.choice.params.at("intra"), "ring") << rule.choice.name();
+    EXPECT_NE(rule.choice.params.at("inter"), "ring") << rule.choice.name();
+  }
+  // And the calibration the bench made is saved for auto.
+  EXPECT_TRUE(std::filesystem::exists(dir / "calibration.json")) << r.output;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(CliBench, EmitRulesThenAutoUsesThem) {
   auto dir =
       std::filesystem::temp_directory_path() / ("collie-rules-" + std::to_string(::getpid()));
@@ -354,7 +382,7 @@ TEST(CliBench, EmitRulesThenAutoUsesThem) {
     const auto* rule = firstAdmitting(written.rules, bytes);
     ASSERT_NE(rule, nullptr) << bytes;
     EXPECT_EQ(row.at("scheduler"), "auto");
-    EXPECT_EQ(row.at("ran"), rule->choice) << bytes << " B";
+    EXPECT_EQ(row.at("ran"), rule->choice.name()) << bytes << " B";
   }
   // Rules against the grain of the built-in model (ring for small messages, tree for large)
   // are followed too: what ran is what the file says, not what auto would pick alone.

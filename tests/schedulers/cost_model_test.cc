@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 
 #include "collie/error.h"
 #include "collie/rules.h"
@@ -106,22 +107,108 @@ rules:
   EXPECT_TRUE(chooser->accepts(rs, t).accepted);
 }
 
+TEST(Auto, ARuleRunsItsSchedulerWithTheParamsItWasMeasuredWith) {
+  std::string path = testing::writeTempFile("seg.yaml", R"(collective: allreduce
+rules:
+  - {plugin: tree, params: {segment_bytes: 4KiB}}
+)");
+  Params params;
+  params.set("rules_file", path);
+  auto chooser = loadScheduler("auto", params);
+  Params small;
+  small.set("segment_bytes", "4KiB");
+  auto segmented = loadScheduler("tree", small), plain = loadScheduler("tree");
+  Topology t = Topology::singleNode(4);
+  CostModel any = model(30e-6, 2.0, 3.0);
+  const auto args = allreduceOf(1 << 20);
+  ASSERT_NE(segmented->predictSeconds(args, t, any), plain->predictSeconds(args, t, any));
+  EXPECT_DOUBLE_EQ(chooser->predictSeconds(args, t, any), segmented->predictSeconds(args, t, any));
+  EXPECT_EQ(chooser->accepts(args, t).reason, "tree{segment_bytes: 4KiB}");
+}
+
+TEST(Auto, RulesMeasuredForAnotherGroupOrCollectiveDoNotApply) {
+  // Measured on 8 ranks: on 4 ranks auto chooses by the model, not by the file.
+  std::string path = testing::writeTempFile("eight.yaml", R"(collective: allreduce
+world_size: 8
+rules:
+  - {plugin: tree}
+)");
+  Params params;
+  params.set("rules_file", path);
+  auto chooser = loadScheduler("auto", params);
+  auto ring = loadScheduler("ring");
+  Topology four = Topology::singleNode(4), eight = Topology::singleNode(8);
+  CostModel any = model(30e-6, 2.0, 3.0);
+  const auto large = allreduceOf(64 << 20);  // the model picks ring or halving_doubling here
+  EXPECT_NE(chooser->accepts(large, four).reason, "tree");
+  EXPECT_EQ(chooser->accepts(large, eight).reason, "tree");
+  CollectiveArgs gather = large;
+  gather.coll = Collective::kAllGather;  // the file is for allreduce
+  EXPECT_NE(chooser->accepts(gather, eight).reason, "tree");
+}
+
+TEST(Auto, ACalibrationFileReplacesTheBuiltInModel) {
+  // A slow link with no per-message cost (1 MB/s, α 1 ns): auto's choice at every size is
+  // the lowest prediction under this model, which is not what the built-in model picks.
+  std::string path = testing::writeTempFile("cal.json", R"({"intra": {"alpha": 1e-9, "beta": 1e-6},
+ "inter": {"alpha": 1e-9, "beta": 1e-6}, "gamma": 1e-12})");
+  Params params;
+  params.set("calibration", path);
+  auto chooser = loadScheduler("auto", params), plain = loadScheduler("auto");
+  const CostModel slow{{1e-9, 1e-6}, {1e-9, 1e-6}, 1e-12};
+  Topology t = Topology::singleNode(6);
+  std::map<std::string, std::shared_ptr<Scheduler>> candidates = {
+      {"ring", loadScheduler("ring")},
+      {"tree", loadScheduler("tree")},
+      {"halving_doubling", loadScheduler("halving_doubling")}};
+  int differ = 0;
+  for (uint64_t bytes = 4096; bytes <= (64u << 20); bytes *= 4) {
+    std::string best;
+    double best_time = INFINITY;
+    for (const auto& [name, s] : candidates) {
+      const double p = s->predictSeconds(allreduceOf(bytes), t, slow);
+      if (p < best_time) best_time = p, best = name;
+    }
+    EXPECT_EQ(chooser->accepts(allreduceOf(bytes), t).reason, best) << bytes;
+    differ += plain->accepts(allreduceOf(bytes), t).reason != best ? 1 : 0;
+  }
+  EXPECT_GT(differ, 0) << "the calibration changed no choice";
+  // A file that is not a calibration is refused, naming it.
+  Params bad;
+  bad.set("calibration", testing::writeTempFile("bad.json", "{\"intra\": 3}"));
+  try {
+    loadScheduler("auto", bad);
+    FAIL() << "accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a calibration the bench wrote"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Rules, RoundTripAndLocatedErrors) {
   RulesFile rules;
   rules.world_size = 4;
   rules.backend = "loopback";
-  rules.rules = {{256 << 10, "tree"}, {0, "ring"}};
+  rules.rules = {{256 << 10, {"tree", {}}},
+                 {1 << 20, {"hierarchical", {{"intra", "ring"}, {"inter", "tree"}}}},
+                 {0, {"ring", {}}}};
   std::string path = testing::writeTempFile("out-rules.yaml", "");
   config::writeRulesFile(path, rules, "test");
   RulesFile back = config::readRulesFile(path);
-  ASSERT_EQ(back.rules.size(), 2u);
+  ASSERT_EQ(back.rules.size(), 3u);
   EXPECT_EQ(back.rules[0].max_bytes, 256u << 10);
-  EXPECT_EQ(back.rules[1].choice, "ring");
-  EXPECT_EQ(firstAdmitting(back.rules, 4096)->choice, "tree");
-  EXPECT_EQ(firstAdmitting(back.rules, 1 << 30)->choice, "ring");
+  // A scheduler's params survive the round trip: hierarchical stays {intra ring, inter tree}.
+  EXPECT_EQ(back.rules[1].choice.plugin, "hierarchical");
+  EXPECT_EQ(back.rules[1].choice.params,
+            (std::map<std::string, std::string>{{"intra", "ring"}, {"inter", "tree"}}));
+  EXPECT_EQ(back.rules[1].choice.name(), "hierarchical{inter: tree, intra: ring}");
+  EXPECT_EQ(back.rules[2].choice.name(), "ring");
+  EXPECT_EQ(firstAdmitting(back.rules, 4096)->choice.plugin, "tree");
+  EXPECT_EQ(firstAdmitting(back.rules, 1 << 30)->choice.plugin, "ring");
   EXPECT_EQ(
-      firstAdmitting(back.rules, 4096, [](const auto& r) { return r.choice != "tree"; })->choice,
-      "ring");
+      firstAdmitting(back.rules, 4096, [](const auto& r) { return r.choice.plugin != "tree"; })
+          ->choice.plugin,
+      "hierarchical");
   std::string bad =
       testing::writeTempFile("bad-rules.yaml", "rules:\n  - {max_bytes: huge, plugin: ring}\n");
   try {

@@ -100,7 +100,7 @@ using RulesReader = std::function<RulesFile(const std::string& path)>;
 
 // What create() receives. Backends read `backend`; every kind reads `params`; schedulers
 // may create other schedulers through `make_scheduler` and read a rules file through
-// `read_rules` (ABI 2.1; both valid only while create() runs).
+// `read_rules` (both valid only while create() runs).
 struct PluginContext {
   Params* params = nullptr;
   BackendContext backend;

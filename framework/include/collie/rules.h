@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -35,11 +36,27 @@ const SizeRule<T>* firstAdmitting(const std::vector<SizeRule<T>>& rules, uint64_
   return firstAdmitting(rules, bytes, [](const SizeRule<T>&) { return true; });
 }
 
+// What a rule chooses: a scheduler with the params it was measured with (a hierarchical
+// scheduler's intra and inter, a tree's segment size).
+struct RuleChoice {
+  std::string plugin;                         // a name or path
+  std::map<std::string, std::string> params;  // scalar params, as a config's params: holds
+
+  // "ring", or "hierarchical{inter: tree, intra: ring}": one name per distinct choice.
+  std::string name() const {
+    if (params.empty()) return plugin;
+    std::string text = plugin + "{";
+    for (const auto& [key, value] : params)
+      text += (text.back() == '{' ? "" : ", ") + key + ": " + value;
+    return text + "}";
+  }
+};
+
 struct RulesFile {
   std::string collective = "allreduce";
-  int world_size = 0;   // the group size the rules were measured on (0: unknown)
-  std::string backend;  // the backend they were measured on
-  std::vector<SizeRule<std::string>> rules;  // the choice: a scheduler name or path
+  int world_size = 0;   // the group size the rules were measured on (0: any)
+  std::string backend;  // the backend they were measured on ("": any)
+  std::vector<SizeRule<RuleChoice>> rules;
 };
 
 }  // namespace collie

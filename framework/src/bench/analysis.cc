@@ -94,7 +94,8 @@ std::vector<Crossover> crossovers(const std::vector<Row>& rows, bool predicted) 
   return found;
 }
 
-RulesFile bestRules(const std::vector<Row>& rows) {
+RulesFile bestRules(const std::vector<Row>& rows,
+                    const std::vector<config::PluginRef>& schedulers) {
   RulesFile file;
   auto runs = fastestPerSize(rows, false);
   if (runs.empty() || runs[0].empty()) return file;
@@ -102,10 +103,31 @@ RulesFile bestRules(const std::vector<Row>& rows) {
   file.collective = sizes[0]->collective;
   file.world_size = sizes[0]->ranks;
   file.backend = sizes[0]->backend;
+  // Per size the fastest; where it cannot be told from the previous size's choice (their
+  // ranges overlap), the previous choice stays, so that noise does not split a range.
+  std::vector<std::string> chosen;
+  const auto judged = verdicts(rows, false);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::string pick = sizes[i]->scheduler;
+    const auto& tied = judged[i].tied;
+    if (i > 0 && std::find(tied.begin(), tied.end(), chosen.back()) != tied.end())
+      pick = chosen.back();
+    chosen.push_back(pick);
+  }
+  // The scheduler as the config gave it: its plugin and params.
+  auto choiceOf = [&](const std::string& label) {
+    for (const auto& ref : schedulers) {
+      if (ref.label == label) return RuleChoice{ref.plugin, ref.params.values()};
+    }
+    for (const Row* row : sizes) {
+      if (row->scheduler == label) return RuleChoice{row->plugin, {}};
+    }
+    return RuleChoice{label, {}};
+  };
   for (size_t i = 0; i < sizes.size(); ++i) {
     const bool last = i + 1 == sizes.size();
-    if (!last && sizes[i + 1]->plugin == sizes[i]->plugin) continue;
-    file.rules.push_back({last ? 0 : sizes[i]->bytes, sizes[i]->plugin});
+    if (!last && chosen[i + 1] == chosen[i]) continue;
+    file.rules.push_back({last ? 0 : sizes[i]->bytes, choiceOf(chosen[i])});
   }
   return file;
 }

@@ -91,8 +91,10 @@ std::vector<Crossover> crossovers(const std::vector<Row>& rows, bool predicted);
 // The median of `values` (NaN when empty).
 double median(std::vector<double> values);
 
-// The measured best scheduler per size range of one run's rows, as rules for `auto`.
-RulesFile bestRules(const std::vector<Row>& rows);
+// The measured best scheduler per size range of one run's rows, as rules for `auto`: each
+// with the plugin and params of its entry in `schedulers` (bench.schedulers). A size whose
+// fastest cannot be told from the previous size's choice keeps that choice.
+RulesFile bestRules(const std::vector<Row>& rows, const std::vector<config::PluginRef>& schedulers);
 
 // Median of |predicted - measured| / measured over rows that have a prediction, in percent
 // (NaN when none has).
@@ -123,6 +125,9 @@ void printTable(std::ostream& out, const std::vector<Result>& results);
 bool writePlots(const std::string& dir, const std::vector<Row>& rows, std::string* why);
 void writeCsv(const std::string& path, const std::vector<Row>& rows);
 void writeJson(const std::string& path, const std::vector<Row>& rows);
+// The calibrated model as JSON (alpha, beta per level, gamma, the fits), which `auto` reads
+// with params.calibration.
+void writeCalibration(const std::string& path, const Result& result);
 
 // The table runtime/run.h drives a file of bench experiments with.
 std::unique_ptr<ExperimentKind> makeKind();

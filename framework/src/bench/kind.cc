@@ -56,6 +56,20 @@ class BenchKind : public ExperimentKind {
     writeJson((out / "results.json").string(), rows);
     std::cout << "# Results: " << (out / "results.csv").string() << ", "
               << (out / "results.json").string() << std::endl;
+    std::vector<std::string> calibrations;
+    for (size_t i = 0; i < results_.size(); ++i) {
+      if (!results_[i].calibrated) continue;
+      const fs::path path =
+          out / (results_.size() == 1 ? "calibration.json" : fmt::format("calibration-{}.json", i));
+      writeCalibration(path.string(), results_[i]);
+      calibrations.push_back(path.string());
+    }
+    if (!calibrations.empty()) {
+      std::cout << "# Calibration (for auto: params.calibration): " << calibrations.front()
+                << (calibrations.size() > 1 ? fmt::format(" and {} more", calibrations.size() - 1)
+                                            : "")
+                << std::endl;
+    }
     writeExtras(request, runs.front(), out, rows);
     uint64_t wrong = 0;
     for (const auto& r : rows) wrong += r.wrong;
@@ -86,7 +100,7 @@ class BenchKind : public ExperimentKind {
     }
     const std::string rules_path = rulesPath(request, first);
     if (rules_path.empty()) return;
-    RulesFile rules = bestRules(results_.front().rows);
+    RulesFile rules = bestRules(results_.front().rows, first.bench.schedulers);
     if (rules.rules.empty()) {
       throw Error(ErrorKind::kInternal, "--emit-rules: no correct measurement to make rules from");
     }

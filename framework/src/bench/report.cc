@@ -255,6 +255,18 @@ void writeJson(const std::string& path, const std::vector<Row>& rows) {
   openOutput(path) << rowsJson(rows).dump(2) << "\n";
 }
 
+void writeCalibration(const std::string& path, const Result& result) {
+  const std::string backend = result.rows.empty() ? "" : result.rows.front().backend;
+  nlohmann::json doc = {
+      {"backend", backend},
+      {"ranks", result.rows.empty() ? 0 : result.rows.front().ranks},
+      {"intra", linkJson(result.model.intra)},
+      {"inter", linkJson(result.model.inter)},
+      {"gamma", result.model.gamma},
+      {"fits", {{"intra", fitJson(result.fit_intra)}, {"inter", fitJson(result.fit_inter)}}}};
+  detail::writeFileAtomically(path, doc.dump(2) + "\n");
+}
+
 void saveResult(const std::string& path, const Result& result) {
   nlohmann::json hosts = nlohmann::json::array();
   for (const HostFacts& h : result.facts.hosts) {

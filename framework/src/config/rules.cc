@@ -16,8 +16,12 @@ namespace {
 
 void setRules(RulesFile& file, const YAML::Node& rules, const std::string&) {
   for (const auto& r : rules) {
-    SizeRule<std::string> rule;
-    rule.choice = r["plugin"].Scalar();
+    SizeRule<RuleChoice> rule;
+    rule.choice.plugin = r["plugin"].Scalar();
+    if (r["params"]) {
+      for (auto it = r["params"].begin(); it != r["params"].end(); ++it)
+        rule.choice.params[it->first.Scalar()] = it->second.Scalar();
+    }
     if (r["max_bytes"]) parseBytes(r["max_bytes"].Scalar(), &rule.max_bytes);
     file.rules.push_back(rule);
   }
@@ -25,13 +29,15 @@ void setRules(RulesFile& file, const YAML::Node& rules, const std::string&) {
 
 const Schema& rulesSchema() {
   static const Schema schema = Schema::map({
-      {"collective", Schema::oneOf({"allreduce", "reduce_scatter", "allgather", "broadcast"})
-                         .byDefault("allreduce")
-                         .into(&RulesFile::collective)},
+      {"collective",
+       Schema::oneOf({"allreduce", "reduce_scatter", "allgather", "broadcast", "barrier"})
+           .byDefault("allreduce")
+           .into(&RulesFile::collective)},
       {"world_size", Schema::integer(0, 1 << 20).byDefault("0").into(&RulesFile::world_size)},
       {"backend", Schema::string().into(&RulesFile::backend)},
       {"rules", Schema::list(Schema::map({{"max_bytes", Schema::bytes(1, 1ull << 50)},
-                                          {"plugin", Schema::string().required()}}),
+                                          {"plugin", Schema::string().required()},
+                                          {"params", Schema::params()}}),
                              1)
                     .required()
                     .into<RulesFile>(setRules)},
@@ -68,7 +74,14 @@ void writeRulesFile(const std::string& path, const RulesFile& rules, const std::
       size.erase(std::remove(size.begin(), size.end(), ' '), size.end());
       out << YAML::Key << "max_bytes" << YAML::Value << size;
     }
-    out << YAML::Key << "plugin" << YAML::Value << r.choice << YAML::EndMap;
+    out << YAML::Key << "plugin" << YAML::Value << r.choice.plugin;
+    if (!r.choice.params.empty()) {
+      out << YAML::Key << "params" << YAML::Value << YAML::BeginMap;
+      for (const auto& [key, value] : r.choice.params)
+        out << YAML::Key << key << YAML::Value << value;
+      out << YAML::EndMap;
+    }
+    out << YAML::EndMap;
   }
   out << YAML::EndSeq << YAML::EndMap;
   std::ofstream file(path);
