@@ -12,6 +12,8 @@ packages=(
   libgloo-dev libucx-dev ucx-utils libopenmpi-dev openmpi-bin python3-torch
   # the lab: network namespaces, veth, bridge, tbf (ip, tc); unshare, setpriv
   iproute2 util-linux
+  # a one-machine Slurm cluster for the srun test
+  slurmctld slurmd slurm-client munge
 )
 
 missing=()

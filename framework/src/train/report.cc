@@ -202,9 +202,9 @@ void printDetails(std::ostream& out, const Result& r) {
     // The bandwidth a ring's all-reduce needs: 2(n-1)/n of the gradient bytes leave every rank.
     const double bound = 2.0 * static_cast<double>(r.allreduce_bytes) * (r.ranks - 1) / r.ranks;
     out << "# " << tag << "all-reduce bandwidth bound: 2(n-1)/n x "
-        << fmt::format("{:.2f} MB = {:.2f} MB per rank per step over that link: {:.4f} s",
+        << fmt::format("{:.2f} MB = {:.2f} MB per rank per step over that link: {} s",
                        static_cast<double>(r.allreduce_bytes) / 1e6, bound / 1e6,
-                       bound * r.link_beta)
+                       r.link_beta > 0 ? fmt::format("{:.4f}", bound * r.link_beta) : "-")
         << ", measured " << fmt::format("{:.4f}", r.comm_seconds) << " s\n";
   }
   const double achieved = r.flops_per_token * r.tokens_per_second / r.ranks;
