@@ -154,10 +154,9 @@ TEST(Config, MatrixExpandsTheCartesianProduct) {
 TEST(Config, AMatrixCanListItsPoints) {
   // Points that are no product of axes: the file as written, 4 ranks, 2 ranks with f64.
   auto runs = loadExperiments(
-      writeTempFile("points.yaml",
-                    std::string(kValid) +
-                        "matrix:\n  - {}\n  - {launch.nproc_per_node: 4}\n"
-                        "  - {launch.nproc_per_node: 2, bench.dtype: f64}\n"),
+      writeTempFile("points.yaml", std::string(kValid) +
+                                       "matrix:\n  - {}\n  - {launch.nproc_per_node: 4}\n"
+                                       "  - {launch.nproc_per_node: 2, bench.dtype: f64}\n"),
       {});
   ASSERT_EQ(runs.size(), 3u);
   EXPECT_EQ(runs[0].matrix_point, "as written");

@@ -32,8 +32,7 @@ TEST(Schedulers, CommunicatorNamesTheRefusals) {
       comm.run(args);
       FAIL() << "no error";
     } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find("tree: allgather is not implemented"),
-                std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("tree: allgather is not implemented"), std::string::npos)
           << e.what();
       // The refusal names its plugin; a label equal to it is not said twice.
       EXPECT_EQ(std::string(e.what()).find("tree: tree:"), std::string::npos) << e.what();

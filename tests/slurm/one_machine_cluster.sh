@@ -111,8 +111,9 @@ sbatch --wait --nodes=1 --ntasks-per-node=4 --cpus-per-task=1 --output="$scratch
 grep -q "weights identical at step 3: .* on all 4 ranks" "$scratch/sbatch.txt" ||
   { cat "$scratch/sbatch.txt"; fail "the sbatch job trained no 4 ranks"; }
 
-# Nothing of collie is left running, and the daemons stop.
-if pgrep -f "$collie run" >/dev/null; then fail "collie processes outlived their jobs"; fi
+# Nothing of collie is left running (this test's ranks: their --out is in the scratch
+# folder; other tests may run collie meanwhile), and the daemons stop.
+if pgrep -f -- "--out $scratch/" >/dev/null; then fail "collie processes outlived their jobs"; fi
 stop
 trap - EXIT
 if pgrep -f "$scratch/(slurm.conf|munge)" >/dev/null; then fail "a daemon outlived the test"; fi

@@ -201,6 +201,39 @@ bool same(const Lab& lab, const UpRequest& request, uint64_t rate_bits,
   return true;
 }
 
+// Moves the calling process (a forked child, about to exec) into `host`. Returns "" or why
+// it could not.
+std::string enter(const Host& host) {
+  const std::string net = (fs::path(kNetnsDir) / host.name).string();
+  const std::string uts = utsPath(host.name).string();
+  for (const auto& [path, type] : {std::pair{net, CLONE_NEWNET}, std::pair{uts, CLONE_NEWUTS}}) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return fmt::format("cannot open {}: {}", path, std::strerror(errno));
+    const int rc = ::setns(fd, type);
+    const int error = errno;
+    ::close(fd);
+    if (rc != 0) return fmt::format("cannot enter {}: {}", path, std::strerror(error));
+  }
+  // A mount namespace of its own with the host's /sys, as `ip netns exec` does: tools and
+  // libraries list interfaces in /sys/class/net (UCX does), which would show this machine's.
+  if (::unshare(CLONE_NEWNS) != 0)
+    return fmt::format("cannot make a mount namespace: {}", std::strerror(errno));
+  if (::mount("", "/", nullptr, MS_SLAVE | MS_REC, nullptr) != 0)
+    return fmt::format("cannot keep mounts private: {}", std::strerror(errno));
+  ::umount2("/sys", MNT_DETACH);
+  if (::mount(host.name.c_str(), "/sys", "sysfs", 0, nullptr) != 0)
+    return fmt::format("cannot mount the host's /sys: {}", std::strerror(errno));
+  if (!host.cpus.empty()) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : host.cpus) CPU_SET(c, &set);
+    if (::sched_setaffinity(0, sizeof(set), &set) != 0)
+      return fmt::format("cannot run on CPUs {}: {}", fmt::join(host.cpus, ","),
+                         std::strerror(errno));
+  }
+  return "";
+}
+
 }  // namespace
 
 uint64_t parseRate(const std::string& rate, const std::string& what) {
@@ -320,57 +353,30 @@ const Host& hostNamed(const Lab& lab, const std::string& name) {
   throw ConfigError(fmt::format("lab: no host '{}'; the lab has {}", name, fmt::join(names, ", ")));
 }
 
-std::string enter(const Host& host) {
-  const std::string net = (fs::path(kNetnsDir) / host.name).string();
-  const std::string uts = utsPath(host.name).string();
-  for (const auto& [path, type] : {std::pair{net, CLONE_NEWNET}, std::pair{uts, CLONE_NEWUTS}}) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return fmt::format("cannot open {}: {}", path, std::strerror(errno));
-    const int rc = ::setns(fd, type);
-    const int error = errno;
-    ::close(fd);
-    if (rc != 0) return fmt::format("cannot enter {}: {}", path, std::strerror(error));
-  }
-  // A mount namespace of its own with the host's /sys, as `ip netns exec` does: tools and
-  // libraries list interfaces in /sys/class/net (UCX does), which would show this machine's.
-  if (::unshare(CLONE_NEWNS) != 0)
-    return fmt::format("cannot make a mount namespace: {}", std::strerror(errno));
-  if (::mount("", "/", nullptr, MS_SLAVE | MS_REC, nullptr) != 0)
-    return fmt::format("cannot keep mounts private: {}", std::strerror(errno));
-  ::umount2("/sys", MNT_DETACH);
-  if (::mount(host.name.c_str(), "/sys", "sysfs", 0, nullptr) != 0)
-    return fmt::format("cannot mount the host's /sys: {}", std::strerror(errno));
-  if (!host.cpus.empty()) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    for (int c : host.cpus) CPU_SET(c, &set);
-    if (::sched_setaffinity(0, sizeof(set), &set) != 0)
-      return fmt::format("cannot run on CPUs {}: {}", fmt::join(host.cpus, ","),
-                         std::strerror(errno));
-  }
-  return "";
-}
-
-int exec(const Host& host, const std::vector<std::string>& argv,
-         const std::vector<std::string>& env) {
-  COLLIE_CHECK(!argv.empty(), "lab exec: empty command");
+pid_t spawn(const Host& host, const std::vector<std::string>& argv,
+            const std::vector<std::string>& env, const sigset_t* mask) {
+  COLLIE_CHECK(!argv.empty(), "lab: empty command");
   const pid_t pid = ::fork();
   if (pid < 0) throw Error(ErrorKind::kInternal, std::string("fork: ") + std::strerror(errno));
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    const std::string why = enter(host);
-    if (!why.empty()) {
-      std::fprintf(stderr, "collie: error: lab: %s\n", why.c_str());
-      ::_exit(2);
-    }
-    for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execvp(args[0], args.data());
-    std::fprintf(stderr, "collie: error: lab: cannot run %s: %s\n", args[0], std::strerror(errno));
-    ::_exit(127);
+  if (pid > 0) return pid;
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the process that started it
+  if (mask != nullptr) ::pthread_sigmask(SIG_SETMASK, mask, nullptr);
+  const std::string why = enter(host);
+  if (!why.empty()) {
+    std::fprintf(stderr, "collie: error: lab: %s\n", why.c_str());
+    ::_exit(2);
   }
+  for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  ::execvp(args[0], args.data());
+  std::fprintf(stderr, "collie: error: lab: cannot run %s: %s\n", args[0], std::strerror(errno));
+  ::_exit(127);
+}
+
+int exec(const Host& host, const std::vector<std::string>& argv) {
+  const pid_t pid = spawn(host, argv);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }

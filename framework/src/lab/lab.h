@@ -6,6 +6,9 @@
 // namespaces; the machine's own namespace gets nothing but the namespace files.
 #pragma once
 
+#include <signal.h>
+#include <sys/types.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -62,14 +65,14 @@ std::optional<Lab> current();
 // interfaces, CPUs, the links' rate and their qdiscs; or "no lab is up".
 std::string describe();
 
-// Runs `argv` inside `host` (its network and UTS namespaces and CPUs) and returns its exit
-// code, 128 + signal when one killed it. `env` (NAME=VALUE) is added to the environment.
-int exec(const Host& host, const std::vector<std::string>& argv,
-         const std::vector<std::string>& env = {});
+// Starts `argv` (looked up on PATH) inside `host` — its network and UTS namespaces, its
+// /sys, its CPUs — with `env` (NAME=VALUE) added and the signal mask `mask` (null: this
+// thread's). The child dies with this process. Returns its pid.
+pid_t spawn(const Host& host, const std::vector<std::string>& argv,
+            const std::vector<std::string>& env = {}, const sigset_t* mask = nullptr);
 
-// Moves the calling process (a freshly forked child, about to exec) into `host`. Returns
-// "" or why it could not.
-std::string enter(const Host& host);
+// spawn(), then waits: the command's exit code, 128 + signal when one killed it.
+int exec(const Host& host, const std::vector<std::string>& argv);
 
 // The host named `name` of `lab`, or ConfigError listing the lab's hosts.
 const Host& hostNamed(const Lab& lab, const std::string& name);

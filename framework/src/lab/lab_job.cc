@@ -5,7 +5,6 @@
 
 #include <fmt/format.h>
 #include <poll.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -51,28 +50,6 @@ std::vector<std::string> launchArgv(const RunRequest& request, const Lab& lab, s
   return argv;
 }
 
-pid_t start(const Host& host, uint64_t rate_bits, const std::vector<std::string>& argv,
-            const sigset_t& mask) {
-  const pid_t pid = ::fork();
-  if (pid < 0) throw Error(ErrorKind::kInternal, std::string("fork: ") + std::strerror(errno));
-  if (pid > 0) return pid;
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the lab's launcher
-  ::pthread_sigmask(SIG_SETMASK, &mask, nullptr);
-  const std::string why = enter(host);
-  if (!why.empty()) {
-    std::fprintf(stderr, "collie: error: lab: %s\n", why.c_str());
-    ::_exit(2);
-  }
-  ::setenv(kHostVariable, host.name.c_str(), 1);
-  ::setenv("COLLIE_LAB_LINK_MBIT", fmt::format("{:g}", rate_bits / 1e6).c_str(), 1);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  ::execv(args[0], args.data());
-  std::fprintf(stderr, "collie: error: lab: cannot run %s: %s\n", args[0], std::strerror(errno));
-  ::_exit(127);
-}
-
 }  // namespace
 
 bool wantsLab(const config::Experiment& e) {
@@ -109,9 +86,12 @@ void runOnLab(const RunRequest& request, const config::Experiment& e, size_t ind
   bool interrupted = false;
   for (size_t i = 0; i < lab.hosts.size(); ++i) {
     HostLauncher l{&lab.hosts[i], static_cast<int>(i)};
-    l.pid = start(lab.hosts[i], lab.rate_bits,
-                  launchArgv(request, lab, index, static_cast<int>(i), port, out),
-                  signals.previousMask());
+    // The host's launcher knows it is one (and runs its run, not the lab), and its ranks'
+    // bench headers name the link's cap.
+    l.pid = spawn(lab.hosts[i], launchArgv(request, lab, index, static_cast<int>(i), port, out),
+                  {std::string(kHostVariable) + "=" + lab.hosts[i].name,
+                   fmt::format("COLLIE_LAB_LINK_MBIT={:g}", lab.rate_bits / 1e6)},
+                  &signals.previousMask());
     l.running = true;
     ++running;
     launchers.push_back(l);
