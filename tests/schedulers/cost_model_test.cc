@@ -136,9 +136,7 @@ rules:
   Params params;
   params.set("rules_file", path);
   auto chooser = loadScheduler("auto", params);
-  auto ring = loadScheduler("ring");
   Topology four = Topology::singleNode(4), eight = Topology::singleNode(8);
-  CostModel any = model(30e-6, 2.0, 3.0);
   const auto large = allreduceOf(64 << 20);  // the model picks ring or halving_doubling here
   EXPECT_NE(chooser->accepts(large, four).reason, "tree");
   EXPECT_EQ(chooser->accepts(large, eight).reason, "tree");

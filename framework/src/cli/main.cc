@@ -99,7 +99,8 @@ int pluginsCommand() {
   return 0;
 }
 
-int labCommand(CLI::App* up, CLI::App* down, CLI::App* status, CLI::App* exec, const Options& opt) {
+// collie lab up|down|status|exec (exec when none of the others).
+int labCommand(CLI::App* up, CLI::App* down, CLI::App* status, const Options& opt) {
   if (*status) return std::cout << lab::describe(), 0;
   lab::requirePrivileges();
   if (*up) {
@@ -231,7 +232,7 @@ int dispatch(int argc, char** argv) {
   if (*validate) return validateCommand(opt.run);
   if (*plugins) return pluginsCommand();
   if (*plugin_check) return check::runPluginCheck(opt.check);
-  if (*lab_cmd) return labCommand(lab_up, lab_down, lab_status, lab_exec, opt);
+  if (*lab_cmd) return labCommand(lab_up, lab_down, lab_status, opt);
   std::cout << app.help();
   return kExitBadInput;
 }

@@ -303,6 +303,13 @@ void checkLabels(const Experiment& e, std::vector<Issue>* issues) {
 // Checks that span several keys, once the schema has passed.
 void checkConsistency(const Experiment& e, std::vector<Issue>* issues) {
   checkLabels(e, issues);
+  if (const YAML::Node rate = e.resolved["launch"]["lab"]["rate"]) {
+    try {
+      lab::parseRate(e.lab.rate, "launch.lab.rate");
+    } catch (const ConfigError& x) {
+      issues->push_back({valueLocation(e.file, rate) + ": " + x.what()});
+    }
+  }
   const YAML::Node bench = e.resolved["bench"], train = e.resolved["train"];
   if (bool(bench) == bool(train)) {
     issues->push_back({location(e.file, e.resolved) +
@@ -561,12 +568,7 @@ const Schema& experimentSchema() {
                                      .doc("emulated hosts, nproc_per_node ranks each (0: no lab)")},
                        {"rate", S::string()
                                     .byDefault("1gbit")
-                                    .into<LabSpec>([](LabSpec& l, const YAML::Node& node,
-                                                      const std::string& file) {
-                                      lab::parseRate(node.Scalar(),
-                                                     location(file, node) + ": launch.lab.rate");
-                                      l.rate = node.Scalar();
-                                    })
+                                    .into(&LabSpec::rate)
                                     .doc("every link's rate in both directions: 100mbit, 1gbit")},
                        {"cpus", S::string()
                                     .into(&LabSpec::cpus)
