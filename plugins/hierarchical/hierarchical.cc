@@ -104,8 +104,10 @@ class HierarchicalScheduler : public Scheduler {
     double intra = intra_->predictSeconds(whole, subTopology(topology, per_node), local);
     CollectiveArgs part = args;
     part.data.count = args.data.count / per_node;
+    // The per_node column all-reduces run at once and share each node's link: each flow
+    // gets 1/per_node of the link the calibration measured with one flow alone.
     CostModel remote = model;
-    remote.intra = model.inter;
+    remote.intra = {model.inter.alpha, model.inter.beta * per_node};
     double inter =
         inter_->predictSeconds(part, subTopology(topology, topology.nodeCount()), remote);
     return intra + inter;  // an intra all-reduce costs one reduce-scatter plus one all-gather

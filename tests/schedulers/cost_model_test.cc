@@ -71,6 +71,30 @@ TEST(CostModel, HierarchicalUsesTheSlowerLinkForItsInterPart) {
             hier->predictSeconds(allreduceOf(1 << 20), two_nodes, fast));
 }
 
+TEST(CostModel, HierarchicalColumnsShareTheNodesLink) {
+  // 2 nodes x 2 ranks, a link between nodes 100x slower than inside: for a large message
+  // the link decides. A host-ordered ring sends 1.5 m across each node's link, hierarchical
+  // m (two columns of m/2 each, at once, sharing it): 1.5x, not the 3x of columns that each
+  // had the whole link.
+  Params params;
+  params.set("intra", "ring");
+  params.set("inter", "ring");
+  Params one_message;
+  one_message.set("chunk_bytes", "1GiB");
+  auto hier = loadScheduler("hierarchical", params), ring = loadScheduler("ring", one_message);
+  Topology two_nodes = Topology::fromLabels({"a", "a", "b", "b"});
+  CostModel lab = model(0, 100.0, 1e6);
+  lab.inter = {0, 1.0 / 1e9};
+  // ring over the slow level (a ring's steps all cross it, 1.5 m per rank) against
+  // hierarchical's split.
+  CostModel flat = lab;
+  flat.intra = lab.inter;
+  const auto args = allreduceOf(64 << 20);
+  const double ratio = ring->predictSeconds(args, Topology::singleNode(4), flat) /
+                       hier->predictSeconds(args, two_nodes, lab);
+  EXPECT_NEAR(ratio, 1.5, 0.1);
+}
+
 TEST(Auto, BuiltInChoiceIsTheLowestPrediction) {
   auto chooser = loadScheduler("auto");
   auto tree = loadScheduler("tree"), ring = loadScheduler("ring"),
