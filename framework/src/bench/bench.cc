@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <ATen/Parallel.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -136,7 +135,7 @@ class RankBench {
       if (ranks.empty()) continue;
       const auto& first = all[ranks.front()];
       HostFacts host;
-      host.name = t.nodeCount() == 1 ? hostName() : t.node_names[node];
+      host.name = t.nodeCount() == 1 ? detail::hostName() : t.node_names[node];
       host.ranks = static_cast<int>(ranks.size());
       host.cpus = static_cast<int>(first[0]);
       host.load = first[1];
@@ -149,11 +148,6 @@ class RankBench {
       f.hosts.push_back(host);
     }
     return f;
-  }
-
-  static std::string hostName() {
-    char name[256] = {};
-    return gethostname(name, sizeof(name) - 1) == 0 ? std::string(name) : "this host";
   }
 
   // The row of (size, scheduler) before timing: what it is, its prediction and, with

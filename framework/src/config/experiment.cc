@@ -54,12 +54,18 @@ bool continuesIntoSlot(const std::string& slot, const YAML::Node& node,
          (next_key == "params" || next_key == "plugin" || next_key == "label");
 }
 
-// Sets `dotted` (e.g. "bench.iters") in `root`, creating maps on the way.
-void setPath(YAML::Node root, const std::string& dotted, const YAML::Node& value,
-             const std::string& origin) {
+// "bench.iters" -> {"bench", "iters"}.
+std::vector<std::string> splitDotted(const std::string& dotted) {
   std::vector<std::string> parts;
   std::stringstream in(dotted);
   for (std::string part; std::getline(in, part, '.');) parts.push_back(part);
+  return parts;
+}
+
+// Sets `dotted` (e.g. "bench.iters") in `root`, creating maps on the way.
+void setPath(YAML::Node root, const std::string& dotted, const YAML::Node& value,
+             const std::string& origin) {
+  const std::vector<std::string> parts = splitDotted(dotted);
   if (parts.empty() || std::any_of(parts.begin(), parts.end(), [](auto& p) { return p.empty(); })) {
     throw ConfigError(origin + ": '" + dotted + "' is not a dotted key such as bench.iters");
   }
@@ -424,9 +430,7 @@ YAML::Node sharedSettings(const Experiment& e) {
   YAML::Node shared = YAML::Clone(e.resolved);
   for (const auto& dotted : kPerHostKeys) {
     YAML::Node node = shared;
-    std::stringstream in(dotted);
-    std::vector<std::string> parts;
-    for (std::string part; std::getline(in, part, '.');) parts.push_back(part);
+    const std::vector<std::string> parts = splitDotted(dotted);
     for (size_t i = 0; i + 1 < parts.size() && node.IsMap(); ++i) node.reset(node[parts[i]]);
     if (node.IsMap()) node.remove(parts.back());
   }

@@ -21,6 +21,7 @@
 #include "core/strings.h"
 #include "runtime/communicator.h"
 #include "runtime/tcp_store.h"
+#include "util/system.h"
 
 namespace collie {
 namespace {
@@ -40,12 +41,6 @@ std::string hashFile(const std::string& path) {
   if (!in.is_open()) return "unreadable";
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   return in.bad() ? "unreadable" : hashText(bytes);
-}
-
-std::string hostName() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0) return "localhost";
-  return name;
 }
 
 // What tells this machine from another that reports the same host name: its machine id
@@ -170,7 +165,7 @@ std::string ProcessJob::explainFailure(const std::string& error) {
 }
 
 void ProcessJob::join() {
-  store_->setString(fmt::format("join/{}", env_.rank), hostName());
+  store_->setString(fmt::format("join/{}", env_.rank), detail::hostName());
   waitForRanks("join/", "arrive at the rendezvous");
 }
 
@@ -332,7 +327,7 @@ WorkerRank joinRun(ProcessJob& job, const PluginLoader& loader, const config::Ex
     }
     topology = e.topology;
   } else {
-    topology = topologyOfHosts(job.allGather(run + "host", hostName()),
+    topology = topologyOfHosts(job.allGather(run + "host", detail::hostName()),
                                job.allGather(run + "machine", machineKey()));
   }
   WorkerRank w = createBackend(job, loader, e.backend, run, e.rendezvous_timeout);

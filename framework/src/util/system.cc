@@ -43,6 +43,12 @@ std::string blasInUse() {
   return "none loaded";
 }
 
+std::string hostName() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
+}
+
 int onlineCpus() { return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)); }
 
 std::string cpuModel() {

@@ -10,6 +10,9 @@ namespace collie::detail {
 // e.g. ".../openblas-pthread/libblas.so.3", or "none loaded".
 std::string blasInUse();
 
+// This host's name ("localhost" when it has none).
+std::string hostName();
+
 // The host's online CPUs.
 int onlineCpus();
 // The first "model name" of /proc/cpuinfo ("" when it has none).
