@@ -87,6 +87,65 @@ TEST(Config, CrossKeyChecks) {
   expectContains(m, {"bench.root", "below launch.nproc_per_node (3)"});
 }
 
+TEST(Config, FaultsAreReadIntoTheirStructs) {
+  auto runs = loadExperiments(writeTempFile("faults.yaml", std::string(kValid) + R"(faults:
+  - {rank: 1, at_collective: 40, action: delay, delay: 500ms}
+  - {rank: 2, at_collective: 7, action: exit, code: 0}
+  - {rank: 0, at_collective: 3, action: slow, cpu_share: 0.25}
+)"),
+                              {});
+  const auto& faults = runs.at(0).faults;
+  ASSERT_EQ(faults.size(), 3u);
+  EXPECT_EQ(faults[0].index, 0);
+  EXPECT_EQ(faults[0].rank, 1);
+  EXPECT_EQ(faults[0].at_collective, 40);
+  EXPECT_EQ(faults[0].at_step, 0);
+  EXPECT_EQ(faults[0].action, FaultSpec::Action::kDelay);
+  EXPECT_EQ(faults[0].delay, std::chrono::milliseconds(500));
+  EXPECT_EQ(faults[1].index, 1);
+  EXPECT_EQ(faults[1].action, FaultSpec::Action::kExit);
+  EXPECT_EQ(faults[1].exit_code, 0);
+  EXPECT_EQ(faults[1].describe(), "exit with code 0");
+  EXPECT_EQ(faults[1].when(), "before collective 7");
+  EXPECT_DOUBLE_EQ(faults[2].cpu_share, 0.25);
+  EXPECT_TRUE(faults[2].needsOwnProcess());
+  EXPECT_FALSE(faults[0].needsOwnProcess());
+}
+
+TEST(Config, AFaultNeedsOneTriggerAndOnlyItsActionsKeys) {
+  const std::string bench = std::string(kValid) + "faults:\n";
+  expectContains(errorOf(bench + "  - {rank: 1, action: kill}\n"),
+                 {"faults[0]: expected exactly one of at_step", "found neither"});
+  expectContains(errorOf(bench + "  - {rank: 1, at_step: 2, at_collective: 3, action: kill}\n"),
+                 {"found both"});
+  expectContains(errorOf(bench + "  - {rank: 1, at_step: 2, action: kill}\n"),
+                 {"faults[0].at_step: only a train: experiment has steps"});
+  expectContains(errorOf(bench + "  - {rank: 1, at_collective: 2, action: kill, code: 3}\n"),
+                 {"faults[0].code: only action exit takes an exit code"});
+  expectContains(errorOf(bench + "  - {rank: 1, at_collective: 2, action: exit}\n"),
+                 {"faults[0]: action exit needs code: N"});
+  expectContains(errorOf(bench + "  - {rank: 1, at_collective: 2, action: delay}\n"),
+                 {"action delay needs delay: DURATION"});
+  expectContains(errorOf(bench + "  - {rank: 1, at_collective: 2, action: slow}\n"),
+                 {"action slow needs cpu_share"});
+  expectContains(errorOf(bench + "  - {rank: 1, at_collective: 2, action: slow, cpu_share: 2}\n"),
+                 {"faults[0].cpu_share: expected a number in [0.01, 1], found '2'"});
+  expectContains(errorOf(bench + "  - {rank: 1, at_collective: 2, action: explode}\n"),
+                 {"faults[0].action: expected one of kill, stop, exit"});
+  expectContains(errorOf(bench + "  - {at_collective: 2, action: kill}\n"),
+                 {"faults[0].rank: missing required key"});
+  expectContains(errorOf(bench + "  - {rank: 1, at_collective: 2, action: kill, when: now}\n"),
+                 {"faults[0].when: unknown key"});
+  const std::string train = R"(backend: loopback
+model: mlp
+train: {steps: 5}
+faults: [{rank: 0, at_step: 6, action: throw}]
+)";
+  expectContains(errorOf(train), {"faults[0].at_step: step 6 is after the last one (train.steps "
+                                  "is 5)"});
+  EXPECT_EQ(errorOf(train, {"train.steps=6"}), "");
+}
+
 TEST(Config, SetOverridesAnyKeyAndIsNamedInErrors) {
   auto runs =
       loadExperiments(writeTempFile("ok.yaml", kValid),
@@ -320,6 +379,9 @@ void schemaKeys(const Schema& map, const std::string& prefix,
       schemaKeys(field, key, keys);
     } else {
       keys->push_back({key, &field});
+      // A list of maps: its items' keys too, as faults[].rank.
+      if (field.type() == Schema::Type::kList && field.item()->type() == Schema::Type::kMap)
+        schemaKeys(*field.item(), key + "[]", keys);
     }
   }
 }

@@ -16,6 +16,7 @@
 #include "collie/log.h"
 #include "runtime/communicator.h"
 #include "runtime/control.h"
+#include "runtime/faults.h"
 #include "runtime/in_process.h"
 #include "util/system.h"
 
@@ -58,8 +59,10 @@ class RankBench {
         spec_(e.bench),
         n_(backend->size()),
         rank_(backend->rank()),
+        faults_(e.faults, rank_),
         comm_(backend, e.backend.label, topology),
         control_(*backend) {
+    comm_.setFaults(&faults_);
     for (const auto& ref : spec_.schedulers) {
       Scheduled entry{ref.label, ref.rules.empty() ? ref.plugin : "rules",
                       createRules(loader, ref)};
@@ -228,6 +231,7 @@ class RankBench {
   const config::Experiment& e_;
   const config::BenchSpec& spec_;
   int n_, rank_;
+  Faults faults_;  // outlives comm_, which takes them
   Communicator comm_;
   Control control_;
   CostModel model_;

@@ -247,9 +247,11 @@ int main(int argc, char** argv) {
     return i.exit_code;
   } catch (const collie::Error& e) {
     std::cerr << "collie: error: " << e.what() << std::endl;
+    collie::leaveErrorForLauncher(e.what());
     return e.exitCode();
   } catch (const std::exception& e) {
     std::cerr << "collie: internal error: " << e.what() << std::endl;
+    collie::leaveErrorForLauncher(std::string("internal error: ") + e.what());
     return 1;
   }
 }

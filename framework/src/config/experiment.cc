@@ -306,9 +306,49 @@ void checkLabels(const Experiment& e, std::vector<Issue>* issues) {
   }
 }
 
+// A fault names one trigger, and the keys of its action only.
+void checkFaults(const Experiment& e, std::vector<Issue>* issues) {
+  const YAML::Node list = e.resolved["faults"];
+  for (const FaultSpec& f : e.faults) {
+    const YAML::Node node = list[f.index];
+    const std::string key = fmt::format("faults[{}]", f.index);
+    auto problem = [&](const char* field, const std::string& text) {
+      const YAML::Node at = node[field] ? node[field] : node;
+      issues->push_back({location(e.file, at) + ": " + key + (node[field] ? "." : "") +
+                         (node[field] ? field : "") + ": " + text});
+    };
+    if ((f.at_step > 0) == (f.at_collective > 0)) {
+      problem("",
+              "expected exactly one of at_step (before a training step, 1-based) or "
+              "at_collective (before the collective of that seq), found " +
+                  std::string(f.at_step > 0 ? "both" : "neither"));
+    }
+    if (f.at_step > 0 && e.kind != Experiment::Kind::kTrain) {
+      problem("at_step", "only a train: experiment has steps. HINT: at_collective: N");
+    }
+    if (f.at_step > 0 && e.kind == Experiment::Kind::kTrain && f.at_step > e.train.steps) {
+      problem("at_step", fmt::format("step {} is after the last one (train.steps is {}): the "
+                                     "fault would never be taken",
+                                     f.at_step, e.train.steps));
+    }
+    const bool exits = f.action == FaultSpec::Action::kExit;
+    const bool delays = f.action == FaultSpec::Action::kDelay;
+    const bool slows = f.action == FaultSpec::Action::kSlow;
+    if (node["code"] && !exits) problem("code", "only action exit takes an exit code");
+    if (exits && !node["code"]) problem("", "action exit needs code: N (0 included)");
+    if (node["delay"] && !delays) problem("delay", "only action delay takes a delay");
+    if (delays && !node["delay"]) problem("", "action delay needs delay: DURATION (e.g. 500ms)");
+    if (node["cpu_share"] && !slows) problem("cpu_share", "only action slow takes a cpu_share");
+    if (slows && !node["cpu_share"]) {
+      problem("", "action slow needs cpu_share: FRACTION (of one CPU, e.g. 0.25)");
+    }
+  }
+}
+
 // Checks that span several keys, once the schema has passed.
 void checkConsistency(const Experiment& e, std::vector<Issue>* issues) {
   checkLabels(e, issues);
+  checkFaults(e, issues);
   if (const YAML::Node rate = e.resolved["launch"]["lab"]["rate"]) {
     try {
       lab::parseRate(e.lab.rate, "launch.lab.rate");
@@ -421,6 +461,34 @@ YAML::Node loadWithOverrides(const std::string& text, const std::string& path,
     overrides->push_back(key);
   }
   return root;
+}
+
+std::string FaultSpec::describe() const {
+  switch (action) {
+    case Action::kKill:
+      return "SIGKILL";
+    case Action::kStop:
+      return "SIGSTOP";
+    case Action::kExit:
+      return fmt::format("exit with code {}", exit_code);
+    case Action::kThrow:
+      return "an exception";
+    case Action::kDelay:
+      return fmt::format("a delay of {} ms", delay.count());
+    case Action::kSlow:
+      return fmt::format("a CPU share of {:g} for the rest of the run", cpu_share);
+  }
+  return "?";
+}
+
+std::string FaultSpec::when() const {
+  return at_step > 0 ? fmt::format("before step {}", at_step)
+                     : fmt::format("before collective {}", at_collective);
+}
+
+bool FaultSpec::needsOwnProcess() const {
+  return action == Action::kKill || action == Action::kStop || action == Action::kExit ||
+         action == Action::kSlow;
 }
 
 const std::vector<std::string> kPerHostKeys = {"backend.params.interface",
@@ -777,6 +845,32 @@ const Schema& experimentSchema() {
            })
            .optionalSection()
            .section(&Experiment::train)},
+      {"faults",
+       S::list(S::map({
+                   {"rank", S::integer(0, 1 << 20)
+                                .required()
+                                .into(&FaultSpec::rank)
+                                .doc("the rank that takes the fault")},
+                   {"at_step", S::integer(1, 100000000)
+                                   .into(&FaultSpec::at_step)
+                                   .doc("before this training step (1-based)")},
+                   {"at_collective", S::integer(1, int64_t{1} << 62)
+                                         .into(&FaultSpec::at_collective)
+                                         .doc("before the collective of this seq")},
+                   {"action", S::oneOf({"kill", "stop", "exit", "throw", "delay", "slow"})
+                                  .required()
+                                  .into(&FaultSpec::action,
+                                        {FaultSpec::Action::kKill, FaultSpec::Action::kStop,
+                                         FaultSpec::Action::kExit, FaultSpec::Action::kThrow,
+                                         FaultSpec::Action::kDelay, FaultSpec::Action::kSlow})},
+                   {"code", S::integer(0, 255).into(&FaultSpec::exit_code).doc("exit: its code")},
+                   {"delay", S::duration().into(&FaultSpec::delay).doc("delay: the sleep")},
+                   {"cpu_share", S::number(0.01, 1)
+                                     .into(&FaultSpec::cpu_share)
+                                     .doc("slow: the fraction of one CPU left")},
+               }))
+           .eachInto(&Experiment::faults, &FaultSpec::index)
+           .doc("faults to inject, each on one rank at a step or collective")},
       {"output", S::map({
                      {"dir",
                       S::string()

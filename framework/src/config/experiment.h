@@ -102,6 +102,29 @@ struct TrainSpec {
   }
 };
 
+// One fault of `faults:` (DESIGN §4, docs/running.md): on `rank`, before its training step
+// `at_step` (1-based) or before the collective it numbers `at_collective` (the seq of
+// provenance and error messages), take `action`. Exactly one of at_step, at_collective is set.
+struct FaultSpec {
+  enum class Action { kKill, kStop, kExit, kThrow, kDelay, kSlow };
+  int index = 0;  // its place in the list: faults[index]
+  int rank = 0;
+  int64_t at_step = 0;
+  int64_t at_collective = 0;
+  Action action{};
+  int exit_code = 0;                  // exit
+  std::chrono::milliseconds delay{};  // delay: the sleep
+  double cpu_share = 0;               // slow: the fraction of one CPU left to the rank
+
+  // "exit with code 0", "a delay of 500 ms", ...
+  std::string describe() const;
+  // "before step 3", "before collective 40"
+  std::string when() const;
+  // Whether it ends or freezes the process (kill, stop, exit) or limits its CPU (slow):
+  // what ranks that are threads of one process cannot take.
+  bool needsOwnProcess() const;
+};
+
 // One run: a whole file, or one point of its matrix.
 struct Experiment {
   enum class Kind { kBench, kTrain };
@@ -128,6 +151,7 @@ struct Experiment {
   PluginRef model;  // train experiments
   DataSpec data;
   TrainSpec train;
+  std::vector<FaultSpec> faults;
   std::string output_dir;
 };
 

@@ -72,6 +72,10 @@ class Schema {
   // For map(): its entries bind into `member` of the enclosing struct.
   template <typename S, typename T>
   Schema&& section(T S::*member) &&;
+  // For a list of map(): each item is filled into a T (its entries bind into T) appended to
+  // `member`; `index`, when given, receives the item's place in the list.
+  template <typename S, typename T>
+  Schema&& eachInto(std::vector<T> S::*member, int T::*index = nullptr) &&;
 
   // Writes every bound value of `node` (validated: defaults filled in) into `target`, the
   // struct the root binds into. An optional section the file left out gets its defaults.
@@ -180,6 +184,23 @@ Schema&& Schema::into(std::function<void(S&, const YAML::Node&, const std::strin
 template <typename S, typename T>
 Schema&& Schema::section(T S::*member) && {
   section_ = [member](void* target) -> void* { return &(static_cast<S*>(target)->*member); };
+  return std::move(*this);
+}
+
+template <typename S, typename T>
+Schema&& Schema::eachInto(std::vector<T> S::*member, int T::*index) && {
+  COLLIE_CHECK(type_ == Type::kList && item_ && item_->type_ == Type::kMap,
+               "eachInto(): a list of maps");
+  std::shared_ptr<Schema> item = item_;
+  set_ = [member, index, item](void* target, const YAML::Node& node, const std::string& file) {
+    auto& items = static_cast<S*>(target)->*member;
+    for (const auto& one : node) {
+      T value{};
+      if (index != nullptr) value.*index = static_cast<int>(items.size());
+      item->fillAny(one, &value, file);
+      items.push_back(std::move(value));
+    }
+  };
   return std::move(*this);
 }
 

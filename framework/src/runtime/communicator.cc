@@ -10,6 +10,7 @@
 #include "collie/params.h"
 #include "config/experiment.h"
 #include "plugin/loader.h"
+#include "runtime/faults.h"
 
 namespace collie {
 
@@ -35,6 +36,7 @@ uint64_t bytesOf(const CollectiveArgs& args) {
 Provenance Communicator::runRule(const Rule& rule, CollectiveArgs args, std::string ran) {
   const std::string& label = rule.choice.label;
   args.seq = next_seq_++;
+  if (faults_ != nullptr) faults_->beforeCollective(args.seq);
   const uint64_t bytes = bytesOf(args);
   auto start = std::chrono::steady_clock::now();
   try {

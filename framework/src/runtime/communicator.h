@@ -13,6 +13,7 @@
 
 namespace collie {
 
+class Faults;
 class PluginLoader;
 namespace config {
 struct PluginRef;
@@ -58,6 +59,9 @@ class Communicator {
   const Rule* select(const CollectiveArgs& args, const std::vector<Rule>& rules,
                      std::string* refusals, std::string* ran = nullptr) const;
 
+  // Faults to take before each collective (faults: at_collective); null: none. Not owned.
+  void setFaults(Faults* faults) { faults_ = faults; }
+
   const std::vector<Rule>& rules() const { return rules_; }
   Backend& backend() { return *backend_; }
   const Topology& topology() const { return topology_; }
@@ -70,6 +74,7 @@ class Communicator {
   Topology topology_;
   std::vector<Rule> rules_;
   uint64_t next_seq_ = 1;
+  Faults* faults_ = nullptr;
 };
 
 // The rules a config slot names: its one scheduler (for any size) or its size rules, each

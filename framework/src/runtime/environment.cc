@@ -5,6 +5,10 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <ctime>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "collie/error.h"
 
@@ -101,6 +105,15 @@ WorkerEnv detectWorkerEnv(const std::function<const char*(const char*)>& getenv)
         w.source, w.world));
   }
   return w;
+}
+
+void leaveErrorForLauncher(const std::string& message) {
+  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  if (path == nullptr || *path == '\0') return;
+  // torchrun reads {"message": TEXT, "timestamp": SECONDS} and names the earliest failure.
+  const nlohmann::json error = {{"message", message},
+                                {"timestamp", static_cast<int64_t>(std::time(nullptr))}};
+  std::ofstream(path) << error.dump() << "\n";
 }
 
 }  // namespace collie

@@ -24,4 +24,9 @@ struct WorkerEnv {
 // variable when one is malformed or the set is inconsistent (rank >= world, ...).
 WorkerEnv detectWorkerEnv(const std::function<const char*(const char*)>& getenv = nullptr);
 
+// When a launcher asked for the reason this process fails (torchrun's TORCHELASTIC_ERROR_FILE,
+// what PyTorch's @record writes), leaves `message` there, so that the launcher's summary
+// names the cause instead of "To enable traceback see ...". Never throws.
+void leaveErrorForLauncher(const std::string& message);
+
 }  // namespace collie

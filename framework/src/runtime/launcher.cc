@@ -61,8 +61,13 @@ LaunchOutcome launchWorkers(const LaunchSpec& spec) {
     outcome.failure = "could not start every worker (" + workers.startError() + ")";
     teardown.failed(Clock::now(), std::chrono::milliseconds(0));
   }
+  std::string left_early;  // the ranks that exited with 0 while others still ran
   auto onExit = [&](const Worker& w, int status) {
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (ok && outcome.failure.empty() && !teardown.stopping() && workers.running() > 0) {
+      left_early +=
+          fmt::format("{}rank {} (pid {})", left_early.empty() ? "" : ", ", w.rank, w.pid);
+    }
     if (ok || !outcome.failure.empty() || outcome.interrupted || teardown.stopping()) return;
     outcome.failure = fmt::format("rank {} (pid {}) {}", w.rank, w.pid, describeExit(status));
     outcome.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
@@ -110,6 +115,12 @@ LaunchOutcome launchWorkers(const LaunchSpec& spec) {
   }
   if (failed != nullptr && !failed->last_error.empty()) {
     outcome.failure += ": " + failed->last_error;  // its own words, read to the end
+  }
+  if (failed != nullptr && !left_early.empty()) {
+    // A rank that returns 0 before the others finish has left the job: that is a failure
+    // too, and most likely the cause of this one.
+    outcome.failure += fmt::format(
+        " (before it, {} had exited with code 0 while other ranks were still running)", left_early);
   }
   return outcome;
 }

@@ -13,6 +13,7 @@
 #include "collie/error.h"
 #include "collie/log.h"
 #include "lab/lab_job.h"
+#include "runtime/faults.h"
 #include "runtime/launcher.h"
 #include "util/files.h"
 
@@ -249,6 +250,7 @@ int runExperiments(const RunRequest& request, const std::vector<config::Experime
           "processes. HINT: use backend gloo or ucx across processes, or run `collie run` alone",
           e.backend.label, ranks));
     }
+    checkFaultsFit(e, ranks, threads, e.backend.label);
     if (job) {
       runRank(*job, loader, e, i, *kind, out);
     } else if (threads) {

@@ -23,6 +23,7 @@
 #include "core/strings.h"
 #include "runtime/communicator.h"
 #include "runtime/control.h"
+#include "runtime/faults.h"
 #include "runtime/in_process.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
@@ -77,9 +78,11 @@ class RankTrainer {
         spec_(e.train),
         rank_(backend->rank()),
         world_(backend->size()),
+        faults_(e.faults, rank_),
         comm_(backend, e.backend.label, topology),
         control_(*backend),
         out_dir_(out_dir) {
+    comm_.setFaults(&faults_);
     checkMicroBatches();
     sharding_.grad_accum = spec_.grad_accum;
     addSchedulers(loader);
@@ -122,6 +125,7 @@ class RankTrainer {
     Result result = describeRun(reducer, cost, predicted);
     const auto started = Clock::now();
     for (int64_t s = start; s < spec_.steps; ++s) {
+      faults_.beforeStep(s + 1);
       stats.push_back(step(s, reducer));
       const int64_t samples = static_cast<int64_t>(mb_) * spec_.grad_accum;
       log.write(s, samples, samples * shape_.seq_len, stats.back());
@@ -410,6 +414,7 @@ class RankTrainer {
   const config::Experiment& e_;
   const config::TrainSpec& spec_;
   int rank_, world_;
+  Faults faults_;  // outlives comm_, which takes them
   Communicator comm_;
   Control control_;
   std::string out_dir_;

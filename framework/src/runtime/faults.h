@@ -1,0 +1,63 @@
+// Fault injection (DESIGN §4, `faults:` in docs/config.md): the faults of an experiment that
+// one rank takes, each once, at its training step or collective, logged by that rank before
+// it acts. Tests and demos use the same mechanism; `slow` emulates a slower machine.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "config/experiment.h"
+
+namespace collie {
+
+// This process in a cgroup of its own under the cgroup v1 `cpu` controller, limited to a
+// share of one CPU (cfs quota); back in the cgroup it came from on destruction.
+class CpuLimit {
+ public:
+  // Throws ConfigError when the controller is not mounted or the cgroup cannot be made
+  // (not root), naming what is missing.
+  explicit CpuLimit(double share);
+  ~CpuLimit();
+  CpuLimit(const CpuLimit&) = delete;
+  CpuLimit& operator=(const CpuLimit&) = delete;
+
+  const std::string& path() const { return group_; }
+
+ private:
+  std::string group_;     // the cgroup made for this process
+  std::string previous_;  // the cgroup it was in
+};
+
+class Faults {
+ public:
+  Faults() = default;
+  // The faults of `all` that `rank` takes.
+  Faults(const std::vector<config::FaultSpec>& all, int rank);
+  ~Faults();
+
+  // Before training step `step` (1-based) and before the collective numbered `seq`; a fault
+  // due here is taken: the process is killed, stopped or exits, an exception is thrown, the
+  // call sleeps, or the process's CPU is limited from now on. Safe from two threads.
+  void beforeStep(int64_t step);
+  void beforeCollective(uint64_t seq);
+
+ private:
+  void take(const config::FaultSpec& fault);
+
+  int rank_ = 0;
+  std::vector<config::FaultSpec> mine_;
+  std::vector<bool> taken_;
+  std::mutex mu_;
+  std::unique_ptr<CpuLimit> limit_;
+};
+
+// Throws ConfigError for a fault this job cannot take: a rank outside its `world`, or one
+// that ends, freezes or limits a process (kill, stop, exit, slow) when the ranks are threads
+// of one process (`backend` names the backend that runs them so).
+void checkFaultsFit(const config::Experiment& e, int world, bool threads,
+                    const std::string& backend);
+
+}  // namespace collie

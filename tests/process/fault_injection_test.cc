@@ -1,0 +1,226 @@
+// faults: from YAML (DESIGN §4): each action is taken by the rank it names, which logs it,
+// and the job ends as it must under each launcher (collie's, torchrun, mpirun): non-zero,
+// the rank named, nothing left running.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <tuple>
+
+#include "processes.h"
+#include "run_command.h"
+#include "runtime/launcher.h"
+
+namespace fs = std::filesystem;
+using namespace collie::testing;  // NOLINT: the helpers of run_command.h and processes.h
+
+namespace {
+
+// `ranks` ranks train a small MLP over `backend` for `steps` steps, with `faults` (YAML).
+std::string trainWith(const std::string& name, const std::string& backend,
+                      const std::string& faults, int ranks = 3, int steps = 30) {
+  return writeTempFile(
+      name + ".yaml",
+      "name: " + name + "\nlaunch: {nproc_per_node: " + std::to_string(ranks) +
+          "}\nbackend: {plugin: " + backend + ", params: {timeout: 5s}}\n" +
+          "model: {plugin: mlp, params: {seq_len: 16, vocab: 64, d_embed: 32, hidden: 256, "
+          "layers: 2}}\ntrain: {steps: " +
+          std::to_string(steps) + ", micro_batch: 8, log_every: 1000}\nfaults: " + faults + "\n");
+}
+
+struct JobRun {
+  int exit_code = -1;  // 128 + signal when one ended it; 124: still running after 2 minutes
+  std::string log;     // the launcher's output, then every rank's own (torchrun keeps them)
+};
+
+// Runs `config` as a job of `ranks` workers under `launcher`: "collie" (collie run),
+// "torchrun" (--no_python) or "mpirun", for two minutes at most.
+JobRun runUnder(const std::string& launcher, const std::string& config, const std::string& out,
+                int ranks) {
+  fs::create_directories(out);
+  const std::string collie =
+      std::string("'") + COLLIE_TEST_BINARY + "' run '" + config + "' --out '" + out + "'";
+  const std::string n = std::to_string(ranks);
+  std::string command;
+  if (launcher == "collie") {
+    command = collie;
+  } else if (launcher == "torchrun") {
+    // DESIGN §10: Debian's torchrun needs --redirects/--tee; the ranks' stderr goes to its
+    // log_dir.
+    command = "torchrun --no_python --standalone --nproc_per_node=" + n +
+              " --redirects 2 --tee 1 --log_dir '" + out + "/torchrun' " + collie.substr(0);
+  } else {
+    command = "mpirun --allow-run-as-root --oversubscribe -np " + n +
+              " -x MASTER_PORT=" + std::to_string(collie::pickFreePort("127.0.0.1")) + " " + collie;
+  }
+  const int status =
+      std::system(("timeout -k 5 120 " + command + " > '" + out + "/log' 2>&1").c_str());
+  JobRun run;
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  run.log = readText(out + "/log");
+  std::error_code ec;
+  for (const auto& entry : fs::recursive_directory_iterator(out + "/torchrun", ec)) {
+    if (entry.path().filename() == "stderr.log") run.log += "\n" + readText(entry.path());
+  }
+  return run;
+}
+
+using LauncherBackendFault = std::tuple<std::string, std::string, std::string>;
+class FaultUnderLauncher : public ::testing::TestWithParam<LauncherBackendFault> {};
+
+// Rank 1 of 3 leaves mid-run, with exit code 0 or killed: the job fails, the rank that left
+// is named, and nothing of the job is left running.
+TEST_P(FaultUnderLauncher, ARankThatLeavesFailsTheJobAndNothingIsLeft) {
+  const auto& [launcher, backend, fault] = GetParam();
+  if (launcher != "collie" && !haveProgram(launcher)) GTEST_SKIP() << launcher << " is missing";
+  const std::string out = scratch(launcher + "-" + backend + "-" + fault);
+  const std::string yaml = fault == "exit0" ? "[{rank: 1, at_step: 3, action: exit, code: 0}]"
+                                            : "[{rank: 1, at_collective: 5, action: kill}]";
+  const JobRun run =
+      runUnder(launcher, trainWith(launcher + "-" + backend + "-" + fault, backend, yaml), out, 3);
+  EXPECT_NE(run.exit_code, 0) << run.log;
+  EXPECT_NE(run.exit_code, 124) << "the job did not end within 2 minutes\n" << run.log;
+  const std::string taken = fault == "exit0"
+                                ? "faults[0]: rank 1 takes exit with code 0 before step 3"
+                                : "faults[0]: rank 1 takes SIGKILL before collective 5";
+  EXPECT_NE(run.log.find(taken), std::string::npos) << run.log;
+  // The ranks that stayed name the one that left (a launcher sees no failure in an exit with
+  // code 0); after a kill, the launcher may have stopped them first, naming it itself.
+  const bool survivors_name_it = run.log.find("rank(s) 1 reported nothing") != std::string::npos;
+  const bool launcher_names_it =
+      run.log.find("rank 1 (pid ") != std::string::npos ||                   // collie
+      run.log.find("rank      : 1 (local_rank: 1)") != std::string::npos ||  // torchrun
+      run.log.find("process rank 1 with PID") != std::string::npos;          // mpirun
+  if (fault == "exit0") {
+    EXPECT_TRUE(survivors_name_it) << run.log;
+  } else {
+    EXPECT_TRUE(survivors_name_it || launcher_names_it) << run.log;
+  }
+  if (launcher == "collie" && fault == "exit0") {
+    EXPECT_NE(run.log.find("had exited with code 0 while other ranks were still running"),
+              std::string::npos)
+        << run.log;
+  }
+  EXPECT_TRUE(noneLeft(out)) << "a rank outlived the job";
+}
+
+INSTANTIATE_TEST_SUITE_P(Launchers, FaultUnderLauncher,
+                         ::testing::Combine(::testing::Values("collie", "torchrun", "mpirun"),
+                                            ::testing::Values("gloo", "ucx"),
+                                            ::testing::Values("exit0", "kill")),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param) + "_" +
+                                  std::get<2>(info.param);
+                         });
+
+TEST(FaultInjection, AStoppedRankMakesTheOthersTimeOutAndNothingIsLeft) {
+  const std::string out = scratch("stop");
+  const JobRun run = runUnder(
+      "collie", trainWith("stop", "gloo", "[{rank: 2, at_step: 4, action: stop}]"), out, 3);
+  EXPECT_EQ(run.exit_code, 1) << run.log;
+  EXPECT_NE(run.log.find("faults[0]: rank 2 takes SIGSTOP before step 4"), std::string::npos)
+      << run.log;
+  EXPECT_NE(run.log.find("timed out after 5000 ms"), std::string::npos) << run.log;
+  EXPECT_NE(run.log.find("rank(s) 2 reported nothing"), std::string::npos) << run.log;
+  EXPECT_TRUE(noneLeft(out)) << "the stopped rank outlived the job";
+}
+
+// An exception that is not collie's, thrown on the communication thread (the gradient
+// all-reduce of step 2 is collective 3), fails its rank with its message, as threads and as
+// processes.
+TEST(FaultInjection, AThrowOnTheCommunicationThreadFailsTheRankWithItsMessage) {
+  for (const std::string backend : {"loopback", "gloo"}) {
+    const std::string out = scratch("throw-" + backend);
+    const JobRun run = runUnder(
+        "collie",
+        trainWith("throw-" + backend, backend, "[{rank: 1, at_collective: 3, action: throw}]", 2),
+        out, 2);
+    EXPECT_EQ(run.exit_code, 1) << run.log;
+    EXPECT_NE(run.log.find("internal error: injected by faults[0]: rank 1 takes an exception "
+                           "before collective 3"),
+              std::string::npos)
+        << run.log;
+    EXPECT_TRUE(noneLeft(out));
+  }
+}
+
+// One rank sleeping before step 3 holds every rank back in that step's all-reduce, and in no
+// other step.
+TEST(FaultInjection, ADelayHoldsEveryRankBackInThatStepOnly) {
+  const std::string out = scratch("delay");
+  const JobRun run = runUnder(
+      "collie",
+      trainWith("delay", "loopback", "[{rank: 1, at_step: 3, action: delay, delay: 800ms}]", 2, 6),
+      out, 2);
+  ASSERT_EQ(run.exit_code, 0) << run.log;
+  EXPECT_NE(run.log.find("faults[0]: rank 1 takes a delay of 800 ms before step 3"),
+            std::string::npos)
+      << run.log;
+  std::ifstream steps(out + "/rank-0.jsonl");
+  int step = 0;
+  for (std::string line; std::getline(steps, line);) {
+    const auto j = nlohmann::json::parse(line);
+    step = j["step"].get<int>();
+    if (step == 3) {
+      EXPECT_GE(j["step_s"].get<double>(), 0.75) << "rank 0 did not wait for rank 1: " << line;
+    } else {
+      EXPECT_LT(j["step_s"].get<double>(), 0.75) << "step " << step << " waited: " << line;
+    }
+  }
+  EXPECT_EQ(step, 6);
+}
+
+// slow: rank 1 keeps a tenth of one CPU for the rest of the run (cgroup v1 cpu), so its
+// compute per step is several times rank 0's; its cgroup is gone after the run.
+TEST(FaultInjection, SlowLimitsTheRanksCpuAndRemovesItsCgroupAfter) {
+  struct stat st {};
+  if (::geteuid() != 0 || ::stat("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", &st) != 0)
+    GTEST_SKIP() << "needs root and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu";
+  const std::string out = scratch("slow");
+  const JobRun run = runUnder(
+      "collie",
+      trainWith("slow", "gloo", "[{rank: 1, at_step: 1, action: slow, cpu_share: 0.1}]", 2), out,
+      2);
+  ASSERT_EQ(run.exit_code, 0) << run.log;
+  EXPECT_NE(run.log.find("faults[0]: rank 1 takes a CPU share of 0.1 for the rest of the run "
+                         "before step 1"),
+            std::string::npos)
+      << run.log;
+  const auto summary = nlohmann::json::parse(readText(out + "/summary.json"));
+  const auto compute = summary.at(0).at("compute_s");
+  ASSERT_EQ(compute.size(), 2u);
+  EXPECT_GT(compute[1].get<double>(), 3 * compute[0].get<double>()) << summary.dump();
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/sys/fs/cgroup/cpu/collie", ec))
+    ADD_FAILURE() << entry.path() << " was left behind";
+}
+
+// Faults that end, freeze or limit a process are refused on loopback's threads before
+// anything runs, and a rank outside the job is named.
+TEST(FaultInjection, FaultsThatNeedAProcessAreRefusedOnThreads) {
+  const std::string out = scratch("threads");
+  for (const std::string action : {"kill", "stop", "exit, code: 0", "slow, cpu_share: 0.5"}) {
+    const JobRun run = runUnder(
+        "collie",
+        trainWith("threads", "loopback", "[{rank: 1, at_step: 2, action: " + action + "}]", 2), out,
+        2);
+    EXPECT_EQ(run.exit_code, 2) << run.log;
+    EXPECT_NE(run.log.find("needs ranks that are processes, but backend 'loopback' runs its "
+                           "ranks as threads"),
+              std::string::npos)
+        << run.log;
+  }
+  const JobRun beyond = runUnder(
+      "collie", trainWith("beyond", "gloo", "[{rank: 3, at_step: 2, action: kill}]", 2), out, 2);
+  EXPECT_EQ(beyond.exit_code, 2) << beyond.log;
+  EXPECT_NE(beyond.log.find("faults[0].rank: 3 is not a rank of this job of 2 rank(s)"),
+            std::string::npos)
+      << beyond.log;
+}
+
+}  // namespace
