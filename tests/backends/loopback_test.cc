@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "collie/error.h"
+#include "desync.h"
 #include "loopback_job.h"
 
 namespace collie {
@@ -193,6 +194,14 @@ TEST(Loopback, MailboxesDoNotGrowWithTheNumberOfMessages) {
   ASSERT_EQ(rss.size(), 2u);
   EXPECT_LT(rss[1], rss[0] + (512u << 10))
       << "resident memory grew by " << (rss[1] - rss[0]) / 1024 << " KiB over 36,000 messages";
+}
+
+TEST(Loopback, DesynchronisedCollectivesFailEveryRankNamingWhatDiffers) {
+  std::atomic<int> named{0};
+  runLoopback(4, [&](std::shared_ptr<Backend> b) {
+    if (testing::desyncIsNamedOnEveryRank(b)) ++named;
+  });
+  EXPECT_EQ(named.load(), 4);
 }
 
 TEST(Loopback, BadPeerIsRejected) {

@@ -1,6 +1,6 @@
 // The process backends (gloo, ucx) as real processes, forks of this test joined through the
-// store: zero-byte messages and barriers that synchronise; for ucx, sub-group ids that never
-// collide and a worker used from two threads at once.
+// store: zero-byte messages and barriers that synchronise, the desync check; for ucx, sub-group ids
+// that never collide and a worker used from two threads at once.
 #include <gtest/gtest.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "collie/error.h"
+#include "desync.h"
 #include "loopback_job.h"
 #include "runtime/control.h"
 #include "runtime/job.h"
@@ -151,6 +152,13 @@ TEST_P(ProcessBackends, SchedulerBarriersWaitForEveryRank) {
     });
     EXPECT_EQ(codes, (std::vector<int>{0, 0})) << scheduler;
   }
+}
+
+TEST_P(ProcessBackends, DesynchronisedCollectivesFailEveryRankNamingWhatDiffers) {
+  auto codes = runJob(GetParam(), [](Backend& b) {
+    return testing::desyncIsNamedOnEveryRank(std::shared_ptr<Backend>(&b, [](Backend*) {}));
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ProcessBackends, ::testing::Values("gloo", "ucx"),

@@ -118,17 +118,32 @@ INSTANTIATE_TEST_SUITE_P(Launchers, FaultUnderLauncher,
                                   std::get<2>(info.param);
                          });
 
-TEST(FaultInjection, AStoppedRankMakesTheOthersTimeOutAndNothingIsLeft) {
-  const std::string out = scratch("stop");
+class StoppedRank : public ::testing::TestWithParam<std::string> {};
+
+// A stopped rank keeps its connections open: the others time out, every rank that stayed
+// writes its flight record, and `collie analyze` names the rank they waited for.
+TEST_P(StoppedRank, TheOthersTimeOutAndAnalyzeNamesIt) {
+  const std::string out = scratch("stop-" + GetParam());
   const JobRun run = runUnder(
-      "collie", trainWith("stop", "gloo", "[{rank: 2, at_step: 4, action: stop}]"), out, 3);
+      "collie",
+      trainWith("stop-" + GetParam(), GetParam(), "[{rank: 2, at_step: 4, action: stop}]"), out, 3);
   EXPECT_EQ(run.exit_code, 1) << run.log;
   EXPECT_NE(run.log.find("faults[0]: rank 2 takes SIGSTOP before step 4"), std::string::npos)
       << run.log;
-  EXPECT_NE(run.log.find("timed out after 5000 ms"), std::string::npos) << run.log;
   EXPECT_NE(run.log.find("rank(s) 2 reported nothing"), std::string::npos) << run.log;
   EXPECT_TRUE(noneLeft(out)) << "the stopped rank outlived the job";
+  EXPECT_TRUE(fs::exists(out + "/flight-recorder/rank-0.json")) << run.log;
+  EXPECT_FALSE(fs::exists(out + "/flight-recorder/rank-2.json"));
+  const auto analysis = runCollie({"analyze", out});
+  EXPECT_EQ(analysis.exit_code, 0) << analysis.output;
+  EXPECT_NE(analysis.output.find("rank 2: no record"), std::string::npos) << analysis.output;
+  EXPECT_NE(analysis.output.find("rank 2 left no record: the others were waiting for rank 2"),
+            std::string::npos)
+      << analysis.output;
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, StoppedRank, ::testing::Values("gloo", "ucx"),
+                         [](const auto& info) { return info.param; });
 
 // An exception that is not collie's, thrown on the communication thread (the gradient
 // all-reduce of step 2 is collective 3), fails its rank with its message, as threads and as

@@ -54,7 +54,7 @@ struct Scheduled {
 class RankBench {
  public:
   RankBench(const PluginLoader& loader, const config::Experiment& e,
-            std::shared_ptr<Backend> backend, const Topology& topology)
+            std::shared_ptr<Backend> backend, const Topology& topology, const std::string& out_dir)
       : e_(e),
         spec_(e.bench),
         n_(backend->size()),
@@ -63,6 +63,12 @@ class RankBench {
         comm_(backend, e.backend.label, topology),
         control_(*backend) {
     comm_.setFaults(&faults_);
+    comm_.setDebug(commDebugOf(e, out_dir, rank_));
+    if (e.debug.consistency && rank_ == 0) {
+      logWarn(
+          "debug.consistency: every collective starts with a gather of what each rank "
+          "calls; the times below include it");
+    }
     for (const auto& ref : spec_.schedulers) {
       Scheduled entry{ref.label, ref.rules.empty() ? ref.plugin : "rules",
                       createRules(loader, ref)};
@@ -261,18 +267,21 @@ double busFactor(Collective coll, int n) {
   }
 }
 
-Result run(const PluginLoader& loader, const config::Experiment& experiment) {
+Result run(const PluginLoader& loader, const config::Experiment& experiment,
+           const std::string& out_dir) {
   at::set_num_threads(experiment.threads_per_rank);
   return runInProcessForRank0<Result>(
       loader, experiment.backend, experiment.nproc_per_node, [&](std::shared_ptr<Backend> backend) {
-        return RankBench(loader, experiment, std::move(backend), experiment.topology).run();
+        return RankBench(loader, experiment, std::move(backend), experiment.topology, out_dir)
+            .run();
       });
 }
 
 Result runRank(const PluginLoader& loader, const config::Experiment& experiment,
-               std::shared_ptr<Backend> backend, const Topology& topology) {
+               std::shared_ptr<Backend> backend, const Topology& topology,
+               const std::string& out_dir) {
   at::set_num_threads(experiment.threads_per_rank);
-  RankBench bench(loader, experiment, std::move(backend), topology);
+  RankBench bench(loader, experiment, std::move(backend), topology, out_dir);
   return bench.run();
 }
 

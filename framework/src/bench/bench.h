@@ -106,12 +106,15 @@ std::vector<uint64_t> sweepSizes(uint64_t min_bytes, uint64_t max_bytes, int fac
 // nccl-tests' bus bandwidth factor for `coll` on n ranks.
 double busFactor(Collective coll, int n);
 
-// Runs the experiment's bench with its ranks as threads of this process.
-Result run(const PluginLoader& loader, const config::Experiment& experiment);
+// Runs the experiment's bench with its ranks as threads of this process. A rank that fails
+// leaves its flight record under `out_dir`.
+Result run(const PluginLoader& loader, const config::Experiment& experiment,
+           const std::string& out_dir);
 // Runs this rank's part of the bench over `backend` (a worker process). Every rank returns
 // the same aggregated rows.
 Result runRank(const PluginLoader& loader, const config::Experiment& experiment,
-               std::shared_ptr<Backend> backend, const Topology& topology);
+               std::shared_ptr<Backend> backend, const Topology& topology,
+               const std::string& out_dir);
 
 // A Result as JSON, for a worker to hand its rows to the launcher (written atomically).
 void saveResult(const std::string& path, const Result& result);

@@ -35,13 +35,13 @@ class BenchKind : public ExperimentKind {
   }
 
   void runInThreads(const PluginLoader& loader, const config::Experiment& e,
-                    const fs::path&) override {
-    results_.push_back(run(loader, e));
+                    const fs::path& out) override {
+    results_.push_back(run(loader, e, out.string()));
   }
 
   void runAsRank(const PluginLoader& loader, const config::Experiment& e, const WorkerRank& rank,
-                 const fs::path&) override {
-    results_.push_back(bench::runRank(loader, e, rank.backend, rank.topology));
+                 const fs::path& out) override {
+    results_.push_back(bench::runRank(loader, e, rank.backend, rank.topology, out.string()));
   }
 
   void saveLast(const std::string& path) const override { saveResult(path, results_.back()); }

@@ -1,6 +1,6 @@
-// The collie command line: run, launch, validate, plugins, plugin-check, lab, --version. What
-// the commands do lives in runtime/run.h and check/plugin_check.h. Exit codes: 0 success,
-// 1 the run failed, 2 bad input (config, CLI, plugin).
+// The collie command line: run, launch, validate, analyze, plugins, plugin-check, lab,
+// --version. What the commands do lives in runtime/run.h and check/plugin_check.h. Exit codes: 0
+// success, 1 the run failed, 2 bad input (config, CLI, plugin).
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
@@ -19,6 +19,7 @@
 #include "lab/lab.h"
 #include "plugin/loader.h"
 #include "runtime/environment.h"
+#include "runtime/flight_recorder.h"
 #include "runtime/job.h"
 #include "runtime/launcher.h"
 #include "runtime/run.h"
@@ -168,6 +169,12 @@ int dispatch(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 20));
   auto* validate = app.add_subcommand("validate", "check an experiment file without running it");
   addConfigOptions(validate, opt.run);
+  std::string analyze_dir;
+  auto* analyze = app.add_subcommand(
+      "analyze", "read a failed run's flight records: the rank the others were waiting for");
+  analyze->add_option("rundir", analyze_dir, "the run's output folder")
+      ->required()
+      ->check(CLI::ExistingDirectory);
   auto* plugins = app.add_subcommand("plugins", "list the plugins found and the files rejected");
   auto* plugin_check = app.add_subcommand(
       "plugin-check", "run the conformance matrix against a scheduler or backend plugin");
@@ -230,6 +237,7 @@ int dispatch(int argc, char** argv) {
     return runCommand(opt.run);
   }
   if (*validate) return validateCommand(opt.run);
+  if (*analyze) return analyzeRun(analyze_dir, std::cout);
   if (*plugins) return pluginsCommand();
   if (*plugin_check) return check::runPluginCheck(opt.check);
   if (*lab_cmd) return labCommand(lab_up, lab_down, lab_status, opt);

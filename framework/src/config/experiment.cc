@@ -871,6 +871,18 @@ const Schema& experimentSchema() {
                }))
            .eachInto(&Experiment::faults, &FaultSpec::index)
            .doc("faults to inject, each on one rank at a step or collective")},
+      {"debug",
+       S::map({
+                  {"consistency", S::boolean()
+                                      .byDefault("false")
+                                      .into(&DebugSpec::consistency)
+                                      .doc("before each collective, ranks compare what they call")},
+                  {"flight_recorder", S::integer(0, 1 << 20)
+                                          .byDefault("256")
+                                          .into(&DebugSpec::flight_recorder)
+                                          .doc("last collectives each rank writes when it fails")},
+              })
+           .section(&Experiment::debug)},
       {"output", S::map({
                      {"dir",
                       S::string()

@@ -125,6 +125,12 @@ struct FaultSpec {
   bool needsOwnProcess() const;
 };
 
+// debug: what a run does to find its own faults (off or cheap by default).
+struct DebugSpec {
+  bool consistency = false;  // compare every collective's call across ranks first
+  int flight_recorder = 0;   // collectives each rank keeps and writes when it fails (0: off)
+};
+
 // One run: a whole file, or one point of its matrix.
 struct Experiment {
   enum class Kind { kBench, kTrain };
@@ -152,6 +158,7 @@ struct Experiment {
   DataSpec data;
   TrainSpec train;
   std::vector<FaultSpec> faults;
+  DebugSpec debug;
   std::string output_dir;
 };
 

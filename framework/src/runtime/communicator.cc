@@ -2,15 +2,19 @@
 #include "runtime/communicator.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
+#include <map>
 
 #include "collie/error.h"
 #include "collie/params.h"
 #include "config/experiment.h"
 #include "plugin/loader.h"
 #include "runtime/faults.h"
+#include "runtime/flight_recorder.h"
 
 namespace collie {
 
@@ -20,6 +24,24 @@ Communicator::Communicator(std::shared_ptr<Backend> backend, std::string backend
       backend_name_(std::move(backend_name)),
       topology_(std::move(topology)) {
   topology_.capabilities = backend_->capabilities();  // what native and accepts() consult
+  uncaught_at_start_ = std::uncaught_exceptions();
+}
+
+Communicator::~Communicator() {
+  if (std::uncaught_exceptions() > uncaught_at_start_)
+    dumpFlightRecord("the rank failed outside a collective (its error follows in its log)");
+}
+
+void Communicator::setDebug(CommDebug debug) {
+  debug_ = std::move(debug);
+  recorder_.reset();
+  if (debug_.flight_entries > 0 && !debug_.flight_path.empty())
+    recorder_ = std::make_unique<FlightRecorder>(debug_.flight_entries);
+}
+
+void Communicator::dumpFlightRecord(const std::string& reason) {
+  if (!recorder_ || dumped_.exchange(true)) return;  // the first failure's view
+  recorder_->dump(debug_.flight_path, backend_->rank(), backend_->size(), reason);
 }
 
 void Communicator::addRule(std::string label, std::shared_ptr<Scheduler> scheduler,
@@ -38,16 +60,122 @@ Provenance Communicator::runRule(const Rule& rule, CollectiveArgs args, std::str
   args.seq = next_seq_++;
   if (faults_ != nullptr) faults_->beforeCollective(args.seq);
   const uint64_t bytes = bytesOf(args);
+  uint64_t entry = 0;
+  if (recorder_) {
+    entry = recorder_->begin(
+        {args.seq, args.coll, bytes, args.data.count, args.data.dtype, args.op, args.root, ran});
+  }
   auto start = std::chrono::steady_clock::now();
   try {
+    if (debug_.consistency) checkConsistent(args);
     rule.choice.scheduler->run(args, *backend_, topology_);
   } catch (const CommError& e) {
-    throw CommError(fmt::format("{} seq {} ({}, scheduler {}, backend {}) failed on rank {}: {}",
-                                collectiveName(args.coll), args.seq, formatBytes(bytes), label,
-                                backend_name_, backend_->rank(), e.what()));
+    CommError wrapped(fmt::format("{} seq {} ({}, scheduler {}, backend {}) failed on rank {}: {}",
+                                  collectiveName(args.coll), args.seq, formatBytes(bytes), label,
+                                  backend_name_, backend_->rank(), e.what()));
+    if (recorder_) recorder_->end(entry, FlightEntry::State::kFailed);
+    dumpFlightRecord(wrapped.what());
+    throw wrapped;
+  } catch (const std::exception& e) {
+    if (recorder_) recorder_->end(entry, FlightEntry::State::kFailed);
+    dumpFlightRecord(e.what());
+    throw;
   }
+  if (recorder_) recorder_->end(entry, FlightEntry::State::kCompleted);
   std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
   return {label, backend_name_, args.coll, bytes, args.seq, took.count(), std::move(ran)};
+}
+
+namespace {
+
+constexpr uint32_t kConsistencyPhase = 0xE;  // tags no scheduler uses (the control plane: 0xF)
+
+// What every rank must agree on, with the fields a collective ignores zeroed.
+std::vector<int64_t> fingerprintOf(const CollectiveArgs& args) {
+  const bool reduces =
+      args.coll == Collective::kAllReduce || args.coll == Collective::kReduceScatter;
+  return {static_cast<int64_t>(args.coll),
+          static_cast<int64_t>(args.data.dtype),
+          static_cast<int64_t>(args.data.count),
+          static_cast<int64_t>(args.output.count),
+          reduces ? static_cast<int64_t>(args.op) : 0,
+          args.coll == Collective::kBroadcast ? args.root : 0};
+}
+
+std::string describeCall(const std::vector<int64_t>& f) {
+  const auto coll = static_cast<Collective>(f[0]);
+  if (coll == Collective::kBarrier) return "barrier";
+  std::string text =
+      fmt::format("{} of {} x {}", collectiveName(coll), f[2], dtypeName(static_cast<DType>(f[1])));
+  if (coll == Collective::kReduceScatter || coll == Collective::kAllGather)
+    text += fmt::format(" into {}", f[3]);
+  if (coll == Collective::kAllReduce || coll == Collective::kReduceScatter)
+    text += fmt::format(" ({})", reduceOpName(static_cast<ReduceOp>(f[4])));
+  if (coll == Collective::kBroadcast) text += fmt::format(" (root {})", f[5]);
+  return text;
+}
+
+}  // namespace
+
+void Communicator::checkConsistent(const CollectiveArgs& args) {
+  const int n = backend_->size(), rank = backend_->rank();
+  const std::vector<int64_t> mine = fingerprintOf(args);
+  const size_t k = mine.size();
+  std::vector<int64_t> table(k * n);
+  std::copy(mine.begin(), mine.end(), table.begin() + rank * k);
+  auto view = [](int64_t* data, size_t count) {
+    Buffer b;
+    b.data = data;
+    b.count = count;
+    b.dtype = DType::kI64;
+    return b;
+  };
+  const Tag gather = makeTag(args.seq, kConsistencyPhase, 0);
+  const Tag scatter = makeTag(args.seq, kConsistencyPhase, 1);
+  if (rank == 0) {
+    for (int r = 1; r < n; ++r) backend_->recv(r, view(table.data() + r * k, k), gather);
+    std::vector<std::unique_ptr<Request>> sends;
+    for (int r = 1; r < n; ++r)
+      sends.push_back(backend_->isend(r, view(table.data(), table.size()), scatter));
+    waitAll(sends, backend_->timeout());
+  } else {
+    backend_->send(0, view(const_cast<int64_t*>(mine.data()), k), gather);
+    backend_->recv(0, view(table.data(), table.size()), scatter);
+  }
+  // The calls, each with the ranks that made it, in the order of their first rank.
+  std::vector<std::pair<std::vector<int64_t>, std::vector<int>>> calls;
+  for (int r = 0; r < n; ++r) {
+    std::vector<int64_t> row(table.begin() + r * k, table.begin() + (r + 1) * k);
+    auto it =
+        std::find_if(calls.begin(), calls.end(), [&](const auto& c) { return c.first == row; });
+    if (it == calls.end()) {
+      calls.push_back({row, {r}});
+    } else {
+      it->second.push_back(r);
+    }
+  }
+  if (calls.size() == 1) return;
+  static const char* kFields[] = {"the collective",   "the dtype",     "the count",
+                                  "the output count", "the reduce op", "the root"};
+  std::vector<std::string> differs;
+  for (size_t i = 0; i < k; ++i) {
+    for (const auto& c : calls) {
+      if (c.first[i] != calls.front().first[i]) {
+        differs.push_back(kFields[i]);
+        break;
+      }
+    }
+  }
+  std::vector<std::string> parts;
+  for (const auto& [call, ranks] : calls) {
+    parts.push_back(fmt::format("rank{} {} call{} {}", ranks.size() == 1 ? "" : "s",
+                                fmt::join(ranks, ", "), ranks.size() == 1 ? "s" : "",
+                                describeCall(call)));
+  }
+  throw CommError(fmt::format(
+      "debug.consistency: the ranks call different collectives as seq {}: {} ({} differ{}). "
+      "HINT: every rank must call the same collectives in the same order",
+      args.seq, fmt::join(parts, "; "), fmt::join(differs, ", "), differs.size() == 1 ? "s" : ""));
 }
 
 Provenance Communicator::run(CollectiveArgs args) { return run(args, rules_); }
@@ -90,6 +218,14 @@ std::vector<Communicator::Rule> createRules(const PluginLoader& loader,
     rules.push_back({rule.max_bytes, {rule.choice.label, create(rule.choice)}});
   }
   return rules;
+}
+
+CommDebug commDebugOf(const config::Experiment& e, const std::string& out_dir, int rank) {
+  CommDebug d;
+  d.consistency = e.debug.consistency;
+  d.flight_entries = static_cast<size_t>(e.debug.flight_recorder);
+  if (!out_dir.empty()) d.flight_path = flightRecordPath(out_dir, rank);
+  return d;
 }
 
 }  // namespace collie

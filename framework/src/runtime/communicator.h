@@ -2,6 +2,7 @@
 // (first rule whose size limit admits it), numbers it, runs it and records its provenance.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,10 +15,12 @@
 namespace collie {
 
 class Faults;
+class FlightRecorder;
 class PluginLoader;
 namespace config {
+struct Experiment;
 struct PluginRef;
-}
+}  // namespace config
 
 // Where one collective ran and what it cost.
 struct Provenance {
@@ -28,6 +31,15 @@ struct Provenance {
   uint64_t seq = 0;
   double seconds = 0;
   std::string ran;  // what ran: the label, or the choice of a delegating scheduler (auto)
+};
+
+// What a Communicator does besides running collectives (debug: of the config).
+struct CommDebug {
+  // Before each collective, every rank compares what it calls (collective, dtype, count, op,
+  // root) with every other rank's, and all fail naming the ranks that differ.
+  bool consistency = false;
+  size_t flight_entries = 0;  // the flight recorder's size (0: off)
+  std::string flight_path;    // where it is written when this rank fails
 };
 
 class Communicator {
@@ -41,6 +53,13 @@ class Communicator {
   using Rule = SizeRule<Labeled>;
 
   Communicator(std::shared_ptr<Backend> backend, std::string backend_name, Topology topology);
+  // Writes the flight record when it goes while an exception unwinds (the rank failed
+  // outside a collective) and none was written yet.
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  void setDebug(CommDebug debug);
 
   // Rules are tried in the order added; max_bytes == 0 admits every size.
   void addRule(std::string label, std::shared_ptr<Scheduler> scheduler, uint64_t max_bytes = 0);
@@ -68,6 +87,9 @@ class Communicator {
 
  private:
   Provenance runRule(const Rule& rule, CollectiveArgs args, std::string ran);
+  // debug.consistency: throws CommError on every rank when any rank calls something else.
+  void checkConsistent(const CollectiveArgs& args);
+  void dumpFlightRecord(const std::string& reason);
 
   std::shared_ptr<Backend> backend_;
   std::string backend_name_;
@@ -75,7 +97,14 @@ class Communicator {
   std::vector<Rule> rules_;
   uint64_t next_seq_ = 1;
   Faults* faults_ = nullptr;
+  CommDebug debug_;
+  std::unique_ptr<FlightRecorder> recorder_;
+  std::atomic<bool> dumped_{false};
+  int uncaught_at_start_ = 0;
 };
+
+// The CommDebug of run `e` for a rank writing under `out_dir`.
+CommDebug commDebugOf(const config::Experiment& e, const std::string& out_dir, int rank);
 
 // The rules a config slot names: its one scheduler (for any size) or its size rules, each
 // created with its own params. Throws PluginError or ConfigError.

@@ -227,7 +227,10 @@ bool WorkerSet::pipesOpen() const {
 
 void WorkerSet::signalAll(int sig) {
   for (auto& w : workers_) {
-    if (w.running) ::kill(w.pid, sig);
+    if (!w.running) continue;
+    ::kill(w.pid, sig);
+    // A stopped worker acts on SIGTERM only once it runs again (scancel does the same).
+    if (sig == SIGTERM) ::kill(w.pid, SIGCONT);
   }
 }
 

@@ -83,6 +83,7 @@ class RankTrainer {
         control_(*backend),
         out_dir_(out_dir) {
     comm_.setFaults(&faults_);
+    comm_.setDebug(commDebugOf(e, out_dir, rank_));
     checkMicroBatches();
     sharding_.grad_accum = spec_.grad_accum;
     addSchedulers(loader);
