@@ -12,6 +12,7 @@
 #include "collie/error.h"
 #include "desync.h"
 #include "loopback_job.h"
+#include "soak.h"
 
 namespace collie {
 namespace {
@@ -202,6 +203,36 @@ TEST(Loopback, DesynchronisedCollectivesFailEveryRankNamingWhatDiffers) {
     if (testing::desyncIsNamedOnEveryRank(b)) ++named;
   });
   EXPECT_EQ(named.load(), 4);
+}
+
+TEST(Loopback, TwentyThousandMixedCollectivesKeepMemoryFdsAndThreadsFlat) {
+  std::vector<testing::Usage> usage;
+  std::atomic<int> right{0};
+  runLoopback(2, [&](std::shared_ptr<Backend> b) {
+    if (testing::soak(b, 20000, b->rank() == 0 ? &usage : nullptr)) ++right;
+  });
+  EXPECT_EQ(right.load(), 2);
+  EXPECT_TRUE(testing::flat(usage, "loopback"));
+}
+
+TEST(Loopback, AThousandCreateUseAbortDestroyCyclesLeaveNothingBehind) {
+  std::vector<testing::Usage> usage;
+  for (int cycle = 1; cycle <= 1000; ++cycle) {
+    runLoopback(2, [&](std::shared_ptr<Backend> b) {
+      Communicator comm(b, "loopback", Topology::singleNode(2));
+      comm.addRule("ring", testing::loadScheduler("ring"));
+      int32_t value = b->rank() + 1;
+      CollectiveArgs args;
+      args.data.data = &value;
+      args.data.count = 1;
+      args.data.dtype = DType::kI32;
+      comm.run(args);
+      EXPECT_EQ(value, 3);
+      b->abort("the cycle is over");
+    });
+    if (cycle == 10 || cycle == 1000) usage.push_back(testing::usageNow());
+  }
+  EXPECT_TRUE(testing::flat(usage, "loopback", "cycle 10", "cycle 1000", false));
 }
 
 TEST(Loopback, BadPeerIsRejected) {

@@ -17,6 +17,7 @@
 #include "runtime/control.h"
 #include "runtime/job.h"
 #include "runtime/launcher.h"
+#include "soak.h"
 
 namespace collie {
 namespace {
@@ -31,9 +32,12 @@ Buffer view(int32_t* data, size_t count) {
   return b;
 }
 
-// Runs body(backend) as rank r of a 2-process job over `plugin`, for r = 0, 1, each in a
-// fork of this test. Returns the children's exit codes; a child prints what went wrong.
-std::vector<int> runJob(const std::string& plugin, const std::function<bool(Backend&)>& body) {
+// Runs body(job, ref) as rank r of a 2-process job, for r = 0, 1, each in a fork of this
+// test; `ref` is the `plugin` backend with a 10 s timeout. Returns the children's exit codes;
+// a child prints what went wrong.
+std::vector<int> runJobWith(
+    const std::string& plugin,
+    const std::function<bool(ProcessJob&, const config::PluginRef&)>& body) {
   const uint16_t port = pickFreePort("127.0.0.1");
   std::vector<pid_t> children;
   for (int rank = 0; rank < 2; ++rank) {
@@ -54,8 +58,7 @@ std::vector<int> runJob(const std::string& plugin, const std::function<bool(Back
         ref.plugin = ref.label = plugin;
         ref.params = Params("backend '" + plugin + "'");
         ref.params.set("timeout", "10s", "test");
-        WorkerRank w = createBackend(job, testing::buildTreeLoader(), ref, "test/", 20s);
-        code = body(*w.backend) ? 0 : 1;
+        code = body(job, ref) ? 0 : 1;
       } catch (const std::exception& e) {
         std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
       }
@@ -71,6 +74,14 @@ std::vector<int> runJob(const std::string& plugin, const std::function<bool(Back
     codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
   }
   return codes;
+}
+
+// The same with the backend made: body(backend).
+std::vector<int> runJob(const std::string& plugin, const std::function<bool(Backend&)>& body) {
+  return runJobWith(plugin, [&](ProcessJob& job, const config::PluginRef& ref) {
+    WorkerRank w = createBackend(job, testing::buildTreeLoader(), ref, "test/", 20s);
+    return body(*w.backend);
+  });
 }
 
 class ProcessBackends : public ::testing::TestWithParam<std::string> {};
@@ -157,6 +168,48 @@ TEST_P(ProcessBackends, SchedulerBarriersWaitForEveryRank) {
 TEST_P(ProcessBackends, DesynchronisedCollectivesFailEveryRankNamingWhatDiffers) {
   auto codes = runJob(GetParam(), [](Backend& b) {
     return testing::desyncIsNamedOnEveryRank(std::shared_ptr<Backend>(&b, [](Backend*) {}));
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+TEST_P(ProcessBackends, TwentyThousandMixedCollectivesKeepMemoryFdsAndThreadsFlat) {
+  const std::string name = GetParam();
+  auto codes = runJob(name, [&](Backend& b) {
+    std::vector<testing::Usage> usage;
+    const bool right = testing::soak(std::shared_ptr<Backend>(&b, [](Backend*) {}), 20000, &usage);
+    return testing::flat(usage, name + " rank " + std::to_string(b.rank())) && right;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+// A backend made, used, aborted and destroyed a thousand times in one process: after the
+// tenth cycle and after the last, the same descriptors, sockets and threads.
+TEST_P(ProcessBackends, AThousandCreateUseAbortDestroyCyclesLeaveNothingBehind) {
+  const std::string name = GetParam();
+  auto codes = runJobWith(name, [&](ProcessJob& job, const config::PluginRef& ref) {
+    std::vector<testing::Usage> usage;
+    for (int cycle = 1; cycle <= 1000; ++cycle) {
+      WorkerRank w = createBackend(job, testing::buildTreeLoader(), ref,
+                                   "cycle" + std::to_string(cycle) + "/", 20s);
+      Communicator comm(w.backend, name, Topology::singleNode(2));
+      comm.addRule("ring", testing::loadScheduler("ring"));
+      int32_t value = job.rank() + 1;
+      CollectiveArgs args;
+      args.data = view(&value, 1);
+      comm.run(args);
+      if (value != 3) {
+        std::fprintf(stderr, "rank %d: cycle %d summed to %d\n", job.rank(), cycle, value);
+        return false;
+      }
+      w.backend->abort("the cycle is over");
+      if (cycle == 10 || cycle == 1000) {
+        w.backend.reset();
+        usage.push_back(testing::usageNow());
+      }
+    }
+    // Memory is not compared: rank 0's store keeps every cycle's keys (about 2 KB each).
+    return testing::flat(usage, name + " rank " + std::to_string(job.rank()), "cycle 10",
+                         "cycle 1000", false);
   });
   EXPECT_EQ(codes, (std::vector<int>{0, 0}));
 }

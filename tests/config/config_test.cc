@@ -146,6 +146,23 @@ faults: [{rank: 0, at_step: 6, action: throw}]
   EXPECT_EQ(errorOf(train, {"train.steps=6"}), "");
 }
 
+TEST(Config, HostileValuesAreRefusedNotThrownOrExpanded) {
+  // 2^13 runs from thirteen lines: refused before anything is expanded.
+  std::string keys = std::string(kValid) + "matrix:\n";
+  for (const char* key :
+       {"bench.iters", "bench.warmup_iters", "bench.repeats", "bench.step_factor",
+        "bench.min_bytes", "bench.max_bytes", "bench.root", "launch.nproc_per_node",
+        "launch.threads_per_rank", "bench.dtype", "bench.op", "bench.check", "bench.plots"})
+    keys += std::string("  ") + key + ": [1, 2]\n";
+  expectContains(errorOf(keys), {"matrix: its keys make more than 4096 runs"});
+  // A file name the file system refuses is a config error, not a filesystem exception.
+  expectContains(errorOf("backend: loopback\nmodel: mlp\ntrain: {steps: 1}\n"
+                         "data: {source: tokens, path: " +
+                         std::string(5000, 'x') + "}\n"),
+                 {"data.path: ", "is not a readable file here"});
+  expectContains(errorOf(kValid, {std::string("bench.iters=3\0x", 15)}), {"holds a NUL byte"});
+}
+
 TEST(Config, SetOverridesAnyKeyAndIsNamedInErrors) {
   auto runs =
       loadExperiments(writeTempFile("ok.yaml", kValid),

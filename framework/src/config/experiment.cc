@@ -116,6 +116,10 @@ std::vector<MatrixPoint> takeMatrix(YAML::Node& root, const std::string& file) {
   YAML::Node matrix = root["matrix"];
   if (!matrix.IsDefined() || matrix.IsNull()) return {MatrixPoint{}};
   std::vector<MatrixPoint> points;
+  if (matrix.IsSequence() && matrix.size() > kMaxRuns) {
+    throw ConfigError(fmt::format("{}: matrix: {} points; a file runs at most {}",
+                                  location(file, matrix), matrix.size(), kMaxRuns));
+  }
   if (matrix.IsSequence() && matrix.size() > 0) {
     for (const auto& point : matrix) {
       if (!point.IsMap()) {
@@ -148,6 +152,17 @@ std::vector<MatrixPoint> takeMatrix(YAML::Node& root, const std::string& file) {
                         ": expected a non-empty list of values");
     }
     axes.emplace_back(key, std::vector<YAML::Node>(it->second.begin(), it->second.end()));
+  }
+  // Refused before anything is expanded: a few lines of YAML can ask for billions of runs.
+  uint64_t runs = 1;
+  for (const auto& [key, values] : axes) {
+    runs = std::min<uint64_t>(runs * values.size(), kMaxRuns + 1);
+  }
+  if (runs > kMaxRuns) {
+    throw ConfigError(
+        fmt::format("{}: matrix: its keys make more than {} runs (the product of "
+                    "their list lengths); a file runs at most {}",
+                    location(file, matrix), kMaxRuns, kMaxRuns));
   }
   // An odometer over the axes.
   std::vector<size_t> index(axes.size(), 0);
@@ -233,6 +248,13 @@ void derive(const YAML::Node& root, const std::string& file, Experiment* e) {
   e->explicit_topology = e->ranks_per_node > 0 || !e->node_labels.empty();
 }
 
+// Whether `path` names a regular file; false (never an exception) for a name the file system
+// refuses, too long or otherwise.
+bool isRegularFile(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(path, ec);
+}
+
 void checkTrain(const Experiment& e, std::vector<Issue>* issues) {
   const YAML::Node train = e.resolved["train"], data = e.resolved["data"];
   if (!e.resolved["model"]) {
@@ -260,7 +282,7 @@ void checkTrain(const Experiment& e, std::vector<Issue>* issues) {
                        data["source"].Scalar() + "' reads a file"});
   }
   if (!e.data.path.empty() && e.data.source != DataSpec::Source::kSynthetic &&
-      !std::filesystem::is_regular_file(e.data.path)) {
+      !isRegularFile(e.data.path)) {
     issues->push_back({valueLocation(e.file, data["path"]) + ": data.path: " + e.data.path +
                        " is not a readable file here (a relative path starts from the folder "
                        "collie runs in)"});
@@ -452,6 +474,10 @@ YAML::Node loadWithOverrides(const std::string& text, const std::string& path,
   YAML::Node root = parse(text, path);
   overrides->clear();
   for (const auto& set : sets) {
+    if (set.find('\0') != std::string::npos) {
+      throw ConfigError(fmt::format("--set {}...: holds a NUL byte, which no command line can",
+                                    set.substr(0, set.find('\0'))));
+    }
     auto eq = set.find('=');
     if (eq == std::string::npos || eq == 0) {
       throw ConfigError("--set " + set + ": expected key=value, e.g. --set bench.iters=5");

@@ -19,6 +19,8 @@ namespace collie::config {
 
 // Files larger than this are refused before parsing (a config is a page of text).
 constexpr size_t kMaxConfigBytes = 1 << 20;
+// A file's matrix makes at most this many runs.
+constexpr uint64_t kMaxRuns = 4096;
 
 // A plugin slot of the config: a name or path, its params and a display label. A scheduler
 // slot may hold scheduler rules instead (`rules`): the first whose max_bytes admits the

@@ -1,0 +1,218 @@
+// The loaders of untrusted files under AddressSanitizer: this test and the sources that read
+// configs, rules files and checkpoints are built with -fsanitize=address (tests/CMakeLists).
+// COLLIE_FUZZ_RUNS mutants (default 20,000) of every shipped config, of rules files and of
+// checkpoints must each load or be refused with collie's error for that file: never a crash
+// (ASan aborts on a bad read or write), a hang, or another exception. A failure names the
+// iteration and leaves its input beside the test's scratch files.
+#include <gtest/gtest.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/zeros.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "collie/error.h"
+#include "config/experiment.h"
+#include "config/rules.h"
+#include "mutator.h"
+#include "train/checkpoint.h"
+
+namespace fs = std::filesystem;
+
+namespace collie {
+namespace {
+
+int runs() {
+  const char* text = std::getenv("COLLIE_FUZZ_RUNS");
+  return text != nullptr && std::atoi(text) > 0 ? std::atoi(text) : 20000;
+}
+
+std::string readFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+fs::path scratch() {
+  const fs::path dir = fs::temp_directory_path() / ("collie-fuzz-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+void writeFile(const fs::path& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// Words a mutant may gain: YAML syntax and collie's keys and values.
+std::vector<std::string> yamlTokens() {
+  return {": ",
+          "- ",
+          "\n  ",
+          "{",
+          "}",
+          "[",
+          "]",
+          ", ",
+          "&a ",
+          "*a",
+          "<<: *a",
+          "!!binary ",
+          "!!str ",
+          "? ",
+          "|\n",
+          ">-\n",
+          "---\n",
+          "...\n",
+          "%YAML 1.2\n",
+          "~",
+          "null",
+          "1e999",
+          "-1",
+          "0x10",
+          "99999999999999999999",
+          "64MiB",
+          "1ms",
+          "auto",
+          "matrix:",
+          "bench:",
+          "train:",
+          "launch:",
+          "faults:",
+          "backend:",
+          "model:",
+          "schedulers:",
+          "nproc_per_node: ",
+          "rules:",
+          "max_bytes: ",
+          "plugin: ",
+          "params: ",
+          "label: ",
+          "lab: {hosts: 2}",
+          "rank: ",
+          "at_step: ",
+          "action: ",
+          "\"\\x00\"",
+          "'",
+          "\"",
+          "\\",
+          "#",
+          "\t"};
+}
+
+// Runs `load` on `runs()` mutants of `seeds`; `refused` is collie's error for the file.
+template <typename Refusal, typename Load>
+void fuzz(const std::string& what, const std::vector<std::string>& seeds,
+          const std::vector<std::string>& tokens, uint64_t seed, Load load,
+          const std::function<std::string(std::string)>& finish = nullptr) {
+  ASSERT_FALSE(seeds.empty());
+  fuzz::Mutator mutator(seed, tokens);
+  const fs::path dir = scratch();
+  int loaded = 0, refused = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < runs(); ++i) {
+    std::string input = mutator.mutate(seeds[i % seeds.size()], seeds);
+    if (finish) input = finish(std::move(input));
+    const fs::path path = dir / (what + "-input");
+    writeFile(path, input);
+    try {
+      load(path.string(), i);
+      ++loaded;
+    } catch (const Refusal& e) {
+      ++refused;
+      EXPECT_GT(std::string(e.what()).size(), 10u)
+          << what << " " << i << ": a refusal says why, not \"" << e.what() << "\"";
+    } catch (const std::exception& e) {
+      const fs::path kept = dir / (what + "-" + std::to_string(i));
+      fs::copy_file(path, kept, fs::copy_options::overwrite_existing);
+      FAIL() << what << " mutant " << i << " (kept as " << kept.string()
+             << ") was neither loaded nor refused with collie's error: " << e.what();
+    }
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("%s: %d mutants in %.1f s: %d loaded, %d refused\n", what.c_str(), runs(), seconds,
+              loaded, refused);
+  EXPECT_EQ(loaded + refused, runs());
+}
+
+TEST(FuzzLoaders, ConfigsLoadOrAreRefusedWithAConfigError) {
+  std::vector<std::string> seeds;
+  for (const char* folder : {"configs", "benchmarks"}) {
+    for (const auto& entry : fs::directory_iterator(fs::path(COLLIE_TEST_SOURCE_DIR) / folder)) {
+      if (entry.path().extension() == ".yaml") seeds.push_back(readFile(entry.path()));
+    }
+  }
+  ASSERT_GE(seeds.size(), 10u);
+  fuzz::Mutator sets(7, yamlTokens());
+  fuzz<ConfigError>("config", seeds, yamlTokens(), 1, [&](const std::string& path, int i) {
+    std::vector<std::string> overrides;
+    if (i % 8 == 0) overrides.push_back(sets.mutate("bench.iters=3", {"train.steps=[1, 2]"}));
+    config::loadExperiments(path, overrides);
+  });
+}
+
+TEST(FuzzLoaders, RulesFilesLoadOrAreRefusedWithAConfigError) {
+  const fs::path dir = scratch();
+  RulesFile rules;
+  rules.world_size = 4;
+  rules.backend = "gloo";
+  rules.rules.push_back({65536, {"tree", {}}});
+  rules.rules.push_back({0, {"hierarchical", {{"intra", "ring"}, {"inter", "tree"}}}});
+  config::writeRulesFile((dir / "seed.yaml").string(), rules, "a seed");
+  const std::vector<std::string> seeds{readFile(dir / "seed.yaml")};
+  fuzz<ConfigError>("rules", seeds, yamlTokens(), 2,
+                    [](const std::string& path, int) { config::readRulesFile(path); });
+}
+
+// Most mutants are sealed again (the hash recomputed) so that they reach the parser behind
+// the hash check instead of stopping at it.
+TEST(FuzzLoaders, CheckpointsLoadOrAreRefusedWithACheckpointError) {
+  const fs::path dir = scratch();
+  std::vector<std::string> seeds;
+  for (int k = 0; k < 3; ++k) {
+    train::Checkpoint c;
+    c.step = 7 + k;
+    c.identity = "model mlp {layers: 2}, adamw, micro-batches [4, 4]";
+    c.tensors.emplace_back("param/w", at::arange(12 * (k + 1), at::kFloat).reshape({3, -1}));
+    c.tensors.emplace_back("optimizer/step", at::zeros({}, at::kLong));
+    c.tensors.emplace_back("param/empty", at::zeros({0, 5}, at::kFloat));
+    const fs::path path = dir / ("seed-" + std::to_string(k) + ".ckpt");
+    train::saveCheckpoint(path.string(), c);
+    seeds.push_back(readFile(path));
+  }
+  std::vector<std::string> tokens = {"\"shape\": [",
+                                     "\"offset\": ",
+                                     "\"bytes\": ",
+                                     "-1",
+                                     "[]",
+                                     "18446744073709551615",
+                                     "9223372036854775807",
+                                     "\"i64\"",
+                                     "\"f32\"",
+                                     "{}",
+                                     "null",
+                                     "1e308",
+                                     ",",
+                                     "\"step\": "};
+  int resealed = 0;
+  fuzz<CheckpointError>(
+      "checkpoint", seeds, tokens, 3,
+      [](const std::string& path, int) { train::loadCheckpoint(path); },
+      [&](std::string bytes) {
+        if (bytes.size() >= 16 && resealed++ % 4 != 3) {
+          const uint64_t digest = XXH3_64bits(bytes.data(), bytes.size() - 8);
+          std::memcpy(&bytes[bytes.size() - 8], &digest, 8);
+        }
+        return bytes;
+      });
+}
+
+}  // namespace
+}  // namespace collie
