@@ -238,6 +238,8 @@ class GlooBackend : public Backend {
     gloo::transport::tcp::attr attr;
     attr.iface = interface;
     attr.hostname = hostname;
+    // One host: listen on the loopback, not on whatever the host name resolves to.
+    if (ctx.one_host && interface.empty() && hostname.empty()) attr.hostname = "127.0.0.1";
     try {
       shared_->device = gloo::transport::tcp::CreateDevice(attr);
     } catch (const std::exception& e) {

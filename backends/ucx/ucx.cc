@@ -248,7 +248,8 @@ class UcxBackend : public Backend {
     worker_->store = ctx.store;
     for (int r = 0; r < ctx.size; ++r) ranks_.push_back(r);
     rank_ = ctx.rank;
-    start(*ctx.store, interface, ctx.size);
+    // One host: TCP over the loopback only (shared memory does not listen at all).
+    start(*ctx.store, interface.empty() && ctx.one_host ? "lo" : interface, ctx.size);
   }
 
   UcxBackend(std::shared_ptr<Worker> worker, std::vector<int> ranks, int rank, uint32_t group)

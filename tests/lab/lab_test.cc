@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -159,6 +160,64 @@ TEST_P(LabBackends, ACappedAllReduceIsNoFasterThanTheLinkAllows) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Lab, LabBackends,
+                         ::testing::Values("gloo", "{plugin: ucx, params: {transports: tcp}}"),
+                         [](const auto& info) { return info.index == 0 ? "gloo" : "ucx_tcp"; });
+
+class LabOneHostJob : public ::testing::TestWithParam<std::string> {};
+
+// A job whose ranks are all on one host listens on that host's loopback only: from another
+// host, none of its ports (the rendezvous store, Gloo's pairs, UCX's TCP endpoints) takes a
+// connection.
+TEST_P(LabOneHostJob, NothingOfItIsReachableFromAnotherHost) {
+  REQUIRE_LAB();
+  ASSERT_EQ(runCollie({"lab", "up", "--hosts", "2"}).exit_code, 0);
+  const std::string config = writeTempFile(
+      "one-host.yaml", "name: one-host\nlaunch: {nproc_per_node: 2}\nbackend: " + GetParam() +
+                           "\nbench: {schedulers: [ring], min_bytes: 64KiB, max_bytes: 64KiB, "
+                           "iters: 1000000, warmup_iters: 1, calibrate: false, plots: false}\n");
+  const std::string out = "/tmp/collie-lab-one-host-" + std::to_string(::getpid());
+  std::thread job([&] {
+    runCollie({"lab", "exec", "collie-h0", "--", COLLIE_TEST_BINARY, "run", config, "--out", out});
+  });
+  // Once the ranks have met (the store's clients and the backend's connections are up), every
+  // socket of host 0 is the job's: listening or connected, each must be on the loopback.
+  auto sockets = [] { return sh("ip netns exec collie-h0 ss -tanH | awk '{print $1, $4}'"); };
+  std::string seen;
+  for (int i = 0; i < 300; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    seen = sockets();
+    if (std::filesystem::exists(out + "/config.yaml") &&
+        std::count(seen.begin(), seen.end(), '\n') >= 5) {
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+      seen = sockets();
+      break;
+    }
+  }
+  std::istringstream lines(seen);
+  int listening = 0, connected = 0;
+  for (std::string state, address; lines >> state >> address;) {
+    EXPECT_EQ(address.rfind("127.0.0.1:", 0), 0u) << state << " beyond the loopback: " << address;
+    if (state != "LISTEN") {
+      ++connected;
+      continue;
+    }
+    ++listening;
+    const std::string port = address.substr(address.rfind(':') + 1);
+    EXPECT_EQ(sh("ip netns exec collie-h1 timeout 2 bash -c 'exec 3<>/dev/tcp/198.18.0.1/" + port +
+                 "' 2>/dev/null && echo reached")
+                  .find("reached"),
+              std::string::npos)
+        << "host 1 reached port " << port << " of host 0";
+  }
+  EXPECT_GE(listening, 1) << "the store never listened:\n" << seen;
+  EXPECT_GE(connected, 4) << "the ranks never met:\n" << seen;
+  sh("pkill -f 'collie-lab-one-hos[t]'");
+  job.join();
+  lab::down();
+  std::filesystem::remove_all(out);
+}
+
+INSTANTIATE_TEST_SUITE_P(Lab, LabOneHostJob,
                          ::testing::Values("gloo", "{plugin: ucx, params: {transports: tcp}}"),
                          [](const auto& info) { return info.index == 0 ? "gloo" : "ucx_tcp"; });
 

@@ -74,6 +74,9 @@ struct BackendContext {
   // The job's rendezvous store (collie/store.h) for exchanging addresses; it outlives the
   // backend. Null for in-process backends.
   Store* store = nullptr;
+  // Every rank runs on this host (ABI 3.1): a backend listens on the loopback only, unless
+  // its params name an interface, so that nothing of the job is reachable from elsewhere.
+  bool one_host = false;
 };
 
 class Backend {

@@ -653,6 +653,9 @@ const Schema& experimentSchema() {
                                       .byDefault("60s")
                                       .into(&Experiment::rendezvous_timeout)
                                       .doc("how long ranks wait for each other to arrive")},
+           {"token_file", S::string()
+                              .into(&Experiment::token_file)
+                              .doc("the job token's file (across nodes; written when missing)")},
            {"max_restarts", S::integer(0, 1000)
                                 .byDefault("0")
                                 .into(&Experiment::max_restarts)

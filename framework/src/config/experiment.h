@@ -152,6 +152,7 @@ struct Experiment {
   std::string master_addr;
   int master_port = 0;  // 0: the launcher picks a free port
   std::chrono::milliseconds rendezvous_timeout{};
+  std::string token_file;  // the job token every rank presents to the store ("": none)
   int max_restarts = 0;  // collie's launcher restarts all workers after a failure
   LabSpec lab;
   PluginRef backend;

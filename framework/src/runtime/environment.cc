@@ -4,6 +4,9 @@
 
 #include <fmt/format.h>
 
+#include <sys/random.h>
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
@@ -105,6 +108,62 @@ WorkerEnv detectWorkerEnv(const std::function<const char*(const char*)>& getenv)
         w.source, w.world));
   }
   return w;
+}
+
+namespace {
+
+std::string randomToken() {
+  unsigned char bytes[32];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = ::getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n <= 0) throw InternalError("cannot draw a job token from getrandom()");
+    got += static_cast<size_t>(n);
+  }
+  std::string hex;
+  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
+}  // namespace
+
+std::string jobToken(const std::string& token_file) {
+  if (const char* token = std::getenv("COLLIE_JOB_TOKEN"); token != nullptr && *token != '\0')
+    return token;
+  if (token_file.empty()) return "";
+  std::ifstream in(token_file);
+  std::string token;
+  if (!in || !std::getline(in, token) || token.empty()) {
+    throw ConfigError(fmt::format(
+        "launch.token_file {}: cannot read a job token from it. HINT: node 0's launcher writes "
+        "it; every other node needs a copy (or a shared file system)",
+        token_file));
+  }
+  return token;
+}
+
+void provideJobToken(const std::string& token_file, bool may_create) {
+  if (const char* token = std::getenv("COLLIE_JOB_TOKEN"); token != nullptr && *token != '\0')
+    return;
+  std::string token;
+  struct stat st {};
+  if (token_file.empty()) {
+    token = randomToken();
+  } else if (::stat(token_file.c_str(), &st) != 0 && may_create) {
+    token = randomToken();
+    const mode_t old = ::umask(077);
+    std::ofstream out(token_file);
+    out << token << "\n";
+    out.close();
+    ::umask(old);
+    if (!out) {
+      throw ConfigError(
+          fmt::format("launch.token_file {}: cannot write a job token there", token_file));
+    }
+  } else {
+    token = jobToken(token_file);
+  }
+  ::setenv("COLLIE_JOB_TOKEN", token.c_str(), 1);
 }
 
 void leaveErrorForLauncher(const std::string& message) {

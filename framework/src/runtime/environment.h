@@ -24,6 +24,18 @@ struct WorkerEnv {
 // variable when one is malformed or the set is inconsistent (rank >= world, ...).
 WorkerEnv detectWorkerEnv(const std::function<const char*(const char*)>& getenv = nullptr);
 
+// The job token this rank presents to the rendezvous store: COLLIE_JOB_TOKEN, else the
+// first line of `token_file` ("" : none). Throws ConfigError when `token_file` is given and
+// cannot be read.
+std::string jobToken(const std::string& token_file);
+
+// For a launcher: makes sure its workers share a token, exported to them as
+// COLLIE_JOB_TOKEN. Keeps one already exported; else reads `token_file`, which node 0
+// (`may_create`) writes first (mode 0600, 32 random bytes in hex) when it is missing; without
+// a token_file, a fresh random token (for a launcher that starts every worker of the job). Throws
+// ConfigError for a token_file that another node lacks or that cannot be written.
+void provideJobToken(const std::string& token_file, bool may_create);
+
 // When a launcher asked for the reason this process fails (torchrun's TORCHELASTIC_ERROR_FILE,
 // what PyTorch's @record writes), leaves `message` there, so that the launcher's summary
 // names the cause instead of "To enable traceback see ...". Never throws.

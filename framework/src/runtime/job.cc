@@ -79,9 +79,13 @@ std::string rankList(const std::vector<int>& ranks) {
 }  // namespace
 
 ProcessJob::ProcessJob(const WorkerEnv& env, const std::string& default_addr, uint16_t default_port,
-                       std::chrono::milliseconds timeout)
+                       std::chrono::milliseconds timeout, const std::string& token_file)
     : env_(env), timeout_(timeout) {
-  const std::string addr = env.master_addr.empty() ? default_addr : env.master_addr;
+  // Every rank on this host: nothing of the job needs to be reachable from another one.
+  const bool one_host = env.local_world == env.world;
+  const std::string addr = one_host                  ? "127.0.0.1"
+                           : env.master_addr.empty() ? default_addr
+                                                     : env.master_addr;
   const uint16_t port = env.master_port != 0 ? env.master_port : default_port;
   if (port == 0) {
     throw ConfigError(fmt::format(
@@ -91,7 +95,7 @@ ProcessJob::ProcessJob(const WorkerEnv& env, const std::string& default_addr, ui
   }
   logDebug(fmt::format("rendezvous at {}:{} as rank {} of {} ({})", addr, port, env.rank, env.world,
                        env.source));
-  store_ = std::make_unique<TcpStore>(addr, port, env.rank == 0, timeout);
+  store_ = std::make_unique<TcpStore>(addr, port, env.rank == 0, timeout, jobToken(token_file));
   join();
 }
 
@@ -301,6 +305,7 @@ WorkerRank createBackend(ProcessJob& job, const PluginLoader& loader, const conf
   context.job_id = prefix;
   context.timeout = timeout;
   context.store = w.store.get();
+  context.one_host = job.env().local_world == job.world();
   Params params = ref.params;
   w.backend = loader.createBackend(ref.plugin, params, context);
   w.topology = Topology::singleNode(job.world());

@@ -26,8 +26,10 @@ class ProcessJob {
   // Hosts (rank 0) or reaches the store at the launcher's MASTER_ADDR/MASTER_PORT (else
   // `default_addr`/`default_port`), then waits until every rank has joined. Throws
   // CommError naming the ranks that did not arrive within `timeout`.
+  // On one host (every rank local) the store listens on 127.0.0.1 only. Elsewhere it
+  // listens on MASTER_ADDR and needs a job token (jobToken(token_file)).
   ProcessJob(const WorkerEnv& env, const std::string& default_addr, uint16_t default_port,
-             std::chrono::milliseconds timeout);
+             std::chrono::milliseconds timeout, const std::string& token_file = "");
   // Rank 0 keeps the store up until every rank is done with it (bounded by the timeout).
   ~ProcessJob();
 

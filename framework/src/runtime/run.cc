@@ -13,6 +13,7 @@
 #include "collie/error.h"
 #include "collie/log.h"
 #include "lab/lab_job.h"
+#include "runtime/environment.h"
 #include "runtime/faults.h"
 #include "runtime/launcher.h"
 #include "util/files.h"
@@ -89,7 +90,8 @@ int runAsCollieWorker(const RunRequest& request, const std::vector<config::Exper
   const auto& e = runs[env.experiment];
   PluginLoader loader;
   openPlugins(loader, {e});
-  ProcessJob job(env, e.master_addr, static_cast<uint16_t>(e.master_port), e.rendezvous_timeout);
+  ProcessJob job(env, e.master_addr, static_cast<uint16_t>(e.master_port), e.rendezvous_timeout,
+                 e.token_file);
   runRank(job, loader, e, env.experiment, kind, request.out);
   if (job.rank() == 0) kind.saveLast(env.result_path);
   return 0;
@@ -193,7 +195,7 @@ std::unique_ptr<ProcessJob> joinOutsideJob(const std::vector<config::Experiment>
   config::checkFixedWorld(runs, env.source, env.world);
   auto job = std::make_unique<ProcessJob>(
       env, first.master_addr, static_cast<uint16_t>(first.master_port ? first.master_port : 29500),
-      first.rendezvous_timeout);
+      first.rendezvous_timeout, first.token_file);
   *out = job->allGather("output-dir", out->string()).front();  // rank 0's clock names it
   return job;
 }
@@ -251,6 +253,10 @@ int runExperiments(const RunRequest& request, const std::vector<config::Experime
           e.backend.label, ranks));
     }
     checkFaultsFit(e, ranks, threads, e.backend.label);
+    // The workers this launcher starts (here, or on the lab's hosts) share a job token: a
+    // fresh one when it starts them all, else launch.token_file's (node 0 writes it).
+    if (!job && !threads && (request.nnodes == 1 || !e.token_file.empty()))
+      provideJobToken(e.token_file, request.node_rank == 0);
     if (job) {
       runRank(*job, loader, e, i, *kind, out);
     } else if (threads) {

@@ -1,0 +1,183 @@
+// collie's rendezvous store: what a job does with it, the job token, and a server that keeps
+// serving (with bounded memory) while strangers send it garbage, huge length prefixes and
+// frames they never finish.
+#include "runtime/tcp_store.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "collie/error.h"
+#include "soak.h"
+
+namespace collie {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A raw TCP connection to 127.0.0.1:port, or -1.
+int connectRaw(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether the server closed `fd` (it reads EOF or an error within a second).
+bool closedByServer(int fd) {
+  timeval tv{1, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char byte;
+  return ::recv(fd, &byte, 1, 0) <= 0 && errno != EAGAIN;
+}
+
+std::string frame(const std::string& payload) {
+  std::string out(4, '\0');
+  const uint32_t n = static_cast<uint32_t>(payload.size());
+  std::memcpy(&out[0], &n, 4);
+  return out + payload;
+}
+
+std::string str(const std::string& s) {
+  std::string out(4, '\0');
+  const uint32_t n = static_cast<uint32_t>(s.size());
+  std::memcpy(&out[0], &n, 4);
+  return out + s;
+}
+
+TEST(Store, SetGetAddCheckAndWait) {
+  TcpStore server("127.0.0.1", 0, true, 5s);
+  TcpStore client("127.0.0.1", server.port(), false, 5s);
+  server.setString("a", "alpha");
+  EXPECT_EQ(client.getString("a"), "alpha");
+  EXPECT_EQ(client.add("n", 2), 2);
+  EXPECT_EQ(server.add("n", 3), 5);
+  EXPECT_EQ(client.add("n", 0), 5);
+  EXPECT_TRUE(client.check({"a", "n"}));
+  EXPECT_FALSE(client.check({"a", "missing"}));
+  std::thread late([&] {
+    std::this_thread::sleep_for(200ms);
+    server.setString("late", "x");
+  });
+  client.wait({"late"}, 5s);  // returns once it is set
+  late.join();
+  EXPECT_EQ(client.getString("late"), "x");
+  try {
+    client.wait({"never"}, 300ms);
+    ADD_FAILURE() << "waited for a key nobody sets";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("waited 300 ms for never"), std::string::npos) << e.what();
+  }
+  std::vector<uint8_t> big(1 << 20, 7);
+  client.set("big", big);
+  EXPECT_EQ(server.get("big"), big);
+}
+
+TEST(Store, AnAddressOtherHostsReachNeedsAToken) {
+  try {
+    TcpStore("10.255.255.1", 0, true, 1s);
+    ADD_FAILURE() << "a store listened beyond the loopback without a token";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("which other hosts reach, without a job token"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(isLoopbackHost("127.0.0.1"));
+  EXPECT_TRUE(isLoopbackHost("127.3.2.1"));
+  EXPECT_TRUE(isLoopbackHost("localhost"));
+  EXPECT_FALSE(isLoopbackHost("198.18.0.1"));
+}
+
+TEST(Store, WithoutTheTokenAClientCanNeitherReadNorWrite) {
+  TcpStore server("127.0.0.1", 0, true, 5s, "s3cret");
+  server.setString("job/key", "private");
+  for (const std::string token : {"", "wrong", "s3cre", "s3cret!"}) {
+    try {
+      TcpStore intruder("127.0.0.1", server.port(), false, 2s, token);
+      ADD_FAILURE() << "token '" << token << "' was let in";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("refused this rank"), std::string::npos) << e.what();
+    }
+  }
+  // Raw requests without the greeting: the server hangs up and nothing changes.
+  const int fd = connectRaw(server.port());
+  ASSERT_GE(fd, 0);
+  const std::string set = frame(std::string(1, '\2') + str("job/key") + str("overwritten"));
+  ASSERT_EQ(::send(fd, set.data(), set.size(), MSG_NOSIGNAL), static_cast<ssize_t>(set.size()));
+  EXPECT_TRUE(closedByServer(fd));
+  ::close(fd);
+  const int reader = connectRaw(server.port());
+  const std::string get = frame(std::string(1, '\3') + str("job/key"));
+  ::send(reader, get.data(), get.size(), MSG_NOSIGNAL);
+  EXPECT_TRUE(closedByServer(reader));
+  ::close(reader);
+  TcpStore member("127.0.0.1", server.port(), false, 2s, "s3cret");
+  EXPECT_EQ(member.getString("job/key"), "private");
+}
+
+// Random bytes, huge length prefixes and frames left unfinished on many connections: the
+// server drops what it must, keeps serving the job, and holds little memory for strangers.
+TEST(Store, ServesTheJobWhileStrangersSendGarbage) {
+  TcpStore server("127.0.0.1", 0, true, 5s, "token");
+  TcpStore member("127.0.0.1", server.port(), false, 5s, "token");
+  member.setString("before", "1");
+  const auto before = testing::usageNow();
+  std::mt19937_64 rng(11);
+  std::vector<int> open;
+  for (int i = 0; i < 3000; ++i) {
+    const int fd = connectRaw(server.port());
+    if (fd < 0) continue;
+    std::string bytes;
+    switch (i % 4) {
+      case 0:  // noise
+        for (int k = 0; k < 200; ++k) bytes += static_cast<char>(rng());
+        break;
+      case 1: {  // a length prefix of megabytes or gigabytes, and 256 KiB of its frame
+        const uint32_t huge =
+            i % 8 == 1 ? (2u << 20) : 0xFFFFFFF0u - static_cast<uint32_t>(rng() % 1000);
+        bytes.assign(reinterpret_cast<const char*>(&huge), 4);
+        bytes += std::string(256 << 10, 'x');
+        break;
+      }
+      case 2:  // a greeting cut short, the connection kept open
+        bytes = frame(std::string(1, '\1') + str("token")).substr(0, 1 + rng() % 9);
+        break;
+      default:  // a greeting with the wrong token, then a request
+        bytes = frame(std::string(1, '\1') + str("nope")) +
+                frame(std::string(1, '\2') + str("before") + str("2"));
+        break;
+    }
+    ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if ((i % 4 == 1 || i % 4 == 2) && open.size() < 400) {
+      open.push_back(fd);  // left hanging: a server that buffered them would hold ~50 MiB
+    } else {
+      ::close(fd);
+    }
+    if (i % 500 == 0) {
+      EXPECT_EQ(member.add("alive", 1), i / 500 + 1);
+    }
+  }
+  EXPECT_EQ(member.getString("before"), "1");
+  const auto during = testing::usageNow();
+  EXPECT_LT(during.rss_kb - before.rss_kb, 32 * 1024) << "the server held on to garbage";
+  for (int fd : open) ::close(fd);
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(member.add("alive", 0), 6);
+  const auto after = testing::usageNow();
+  EXPECT_EQ(after.fds, before.fds) << "the server kept strangers' sockets";
+}
+
+}  // namespace
+}  // namespace collie
