@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -425,6 +426,49 @@ TEST(Launcher, TwoNodesMakeOneJob) {
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("--node-rank 2 must be below --nnodes 2"), std::string::npos)
       << bad.output;
+  // Across hosts, a job needs a token before anything starts.
+  bad = runCollie({"launch", "--nnodes", "2", "--node-rank", "1", "--master-addr", "198.18.0.1",
+                   "--master-port", port, config});
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("meets at 198.18.0.1, which other hosts reach, and has no job token"),
+            std::string::npos)
+      << bad.output;
+}
+
+// launch.token_file: node 0 writes it (mode 0600) and node 1 reads it; a node with another
+// token is refused by the store, by name.
+TEST(Launcher, NodesShareTheTokenFileAndAnotherTokenIsRefused) {
+  const std::string out = scratch("token");
+  const std::string token = out + "/job-token", other = out + "/other-token";
+  std::ofstream(other) << "not the job's\n";
+  const std::string config = shortConfig("gloo", 1);
+  auto launch = [&](const std::string& file, const std::string& tag) {
+    const std::string port = std::to_string(collie::pickFreePort("127.0.0.1"));
+    std::vector<Spawned> nodes;
+    for (int node = 0; node < 2; ++node) {
+      nodes.push_back(
+          spawn({"launch", "--nnodes", "2", "--node-rank", std::to_string(node), "--master-addr",
+                 "127.0.0.1", "--master-port", port, config, "--set",
+                 "launch.token_file=" + (node == 0 ? token : file), "--set",
+                 "launch.rendezvous_timeout=5s", "--out", out + "/" + tag + std::to_string(node)},
+                {}, out + "/" + tag + std::to_string(node) + ".log"));
+    }
+    auto start = Clock::now();
+    for (auto& n : nodes) {
+      if (!waitFor(n, start, start + std::chrono::seconds(60))) killAndReap(n);
+    }
+    return nodes;
+  };
+  auto shared = launch(token, "shared");
+  for (auto& n : shared) EXPECT_EQ(exitCode(n), 0) << n.output();
+  struct stat st {};
+  ASSERT_EQ(::stat(token.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  auto refused = launch(other, "refused");
+  EXPECT_NE(exitCode(refused[1]), 0);
+  EXPECT_NE(refused[1].output().find("refused this rank: a wrong job token"), std::string::npos)
+      << refused[1].output();
+  EXPECT_NE(exitCode(refused[0]), 0) << "node 0 ran without node 1";
 }
 
 // A backend param that cannot work is bad input on every rank, named, not a hang.

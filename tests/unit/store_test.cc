@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -177,6 +178,28 @@ TEST(Store, ServesTheJobWhileStrangersSendGarbage) {
   EXPECT_EQ(member.add("alive", 0), 6);
   const auto after = testing::usageNow();
   EXPECT_EQ(after.fds, before.fds) << "the server kept strangers' sockets";
+}
+
+// Strangers that connect and never greet cannot keep the job out: when every connection is
+// taken, the oldest that has not greeted makes room.
+TEST(Store, StrangersHoldingEveryConnectionDoNotKeepTheJobOut) {
+  rlimit files{};
+  ::getrlimit(RLIMIT_NOFILE, &files);
+  files.rlim_cur = std::max<rlim_t>(files.rlim_cur, 8192);
+  if (files.rlim_max < files.rlim_cur) files.rlim_max = files.rlim_cur;
+  if (::setrlimit(RLIMIT_NOFILE, &files) != 0) GTEST_SKIP() << "cannot open 2,100 descriptors";
+  TcpStore server("127.0.0.1", 0, true, 5s, "token");
+  std::vector<int> strangers;
+  for (size_t i = 0; i < StoreLimits::kMaxConnections + 20; ++i) {
+    const int fd = connectRaw(server.port());
+    ASSERT_GE(fd, 0);
+    strangers.push_back(fd);
+  }
+  std::this_thread::sleep_for(200ms);  // the server has accepted them all
+  TcpStore member("127.0.0.1", server.port(), false, 5s, "token");
+  member.setString("k", "v");
+  EXPECT_EQ(server.getString("k"), "v");
+  for (int fd : strangers) ::close(fd);
 }
 
 }  // namespace

@@ -518,7 +518,8 @@ bool FaultSpec::needsOwnProcess() const {
 }
 
 const std::vector<std::string> kPerHostKeys = {"backend.params.interface",
-                                               "backend.params.hostname", "backend.params.device"};
+                                               "backend.params.hostname", "backend.params.device",
+                                               "launch.token_file"};
 
 YAML::Node sharedSettings(const Experiment& e) {
   YAML::Node shared = YAML::Clone(e.resolved);

@@ -153,7 +153,7 @@ struct Experiment {
   int master_port = 0;  // 0: the launcher picks a free port
   std::chrono::milliseconds rendezvous_timeout{};
   std::string token_file;  // the job token every rank presents to the store ("": none)
-  int max_restarts = 0;  // collie's launcher restarts all workers after a failure
+  int max_restarts = 0;    // collie's launcher restarts all workers after a failure
   LabSpec lab;
   PluginRef backend;
   BenchSpec bench;
@@ -167,7 +167,8 @@ struct Experiment {
 
 // The keys whose values may differ from host to host in one job: the network interface a
 // backend uses and the address it announces (names differ between machines: enp3s0 on one,
-// wlp2s0 on another), the GPU a rank drives. Everything else every rank must agree on.
+// wlp2s0 on another), the GPU a rank drives, where the job token is kept. Everything else every
+// rank must agree on.
 extern const std::vector<std::string> kPerHostKeys;
 
 // `e.resolved` without the kPerHostKeys: the text every rank of a job checks it shares.

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -142,7 +143,8 @@ std::string jobToken(const std::string& token_file) {
   return token;
 }
 
-void provideJobToken(const std::string& token_file, bool may_create) {
+void provideJobToken(const std::string& token_file, bool may_create,
+                     std::chrono::milliseconds patience) {
   if (const char* token = std::getenv("COLLIE_JOB_TOKEN"); token != nullptr && *token != '\0')
     return;
   std::string token;
@@ -161,6 +163,9 @@ void provideJobToken(const std::string& token_file, bool may_create) {
           fmt::format("launch.token_file {}: cannot write a job token there", token_file));
     }
   } else {
+    const auto deadline = std::chrono::steady_clock::now() + patience;
+    while (::stat(token_file.c_str(), &st) != 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
     token = jobToken(token_file);
   }
   ::setenv("COLLIE_JOB_TOKEN", token.c_str(), 1);

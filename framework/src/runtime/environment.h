@@ -3,6 +3,7 @@
 // MASTER_PORT), Open MPI's (OMPI_COMM_WORLD_*) or Slurm's (SLURM_PROCID, SLURM_NTASKS, ...).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -32,9 +33,11 @@ std::string jobToken(const std::string& token_file);
 // For a launcher: makes sure its workers share a token, exported to them as
 // COLLIE_JOB_TOKEN. Keeps one already exported; else reads `token_file`, which node 0
 // (`may_create`) writes first (mode 0600, 32 random bytes in hex) when it is missing; without
-// a token_file, a fresh random token (for a launcher that starts every worker of the job). Throws
-// ConfigError for a token_file that another node lacks or that cannot be written.
-void provideJobToken(const std::string& token_file, bool may_create);
+// a token_file, a fresh random token (for a launcher that starts every worker of the job).
+// Another node waits up to `patience` for node 0 to write the file (a shared file system).
+// Throws ConfigError for a token_file that is still missing then, or cannot be written.
+void provideJobToken(const std::string& token_file, bool may_create,
+                     std::chrono::milliseconds patience = std::chrono::milliseconds(0));
 
 // When a launcher asked for the reason this process fails (torchrun's TORCHELASTIC_ERROR_FILE,
 // what PyTorch's @record writes), leaves `message` there, so that the launcher's summary

@@ -16,6 +16,7 @@
 #include "runtime/environment.h"
 #include "runtime/faults.h"
 #include "runtime/launcher.h"
+#include "runtime/tcp_store.h"
 #include "util/files.h"
 
 namespace fs = std::filesystem;
@@ -256,7 +257,16 @@ int runExperiments(const RunRequest& request, const std::vector<config::Experime
     // The workers this launcher starts (here, or on the lab's hosts) share a job token: a
     // fresh one when it starts them all, else launch.token_file's (node 0 writes it).
     if (!job && !threads && (request.nnodes == 1 || !e.token_file.empty()))
-      provideJobToken(e.token_file, request.node_rank == 0);
+      provideJobToken(e.token_file, request.node_rank == 0, e.rendezvous_timeout);
+    const std::string master = request.master_addr.empty() ? e.master_addr : request.master_addr;
+    if (!job && !threads && request.nnodes > 1 && !isLoopbackHost(master) &&
+        jobToken(e.token_file).empty()) {
+      throw ConfigError(fmt::format(
+          "collie launch: a job across {} nodes meets at {}, which other hosts reach, and has no "
+          "job token. HINT: set launch.token_file to a file every node can read (node 0 writes "
+          "it when it is missing), or export the same COLLIE_JOB_TOKEN on every node",
+          request.nnodes, master));
+    }
     if (job) {
       runRank(*job, loader, e, i, *kind, out);
     } else if (threads) {

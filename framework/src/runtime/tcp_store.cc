@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <list>
@@ -178,7 +179,12 @@ class StoreServer {
     std::string in, out;
     bool authenticated = false;
     bool closing = false;  // close once `out` is written
+    Clock::time_point opened;
   };
+
+  // A connection must greet the store this soon, or it is closed: strangers cannot hold
+  // the server's connections.
+  static constexpr std::chrono::seconds kGreetingDeadline{10};
 
   void loop() {
     while (true) {
@@ -187,14 +193,15 @@ class StoreServer {
         fds.push_back({c.fd, static_cast<short>(c.closing ? 0 : POLLIN), 0});
         if (!c.out.empty()) fds.back().events |= POLLOUT;
       }
-      if (::poll(fds.data(), fds.size(), -1) < 0 && errno != EINTR) return;
+      if (::poll(fds.data(), fds.size(), 1000) < 0 && errno != EINTR) return;
       if (fds[0].revents != 0) return;
       if (fds[1].revents & POLLIN) accept();
       size_t k = 2;
       for (auto it = conns_.begin(); it != conns_.end(); ++k) {
         // accept() appended new connections after the polled ones: they wait a round.
         const short revents = k < fds.size() && fds[k].fd == it->fd ? fds[k].revents : 0;
-        if (serve(*it, revents)) {
+        const bool late = !it->authenticated && Clock::now() - it->opened > kGreetingDeadline;
+        if (!late && serve(*it, revents)) {
           ++it;
         } else {
           ::close(it->fd);
@@ -209,13 +216,21 @@ class StoreServer {
       const int fd = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) return;
       if (conns_.size() >= StoreLimits::kMaxConnections) {
-        ::close(fd);
-        continue;
+        // Full: the oldest connection that has not greeted makes room, else the new one goes.
+        auto stranger = std::find_if(conns_.begin(), conns_.end(),
+                                     [](const Conn& c) { return !c.authenticated; });
+        if (stranger == conns_.end()) {
+          ::close(fd);
+          continue;
+        }
+        ::close(stranger->fd);
+        conns_.erase(stranger);
       }
       const int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       Conn c;
       c.fd = fd;
+      c.opened = Clock::now();
       conns_.push_back(std::move(c));
     }
   }
