@@ -190,8 +190,9 @@ TEST(FaultInjection, ADelayHoldsEveryRankBackInThatStepOnly) {
   EXPECT_EQ(step, 6);
 }
 
-// slow: rank 1 keeps a tenth of one CPU for the rest of the run (cgroup v1 cpu), so its
-// compute per step is several times rank 0's; its cgroup is gone after the run.
+// slow: rank 1 keeps a tenth of one CPU for the rest of the run (cgroup v1 cpu): the kernel
+// throttles it (the rank reports the group's cpu.stat when the limit ends), and its group is
+// gone after the run. Not a timing test: throttling is counted, not timed.
 TEST(FaultInjection, SlowLimitsTheRanksCpuAndRemovesItsCgroupAfter) {
   struct stat st {};
   if (::geteuid() != 0 || ::stat("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", &st) != 0)
@@ -206,10 +207,10 @@ TEST(FaultInjection, SlowLimitsTheRanksCpuAndRemovesItsCgroupAfter) {
                          "before step 1"),
             std::string::npos)
       << run.log;
-  const auto summary = nlohmann::json::parse(readText(out + "/summary.json"));
-  const auto compute = summary.at(0).at("compute_s");
-  ASSERT_EQ(compute.size(), 2u);
-  EXPECT_GT(compute[1].get<double>(), 3 * compute[0].get<double>()) << summary.dump();
+  const std::string ended = "faults[0]: rank 1's CPU share ended: throttled in ";
+  const auto at = run.log.find(ended);
+  ASSERT_NE(at, std::string::npos) << run.log;
+  EXPECT_GT(std::atol(run.log.c_str() + at + ended.size()), 0) << run.log.substr(at, 120);
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator("/sys/fs/cgroup/cpu/collie", ec))
     ADD_FAILURE() << entry.path() << " was left behind";

@@ -123,7 +123,27 @@ Faults::Faults(const std::vector<config::FaultSpec>& all, int rank) : rank_(rank
   taken_.assign(mine_.size(), false);
 }
 
-Faults::~Faults() = default;
+CpuLimit::Throttling CpuLimit::throttling() const {
+  Throttling t;
+  std::ifstream in(group_ + "/cpu.stat");
+  std::string name;
+  long long value = 0;
+  while (in >> name >> value) {
+    if (name == "nr_periods") t.periods = static_cast<long>(value);
+    if (name == "nr_throttled") t.throttled = static_cast<long>(value);
+    if (name == "throttled_time") t.throttled_seconds = static_cast<double>(value) / 1e9;
+  }
+  return t;
+}
+
+Faults::~Faults() {
+  if (!limit_) return;
+  const auto t = limit_->throttling();
+  logWarn(
+      fmt::format("faults[{}]: rank {}'s CPU share ended: throttled in {} of {} periods "
+                  "({:.2f} s)",
+                  limit_index_, rank_, t.throttled, t.periods, t.throttled_seconds));
+}
 
 void Faults::beforeStep(int64_t step) {
   if (mine_.empty()) return;
@@ -175,6 +195,7 @@ void Faults::take(const config::FaultSpec& f) {
       std::lock_guard<std::mutex> lock(mu_);
       limit_.reset();  // a second slow replaces the first
       limit_ = std::make_unique<CpuLimit>(f.cpu_share);
+      limit_index_ = f.index;
       break;
     }
   }

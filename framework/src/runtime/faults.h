@@ -26,6 +26,14 @@ class CpuLimit {
 
   const std::string& path() const { return group_; }
 
+  // The cfs statistics of the group so far (cpu.stat): periods with runnable threads, those
+  // in which the quota ran out, and the time throttled.
+  struct Throttling {
+    long periods = 0, throttled = 0;
+    double throttled_seconds = 0;
+  };
+  Throttling throttling() const;
+
  private:
   std::string group_;     // the cgroup made for this process
   std::string previous_;  // the cgroup it was in
@@ -36,6 +44,7 @@ class Faults {
   Faults() = default;
   // The faults of `all` that `rank` takes.
   Faults(const std::vector<config::FaultSpec>& all, int rank);
+  // Ends a CPU limit, logging how often it throttled the rank.
   ~Faults();
 
   // Before training step `step` (1-based) and before the collective numbered `seq`; a fault
@@ -52,6 +61,7 @@ class Faults {
   std::vector<bool> taken_;
   std::mutex mu_;
   std::unique_ptr<CpuLimit> limit_;
+  int limit_index_ = 0;  // the fault that set it
 };
 
 // Throws ConfigError for a fault this job cannot take: a rank outside its `world`, or one
