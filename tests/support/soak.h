@@ -5,6 +5,7 @@
 #pragma once
 
 #include <dirent.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -27,6 +28,9 @@ struct Usage {
 };
 
 inline Usage usageNow() {
+  // Free memory the allocator still holds goes back first: what is left resident is what is
+  // in use (a leak stays; the allocator's caching of the last 1 MiB buffers does not).
+  ::malloc_trim(0);
   Usage u;
   long pages = 0, resident = 0;
   std::ifstream("/proc/self/statm") >> pages >> resident;
@@ -124,6 +128,11 @@ inline bool soak(std::shared_ptr<Backend> backend, int total, std::vector<Usage>
     }
   }
   if (usage != nullptr) usage->push_back(usageNow());
+  // No rank leaves before every rank has read its usage: ranks that are threads of one
+  // process would otherwise count one thread fewer.
+  CollectiveArgs barrier;
+  barrier.coll = Collective::kBarrier;
+  comm.run(barrier, tree);
   return true;
 }
 

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
-#include <map>
 
 #include "collie/error.h"
 #include "collie/params.h"
