@@ -82,8 +82,7 @@ ProcessJob::ProcessJob(const WorkerEnv& env, const std::string& default_addr, ui
                        std::chrono::milliseconds timeout, const std::string& token_file)
     : env_(env), timeout_(timeout) {
   // Every rank on this host: nothing of the job needs to be reachable from another one.
-  const bool one_host = env.local_world == env.world;
-  const std::string addr = one_host                  ? "127.0.0.1"
+  const std::string addr = oneHost()                 ? "127.0.0.1"
                            : env.master_addr.empty() ? default_addr
                                                      : env.master_addr;
   const uint16_t port = env.master_port != 0 ? env.master_port : default_port;
@@ -305,7 +304,7 @@ WorkerRank createBackend(ProcessJob& job, const PluginLoader& loader, const conf
   context.job_id = prefix;
   context.timeout = timeout;
   context.store = w.store.get();
-  context.one_host = job.env().local_world == job.world();
+  context.one_host = job.oneHost();
   Params params = ref.params;
   w.backend = loader.createBackend(ref.plugin, params, context);
   w.topology = Topology::singleNode(job.world());

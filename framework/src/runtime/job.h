@@ -35,6 +35,8 @@ class ProcessJob {
 
   int rank() const { return env_.rank; }
   int world() const { return env_.world; }
+  // Whether every rank runs on this host (its launcher started them all).
+  bool oneHost() const { return env_.local_world == env_.world; }
   const WorkerEnv& env() const { return env_; }
   Store& store();
 

@@ -195,11 +195,9 @@ class StoreServer {
       }
       if (::poll(fds.data(), fds.size(), 1000) < 0 && errno != EINTR) return;
       if (fds[0].revents != 0) return;
-      if (fds[1].revents & POLLIN) accept();
-      size_t k = 2;
+      size_t k = 2;  // conns_ in the order `fds` lists them
       for (auto it = conns_.begin(); it != conns_.end(); ++k) {
-        // accept() appended new connections after the polled ones: they wait a round.
-        const short revents = k < fds.size() && fds[k].fd == it->fd ? fds[k].revents : 0;
+        const short revents = fds[k].revents;
         const bool late = !it->authenticated && Clock::now() - it->opened > kGreetingDeadline;
         if (!late && serve(*it, revents)) {
           ++it;
@@ -208,6 +206,7 @@ class StoreServer {
           it = conns_.erase(it);
         }
       }
+      if (fds[1].revents & POLLIN) accept();  // after: accepting may evict a stranger
     }
   }
 
