@@ -56,10 +56,7 @@ bool continuesIntoSlot(const std::string& slot, const YAML::Node& node,
 
 // "bench.iters" -> {"bench", "iters"}.
 std::vector<std::string> splitDotted(const std::string& dotted) {
-  std::vector<std::string> parts;
-  std::stringstream in(dotted);
-  for (std::string part; std::getline(in, part, '.');) parts.push_back(part);
-  return parts;
+  return detail::split(dotted, '.');
 }
 
 // Sets `dotted` (e.g. "bench.iters") in `root`, creating maps on the way.

@@ -1,6 +1,8 @@
 // String helpers for user-facing messages.
 #include "core/strings.h"
 
+#include <sstream>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -45,6 +47,13 @@ std::string trim(const std::string& text) {
   if (begin == std::string::npos) return "";
   size_t end = text.find_last_not_of(" \t\r\n");
   return text.substr(begin, end - begin + 1);
+}
+
+std::vector<std::string> split(const std::string& text, char separator) {
+  std::vector<std::string> parts;
+  std::stringstream in(text);
+  for (std::string part; std::getline(in, part, separator);) parts.push_back(part);
+  return parts;
 }
 
 std::string join(const std::vector<std::string>& items, const std::string& separator) {

@@ -14,6 +14,8 @@ std::string closestMatch(const std::string& word, const std::vector<std::string>
 std::string didYouMean(const std::string& word, const std::vector<std::string>& candidates);
 std::string trim(const std::string& text);
 std::string join(const std::vector<std::string>& items, const std::string& separator);
+// "a.b.c" split on '.' -> {"a", "b", "c"} (empty parts kept: "a..b" -> {"a", "", "b"}).
+std::vector<std::string> split(const std::string& text, char separator);
 // "1,234,567": an integer with thousands separators.
 std::string withCommas(int64_t value);
 

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "collie/error.h"
+#include "core/strings.h"
 
 namespace collie {
 namespace {
@@ -126,15 +127,22 @@ std::string randomToken() {
   return hex;
 }
 
+// COLLIE_JOB_TOKEN, or "".
+std::string exportedToken() {
+  const char* token = std::getenv("COLLIE_JOB_TOKEN");
+  return token == nullptr ? "" : token;
+}
+
 }  // namespace
 
 std::string jobToken(const std::string& token_file) {
-  if (const char* token = std::getenv("COLLIE_JOB_TOKEN"); token != nullptr && *token != '\0')
-    return token;
+  if (std::string token = exportedToken(); !token.empty()) return token;
   if (token_file.empty()) return "";
   std::ifstream in(token_file);
   std::string token;
-  if (!in || !std::getline(in, token) || token.empty()) {
+  if (in) std::getline(in, token);
+  token = detail::trim(token);  // a copy made on another system may end in \r
+  if (token.empty()) {
     throw ConfigError(fmt::format(
         "launch.token_file {}: cannot read a job token from it. HINT: node 0's launcher writes "
         "it; every other node needs a copy (or a shared file system)",
@@ -145,8 +153,7 @@ std::string jobToken(const std::string& token_file) {
 
 void provideJobToken(const std::string& token_file, bool may_create,
                      std::chrono::milliseconds patience) {
-  if (const char* token = std::getenv("COLLIE_JOB_TOKEN"); token != nullptr && *token != '\0')
-    return;
+  if (!exportedToken().empty()) return;
   std::string token;
   struct stat st {};
   if (token_file.empty()) {

@@ -13,12 +13,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <stdexcept>
 #include <thread>
 
 #include "collie/error.h"
 #include "collie/log.h"
+#include "core/strings.h"
 
 namespace fs = std::filesystem;
 
@@ -27,15 +27,8 @@ namespace {
 
 constexpr long kCfsPeriodUs = 100000;
 
-std::vector<std::string> splitOn(const std::string& text, char sep) {
-  std::vector<std::string> parts;
-  std::stringstream in(text);
-  for (std::string part; std::getline(in, part, sep);) parts.push_back(part);
-  return parts;
-}
-
 bool hasWord(const std::string& list, const std::string& word) {
-  for (const auto& w : splitOn(list, ',')) {
+  for (const auto& w : detail::split(list, ',')) {
     if (w == word) return true;
   }
   return false;
@@ -46,7 +39,7 @@ std::string cpuControllerMount() {
   std::ifstream in("/proc/self/mountinfo");
   for (std::string line; std::getline(in, line);) {
     // "36 25 0:31 / /sys/fs/cgroup/cpu rw,relatime shared:14 - cgroup cgroup rw,cpu"
-    const auto fields = splitOn(line, ' ');
+    const auto fields = detail::split(line, ' ');
     const auto dash = std::find(fields.begin(), fields.end(), "-");
     if (fields.size() < 5 || dash == fields.end() || fields.end() - dash < 4) continue;
     if (dash[1] == "cgroup" && hasWord(dash[3], "cpu")) return fields[4];
