@@ -1,10 +1,11 @@
 // Ring all-reduce: a reduce-scatter phase then an all-gather phase around the ring, each
-// block cut into chunks so that reducing one chunk overlaps receiving the next.
+// block cut into chunks so that reducing one chunk overlaps receiving the next (the steps
+// are collie/schedules/rings.h, shared with bidirectional_ring).
 #include <algorithm>
 #include <cmath>
 
-#include "collie/patterns/ring.h"
 #include "collie/plugin.h"
+#include "collie/schedules/rings.h"
 
 namespace collie::ring {
 namespace {
@@ -35,25 +36,28 @@ class RingScheduler : public Scheduler {
     switch (args.coll) {
       case Collective::kAllReduce: {
         if (n == 1 || args.data.count == 0) return finishAverage(args.data, args.op, n);
-        reduceScatter(args.data, args.op, args.seq, backend);
-        Range mine = patterns::block(args.data.count, n, backend.rank());
+        const std::vector<schedules::RingPart> ring{partOf(args.data)};
+        schedules::ringReduceScatter(ring, args.op, args.seq, backend);
+        Range mine = schedules::ownBlock(ring[0], backend);
         finishAverage(args.data.slice(mine.offset, mine.count), args.op, n);
-        allGather(args.data, args.seq, backend);
+        schedules::ringAllGather(ring, args.seq, backend);
         return;
       }
       case Collective::kReduceScatter: {
         // Reduce in a copy so that the input stays intact, then hand out this rank's block.
         ScratchBuffer work(args.data, args.data.count);
         copyInto(work.view(), args.data);
-        if (n > 1) reduceScatter(work.view(), args.op, args.seq, backend);
-        Range mine = patterns::block(args.data.count, n, backend.rank());
+        const std::vector<schedules::RingPart> ring{partOf(work.view())};
+        if (n > 1) schedules::ringReduceScatter(ring, args.op, args.seq, backend);
+        Range mine = schedules::ownBlock(ring[0], backend);
         copyInto(args.output, work.view().slice(mine.offset, mine.count));
         return finishAverage(args.output, args.op, n);
       }
       case Collective::kAllGather: {
-        Range mine = patterns::block(args.output.count, n, backend.rank());
+        const std::vector<schedules::RingPart> ring{partOf(args.output)};
+        Range mine = schedules::ownBlock(ring[0], backend);
         copyInto(args.output.slice(mine.offset, mine.count), args.data);
-        if (n > 1) allGather(args.output, args.seq, backend);
+        if (n > 1) schedules::ringAllGather(ring, args.seq, backend);
         return;
       }
       default:
@@ -85,58 +89,13 @@ class RingScheduler : public Scheduler {
   }
 
  private:
-  size_t chunkElements(const Buffer& data) const {
-    return std::max<size_t>(1, chunk_bytes_ / dtypeSize(data.dtype));
-  }
-
-  // After it, block r of `data` on rank r holds the reduction of every rank's block r.
-  void reduceScatter(const Buffer& data, ReduceOp op, uint64_t seq, Backend& backend) {
-    const int n = backend.size(), rank = backend.rank();
-    const int next = patterns::ringNext(rank, n), prev = patterns::ringPrev(rank, n);
-    const size_t chunk = chunkElements(data);
-    ScratchBuffer incoming(data, patterns::block(data.count, n, 0).count);  // largest block
-    std::vector<std::unique_ptr<Request>> sends, recvs;
-    for (int step = 0; step < n - 1; ++step) {
-      auto s = patterns::ringReduceScatterStep(rank, n, step);
-      Range recv_block = patterns::block(data.count, n, s.recv_block);
-      auto recv_chunks = patterns::pieces(recv_block, chunk);
-      for (const Range& c : recv_chunks) {
-        Buffer into = incoming.view().slice(c.offset - recv_block.offset, c.count);
-        recvs.push_back(backend.irecv(prev, into, makeTag(seq, kReduceScatter, step)));
-      }
-      for (const Range& c : patterns::pieces(patterns::block(data.count, n, s.send_block), chunk)) {
-        sends.push_back(
-            backend.isend(next, data.slice(c.offset, c.count), makeTag(seq, kReduceScatter, step)));
-      }
-      for (size_t i = 0; i < recv_chunks.size(); ++i) {
-        recvs[i]->wait(backend.timeout());
-        const Range& c = recv_chunks[i];
-        reduceInto(data.slice(c.offset, c.count),
-                   incoming.view().slice(c.offset - recv_block.offset, c.count), op);
-      }
-      recvs.clear();
-      waitAll(sends, backend.timeout());  // the next step sends what this one reduced
-    }
-  }
-
-  // Starting with block r complete on rank r, leaves every block complete on every rank.
-  void allGather(const Buffer& data, uint64_t seq, Backend& backend) {
-    const int n = backend.size(), rank = backend.rank();
-    const int next = patterns::ringNext(rank, n), prev = patterns::ringPrev(rank, n);
-    const size_t chunk = chunkElements(data);
-    std::vector<std::unique_ptr<Request>> requests;
-    for (int step = 0; step < n - 1; ++step) {
-      auto s = patterns::ringAllGatherStep(rank, n, step);
-      for (const Range& c : patterns::pieces(patterns::block(data.count, n, s.recv_block), chunk)) {
-        requests.push_back(
-            backend.irecv(prev, data.slice(c.offset, c.count), makeTag(seq, kAllGather, step)));
-      }
-      for (const Range& c : patterns::pieces(patterns::block(data.count, n, s.send_block), chunk)) {
-        requests.push_back(
-            backend.isend(next, data.slice(c.offset, c.count), makeTag(seq, kAllGather, step)));
-      }
-      waitAll(requests, backend.timeout());  // the next step forwards what this one received
-    }
+  schedules::RingPart partOf(const Buffer& data) const {
+    schedules::RingPart part;
+    part.data = data;
+    part.chunk = std::max<size_t>(1, chunk_bytes_ / dtypeSize(data.dtype));
+    part.reduce_scatter_phase = kReduceScatter;
+    part.all_gather_phase = kAllGather;
+    return part;
   }
 
   uint64_t chunk_bytes_;

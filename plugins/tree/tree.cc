@@ -1,11 +1,13 @@
 // Pipelined binary-tree all-reduce: segments flow up the tree (reduced at every node) and
-// back down (broadcast), so a long message keeps every level busy. Latency grows with
+// back down (broadcast), so a long message keeps every level busy (collie/schedules/trees.h,
+// shared with double_binary_tree and knomial). Latency grows with
 // log2(n) rather than n, which wins for small messages.
 #include <algorithm>
 #include <cmath>
 
 #include "collie/patterns/tree.h"
 #include "collie/plugin.h"
+#include "collie/schedules/trees.h"
 
 namespace collie::tree {
 namespace {
@@ -34,21 +36,19 @@ class TreeScheduler : public Scheduler {
   void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {
     const int n = backend.size();
     if (n == 1) return finishAverage(args.data, args.op, n);
-    Buffer data = args.data;
-    std::vector<Range> segments;
+    schedules::TreePart part;
+    part.up_phase = kReduce;
+    part.down_phase = kBroadcast;
     if (args.coll == Collective::kBarrier) {
-      data.count = 0;
-      segments = {Range{}};  // one empty message per edge, up and down
-    } else if (data.count > 0) {
-      segments = patterns::pieces({0, data.count}, segmentElements(data));
+      part.segments = {Range{}};  // one empty message per edge, up and down
+    } else {
+      part.data = args.data;
+      part.segments = schedules::segmentsOf(args.data, segment_bytes_);
     }
-    const int root = args.coll == Collective::kBroadcast ? args.root : 0;
-    std::vector<std::unique_ptr<Request>> sends_up;
-    if (args.coll != Collective::kBroadcast) {
-      sends_up = reduceUp(data, segments, args.op, args.seq, backend);
-    }
-    broadcastDown(data, segments, root, args.op, args.coll == Collective::kAllReduce, sends_up,
-                  args.seq, backend);
+    // An all-reduce reduces to rank 0 and broadcasts from it; a broadcast starts at its root.
+    part.reduce = args.coll != Collective::kBroadcast;
+    part.shape = patterns::binaryTree(backend.rank(), part.reduce ? 0 : args.root, n);
+    schedules::runTrees({part}, args.op, n, args.seq, backend);
   }
 
   // α-β-γ (README): s segments of g bytes flow up and down a pipeline of depth d. Per
@@ -76,71 +76,6 @@ class TreeScheduler : public Scheduler {
   }
 
  private:
-  size_t segmentElements(const Buffer& data) const {
-    return std::max<size_t>(1, segment_bytes_ / dtypeSize(data.dtype));
-  }
-
-  // Reduces each segment of the children's data into ours and forwards it to the parent.
-  // Returns the pending sends to the parent (one per segment).
-  std::vector<std::unique_ptr<Request>> reduceUp(const Buffer& data,
-                                                 const std::vector<Range>& segments, ReduceOp op,
-                                                 uint64_t seq, Backend& backend) {
-    const int rank = backend.rank(), n = backend.size();
-    const int parent = patterns::treeParent(rank, 0, n);
-    const auto children = patterns::treeChildren(rank, 0, n);
-    std::vector<std::unique_ptr<ScratchBuffer>> incoming;
-    std::vector<std::vector<std::unique_ptr<Request>>> recvs(children.size());
-    for (size_t c = 0; c < children.size(); ++c) {
-      incoming.push_back(std::make_unique<ScratchBuffer>(data, data.count));
-      for (const Range& s : segments) {
-        recvs[c].push_back(backend.irecv(children[c], incoming[c]->view().slice(s.offset, s.count),
-                                         makeTag(seq, kReduce, 0)));
-      }
-    }
-    std::vector<std::unique_ptr<Request>> sends;
-    for (size_t i = 0; i < segments.size(); ++i) {
-      Buffer mine = data.slice(segments[i].offset, segments[i].count);
-      for (size_t c = 0; c < children.size(); ++c) {
-        recvs[c][i]->wait(backend.timeout());
-        reduceInto(mine, incoming[c]->view().slice(segments[i].offset, segments[i].count), op);
-      }
-      if (parent >= 0) sends.push_back(backend.isend(parent, mine, makeTag(seq, kReduce, 0)));
-    }
-    return sends;
-  }
-
-  // Sends each segment from `root` down the tree. With `average`, the root divides the
-  // reduced segment by the group size before it goes down.
-  void broadcastDown(const Buffer& data, const std::vector<Range>& segments, int root, ReduceOp op,
-                     bool average, std::vector<std::unique_ptr<Request>>& sends_up, uint64_t seq,
-                     Backend& backend) {
-    const int rank = backend.rank(), n = backend.size();
-    const int parent = patterns::treeParent(rank, root, n);
-    const auto children = patterns::treeChildren(rank, root, n);
-    std::vector<std::unique_ptr<Request>> recvs;
-    if (parent >= 0) {
-      for (size_t i = 0; i < segments.size(); ++i) {
-        // Our reduced segment must have left before the result overwrites it.
-        if (i < sends_up.size()) sends_up[i]->wait(backend.timeout());
-        recvs.push_back(backend.irecv(parent, data.slice(segments[i].offset, segments[i].count),
-                                      makeTag(seq, kBroadcast, 0)));
-      }
-    }
-    std::vector<std::unique_ptr<Request>> sends;
-    for (size_t i = 0; i < segments.size(); ++i) {
-      Buffer segment = data.slice(segments[i].offset, segments[i].count);
-      if (parent >= 0) {
-        recvs[i]->wait(backend.timeout());
-      } else if (average) {
-        finishAverage(segment, op, n);
-      }
-      for (int child : children) {
-        sends.push_back(backend.isend(child, segment, makeTag(seq, kBroadcast, 0)));
-      }
-    }
-    waitAll(sends, backend.timeout());
-  }
-
   uint64_t segment_bytes_;
 };
 

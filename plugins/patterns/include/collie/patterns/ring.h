@@ -8,6 +8,16 @@ namespace collie::patterns {
 inline int ringNext(int rank, int size) { return mod(rank + 1, size); }
 inline int ringPrev(int rank, int size) { return mod(rank - 1, size); }
 
+// A ring in either direction as positions 0 .. size-1, each sending to the next position:
+// forward, position = rank (next = rank + 1); backward, position = -rank (next = rank - 1).
+// The steps below are in positions; a backward ring's block b ends on the rank at position b.
+inline int ringPosition(int rank, int size, bool forward) {
+  return forward ? rank : mod(-rank, size);
+}
+inline int ringRankAt(int position, int size, bool forward) {
+  return forward ? position : mod(-position, size);
+}
+
 // The blocks a rank sends to ringNext and receives from ringPrev at one step.
 struct RingStep {
   int send_block;

@@ -1,5 +1,6 @@
-// Binary tree over ranks, rooted at any rank: parents and children in heap order of the
-// rank's distance from the root ("virtual rank").
+// Trees over ranks: the shape a tree schedule needs (a rank's parent and children), and the
+// binary tree rooted at any rank in heap order of the rank's distance from the root
+// ("virtual rank").
 #pragma once
 
 #include <vector>
@@ -25,6 +26,17 @@ inline std::vector<int> treeChildren(int rank, int root, int size) {
   for (int c = 2 * v + 1; c <= 2 * v + 2 && c < size; ++c)
     children.push_back(realRank(c, root, size));
   return children;
+}
+
+// One rank's place in a tree: its parent (-1 at the root) and its children, in the order a
+// schedule serves them.
+struct TreeShape {
+  int parent = -1;
+  std::vector<int> children;
+};
+
+inline TreeShape binaryTree(int rank, int root, int size) {
+  return {treeParent(rank, root, size), treeChildren(rank, root, size)};
 }
 
 }  // namespace collie::patterns
