@@ -172,7 +172,60 @@ uint64_t mismatches(const Buffer& buf, const std::vector<double>& table, uint64_
   return wrong;
 }
 
+// Rank r's rounding input at element i: (1 + u)·2^e, u in [0, 1), e in [-8, 7], from a hash.
+double roundingValue(int rank, uint64_t i) {
+  const uint64_t h = mix(i * 0x100000001B3ull + static_cast<uint64_t>(rank) * 0x9E3779B9ull + 1);
+  const double u = static_cast<double>(h >> 11) * 0x1p-53;
+  return std::ldexp(1.0 + u, static_cast<int>(h & 15) - 8);
+}
+
+// The unit roundoff of a float dtype.
+double roundoff(DType dtype) {
+  switch (dtype) {
+    case DType::kF64:
+      return 0x1p-53;
+    case DType::kF32:
+      return 0x1p-24;
+    case DType::kF16:
+      return 0x1p-11;
+    case DType::kBF16:
+      return 0x1p-8;
+    default:
+      throw InternalError("rounding inputs are for float dtypes");
+  }
+}
+
 }  // namespace
+
+void fillRounding(const CollectiveArgs& args, int rank) {
+  onHost(args.data, true, [&](const Buffer& host) {
+    dispatch(host.dtype, [&](auto zero) {
+      using T = decltype(zero);
+      auto* p = static_cast<T*>(host.data);
+      for (size_t j = 0; j < host.count; ++j) p[j] = static_cast<T>(roundingValue(rank, j));
+    });
+  });
+}
+
+uint64_t countWrongRounding(const CollectiveArgs& args, int size) {
+  uint64_t wrong = 0;
+  const double u = roundoff(args.data.dtype);
+  onHost(args.data, false, [&](const Buffer& host) {
+    dispatch(host.dtype, [&](auto zero) {
+      using T = decltype(zero);
+      const auto* p = static_cast<const T*>(host.data);
+      for (size_t j = 0; j < host.count; ++j) {
+        double exact = 0;  // every addend is positive: the bound is relative to the sum
+        for (int r = 0; r < size; ++r)
+          exact += static_cast<double>(static_cast<T>(roundingValue(r, j)));
+        if (args.op == ReduceOp::kAvg) exact /= size;
+        const double got = static_cast<double>(p[j]);
+        if (!(std::fabs(got - exact) <= (size + 1) * u * exact)) ++wrong;
+      }
+    });
+  });
+  return wrong;
+}
 
 void fillInput(const CollectiveArgs& args, int rank, int /*size*/) {
   switch (args.coll) {

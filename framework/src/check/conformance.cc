@@ -51,10 +51,12 @@ struct Case {
   ReduceOp op;
   size_t count;  // elements per rank block (data for allreduce/broadcast)
   int root;
+  bool rounding = false;  // pattern::fillRounding's inputs rather than small integers
   std::string describe(int world) const {
     std::ostringstream out;
     out << collectiveName(coll) << ", " << world << " ranks, " << dtypeName(dtype) << " "
         << reduceOpName(op) << ", " << count << " elements";
+    if (rounding) out << " that round";
     if (coll == Collective::kBroadcast) out << ", root " << root;
     return out.str();
   }
@@ -88,6 +90,17 @@ std::vector<Case> casesFor(int world, const Options& o) {
             cases.push_back({coll, dtype, op, block, 0});
           }
         }
+      }
+    }
+  }
+  // Sums whose bits depend on the order of the additions: every rank must still get the same.
+  const bool allreduce =
+      std::count(o.collectives.begin(), o.collectives.end(), Collective::kAllReduce) > 0;
+  for (DType dtype : o.dtypes) {
+    const bool is_float = dtype != DType::kI32 && dtype != DType::kI64;
+    for (ReduceOp op : o.ops) {
+      if (allreduce && is_float && (op == ReduceOp::kSum || op == ReduceOp::kAvg)) {
+        cases.push_back({Collective::kAllReduce, dtype, op, 1000, 0, true});
       }
     }
   }
@@ -161,16 +174,21 @@ class RankChecker {
                        : c.coll == Collective::kAllGather   ? c.count * n
                                                             : 0;
     CollectiveArgs args = argsFor(c, reusable(&data_, like, in), reusable(&output_, like, out));
-    pattern::fillInput(args, rank, n);
+    auto fill = [&] {
+      if (c.rounding) return pattern::fillRounding(args, rank);
+      pattern::fillInput(args, rank, n);
+    };
+    fill();
     comm_.run(args);
     const Buffer& result = out > 0 ? args.output : args.data;
     Outcome outcome;
-    outcome.wrong = static_cast<double>(pattern::countWrong(args, rank, n));
+    outcome.wrong = static_cast<double>(c.rounding ? pattern::countWrongRounding(args, n)
+                                                   : pattern::countWrong(args, rank, n));
     uint64_t h = digest(result);
     outcome.digest_high = static_cast<double>(h >> 32);
     outcome.digest_low = static_cast<double>(h & 0xFFFFFFFFu);
     if (c.count <= 1000 && c.coll != Collective::kBarrier) {  // run to run: the same bytes
-      pattern::fillInput(args, rank, n);
+      fill();
       comm_.run(args);
       outcome.unstable = digest(result) != h ? 1 : 0;
     }
