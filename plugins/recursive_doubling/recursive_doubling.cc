@@ -1,0 +1,81 @@
+// Recursive-doubling all-reduce: log2(p) steps in which every rank swaps its whole buffer
+// with the rank 2^k away and adds it in, over the largest power-of-two core of the group
+// (the other ranks fold their data into a partner first and get the result back). The
+// fewest steps of any all-reduce, each carrying the whole message: the small-message choice
+// of MPI libraries.
+#include <algorithm>
+#include <cmath>
+
+#include "collie/patterns/halving_doubling.h"
+#include "collie/plugin.h"
+
+namespace collie::recursive_doubling {
+namespace {
+
+enum Phase : uint32_t { kFold = 1, kExchange = 2, kUnfold = 3 };
+
+class RecursiveDoublingScheduler : public Scheduler {
+ public:
+  explicit RecursiveDoublingScheduler(const PluginContext&) {}
+
+  Decision accepts(const CollectiveArgs& args, const Topology&) const override {
+    if (args.coll == Collective::kAllReduce) return Decision::yes();
+    return Decision::no(std::string("recursive_doubling: ") + collectiveName(args.coll) +
+                        " is not implemented (allreduce is)");
+  }
+
+  void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {
+    if (args.coll != Collective::kAllReduce) {
+      throw InternalError("recursive_doubling: run() called for a collective it declined");
+    }
+    const int n = backend.size();
+    const Buffer& data = args.data;
+    if (n == 1 || data.count == 0) return finishAverage(data, args.op, n);
+    const patterns::Fold f = patterns::fold(backend.rank(), n);
+    if (f.core_index < 0) {  // folded: hand the data over, get the result back
+      backend.send(f.partner, data, makeTag(args.seq, kFold, 0));
+      backend.recv(f.partner, data, makeTag(args.seq, kUnfold, 0));
+      return;
+    }
+    ScratchBuffer incoming(data, data.count);
+    if (f.partner >= 0) {
+      backend.recv(f.partner, incoming.view(), makeTag(args.seq, kFold, 0));
+      reduceInto(data, incoming.view(), args.op);
+    }
+    // After step k the 2^(k+1) core ranks that agree on their low bits above k hold the same
+    // partial result, bit for bit: each side adds the same two operands.
+    for (int k = 0; k < patterns::log2Exact(f.core_size); ++k) {
+      const int peer = patterns::coreRank(f.core_index ^ (1 << k), n);
+      auto recv = backend.irecv(peer, incoming.view(), makeTag(args.seq, kExchange, k));
+      auto send = backend.isend(peer, data, makeTag(args.seq, kExchange, k));
+      recv->wait(backend.timeout());
+      send->wait(backend.timeout());  // data is read by the send until it completes
+      reduceInto(data, incoming.view(), args.op);
+    }
+    finishAverage(data, args.op, n);
+    if (f.partner >= 0) backend.send(f.partner, data, makeTag(args.seq, kUnfold, 0));
+  }
+
+  // α-β-γ (README): log2(p) exchanges of the whole message, each reduced; off powers of two
+  // the fold and unfold add a message each way and one reduction.
+  double predictSeconds(const CollectiveArgs& args, const Topology& topology,
+                        const CostModel& model) const override {
+    const int n = topology.world_size;
+    if (args.coll != Collective::kAllReduce) return kNoPrediction;
+    if (n == 1) return 0;
+    const LinkCost& link = topology.nodeCount() > 1 ? model.inter : model.intra;
+    const int p = patterns::powerOfTwoFloor(n);
+    const double m = static_cast<double>(args.data.bytes());
+    double t = patterns::log2Exact(p) * (link.message(m) + m * model.gamma);
+    if (p != n) t += 2 * link.message(m) + m * model.gamma;
+    return t;
+  }
+};
+
+}  // namespace
+}  // namespace collie::recursive_doubling
+
+COLLIE_SCHEDULER_PLUGIN("recursive_doubling", "1.0.0",
+                        "recursive-doubling all-reduce: log2(p) whole-message exchanges, "
+                        "latency-optimal",
+                        collie::recursive_doubling::RecursiveDoublingScheduler);
