@@ -51,25 +51,72 @@ CostModel readCalibration(const std::string& path) {
   }
 }
 
-std::vector<std::string> splitList(const std::string& text) {
-  std::vector<std::string> items;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    item.erase(0, item.find_first_not_of(' '));
-    item.erase(item.find_last_not_of(' ') + 1);
-    if (!item.empty()) items.push_back(item);
-  }
-  return items;
+std::string trimmed(const std::string& text) {
+  const size_t first = text.find_first_not_of(' ');
+  if (first == std::string::npos) return "";
+  return text.substr(first, text.find_last_not_of(' ') - first + 1);
 }
+
+// "ring, swing{variant: latency}, tree": plugin names, each with params in braces written as
+// RuleChoice::name() writes them, split at the commas outside braces.
+std::vector<RuleChoice> parseCandidates(const std::string& text) {
+  auto bad = [&](const std::string& why) {
+    return ConfigError("auto: params.candidates '" + text + "': " + why +
+                       ". HINT: name schedulers with optional params, e.g. "
+                       "\"ring, swing{variant: latency}\"");
+  };
+  std::vector<std::string> items;
+  std::string item;
+  int depth = 0;
+  for (char c : text) {
+    if (c == '{') ++depth;
+    if (c == '}' && --depth < 0) throw bad("a '}' without its '{'");
+    if (c == ',' && depth == 0) {
+      items.push_back(item);
+      item.clear();
+    } else {
+      item += c;
+    }
+  }
+  if (depth != 0) throw bad("a '{' without its '}'");
+  items.push_back(item);
+  std::vector<RuleChoice> choices;
+  for (const std::string& raw : items) {
+    const std::string one = trimmed(raw);
+    if (one.empty()) continue;
+    RuleChoice choice;
+    const size_t brace = one.find('{');
+    choice.plugin = trimmed(one.substr(0, brace));
+    if (choice.plugin.empty()) throw bad("params without a scheduler");
+    if (brace != std::string::npos) {
+      if (one.back() != '}') throw bad("text after the params of " + choice.plugin);
+      std::stringstream params(one.substr(brace + 1, one.size() - brace - 2));
+      for (std::string pair; std::getline(params, pair, ',');) {
+        const size_t colon = pair.find(':');
+        if (colon == std::string::npos || trimmed(pair.substr(0, colon)).empty()) {
+          throw bad("'" + trimmed(pair) + "' is not key: value");
+        }
+        choice.params[trimmed(pair.substr(0, colon))] = trimmed(pair.substr(colon + 1));
+      }
+    }
+    choices.push_back(choice);
+  }
+  return choices;
+}
+
+// Every shipped scheduler that predicts its time, in the order ties are broken.
+constexpr const char* kDefaultCandidates =
+    "ring, tree, halving_doubling, recursive_doubling, swing, swing{variant: latency}, "
+    "bidirectional_ring, double_binary_tree, knomial, bruck";
 
 class AutoScheduler : public Scheduler {
  public:
   explicit AutoScheduler(const PluginContext& context) {
     const std::string rules_file = context.params->getString("rules_file", "");
     const std::string calibration = context.params->getString("calibration", "");
-    auto names = splitList(context.params->getString("candidates", "ring,tree,halving_doubling"));
-    if (names.empty()) throw ConfigError("auto: params.candidates names no scheduler");
-    for (const auto& name : names) add(context, RuleChoice{name, {}}, "auto candidate");
+    auto choices = parseCandidates(context.params->getString("candidates", kDefaultCandidates));
+    if (choices.empty()) throw ConfigError("auto: params.candidates names no scheduler");
+    for (const auto& choice : choices) add(context, choice, "auto candidate");
     if (!rules_file.empty()) {
       rules_ = context.read_rules(rules_file);
       // A rule's scheduler with the params it was measured with.
@@ -178,6 +225,6 @@ class AutoScheduler : public Scheduler {
 }  // namespace collie::autoselect
 
 COLLIE_SCHEDULER_PLUGIN("auto", "1.0.0",
-                        "picks ring, tree or halving_doubling per message size (cost model or "
-                        "a rules file from the bench)",
+                        "picks a scheduler per collective and message size (cost model or a "
+                        "rules file from the bench)",
                         collie::autoselect::AutoScheduler);

@@ -34,26 +34,60 @@ TEST_P(Conformance, FullMatrix) {
   EXPECT_GT(report.passed, 0u) << check::describe(scheduler, report);
 }
 
-INSTANTIATE_TEST_SUITE_P(Schedulers, Conformance,
-                         ::testing::Combine(::testing::Values("ring", "tree", "halving_doubling",
-                                                              "hierarchical", "auto"),
-                                            ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8, 9, 16)),
+INSTANTIATE_TEST_SUITE_P(
+    Schedulers, Conformance,
+    ::testing::Combine(::testing::Values("ring", "tree", "halving_doubling", "hierarchical", "auto",
+                                         "recursive_doubling", "swing", "bidirectional_ring",
+                                         "double_binary_tree", "knomial", "bruck"),
+                       ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8, 9, 16)),
+    [](const auto& info) {
+      return std::get<0>(info.param) + "_w" + std::to_string(std::get<1>(info.param));
+    });
+
+// The variants a param selects, on the group sizes whose shapes differ (powers of two and
+// not, a fold, a partial last level).
+class Variants : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(Variants, FullMatrix) {
+  auto [variant, world] = GetParam();
+  const auto ref = variant == "swing_latency"    ? pluginRef("swing", "variant", "latency")
+                   : variant == "knomial_radix2" ? pluginRef("knomial", "radix", "2")
+                                                 : pluginRef("knomial", "radix", "3");
+  auto report = runMatrix(ref, world, 1000003);
+  EXPECT_TRUE(report.ok()) << check::describe(variant, report);
+  EXPECT_GT(report.passed, 0u) << check::describe(variant, report);
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedulers, Variants,
+                         ::testing::Combine(::testing::Values("swing_latency", "knomial_radix2"),
+                                            ::testing::Values(2, 3, 5, 8, 9, 16)),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_w" +
                                   std::to_string(std::get<1>(info.param));
                          });
 
-class TinyChunks : public ::testing::TestWithParam<int> {};
+// Segments and chunks of a few elements, so that every count above 1 takes several messages
+// per step (double_binary_tree at 64 bytes: at 8 its 1000-element cases post thousands of
+// receives per rank and the loopback's wake-ups take most of a minute).
+class TinyChunks : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(TinyChunks, ReachEveryMultiSegmentPath) {
-  for (auto [scheduler, param] : {std::pair{"ring", "chunk_bytes"}, {"tree", "segment_bytes"}}) {
-    auto report = runMatrix(pluginRef(scheduler, param, "8"), GetParam(), 0);
-    EXPECT_TRUE(report.ok()) << check::describe(scheduler, report);
-  }
+  auto [scheduler, world] = GetParam();
+  const char* param =
+      scheduler == "ring" || scheduler == "bidirectional_ring" ? "chunk_bytes" : "segment_bytes";
+  auto report = runMatrix(
+      pluginRef(scheduler, param, scheduler == "double_binary_tree" ? "64" : "8"), world, 0);
+  EXPECT_TRUE(report.ok()) << check::describe(scheduler, report);
 }
 
-INSTANTIATE_TEST_SUITE_P(Schedulers, TinyChunks, ::testing::Values(2, 3, 5, 8),
-                         [](const auto& info) { return "w" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Schedulers, TinyChunks,
+                         ::testing::Combine(::testing::Values("ring", "tree", "bidirectional_ring",
+                                                              "double_binary_tree", "knomial"),
+                                            ::testing::Values(2, 3, 5, 8)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_w" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
 
 TEST(Conformance, NativeDeclinesEverythingOnLoopback) {
   auto report = runMatrix(pluginRef("native"), 2, 0);

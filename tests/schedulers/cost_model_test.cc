@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "collie/error.h"
 #include "collie/rules.h"
@@ -95,18 +96,131 @@ TEST(CostModel, HierarchicalColumnsShareTheNodesLink) {
   EXPECT_NEAR(ratio, 1.5, 0.1);
 }
 
+using Candidates = std::vector<std::pair<std::string, std::shared_ptr<Scheduler>>>;
+
+TEST(CostModel, RecursiveDoublingHalvesTheLatencyAndPaysInBytes) {
+  auto rd = loadScheduler("recursive_doubling"), hd = loadScheduler("halving_doubling");
+  CostModel cm = model(50e-6, 1.0, 4.0);
+  Topology eight = Topology::singleNode(8);
+  const double m = 4096;
+  EXPECT_NEAR(rd->predictSeconds(allreduceOf(4096), eight, cm),
+              3 * (50e-6 + m * cm.intra.beta + m * cm.gamma), 1e-12);
+  EXPECT_LT(rd->predictSeconds(allreduceOf(4096), eight, cm),
+            hd->predictSeconds(allreduceOf(4096), eight, cm));
+  EXPECT_GT(rd->predictSeconds(allreduceOf(64 << 20), eight, cm),
+            hd->predictSeconds(allreduceOf(64 << 20), eight, cm));
+}
+
+TEST(CostModel, DoubleBinaryTreeMovesTwoThirdsOfATreesBytes) {
+  // No latency: a large message's time is its bytes, 3m per beat-sum for one tree, 2m for two.
+  auto tree = loadScheduler("tree"), dbt = loadScheduler("double_binary_tree");
+  CostModel cm = model(0, 1.0, 1e9);
+  Topology sixteen = Topology::singleNode(16);
+  const double ratio = dbt->predictSeconds(allreduceOf(256 << 20), sixteen, cm) /
+                       tree->predictSeconds(allreduceOf(256 << 20), sixteen, cm);
+  EXPECT_NEAR(ratio, 2.0 / 3.0, 0.02);
+}
+
+TEST(CostModel, KnomialRadixTradesDepthForWidth) {
+  Params two, eight;
+  two.set("radix", "2");
+  eight.set("radix", "8");
+  auto binomial = loadScheduler("knomial", two), wide = loadScheduler("knomial", eight);
+  Topology t = Topology::singleNode(64);
+  CollectiveArgs barrier;
+  barrier.coll = Collective::kBarrier;
+  CostModel latency_bound = model(100e-6, 100.0, 100.0);
+  EXPECT_NEAR(binomial->predictSeconds(barrier, t, latency_bound), 2 * 6 * 100e-6, 1e-12);
+  EXPECT_NEAR(wide->predictSeconds(barrier, t, latency_bound), 2 * 2 * 100e-6, 1e-12);
+  CostModel bandwidth_bound = model(1e-9, 0.1, 1.0);
+  EXPECT_LT(binomial->predictSeconds(allreduceOf(1 << 20), t, bandwidth_bound),
+            wide->predictSeconds(allreduceOf(1 << 20), t, bandwidth_bound));
+}
+
+TEST(CostModel, BruckGathersInLogSteps) {
+  auto bruck = loadScheduler("bruck"), ring = loadScheduler("ring");
+  CollectiveArgs gather;
+  gather.coll = Collective::kAllGather;
+  gather.data.count = 1;
+  gather.output.count = 9;
+  CostModel cm = model(10e-6, 1.0, 1.0);
+  Topology nine = Topology::singleNode(9);
+  EXPECT_NEAR(bruck->predictSeconds(gather, nine, cm), 4 * 10e-6 + 8.0 / 9 * 36 * 1e-9, 1e-12);
+  EXPECT_LT(bruck->predictSeconds(gather, nine, cm), ring->predictSeconds(gather, nine, cm));
+}
+
+// auto's default candidates (plugins/auto/README.md) in its order, by the name its
+// provenance gives.
+Candidates defaultCandidates() {
+  Candidates all;
+  for (const char* name : {"ring", "tree", "halving_doubling", "recursive_doubling", "swing"}) {
+    all.emplace_back(name, loadScheduler(name));
+  }
+  Params latency;
+  latency.set("variant", "latency");
+  all.emplace_back("swing{variant: latency}", loadScheduler("swing", latency));
+  for (const char* name : {"bidirectional_ring", "double_binary_tree", "knomial", "bruck"}) {
+    all.emplace_back(name, loadScheduler(name));
+  }
+  return all;
+}
+
+// The lowest prediction among `candidates` for `args`, and who makes it (the first, on ties).
+std::pair<std::string, double> lowest(const Candidates& candidates, const CollectiveArgs& args,
+                                      const Topology& t, const CostModel& m) {
+  std::pair<std::string, double> best{"", INFINITY};
+  for (const auto& [name, s] : candidates) {
+    if (!s->accepts(args, t).accepted) continue;
+    const double p = s->predictSeconds(args, t, m);
+    if (p < best.second) best = {name, p};
+  }
+  return best;
+}
+
 TEST(Auto, BuiltInChoiceIsTheLowestPrediction) {
   auto chooser = loadScheduler("auto");
-  auto tree = loadScheduler("tree"), ring = loadScheduler("ring"),
-       hd = loadScheduler("halving_doubling");
+  const auto candidates = defaultCandidates();
   Topology t = Topology::singleNode(8);
   CostModel any = model(30e-6, 2.0, 3.0);
+  std::set<std::string> chosen;
   for (uint64_t bytes : {4096ull, 1ull << 20, 64ull << 20}) {
-    double best = std::min({tree->predictSeconds(allreduceOf(bytes), t, any),
-                            ring->predictSeconds(allreduceOf(bytes), t, any),
-                            hd->predictSeconds(allreduceOf(bytes), t, any)});
-    EXPECT_DOUBLE_EQ(chooser->predictSeconds(allreduceOf(bytes), t, any), best) << bytes;
+    EXPECT_DOUBLE_EQ(chooser->predictSeconds(allreduceOf(bytes), t, any),
+                     lowest(candidates, allreduceOf(bytes), t, any).second)
+        << bytes;
+    chosen.insert(chooser->accepts(allreduceOf(bytes), t).reason);
   }
+  EXPECT_GT(chosen.size(), 1u) << "one scheduler for every size";
+  CollectiveArgs gather = allreduceOf(4096);  // bruck is the latency choice for all-gather
+  gather.coll = Collective::kAllGather;
+  gather.output = gather.data;
+  gather.data.count /= 8;
+  EXPECT_EQ(chooser->accepts(gather, t).reason, "bruck");
+}
+
+TEST(Auto, CandidatesTakeParamsInBraces) {
+  Params params;
+  params.set("candidates", "ring, swing{variant: latency}, knomial{radix: 2, segment_bytes: 8KiB}");
+  auto chooser = loadScheduler("auto", params);
+  Topology t = Topology::singleNode(8);
+  EXPECT_EQ(chooser->accepts(allreduceOf(4096), t).reason, "swing{variant: latency}");
+  CollectiveArgs broadcast = allreduceOf(4096);
+  broadcast.coll = Collective::kBroadcast;
+  EXPECT_EQ(chooser->accepts(broadcast, t).reason, "knomial{radix: 2, segment_bytes: 8KiB}");
+  for (const char* bad : {"ring, swing{variant: latency", "swing}", "{variant: latency}",
+                          "swing{variant}", "swing{variant: latency} x"}) {
+    Params p;
+    p.set("candidates", bad);
+    try {
+      loadScheduler("auto", p);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("auto: params.candidates"), std::string::npos)
+          << e.what();
+    }
+  }
+  Params unknown;
+  unknown.set("candidates", "swing{variant: fastest}");
+  EXPECT_THROW(loadScheduler("auto", unknown), ConfigError);
 }
 
 TEST(Auto, RulesFileDecidesAndADecliningRuleFallsThrough) {
@@ -179,18 +293,10 @@ TEST(Auto, ACalibrationFileReplacesTheBuiltInModel) {
   auto chooser = loadScheduler("auto", params), plain = loadScheduler("auto");
   const CostModel slow{{1e-9, 1e-6}, {1e-9, 1e-6}, 1e-12};
   Topology t = Topology::singleNode(6);
-  std::map<std::string, std::shared_ptr<Scheduler>> candidates = {
-      {"ring", loadScheduler("ring")},
-      {"tree", loadScheduler("tree")},
-      {"halving_doubling", loadScheduler("halving_doubling")}};
+  const auto candidates = defaultCandidates();
   int differ = 0;
   for (uint64_t bytes = 4096; bytes <= (64u << 20); bytes *= 4) {
-    std::string best;
-    double best_time = INFINITY;
-    for (const auto& [name, s] : candidates) {
-      const double p = s->predictSeconds(allreduceOf(bytes), t, slow);
-      if (p < best_time) best_time = p, best = name;
-    }
+    const std::string best = lowest(candidates, allreduceOf(bytes), t, slow).first;
     EXPECT_EQ(chooser->accepts(allreduceOf(bytes), t).reason, best) << bytes;
     differ += plain->accepts(allreduceOf(bytes), t).reason != best ? 1 : 0;
   }

@@ -1,0 +1,91 @@
+// Bidirectional ring all-reduce: the buffer's first half goes around a ring to the next rank
+// and its second half around the opposite ring at the same time, each as a ring all-reduce
+// (reduce-scatter then all-gather, collie/schedules/rings.h). Every rank sends to both
+// neighbours and receives from both at every step, using a full-duplex link in both
+// directions, and each ring's steps carry half the bytes of a single ring's.
+#include <algorithm>
+#include <cmath>
+
+#include "collie/plugin.h"
+#include "collie/schedules/rings.h"
+
+namespace collie::bidirectional_ring {
+namespace {
+
+using patterns::Range;
+
+enum Phase : uint32_t {
+  kForwardReduceScatter = 1,
+  kForwardAllGather = 2,
+  kBackwardReduceScatter = 3,
+  kBackwardAllGather = 4
+};
+
+class BidirectionalRingScheduler : public Scheduler {
+ public:
+  explicit BidirectionalRingScheduler(const PluginContext& context)
+      : chunk_bytes_(context.params->getBytes("chunk_bytes", 1 << 20, 1, 1ull << 32)) {}
+
+  Decision accepts(const CollectiveArgs& args, const Topology&) const override {
+    if (args.coll == Collective::kAllReduce) return Decision::yes();
+    return Decision::no(std::string("bidirectional_ring: ") + collectiveName(args.coll) +
+                        " is not implemented (allreduce is; ring does reduce_scatter and "
+                        "allgather)");
+  }
+
+  void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {
+    if (args.coll != Collective::kAllReduce) {
+      throw InternalError("bidirectional_ring: run() called for a collective it declined");
+    }
+    const int n = backend.size();
+    if (n == 1 || args.data.count == 0) return finishAverage(args.data, args.op, n);
+    const size_t half = (args.data.count + 1) / 2;
+    std::vector<schedules::RingPart> rings{
+        part(args.data.slice(0, half), true, kForwardReduceScatter, kForwardAllGather),
+        part(args.data.slice(half, args.data.count - half), false, kBackwardReduceScatter,
+             kBackwardAllGather)};
+    schedules::ringReduceScatter(rings, args.op, args.seq, backend);
+    for (const schedules::RingPart& ring : rings) {
+      Range mine = schedules::ownBlock(ring, backend);
+      finishAverage(ring.data.slice(mine.offset, mine.count), args.op, n);
+    }
+    schedules::ringAllGather(rings, args.seq, backend);
+  }
+
+  // α-β-γ (README): a ring's 2(n-1) steps, each posting a message per direction whose
+  // latencies overlap, over chunks of half-blocks; a rank still sends and receives
+  // 2(n-1)/n of the message in all, through one port.
+  double predictSeconds(const CollectiveArgs& args, const Topology& topology,
+                        const CostModel& model) const override {
+    const int n = topology.world_size;
+    if (args.coll != Collective::kAllReduce) return kNoPrediction;
+    if (n == 1) return 0;
+    const LinkCost& link = topology.nodeCount() > 1 ? model.inter : model.intra;
+    const double m = static_cast<double>(args.data.bytes());
+    const double pieces = std::max(1.0, std::ceil(m / 2 / n / static_cast<double>(chunk_bytes_)));
+    return 2 * (n - 1) * pieces * link.alpha + 2.0 * (n - 1) / n * m * link.beta +
+           (n - 1.0) / n * m * model.gamma;
+  }
+
+ private:
+  schedules::RingPart part(const Buffer& data, bool forward, uint32_t reduce_scatter_phase,
+                           uint32_t all_gather_phase) const {
+    schedules::RingPart ring;
+    ring.data = data;
+    ring.forward = forward;
+    ring.chunk = std::max<size_t>(1, chunk_bytes_ / dtypeSize(data.dtype));
+    ring.reduce_scatter_phase = reduce_scatter_phase;
+    ring.all_gather_phase = all_gather_phase;
+    return ring;
+  }
+
+  uint64_t chunk_bytes_;
+};
+
+}  // namespace
+}  // namespace collie::bidirectional_ring
+
+COLLIE_SCHEDULER_PLUGIN("bidirectional_ring", "1.0.0",
+                        "two rings in opposite directions, half the data each: both directions "
+                        "of every link busy",
+                        collie::bidirectional_ring::BidirectionalRingScheduler);

@@ -1,0 +1,74 @@
+// Bruck's all-gather: ⌈log2 n⌉ steps for any group size. Each rank gathers blocks in rotated
+// order (position i holds rank r + i's) and at step k sends what it holds to the rank 2^k
+// behind and receives as much from the rank 2^k ahead; one rotation at the end puts the
+// blocks in rank order.
+#include <algorithm>
+#include <cmath>
+
+#include "collie/patterns/bruck.h"
+#include "collie/plugin.h"
+
+namespace collie::bruck {
+namespace {
+
+enum Phase : uint32_t { kGather = 1 };
+
+class BruckScheduler : public Scheduler {
+ public:
+  explicit BruckScheduler(const PluginContext&) {}
+
+  Decision accepts(const CollectiveArgs& args, const Topology&) const override {
+    if (args.coll == Collective::kAllGather) return Decision::yes();
+    return Decision::no(std::string("bruck: ") + collectiveName(args.coll) +
+                        " is not implemented (allgather is)");
+  }
+
+  void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {
+    if (args.coll != Collective::kAllGather) {
+      throw InternalError("bruck: run() called for a collective it declined");
+    }
+    const int n = backend.size(), rank = backend.rank();
+    const size_t k = args.data.count;
+    if (n == 1 || k == 0) {
+      if (k > 0) copyInto(args.output, args.data);
+      return;
+    }
+    ScratchBuffer rotated(args.data, static_cast<size_t>(n) * k);
+    const Buffer& work = rotated.view();
+    copyInto(work.slice(0, k), args.data);
+    for (int step = 0; step < patterns::bruckSteps(n); ++step) {
+      const patterns::BruckStep s = patterns::bruckStep(rank, n, step);
+      const size_t count = static_cast<size_t>(s.count) * k;
+      std::vector<std::unique_ptr<Request>> requests;
+      requests.push_back(backend.irecv(s.recv_from, work.slice(s.have * k, count),
+                                       makeTag(args.seq, kGather, step)));
+      requests.push_back(
+          backend.isend(s.send_to, work.slice(0, count), makeTag(args.seq, kGather, step)));
+      waitAll(requests, backend.timeout());
+    }
+    // Position i holds rank (rank + i) mod n's block.
+    const size_t head = static_cast<size_t>(n - rank) * k;
+    copyInto(args.output.slice(static_cast<size_t>(rank) * k, head), work.slice(0, head));
+    if (rank > 0) {
+      copyInto(args.output.slice(0, static_cast<size_t>(rank) * k),
+               work.slice(head, static_cast<size_t>(rank) * k));
+    }
+  }
+
+  // α-β (README): ⌈log2 n⌉ steps moving n−1 blocks of m/n bytes in all (m the gathered size).
+  double predictSeconds(const CollectiveArgs& args, const Topology& topology,
+                        const CostModel& model) const override {
+    const int n = topology.world_size;
+    if (args.coll != Collective::kAllGather) return kNoPrediction;
+    if (n == 1) return 0;
+    const LinkCost& link = topology.nodeCount() > 1 ? model.inter : model.intra;
+    const double m = static_cast<double>(args.output.bytes());
+    return patterns::bruckSteps(n) * link.alpha + (n - 1.0) / n * m * link.beta;
+  }
+};
+
+}  // namespace
+}  // namespace collie::bruck
+
+COLLIE_SCHEDULER_PLUGIN("bruck", "1.0.0", "Bruck all-gather: ceil(log2 n) steps for any n",
+                        collie::bruck::BruckScheduler);
