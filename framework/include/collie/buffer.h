@@ -26,7 +26,8 @@ bool parseDType(const std::string& name, DType* out);
 bool parseReduceOp(const std::string& name, ReduceOp* out);
 
 // A typed, non-owning view of `count` elements. Schedulers slice it into chunks and hand
-// byte spans of it to the backend; reductions go through collie::reduceInto (ATen inside).
+// byte spans of it to the backend; reductions go through collie::reduceInto (typed loops for
+// host memory, ATen for device memory).
 struct Buffer {
   void* data = nullptr;
   size_t count = 0;  // elements, not bytes

@@ -1,5 +1,6 @@
-// Buffer arithmetic for schedulers: the only core file that needs ATen. Wrapping the raw
-// views in tensors lets one code path reduce host and CUDA memory, in every dtype.
+// Buffer arithmetic for schedulers: the only core file that needs ATen. Host memory is
+// reduced by typed loops (host_reduce.h) and copied by memmove; device memory through ATen,
+// wrapping the raw views in tensors.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/div.h>
 #include <ATen/ops/empty.h>
@@ -7,9 +8,14 @@
 #include <ATen/ops/maximum.h>
 #include <ATen/ops/minimum.h>
 
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
 #include "collie/buffer.h"
 #include "collie/error.h"
 #include "core/aten.h"
+#include "core/host_reduce.h"
 
 namespace collie {
 namespace detail {
@@ -68,6 +74,7 @@ Buffer Buffer::slice(size_t offset, size_t n) const {
 void reduceInto(const Buffer& dst, const Buffer& src, ReduceOp op) {
   checkSameShape(dst, src, "reduceInto");
   if (dst.count == 0) return;
+  if (dst.memory == MemoryKind::kHost) return detail::reduceHost(dst, src, op);
   at::Tensor d = wrap(dst);
   at::Tensor s = wrap(src);
   switch (op) {
@@ -89,6 +96,7 @@ void reduceInto(const Buffer& dst, const Buffer& src, ReduceOp op) {
 
 void finishAverage(const Buffer& data, ReduceOp op, int group_size) {
   if (op != ReduceOp::kAvg || data.count == 0 || group_size == 1) return;
+  if (data.memory == MemoryKind::kHost) return detail::divideHost(data, group_size);
   at::Tensor d = wrap(data);
   if (at::isIntegralType(d.scalar_type(), /*includeBool=*/false)) {
     d.div_(group_size, "trunc");
@@ -100,18 +108,36 @@ void finishAverage(const Buffer& data, ReduceOp op, int group_size) {
 void copyInto(const Buffer& dst, const Buffer& src) {
   checkSameShape(dst, src, "copyInto");
   if (dst.count == 0 || dst.data == src.data) return;
+  if (dst.memory == MemoryKind::kHost) {
+    std::memmove(dst.data, src.data, dst.bytes());
+    return;
+  }
   wrap(dst).copy_(wrap(src));
 }
 
 ScratchBuffer::ScratchBuffer(const Buffer& like, size_t count) {
+  view_ = like;
+  view_.count = count;
+  if (like.memory == MemoryKind::kHost) {
+    // Plain aligned memory (holder_ stays null): a tensor's construction costs more than the
+    // small collectives a scratch buffer feeds.
+    const size_t bytes = std::max<size_t>(64, (count * dtypeSize(like.dtype) + 63) / 64 * 64);
+    view_.data = std::aligned_alloc(64, bytes);
+    if (view_.data == nullptr) throw std::bad_alloc();
+    return;
+  }
   auto* tensor =
       new at::Tensor(at::empty({static_cast<int64_t>(count)}, detail::tensorOptions(like)));
   holder_ = tensor;
-  view_ = like;
   view_.data = tensor->data_ptr();
-  view_.count = count;
 }
 
-ScratchBuffer::~ScratchBuffer() { delete static_cast<at::Tensor*>(holder_); }
+ScratchBuffer::~ScratchBuffer() {
+  if (holder_ == nullptr) {
+    std::free(view_.data);
+  } else {
+    delete static_cast<at::Tensor*>(holder_);
+  }
+}
 
 }  // namespace collie

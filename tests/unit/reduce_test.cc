@@ -1,0 +1,130 @@
+// The host reductions (typed loops) against ATen's, which device memory still uses: the same
+// values for every dtype and op, the same bits either way round (ranks reduce pairs in
+// either order), NaN and signed zeros included.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "collie/buffer.h"
+
+namespace collie {
+namespace {
+
+const DType kDTypes[] = {DType::kF32,  DType::kF64, DType::kF16,
+                         DType::kBF16, DType::kI32, DType::kI64};
+const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax};
+
+at::ScalarType scalarOf(DType d) {
+  switch (d) {
+    case DType::kF32:
+      return at::kFloat;
+    case DType::kF64:
+      return at::kDouble;
+    case DType::kF16:
+      return at::kHalf;
+    case DType::kBF16:
+      return at::kBFloat16;
+    case DType::kI32:
+      return at::kInt;
+    case DType::kI64:
+      return at::kLong;
+  }
+  return at::kFloat;
+}
+
+Buffer viewOf(const at::Tensor& t, DType d) {
+  Buffer b;
+  b.data = t.data_ptr();
+  b.count = static_cast<size_t>(t.numel());
+  b.dtype = d;
+  return b;
+}
+
+// Values of varied sign and magnitude, with zeros of both signs, an infinity and a NaN
+// among the floats.
+at::Tensor values(DType d, uint32_t seed, size_t n) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> u(-4, 4);
+  at::Tensor t = at::empty({static_cast<int64_t>(n)}, at::kDouble);
+  auto* p = t.data_ptr<double>();
+  for (size_t i = 0; i < n; ++i) p[i] = u(gen) * (i % 3 == 0 ? 1000 : 1);
+  const bool is_float = d != DType::kI32 && d != DType::kI64;
+  if (is_float) {
+    p[1] = seed % 2 ? 0.0 : -0.0;  // a zero against the other sign's in the other input
+    p[2] = seed % 2 ? -0.0 : 0.0;
+    p[3] = std::numeric_limits<double>::infinity();
+    p[4] = std::numeric_limits<double>::quiet_NaN();
+  } else {
+    p[5] = 3e9;  // wraps for i32 sums and products
+  }
+  return t.to(scalarOf(d));
+}
+
+bool sameBytes(const at::Tensor& a, const at::Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+}
+
+TEST(HostReduce, MatchesATenAndIsCommutativeBitForBit) {
+  constexpr size_t n = 1031;  // not a multiple of any vector width
+  for (DType d : kDTypes) {
+    for (ReduceOp op : kOps) {
+      at::Tensor a = values(d, 1, n), b = values(d, 2, n);
+      at::Tensor ab = a.clone(), ba = b.clone();
+      reduceInto(viewOf(ab, d), viewOf(b, d), op);
+      reduceInto(viewOf(ba, d), viewOf(a, d), op);
+      const std::string what = std::string(dtypeName(d)) + " " + reduceOpName(op);
+      EXPECT_TRUE(sameBytes(ab, ba)) << what << ": a op b and b op a differ";
+      at::Tensor expected = op == ReduceOp::kSum    ? a + b
+                            : op == ReduceOp::kProd ? a * b
+                            : op == ReduceOp::kMin  ? at::minimum(a, b)
+                                                    : at::maximum(a, b);
+      // Equal values (NaN equal to NaN; -0 == +0 for ATen's choice between equal zeros).
+      EXPECT_TRUE(at::allclose(ab.to(at::kDouble), expected.to(at::kDouble), 0, 0, true))
+          << what << ": differs from ATen";
+    }
+  }
+}
+
+TEST(HostReduce, MinAndMaxPickTheSignedZeroAndPropagateNaN) {
+  std::vector<float> a{0.0f, -0.0f, std::nanf(""), 1.0f}, b{-0.0f, 0.0f, 1.0f, std::nanf("")};
+  Buffer vb{b.data(), b.size(), DType::kF32};
+  auto lo = a;
+  Buffer vlo{lo.data(), lo.size(), DType::kF32};
+  reduceInto(vlo, vb, ReduceOp::kMin);
+  EXPECT_TRUE(std::signbit(lo[0]) && std::signbit(lo[1]));
+  EXPECT_TRUE(std::isnan(lo[2]) && std::isnan(lo[3]));
+  auto hi = a;
+  Buffer vhi{hi.data(), hi.size(), DType::kF32};
+  reduceInto(vhi, vb, ReduceOp::kMax);
+  EXPECT_TRUE(!std::signbit(hi[0]) && !std::signbit(hi[1]));
+  EXPECT_TRUE(std::isnan(hi[2]) && std::isnan(hi[3]));
+}
+
+TEST(HostReduce, AverageDividesAndTruncatesIntegersTowardZero) {
+  std::vector<int32_t> ints{7, -7, 8};
+  finishAverage(Buffer{ints.data(), ints.size(), DType::kI32}, ReduceOp::kAvg, 2);
+  EXPECT_EQ(ints, (std::vector<int32_t>{3, -3, 4}));
+  std::vector<double> reals{3.0, -1.0};
+  finishAverage(Buffer{reals.data(), reals.size(), DType::kF64}, ReduceOp::kAvg, 4);
+  EXPECT_EQ(reals, (std::vector<double>{0.75, -0.25}));
+}
+
+TEST(HostReduce, ScratchBuffersAreAlignedAndCopiesExact) {
+  Buffer like;
+  like.dtype = DType::kBF16;
+  for (size_t count : {0, 1, 3, 1000}) {
+    ScratchBuffer s(like, count);
+    EXPECT_EQ(s.view().count, count);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(s.view().data) % 64, 0u);
+  }
+  std::vector<int64_t> from{1, 2, 3}, to(3);
+  copyInto(Buffer{to.data(), 3, DType::kI64}, Buffer{from.data(), 3, DType::kI64});
+  EXPECT_EQ(to, from);
+}
+
+}  // namespace
+}  // namespace collie
