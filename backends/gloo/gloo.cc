@@ -27,6 +27,7 @@
 #include <mutex>
 #include <set>
 
+#include "collie/log.h"
 #include "collie/plugin.h"
 #include "collie/store.h"
 
@@ -114,14 +115,21 @@ struct Shared {
   AbortFlag aborted;  // set before the pending buffers are woken, under `mu`
 };
 
+// One transfer, kept so that a request can say what it was when it fails; the words are
+// made only then.
+struct Transfer {
+  int rank;
+  int peer;
+  bool sending;
+  Tag tag;
+  std::string describe() const { return describeTransfer(rank, peer, sending, tag); }
+};
+
 class GlooRequest : public Request {
  public:
   GlooRequest(std::shared_ptr<Shared> shared, std::unique_ptr<gloo::transport::UnboundBuffer> buf,
-              bool sending, std::string what)
-      : shared_(std::move(shared)),
-        buf_(std::move(buf)),
-        sending_(sending),
-        what_(std::move(what)) {
+              Transfer transfer)
+      : shared_(std::move(shared)), buf_(std::move(buf)), transfer_(transfer) {
     std::lock_guard<std::mutex> lock(shared_->mu);
     shared_->pending.insert(buf_.get());
   }
@@ -131,13 +139,13 @@ class GlooRequest : public Request {
     if (done_) return;
     bool completed = false;
     try {
-      completed = sending_ ? buf_->waitSend(timeout) : buf_->waitRecv(timeout);
+      completed = transfer_.sending ? buf_->waitSend(timeout) : buf_->waitRecv(timeout);
     } catch (const std::exception& e) {
       forget();
       std::string message = glooMessage(e);
       bool timed_out = message.find("imeout") != std::string::npos ||
                        message.find("imed out") != std::string::npos;
-      throw CommError("gloo: " + what_ +
+      throw CommError("gloo: " + transfer_.describe() +
                       (timed_out ? " timed out after " + std::to_string(timeout.count()) + " ms: "
                                  : " failed: ") +
                       message +
@@ -146,7 +154,9 @@ class GlooRequest : public Request {
                                  : ". HINT: the peer process died or closed its connection"));
     }
     forget();
-    if (!completed) throw CommError("gloo: " + what_ + " aborted: " + shared_->aborted.reason());
+    if (!completed) {
+      throw CommError("gloo: " + transfer_.describe() + " aborted: " + shared_->aborted.reason());
+    }
     done_ = true;
   }
 
@@ -160,9 +170,8 @@ class GlooRequest : public Request {
 
   std::shared_ptr<Shared> shared_;
   std::unique_ptr<gloo::transport::UnboundBuffer> buf_;
-  bool sending_;
+  Transfer transfer_;
   bool done_ = false;
-  std::string what_;
 };
 
 // A cached instance of one of Gloo's all-reduce algorithm classes, bound to one buffer.
@@ -215,13 +224,26 @@ class GlooBackend : public Backend {
     const auto& ctx = context.backend;
     Params& params = *context.params;
     shared_->timeout = params.getDuration("timeout", std::chrono::milliseconds(30000));
-    shared_->algorithm = params.getString("algorithm", "ring");
+    shared_->algorithm = params.getString("algorithm", "ring_chunked");
     if (std::find(kAlgorithms.begin(), kAlgorithms.end(), shared_->algorithm) ==
         kAlgorithms.end()) {
       throw ConfigError(
           "backend gloo: params.algorithm: expected one of ring, ring_chunked, "
           "halving_doubling, bcube, found '" +
           shared_->algorithm + "'");
+    }
+    if (shared_->algorithm == "bcube" && ctx.size % 2 != 0) {
+      throw ConfigError(
+          "backend gloo: params.algorithm bcube needs an even number of ranks (Gloo "
+          "computes wrong sums on others); this job has " +
+          std::to_string(ctx.size) + ". HINT: ring_chunked or halving_doubling");
+    }
+    if (shared_->algorithm == "ring" && ctx.rank == 0) {
+      logWarn(
+          "backend gloo: params.algorithm ring adds the ranks' buffers in a different order on "
+          "every rank, so float results differ in their last bits between ranks (a trainer's "
+          "weights drift apart); ring_chunked and halving_doubling give every rank the same "
+          "bits");
     }
     const std::string interface = params.getString("interface", "");
     if (!interface.empty()) requireInterface("backend gloo", interface);
@@ -261,7 +283,8 @@ class GlooBackend : public Backend {
   std::chrono::milliseconds timeout() const override { return shared_->timeout; }
   Capabilities capabilities() const override {
     Capabilities caps;
-    caps.native_allreduce = true;
+    // Gloo's bcube is wrong on odd groups (a sub-group of an even job can be one).
+    caps.native_allreduce = !(shared_->algorithm == "bcube" && size() % 2 != 0);
     caps.native_dtypes &= ~(1u << static_cast<unsigned>(DType::kBF16));  // no bf16 in Gloo
     return caps;
   }
@@ -287,6 +310,12 @@ class GlooBackend : public Backend {
     if (args.data.dtype == DType::kBF16) return Decision::no("Gloo has no bfloat16 reduction");
     if (args.data.count > static_cast<size_t>(std::numeric_limits<int>::max())) {
       return Decision::no("Gloo's algorithms count elements in an int");
+    }
+    if (shared_->algorithm == "bcube" && size() % 2 != 0) {
+      // Gloo's bcube needs a group size divisible by its base (2) and computes wrong sums
+      // otherwise, without a word.
+      return Decision::no("gloo's bcube all-reduce needs an even group size (this one has " +
+                          std::to_string(size()) + "); ring_chunked and halving_doubling take any");
     }
     if (args.data.count == 0 || size() == 1) return Decision::yes();
     shared_->aborted.throwIfSet("gloo: native all-reduce seq " + std::to_string(args.seq));
@@ -331,8 +360,8 @@ class GlooBackend : public Backend {
 
   std::unique_ptr<Request> post(int peer, const Buffer& buf, Tag tag, bool sending) {
     checkTransfer("gloo", rank(), size(), peer, buf, sending, MemoryKind::kHost);
-    const std::string what = describeTransfer(rank(), peer, sending, tag);
-    shared_->aborted.throwIfSet("gloo: " + what);
+    const Transfer transfer{rank(), peer, sending, tag};
+    if (shared_->aborted.isSet()) shared_->aborted.throwIfSet("gloo: " + transfer.describe());
     std::unique_ptr<gloo::transport::UnboundBuffer> ub;
     try {
       ub = context_->createUnboundBuffer(buf.data, buf.bytes());
@@ -342,10 +371,10 @@ class GlooBackend : public Backend {
         ub->recv(peer, tag | kTagSlotBit);
       }
     } catch (const std::exception& e) {
-      throw CommError("gloo: " + what + " failed: " + glooMessage(e) +
+      throw CommError("gloo: " + transfer.describe() + " failed: " + glooMessage(e) +
                       ". HINT: the peer process died or closed its connection");
     }
-    return std::make_unique<GlooRequest>(shared_, std::move(ub), sending, what);
+    return std::make_unique<GlooRequest>(shared_, std::move(ub), transfer);
   }
 
   // Gloo's algorithm objects bind their buffer when built; the bench and the trainer reuse

@@ -20,8 +20,9 @@ namespace {
 // One side of a transfer waiting for its match: a posted receive (the buffer to fill) or a
 // send whose receive is not posted yet (the buffer to copy from). Guarded by World::mu.
 struct Pending {
-  explicit Pending(const Buffer& b) : buffer(b) {}
+  Pending(const Buffer& b, int owner_rank) : buffer(b), owner(owner_rank) {}
   Buffer buffer;
+  int owner;  // the rank that posted it: its mailbox's condition variable announces the end
   bool done = false;
   bool claimed = false;  // the matching side is copying outside the lock
   std::string error;
@@ -38,13 +39,25 @@ struct World {
     Queues recvs;  // receives this rank posted, waiting for their send
     bool aborted = false;
     std::string abort_reason;
+    // This rank's waiters: a finished transfer wakes only the rank that posted it (one
+    // condition variable for the world woke every rank's thread for every message).
+    std::condition_variable cv;
   };
 
   explicit World(int n) : size(n), boxes(n) {}
   const int size;
   std::mutex mu;
-  std::condition_variable cv;
   std::vector<Mailbox> boxes;
+};
+
+// One transfer, kept so that a request can say what it was when it fails; the words are
+// made only then.
+struct Transfer {
+  int rank;
+  int peer;
+  bool sending;
+  Tag tag;
+  std::string describe() const { return describeTransfer(rank, peer, sending, tag); }
 };
 
 // Groups meet by name: every rank thread of a job (or of a split) finds the same World.
@@ -79,24 +92,24 @@ void withdraw(World::Queues& queues, const World::Key& key,
 // A send or receive that waits for the other side.
 class PendingRequest : public Request {
  public:
-  // `pending` waits in `queues` under `key`; `owner` is the rank whose abort fails it;
-  // `what` describes the transfer for messages ("rank 1: receive from rank 0 tag ...").
+  // `pending` waits in `queues` under `key`; the transfer's rank (its owner) and peer are
+  // the ranks whose abort fails it.
   PendingRequest(std::shared_ptr<World> world, std::shared_ptr<Pending> pending,
-                 World::Queues* queues, World::Key key, int owner, int peer, std::string what)
+                 World::Queues* queues, World::Key key, Transfer transfer)
       : world_(std::move(world)),
         pending_(std::move(pending)),
         queues_(queues),
         key_(key),
-        owner_(owner),
-        peer_(peer),
-        what_(std::move(what)) {}
+        owner_(transfer.rank),
+        peer_(transfer.peer),
+        transfer_(transfer) {}
 
   // A request dropped without a successful wait (a collective that unwinds) takes its buffer
   // back: a partner copying into it right now finishes first, a later one never finds it.
   ~PendingRequest() override {
     std::unique_lock<std::mutex> lock(world_->mu);
     if (pending_->claimed) {
-      world_->cv.wait(lock, [&] { return pending_->done; });
+      world_->boxes[owner_].cv.wait(lock, [&] { return pending_->done; });
     } else if (!pending_->done) {
       withdraw(*queues_, key_, pending_);
     }
@@ -105,11 +118,12 @@ class PendingRequest : public Request {
   void wait(std::chrono::milliseconds timeout) override {
     std::unique_lock<std::mutex> lock(world_->mu);
     auto aborted = [&] { return world_->boxes[owner_].aborted || world_->boxes[peer_].aborted; };
-    bool finished = world_->cv.wait_for(
+    auto& cv = world_->boxes[owner_].cv;
+    bool finished = cv.wait_for(
         lock, timeout, [&] { return pending_->done || (aborted() && !pending_->claimed); });
     // The other side already claimed our buffer and is copying: let it finish first.
     if (!pending_->done && pending_->claimed) {
-      world_->cv.wait(lock, [&] { return pending_->done; });
+      cv.wait(lock, [&] { return pending_->done; });
       finished = true;
     }
     if (finished && pending_->done) {
@@ -121,9 +135,10 @@ class PendingRequest : public Request {
     if (aborted()) {
       const auto& box =
           world_->boxes[owner_].aborted ? world_->boxes[owner_] : world_->boxes[peer_];
-      throw CommError("loopback: " + what_ + " aborted: " + box.abort_reason);
+      throw CommError("loopback: " + transfer_.describe() + " aborted: " + box.abort_reason);
     }
-    throw CommError("loopback: " + what_ + " timed out after " + std::to_string(timeout.count()) +
+    throw CommError("loopback: " + transfer_.describe() + " timed out after " +
+                    std::to_string(timeout.count()) +
                     " ms. HINT: the peer never matched it; is it stuck, dead, or running a "
                     "different collective?");
   }
@@ -139,7 +154,7 @@ class PendingRequest : public Request {
   World::Queues* queues_;  // in the world's mailboxes, which never move
   World::Key key_;
   int owner_, peer_;
-  std::string what_;
+  Transfer transfer_;
 };
 
 class LoopbackBackend : public Backend {
@@ -184,7 +199,8 @@ class LoopbackBackend : public Backend {
     auto& box = world_->boxes[rank_];
     box.aborted = true;
     box.abort_reason = reason;
-    world_->cv.notify_all();
+    // Waiters of every rank check this rank's flag (their peer may be this rank).
+    for (auto& b : world_->boxes) b.cv.notify_all();
   }
 
  private:
@@ -193,34 +209,33 @@ class LoopbackBackend : public Backend {
   // (peer, tag), so both sides look in the same place.
   std::unique_ptr<Request> post(int peer, const Buffer& buf, Tag tag, bool sending) {
     checkTransfer("loopback", rank_, size_, peer, buf, sending, MemoryKind::kHost);
-    const std::string what = describeTransfer(rank_, peer, sending, tag);
+    const Transfer t{rank_, peer, sending, tag};
     auto& box = world_->boxes[sending ? peer : rank_];
     const World::Key key{sending ? rank_ : peer, tag};
     std::shared_ptr<Pending> other;
     {
       std::lock_guard<std::mutex> lock(world_->mu);
-      throwIfAborted(peer, what);
+      throwIfAborted(t);
       other = claim(sending ? box.recvs : box.sends, key);
       if (!other) {
         World::Queues& queues = sending ? box.sends : box.recvs;
-        auto pending = std::make_shared<Pending>(buf);
+        auto pending = std::make_shared<Pending>(buf, rank_);
         queues[key].push_back(pending);
-        return std::make_unique<PendingRequest>(world_, pending, &queues, key, rank_, peer, what);
+        return std::make_unique<PendingRequest>(world_, pending, &queues, key, t);
       }
     }
-    std::string error =
-        sending ? transfer(buf, other->buffer, what) : transfer(other->buffer, buf, what);
+    std::string error = sending ? transfer(buf, other->buffer, t) : transfer(other->buffer, buf, t);
     complete(*other, error);
     if (!error.empty()) throw CommError(error);
     return std::make_unique<CompletedRequest>();
   }
 
   // Under the lock: fails when this rank or the peer was aborted.
-  void throwIfAborted(int peer, const std::string& what) const {
-    for (int r : {rank_, peer}) {
+  void throwIfAborted(const Transfer& t) const {
+    for (int r : {rank_, t.peer}) {
       const auto& box = world_->boxes[r];
       if (box.aborted) {
-        throw CommError("loopback: " + what + ": rank " + std::to_string(r) +
+        throw CommError("loopback: " + t.describe() + ": rank " + std::to_string(r) +
                         " was aborted: " + box.abort_reason);
       }
     }
@@ -238,9 +253,9 @@ class LoopbackBackend : public Backend {
   }
 
   // Outside the lock: copies a message; returns an error when the sizes disagree.
-  static std::string transfer(const Buffer& from, const Buffer& to, const std::string& what) {
+  static std::string transfer(const Buffer& from, const Buffer& to, const Transfer& t) {
     if (from.bytes() != to.bytes()) {
-      return "loopback: " + what + ": the message has " + std::to_string(from.bytes()) +
+      return "loopback: " + t.describe() + ": the message has " + std::to_string(from.bytes()) +
              " bytes, the receive expects " + std::to_string(to.bytes());
     }
     if (from.bytes() > 0) std::memcpy(to.data, from.data, from.bytes());
@@ -251,7 +266,7 @@ class LoopbackBackend : public Backend {
     std::lock_guard<std::mutex> lock(world_->mu);
     pending.error = error;
     pending.done = true;
-    world_->cv.notify_all();
+    world_->boxes[pending.owner].cv.notify_all();
   }
 
   std::string key_;

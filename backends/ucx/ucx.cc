@@ -7,12 +7,15 @@
 // Messages pending at the same time are never 65,536 collectives apart, so the sequence
 // number's high bits are not needed to tell them apart.
 //
-// Waiting polls the worker for a few microseconds, then sleeps on its event file descriptor
+// Waiting polls the worker for a few microseconds, then polls and yields the CPU between
+// polls for about a millisecond (so that a rank sharing a core with its peer lets the peer
+// run, as Open MPI does when oversubscribed), then sleeps on its event file descriptor
 // (UCP_FEATURE_WAKEUP), so idle ranks leave the CPU to busy ones. A peer whose endpoint
 // fails (a closed TCP connection) fails every request to or from it at once; a stopped
 // peer runs into the timeout. UCX's shared-memory transports cannot report a failed peer,
 // so with transports without tcp a dead peer also shows as a timeout.
 #include <poll.h>
+#include <sched.h>
 #include <ucp/api/ucp.h>
 
 #include <algorithm>
@@ -114,8 +117,10 @@ struct Worker {
   // Progresses until `request` completes, the deadline passes, its peer fails or abort().
   // Returns the final status; on a timeout or failure the request is cancelled first.
   ucs_status_t wait(void* request, int peer, std::chrono::milliseconds timeout, std::string* why) {
+    constexpr int kSpins = 64;    // polls before yielding: a shared-memory round trip or two
+    constexpr int kYields = 512;  // polls with a yield between them, before sleeping
     const auto deadline = Clock::now() + timeout;
-    int spins = 0;
+    int idle = 0;
     while (true) {
       std::unique_lock<std::recursive_mutex> lock(mu);
       ucs_status_t status = ucp_request_check_status(request);
@@ -129,14 +134,22 @@ struct Worker {
         *why = "failed: aborted: " + aborted.reason();
         return cancel(request);
       }
-      auto now = Clock::now();
-      if (now >= deadline) {
+      if (ucp_worker_progress(worker) != 0) {
+        idle = 0;
+        continue;
+      }
+      if (++idle < kSpins) continue;
+      if (Clock::now() >= deadline) {
         *why = "timed out after " + std::to_string(timeout.count()) +
                " ms. HINT: the peer never matched it; is it stopped, stuck or running a "
                "different collective?";
         return cancel(request);
       }
-      if (ucp_worker_progress(worker) != 0 || ++spins < 2000) continue;
+      if (idle < kSpins + kYields) {
+        lock.unlock();
+        sched_yield();
+        continue;
+      }
       // Nothing moved for a while: sleep until UCX has an event (or 1 ms passes), letting
       // another thread progress meanwhile.
       const bool armed = ucp_worker_arm(worker) == UCS_OK;
@@ -145,7 +158,6 @@ struct Worker {
         pollfd fd{event_fd, POLLIN, 0};
         ::poll(&fd, 1, 1);
       }
-      spins = 0;
     }
   }
 
@@ -165,15 +177,26 @@ void onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   if (it != w->rank_of_ep.end()) w->peer_error[it->second] = ucs_status_string(status);
 }
 
+// One transfer, kept so that a request can say what it was when it fails; the words are
+// made only then.
+struct Transfer {
+  int rank;        // this rank, in its group
+  int peer;        // in the group
+  int world_peer;  // the peer's world rank
+  bool sending;
+  Tag tag;
+
+  std::string describe() const {
+    std::string who = "rank " + std::to_string(peer);
+    if (world_peer != peer) who += " (world rank " + std::to_string(world_peer) + ")";
+    return describeTransfer(rank, peer, sending, tag, who);
+  }
+};
+
 class UcxRequest : public Request {
  public:
-  UcxRequest(std::shared_ptr<Worker> worker, void* request, int peer, size_t bytes,
-             std::string what)
-      : worker_(std::move(worker)),
-        request_(request),
-        peer_(peer),
-        bytes_(bytes),
-        what_(std::move(what)) {}
+  UcxRequest(std::shared_ptr<Worker> worker, void* request, Transfer transfer, size_t bytes)
+      : worker_(std::move(worker)), request_(request), transfer_(transfer), bytes_(bytes) {}
   ~UcxRequest() override {
     if (request_ != nullptr) {
       std::lock_guard<std::recursive_mutex> lock(worker_->mu);
@@ -185,9 +208,9 @@ class UcxRequest : public Request {
   void wait(std::chrono::milliseconds timeout) override {
     if (request_ == nullptr) return;
     std::string why;
-    ucs_status_t status = worker_->wait(request_, peer_, timeout, &why);
+    ucs_status_t status = worker_->wait(request_, transfer_.world_peer, timeout, &why);
     ucp_tag_recv_info_t info{};
-    bool is_recv = what_.find("receive") != std::string::npos;
+    const bool is_recv = !transfer_.sending;
     {
       std::lock_guard<std::recursive_mutex> lock(worker_->mu);
       if (status == UCS_OK && is_recv) ucp_tag_recv_request_test(request_, &info);
@@ -195,15 +218,16 @@ class UcxRequest : public Request {
     }
     request_ = nullptr;
     if (status == UCS_OK && is_recv && info.length != bytes_) {
-      throw CommError("ucx: " + what_ + ": the message has " + std::to_string(info.length) +
-                      " bytes, the receive expects " + std::to_string(bytes_));
+      throw CommError("ucx: " + transfer_.describe() + ": the message has " +
+                      std::to_string(info.length) + " bytes, the receive expects " +
+                      std::to_string(bytes_));
     }
     if (status == UCS_ERR_MESSAGE_TRUNCATED) {
-      throw CommError("ucx: " + what_ + ": the message is larger than the " +
+      throw CommError("ucx: " + transfer_.describe() + ": the message is larger than the " +
                       std::to_string(bytes_) + " bytes the receive expects");
     }
     if (status != UCS_OK) {
-      throw CommError("ucx: " + what_ + " " +
+      throw CommError("ucx: " + transfer_.describe() + " " +
                       (why.empty() ? std::string("failed: ") + ucs_status_string(status) : why));
     }
   }
@@ -218,9 +242,8 @@ class UcxRequest : public Request {
  private:
   std::shared_ptr<Worker> worker_;
   void* request_;
-  int peer_;
+  Transfer transfer_;
   size_t bytes_;
-  std::string what_;
 };
 
 void check(ucs_status_t status, const std::string& what) {
@@ -261,32 +284,32 @@ class UcxBackend : public Backend {
   Capabilities capabilities() const override { return Capabilities{}; }
 
   std::unique_ptr<Request> isend(int peer, const Buffer& buf, Tag tag) override {
-    const int world = checkPeer(peer, buf, true);
-    const std::string what = describe(true, peer, tag);
-    worker_->aborted.throwIfSet("ucx: " + what);
+    const Transfer t = transfer(peer, buf, tag, true);
+    if (worker_->aborted.isSet()) worker_->aborted.throwIfSet("ucx: " + t.describe());
     ucp_request_param_t param{};
     std::lock_guard<std::recursive_mutex> lock(worker_->mu);
-    ucs_status_ptr_t request = ucp_tag_send_nbx(worker_->eps[world], buf.data, buf.bytes(),
+    ucs_status_ptr_t request = ucp_tag_send_nbx(worker_->eps[t.world_peer], buf.data, buf.bytes(),
                                                 packTag(group_, tag, worker_->world_rank), &param);
     if (request == nullptr) return std::make_unique<CompletedRequest>();
     if (UCS_PTR_IS_ERR(request)) {
-      throw CommError("ucx: " + what + " failed: " + ucs_status_string(UCS_PTR_STATUS(request)));
+      throw CommError("ucx: " + t.describe() +
+                      " failed: " + ucs_status_string(UCS_PTR_STATUS(request)));
     }
-    return std::make_unique<UcxRequest>(worker_, request, world, buf.bytes(), what);
+    return std::make_unique<UcxRequest>(worker_, request, t, buf.bytes());
   }
 
   std::unique_ptr<Request> irecv(int peer, const Buffer& buf, Tag tag) override {
-    const int world = checkPeer(peer, buf, false);
-    const std::string what = describe(false, peer, tag);
-    worker_->aborted.throwIfSet("ucx: " + what);
+    const Transfer t = transfer(peer, buf, tag, false);
+    if (worker_->aborted.isSet()) worker_->aborted.throwIfSet("ucx: " + t.describe());
     ucp_request_param_t param{};
     std::lock_guard<std::recursive_mutex> lock(worker_->mu);
     ucs_status_ptr_t request = ucp_tag_recv_nbx(worker_->worker, buf.data, buf.bytes(),
-                                                packTag(group_, tag, world), ~0ull, &param);
+                                                packTag(group_, tag, t.world_peer), ~0ull, &param);
     if (UCS_PTR_IS_ERR(request)) {
-      throw CommError("ucx: " + what + " failed: " + ucs_status_string(UCS_PTR_STATUS(request)));
+      throw CommError("ucx: " + t.describe() +
+                      " failed: " + ucs_status_string(UCS_PTR_STATUS(request)));
     }
-    return std::make_unique<UcxRequest>(worker_, request, world, buf.bytes(), what);
+    return std::make_unique<UcxRequest>(worker_, request, t, buf.bytes());
   }
 
   // A view of the same worker and endpoints: sub-groups need no new connections. The group
@@ -400,15 +423,9 @@ class UcxBackend : public Backend {
     }
   }
 
-  int checkPeer(int peer, const Buffer& buf, bool sending) const {
+  Transfer transfer(int peer, const Buffer& buf, Tag tag, bool sending) const {
     checkTransfer("ucx", rank_, size(), peer, buf, sending, MemoryKind::kHost);
-    return ranks_[peer];
-  }
-
-  std::string describe(bool sending, int peer, Tag tag) const {
-    std::string who = "rank " + std::to_string(peer);
-    if (ranks_[peer] != peer) who += " (world rank " + std::to_string(ranks_[peer]) + ")";
-    return describeTransfer(rank_, peer, sending, tag, who);
+    return {rank_, peer, ranks_[peer], sending, tag};
   }
 
   std::shared_ptr<Worker> worker_;

@@ -69,7 +69,7 @@ TEST(Cli, PluginsListsTheShippedPlugins) {
     EXPECT_NE(r.output.find(std::string(" ") + name + " "), std::string::npos) << r.output;
   }
   // The longest name still stands apart from its version.
-  EXPECT_NE(r.output.find("halving_doubling  1."), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("double_binary_tree  1."), std::string::npos) << r.output;
 }
 
 TEST(Cli, PluginsListsRejectedFilesWithTheirReason) {
