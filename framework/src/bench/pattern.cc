@@ -10,6 +10,8 @@
 #include <c10/util/Half.h>
 
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "collie/error.h"
@@ -138,14 +140,47 @@ uint64_t mix(uint64_t i) {
 // The residue element `index` of a buffer uses in a table of `m` entries.
 size_t key(uint64_t index, size_t m) { return m == 1 ? 0 : static_cast<size_t>(mix(index) % m); }
 
+// key(i, m) for the first kCachedKeys indices, computed once per m: filling and checking a
+// million elements per rank and case spent most of a conformance run in the hash.
+constexpr size_t kCachedKeys = size_t{1} << 21;
+
+const std::vector<uint8_t>& cachedKeys(size_t m) {
+  static std::mutex mu;
+  static std::map<size_t, std::vector<uint8_t>> tables;  // nodes never move
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = tables.find(m);
+  if (it == tables.end()) {
+    std::vector<uint8_t> keys(kCachedKeys);
+    for (size_t i = 0; i < kCachedKeys; ++i) keys[i] = static_cast<uint8_t>(key(i, m));
+    it = tables.emplace(m, std::move(keys)).first;
+  }
+  return it->second;
+}
+
+// Calls f(j, table index) for j in [0, count), the index being key(first + j, m).
+template <typename F>
+void forEachKey(uint64_t first, size_t count, size_t m, F&& f) {
+  if (m == 1) {
+    for (size_t j = 0; j < count; ++j) f(j, size_t{0});
+    return;
+  }
+  if (m > 256 || first + count > kCachedKeys) {
+    for (size_t j = 0; j < count; ++j) f(j, key(first + j, m));
+    return;
+  }
+  const uint8_t* keys = cachedKeys(m).data() + first;
+  for (size_t j = 0; j < count; ++j) f(j, size_t{keys[j]});
+}
+
 // buf[j] = table[key(first + j)].
 void store(const Buffer& buf, const std::vector<double>& table, uint64_t first) {
   onHost(buf, true, [&](const Buffer& host) {
     dispatch(host.dtype, [&](auto zero) {
       using T = decltype(zero);
+      std::vector<T> typed;
+      for (double v : table) typed.push_back(static_cast<T>(v));
       auto* p = static_cast<T*>(host.data);
-      const size_t m = table.size();
-      for (size_t j = 0; j < host.count; ++j) p[j] = static_cast<T>(table[key(first + j, m)]);
+      forEachKey(first, host.count, table.size(), [&](size_t j, size_t k) { p[j] = typed[k]; });
     });
   });
 }
@@ -160,13 +195,12 @@ uint64_t mismatches(const Buffer& buf, const std::vector<double>& table, uint64_
     dispatch(host.dtype, [&](auto zero) {
       using T = decltype(zero);
       const auto* p = static_cast<const T*>(host.data);
-      const size_t m = table.size();
-      for (size_t j = 0; j < host.count; ++j) {
-        const double expected = table[key(first + j, m)];
+      forEachKey(first, host.count, table.size(), [&](size_t j, size_t k) {
+        const double expected = table[k];
         const double got = static_cast<double>(p[j]);
         // Integers compare exactly (tol 0); NaN never passes.
         if (!(std::fabs(got - expected) <= tol * std::max(1.0, std::fabs(expected)))) ++wrong;
-      }
+      });
     });
   });
   return wrong;
