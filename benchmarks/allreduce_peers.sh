@@ -7,7 +7,7 @@
 # for 2 and 4 ranks, float32 sum, 4 KiB - 256 MiB. Prints one table per rank count with the
 # best of each group per size and the ratios collie/peer; every raw row goes to OUT/*.csv.
 #
-#   benchmarks/allreduce_peers.sh [--max-bytes BYTES] [--ranks "2 4"] [--iters N]
+#   benchmarks/allreduce_peers.sh [--min-bytes BYTES] [--max-bytes BYTES] [--ranks "2 4"] [--iters N]
 #                                 [--small-iters N] [--rounds R] [--baseline CHECKOUT] [OUT]
 #
 # Sizes up to 1 MiB are timed over --small-iters calls (50), larger ones over --iters (5).
@@ -18,6 +18,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${COLLIE_BUILD_DIR:-$root/build}"
+min_bytes=4096
 max_bytes=$((256 * 1024 * 1024))
 ranks="2 4"
 iters=5
@@ -27,6 +28,7 @@ baseline=""
 out=""
 while [ $# -gt 0 ]; do
   case "$1" in
+    --min-bytes) min_bytes="$2"; shift 2 ;;
     --max-bytes) max_bytes="$2"; shift 2 ;;
     --ranks) ranks="$2"; shift 2 ;;
     --iters) iters="$2"; shift 2 ;;
@@ -39,7 +41,6 @@ while [ $# -gt 0 ]; do
 done
 out="${out:-$root/runs/allreduce-peers-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$out"
-min_bytes=4096
 collie="$build/bin/collie"
 for tool in "$collie" "$build/benchmarks/gloo_allreduce" "$build/benchmarks/mpi_allreduce"; do
   [ -x "$tool" ] || { echo "allreduce_peers: $tool is missing; run scripts/build.sh" >&2; exit 2; }
@@ -103,6 +104,8 @@ for ((round = 1; round <= rounds; round++)); do
   for n in $ranks; do
     if [ "$max_bytes" -le "$split" ]; then
       pass "$n" "$min_bytes" "$max_bytes" "$small_iters"
+    elif [ "$min_bytes" -gt "$split" ]; then
+      pass "$n" "$min_bytes" "$max_bytes" "$iters"
     else
       pass "$n" "$min_bytes" "$split" "$small_iters"
       pass "$n" $((split * 2)) "$max_bytes" "$iters"
