@@ -115,15 +115,7 @@ struct Shared {
   AbortFlag aborted;  // set before the pending buffers are woken, under `mu`
 };
 
-// One transfer, kept so that a request can say what it was when it fails; the words are
-// made only then.
-struct Transfer {
-  int rank;
-  int peer;
-  bool sending;
-  Tag tag;
-  std::string describe() const { return describeTransfer(rank, peer, sending, tag); }
-};
+using Transfer = TransferInfo;
 
 class GlooRequest : public Request {
  public:

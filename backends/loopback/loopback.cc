@@ -50,15 +50,7 @@ struct World {
   std::vector<Mailbox> boxes;
 };
 
-// One transfer, kept so that a request can say what it was when it fails; the words are
-// made only then.
-struct Transfer {
-  int rank;
-  int peer;
-  bool sending;
-  Tag tag;
-  std::string describe() const { return describeTransfer(rank, peer, sending, tag); }
-};
+using Transfer = TransferInfo;
 
 // Groups meet by name: every rank thread of a job (or of a split) finds the same World.
 std::shared_ptr<World> joinWorld(const std::string& key, int size) {

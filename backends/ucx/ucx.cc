@@ -177,19 +177,16 @@ void onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   if (it != w->rank_of_ep.end()) w->peer_error[it->second] = ucs_status_string(status);
 }
 
-// One transfer, kept so that a request can say what it was when it fails; the words are
-// made only then.
+// A transfer (TransferInfo: described only when it fails) and its peer's world rank.
 struct Transfer {
-  int rank;        // this rank, in its group
-  int peer;        // in the group
-  int world_peer;  // the peer's world rank
-  bool sending;
-  Tag tag;
+  TransferInfo info;
+  int world_peer;
+  bool sending() const { return info.sending; }
 
   std::string describe() const {
-    std::string who = "rank " + std::to_string(peer);
-    if (world_peer != peer) who += " (world rank " + std::to_string(world_peer) + ")";
-    return describeTransfer(rank, peer, sending, tag, who);
+    std::string who = "rank " + std::to_string(info.peer);
+    if (world_peer != info.peer) who += " (world rank " + std::to_string(world_peer) + ")";
+    return info.describe(who);
   }
 };
 
@@ -210,7 +207,7 @@ class UcxRequest : public Request {
     std::string why;
     ucs_status_t status = worker_->wait(request_, transfer_.world_peer, timeout, &why);
     ucp_tag_recv_info_t info{};
-    const bool is_recv = !transfer_.sending;
+    const bool is_recv = !transfer_.sending();
     {
       std::lock_guard<std::recursive_mutex> lock(worker_->mu);
       if (status == UCS_OK && is_recv) ucp_tag_recv_request_test(request_, &info);
@@ -425,7 +422,7 @@ class UcxBackend : public Backend {
 
   Transfer transfer(int peer, const Buffer& buf, Tag tag, bool sending) const {
     checkTransfer("ucx", rank_, size(), peer, buf, sending, MemoryKind::kHost);
-    return {rank_, peer, ranks_[peer], sending, tag};
+    return {{rank_, peer, sending, tag}, ranks_[peer]};
   }
 
   std::shared_ptr<Worker> worker_;

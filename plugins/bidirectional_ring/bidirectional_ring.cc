@@ -40,10 +40,11 @@ class BidirectionalRingScheduler : public Scheduler {
     const int n = backend.size();
     if (n == 1 || args.data.count == 0) return finishAverage(args.data, args.op, n);
     const size_t half = (args.data.count + 1) / 2;
-    std::vector<schedules::RingPart> rings{
-        part(args.data.slice(0, half), true, kForwardReduceScatter, kForwardAllGather),
-        part(args.data.slice(half, args.data.count - half), false, kBackwardReduceScatter,
-             kBackwardAllGather)};
+    const std::vector<schedules::RingPart> rings{
+        schedules::ringPart(args.data.slice(0, half), true, chunk_bytes_, kForwardReduceScatter,
+                            kForwardAllGather),
+        schedules::ringPart(args.data.slice(half, args.data.count - half), false, chunk_bytes_,
+                            kBackwardReduceScatter, kBackwardAllGather)};
     schedules::ringReduceScatter(rings, args.op, args.seq, backend);
     for (const schedules::RingPart& ring : rings) {
       Range mine = schedules::ownBlock(ring, backend);
@@ -68,17 +69,6 @@ class BidirectionalRingScheduler : public Scheduler {
   }
 
  private:
-  schedules::RingPart part(const Buffer& data, bool forward, uint32_t reduce_scatter_phase,
-                           uint32_t all_gather_phase) const {
-    schedules::RingPart ring;
-    ring.data = data;
-    ring.forward = forward;
-    ring.chunk = std::max<size_t>(1, chunk_bytes_ / dtypeSize(data.dtype));
-    ring.reduce_scatter_phase = reduce_scatter_phase;
-    ring.all_gather_phase = all_gather_phase;
-    return ring;
-  }
-
   uint64_t chunk_bytes_;
 };
 

@@ -7,6 +7,7 @@
 
 #include "collie/patterns/halving_doubling.h"
 #include "collie/plugin.h"
+#include "collie/schedules/fold.h"
 
 namespace collie::halving_doubling {
 namespace {
@@ -88,21 +89,12 @@ class HalvingDoublingScheduler : public Scheduler {
     const Buffer& data = args.data;
     if (n == 1 || data.count == 0) return finishAverage(data, args.op, n);
     const patterns::Fold f = patterns::fold(backend.rank(), n);
-    if (f.core_index < 0) {  // folded: hand the data over, get the result back
-      backend.send(f.partner, data, makeTag(args.seq, kFold, 0));
-      backend.recv(f.partner, data, makeTag(args.seq, kUnfold, 0));
-      return;
-    }
-    if (f.partner >= 0) {
-      ScratchBuffer incoming(data, data.count);
-      backend.recv(f.partner, incoming.view(), makeTag(args.seq, kFold, 0));
-      reduceInto(data, incoming.view(), args.op);
-    }
+    if (!schedules::foldIn(data, args.op, f, args.seq, kFold, kUnfold, backend)) return;
     halving(data, args.op, f.core_index, f.core_size, args.seq, backend);
     finishAverage(elements(data, patterns::block(data.count, f.core_size, f.core_index)), args.op,
                   n);
     doubling(data, f.core_index, f.core_size, args.seq, backend);
-    if (f.partner >= 0) backend.send(f.partner, data, makeTag(args.seq, kUnfold, 0));
+    schedules::foldOut(data, f, args.seq, kUnfold, backend);
   }
 
   // Recursive halving among the p core ranks: core index v ends with block v reduced.

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "collie/patterns/halving_doubling.h"
 #include "collie/plugin.h"
+#include "collie/schedules/fold.h"
 
 namespace collie::recursive_doubling {
 namespace {
@@ -32,16 +32,8 @@ class RecursiveDoublingScheduler : public Scheduler {
     const Buffer& data = args.data;
     if (n == 1 || data.count == 0) return finishAverage(data, args.op, n);
     const patterns::Fold f = patterns::fold(backend.rank(), n);
-    if (f.core_index < 0) {  // folded: hand the data over, get the result back
-      backend.send(f.partner, data, makeTag(args.seq, kFold, 0));
-      backend.recv(f.partner, data, makeTag(args.seq, kUnfold, 0));
-      return;
-    }
+    if (!schedules::foldIn(data, args.op, f, args.seq, kFold, kUnfold, backend)) return;
     ScratchBuffer incoming(data, data.count);
-    if (f.partner >= 0) {
-      backend.recv(f.partner, incoming.view(), makeTag(args.seq, kFold, 0));
-      reduceInto(data, incoming.view(), args.op);
-    }
     // After step k the 2^(k+1) core ranks that agree on their low bits above k hold the same
     // partial result, bit for bit: each side adds the same two operands.
     for (int k = 0; k < patterns::log2Exact(f.core_size); ++k) {
@@ -55,7 +47,7 @@ class RecursiveDoublingScheduler : public Scheduler {
       reduceInto(data, incoming.view(), args.op);
     }
     finishAverage(data, args.op, n);
-    if (f.partner >= 0) backend.send(f.partner, data, makeTag(args.seq, kUnfold, 0));
+    schedules::foldOut(data, f, args.seq, kUnfold, backend);
   }
 
   // α-β-γ (README): log2(p) exchanges of the whole message, each reduced; off powers of two

@@ -90,12 +90,7 @@ class RingScheduler : public Scheduler {
 
  private:
   schedules::RingPart partOf(const Buffer& data) const {
-    schedules::RingPart part;
-    part.data = data;
-    part.chunk = std::max<size_t>(1, chunk_bytes_ / dtypeSize(data.dtype));
-    part.reduce_scatter_phase = kReduceScatter;
-    part.all_gather_phase = kAllGather;
-    return part;
+    return schedules::ringPart(data, true, chunk_bytes_, kReduceScatter, kAllGather);
   }
 
   uint64_t chunk_bytes_;

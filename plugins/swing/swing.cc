@@ -11,6 +11,7 @@
 
 #include "collie/patterns/swing.h"
 #include "collie/plugin.h"
+#include "collie/schedules/fold.h"
 
 namespace collie::swing {
 namespace {
@@ -48,16 +49,7 @@ class SwingScheduler : public Scheduler {
     const Buffer& data = args.data;
     if (n == 1 || data.count == 0) return finishAverage(data, args.op, n);
     const patterns::Fold f = patterns::fold(backend.rank(), n);
-    if (f.core_index < 0) {  // folded: hand the data over, get the result back
-      backend.send(f.partner, data, makeTag(args.seq, kFold, 0));
-      backend.recv(f.partner, data, makeTag(args.seq, kUnfold, 0));
-      return;
-    }
-    if (f.partner >= 0) {
-      ScratchBuffer incoming(data, data.count);
-      backend.recv(f.partner, incoming.view(), makeTag(args.seq, kFold, 0));
-      reduceInto(data, incoming.view(), args.op);
-    }
+    if (!schedules::foldIn(data, args.op, f, args.seq, kFold, kUnfold, backend)) return;
     if (latency_) {
       exchange(data, args.op, f, args.seq, backend);
       finishAverage(data, args.op, n);
@@ -69,7 +61,7 @@ class SwingScheduler : public Scheduler {
       finishAverage(elements(data, mine), args.op, n);
       allGather(data, f, layout, args.seq, backend);
     }
-    if (f.partner >= 0) backend.send(f.partner, data, makeTag(args.seq, kUnfold, 0));
+    schedules::foldOut(data, f, args.seq, kUnfold, backend);
   }
 
   // α-β-γ (README): the latency variant is recursive doubling's cost, the bandwidth variant

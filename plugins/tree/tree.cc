@@ -36,18 +36,10 @@ class TreeScheduler : public Scheduler {
   void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {
     const int n = backend.size();
     if (n == 1) return finishAverage(args.data, args.op, n);
-    schedules::TreePart part;
-    part.up_phase = kReduce;
-    part.down_phase = kBroadcast;
-    if (args.coll == Collective::kBarrier) {
-      part.segments = {Range{}};  // one empty message per edge, up and down
-    } else {
-      part.data = args.data;
-      part.segments = schedules::segmentsOf(args.data, segment_bytes_);
-    }
-    // An all-reduce reduces to rank 0 and broadcasts from it; a broadcast starts at its root.
-    part.reduce = args.coll != Collective::kBroadcast;
-    part.shape = patterns::binaryTree(backend.rank(), part.reduce ? 0 : args.root, n);
+    const int rank = backend.rank();
+    auto part = schedules::singleTree(args, segment_bytes_, kReduce, kBroadcast, [&](int root) {
+      return patterns::binaryTree(rank, root, n);
+    });
     schedules::runTrees({part}, args.op, n, args.seq, backend);
   }
 

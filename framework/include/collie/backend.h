@@ -125,6 +125,19 @@ void checkTransfer(const std::string& backend, int rank, int size, int peer, con
 std::string describeTransfer(int rank, int peer, bool sending, Tag tag,
                              const std::string& peer_name = "");
 
+// One transfer's numbers, kept by a request so that it can say what it was when it fails:
+// describe() makes the words only then (formatting them for every message cost more than
+// a shared-memory exchange, benchmarks/overhead.cc).
+struct TransferInfo {
+  int rank = 0;  // this rank, in its group
+  int peer = 0;
+  bool sending = false;
+  Tag tag = 0;
+  std::string describe(const std::string& peer_name = "") const {
+    return describeTransfer(rank, peer, sending, tag, peer_name);
+  }
+};
+
 // For backends that take a network interface by name (params.interface): throws ConfigError
 // "<owner>: params.interface 'eth9' does not exist on host H; it has: lo, eth0" when this
 // host has no such interface.

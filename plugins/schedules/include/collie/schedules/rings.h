@@ -22,6 +22,18 @@ struct RingPart {
   uint32_t all_gather_phase = 2;
 };
 
+// A part over `data` in chunks of at most `chunk_bytes` (at least one element).
+inline RingPart ringPart(const Buffer& data, bool forward, uint64_t chunk_bytes,
+                         uint32_t reduce_scatter_phase, uint32_t all_gather_phase) {
+  RingPart part;
+  part.data = data;
+  part.forward = forward;
+  part.chunk = std::max<size_t>(1, chunk_bytes / dtypeSize(data.dtype));
+  part.reduce_scatter_phase = reduce_scatter_phase;
+  part.all_gather_phase = all_gather_phase;
+  return part;
+}
+
 // This rank's block of `part`: the one it holds reduced after ringReduceScatter.
 inline patterns::Range ownBlock(const RingPart& part, const Backend& backend) {
   const int n = backend.size();

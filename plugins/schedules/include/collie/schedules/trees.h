@@ -107,4 +107,24 @@ inline std::vector<patterns::Range> segmentsOf(const Buffer& data, uint64_t segm
   return patterns::pieces({0, data.count}, elements);
 }
 
+// The one part of a single-tree collective: an all-reduce (reduced to rank 0, broadcast
+// back from it), a broadcast (from its root) or a barrier (one empty message up and down
+// each edge), over the shape `shape_of(root)` gives this rank.
+template <typename ShapeOf>
+TreePart singleTree(const CollectiveArgs& args, uint64_t segment_bytes, uint32_t up_phase,
+                    uint32_t down_phase, ShapeOf&& shape_of) {
+  TreePart part;
+  part.up_phase = up_phase;
+  part.down_phase = down_phase;
+  if (args.coll == Collective::kBarrier) {
+    part.segments = {patterns::Range{}};
+  } else {
+    part.data = args.data;
+    part.segments = segmentsOf(args.data, segment_bytes);
+  }
+  part.reduce = args.coll != Collective::kBroadcast;
+  part.shape = shape_of(part.reduce ? 0 : args.root);
+  return part;
+}
+
 }  // namespace collie::schedules
