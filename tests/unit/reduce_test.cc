@@ -10,6 +10,7 @@
 #include <random>
 
 #include "collie/buffer.h"
+#include "core/aten.h"
 
 namespace collie {
 namespace {
@@ -17,24 +18,6 @@ namespace {
 const DType kDTypes[] = {DType::kF32,  DType::kF64, DType::kF16,
                          DType::kBF16, DType::kI32, DType::kI64};
 const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax};
-
-at::ScalarType scalarOf(DType d) {
-  switch (d) {
-    case DType::kF32:
-      return at::kFloat;
-    case DType::kF64:
-      return at::kDouble;
-    case DType::kF16:
-      return at::kHalf;
-    case DType::kBF16:
-      return at::kBFloat16;
-    case DType::kI32:
-      return at::kInt;
-    case DType::kI64:
-      return at::kLong;
-  }
-  return at::kFloat;
-}
 
 Buffer viewOf(const at::Tensor& t, DType d) {
   Buffer b;
@@ -61,7 +44,7 @@ at::Tensor values(DType d, uint32_t seed, size_t n) {
   } else {
     p[5] = 3e9;  // wraps for i32 sums and products
   }
-  return t.to(scalarOf(d));
+  return t.to(detail::scalarType(d));
 }
 
 bool sameBytes(const at::Tensor& a, const at::Tensor& b) {
