@@ -208,6 +208,21 @@ TEST(CliPluginCheck, FailsOnABrokenSchedulerWithAReport) {
   EXPECT_NE(r.output.find("plugin-check: FAIL"), std::string::npos) << r.output;
 }
 
+TEST(CliPluginCheck, BackendParamsReachTheBackendAScheduleIsCheckedOver) {
+  // The loopback's timeout is a param it reads; a typo is refused, naming what it knows.
+  auto r = testing::runCollie({"plugin-check", "ring", "--backend-param", "timeout=5s", "--worlds",
+                               "2", "--large-count", "0"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = testing::runCollie({"plugin-check", "ring", "--backend-param", "timeuot=5s", "--worlds", "2",
+                          "--large-count", "0"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("unknown param 'timeuot'"), std::string::npos) << r.output;
+  // For a backend under test its params are --param: --backend-param is refused.
+  r = testing::runCollie({"plugin-check", "loopback", "--backend-param", "timeout=5s"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("give its params with --param"), std::string::npos) << r.output;
+}
+
 TEST(CliPluginCheck, UnknownPluginIsBadInput) {
   auto r = testing::runCollie({"plugin-check", "rnig"});
   EXPECT_EQ(r.exit_code, 2) << r.output;

@@ -44,10 +44,13 @@ config::PluginRef pluginRef(const std::string& plugin, const std::vector<std::st
   ref.params = Params(kind + " '" + plugin + "'");
   for (const auto& p : params) {
     auto eq = p.find('=');
+    // A scheduler's params come from --param; a backend's from --param when it is the
+    // plugin under test, else from --backend-param.
+    const std::string flag = kind == "scheduler" ? "--param" : "--param/--backend-param";
     if (eq == std::string::npos || eq == 0) {
-      throw ConfigError("--param " + p + ": expected key=value, e.g. --param chunk_bytes=4KiB");
+      throw ConfigError(flag + " " + p + ": expected key=value, e.g. " + flag + " timeout=10s");
     }
-    ref.params.set(p.substr(0, eq), p.substr(eq + 1), "--param");
+    ref.params.set(p.substr(0, eq), p.substr(eq + 1), flag);
   }
   return ref;
 }
@@ -120,6 +123,11 @@ Report checkAsProcesses(const PluginCheckRequest& request, const std::string& ta
     spec.argv.insert(
         spec.argv.end(),
         {task == "scheduler" && backend_under_test ? "--backend-param" : "--param", p});
+  }
+  if (!backend_under_test) {  // a scheduler under test: the backend's own params, as given
+    for (const auto& p : request.backend_params) {
+      spec.argv.insert(spec.argv.end(), {"--backend-param", p});
+    }
   }
   spec.nproc = world;
   spec.master_port = pickFreePort(spec.master_addr);
@@ -212,9 +220,10 @@ int checkInThreads(const PluginCheckRequest& request, const PluginLoader& loader
   Verdict verdict;
   if (is_scheduler) {
     loader.open(PluginKind::kBackend, request.backend);
-    verdict.add(fmt::format("scheduler {} over {}", request.plugin, request.backend),
-                checkScheduler(loader, pluginRef(request.plugin, request.params, "scheduler"),
-                               pluginRef(request.backend, {}, "backend"), options));
+    verdict.add(
+        fmt::format("scheduler {} over {}", request.plugin, request.backend),
+        checkScheduler(loader, pluginRef(request.plugin, request.params, "scheduler"),
+                       pluginRef(request.backend, request.backend_params, "backend"), options));
     return verdict.finish();
   }
   loader.open(PluginKind::kBackend, request.plugin);
@@ -234,6 +243,12 @@ int runPluginCheck(const PluginCheckRequest& request) {
   PluginLoader loader;
   const Options options = optionsOf(request);
   const bool is_scheduler = kindOf(loader, request.plugin) == PluginKind::kScheduler;
+  if (!is_scheduler && !request.backend_params.empty() && request.worker_task.empty()) {
+    throw ConfigError(
+        "plugin-check: --backend-param sets the params of the backend a "
+        "scheduler is checked over; " +
+        request.plugin + " is the backend under test: give its params with --param");
+  }
   if (is_scheduler) loader.open(PluginKind::kScheduler, request.plugin);
   const std::string backend = is_scheduler ? request.backend : request.plugin;
   if (runsInProcess(loader, backend)) return checkInThreads(request, loader, is_scheduler, options);

@@ -197,7 +197,8 @@ int dispatch(int argc, char** argv) {
   plugin_check->add_option("--worker-task", opt.check.worker_task)
       ->group("")  // internal: what a worker process of plugin-check does
       ->check(CLI::IsMember({"contract", "scheduler"}));
-  plugin_check->add_option("--backend-param", opt.check.backend_params)->group("");
+  plugin_check->add_option("--backend-param", opt.check.backend_params,
+                           "a param of the backend a scheduler is checked over: key=value");
   auto* lab_cmd = app.add_subcommand(
       "lab", "an emulated cluster on this machine: hosts in network namespaces, capped links");
   lab_cmd->require_subcommand(1);
