@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "collie/plugin.h"
+#include "collie/schedules/accept.h"
 #include "collie/schedules/rings.h"
 
 namespace collie::bidirectional_ring {
@@ -27,16 +28,12 @@ class BidirectionalRingScheduler : public Scheduler {
       : chunk_bytes_(context.params->getBytes("chunk_bytes", 1 << 20, 1, 1ull << 32)) {}
 
   Decision accepts(const CollectiveArgs& args, const Topology&) const override {
-    if (args.coll == Collective::kAllReduce) return Decision::yes();
-    return Decision::no(std::string("bidirectional_ring: ") + collectiveName(args.coll) +
-                        " is not implemented (allreduce is; ring does reduce_scatter and "
-                        "allgather)");
+    return schedules::acceptOnly("bidirectional_ring", Collective::kAllReduce, args,
+                                 "; ring does reduce_scatter and allgather");
   }
 
   void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {
-    if (args.coll != Collective::kAllReduce) {
-      throw InternalError("bidirectional_ring: run() called for a collective it declined");
-    }
+    schedules::requireOnly("bidirectional_ring", Collective::kAllReduce, args);
     const int n = backend.size();
     if (n == 1 || args.data.count == 0) return finishAverage(args.data, args.op, n);
     const size_t half = (args.data.count + 1) / 2;

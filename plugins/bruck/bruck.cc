@@ -7,6 +7,7 @@
 
 #include "collie/patterns/bruck.h"
 #include "collie/plugin.h"
+#include "collie/schedules/accept.h"
 
 namespace collie::bruck {
 namespace {
@@ -18,15 +19,11 @@ class BruckScheduler : public Scheduler {
   explicit BruckScheduler(const PluginContext&) {}
 
   Decision accepts(const CollectiveArgs& args, const Topology&) const override {
-    if (args.coll == Collective::kAllGather) return Decision::yes();
-    return Decision::no(std::string("bruck: ") + collectiveName(args.coll) +
-                        " is not implemented (allgather is)");
+    return schedules::acceptOnly("bruck", Collective::kAllGather, args);
   }
 
   void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {
-    if (args.coll != Collective::kAllGather) {
-      throw InternalError("bruck: run() called for a collective it declined");
-    }
+    schedules::requireOnly("bruck", Collective::kAllGather, args);
     const int n = backend.size(), rank = backend.rank();
     const size_t k = args.data.count;
     if (n == 1 || k == 0) {

@@ -9,6 +9,7 @@
 #include "collie/patterns/double_binary_tree.h"
 #include "collie/patterns/halving_doubling.h"
 #include "collie/plugin.h"
+#include "collie/schedules/accept.h"
 #include "collie/schedules/trees.h"
 
 namespace collie::double_binary_tree {
@@ -22,15 +23,11 @@ class DoubleBinaryTreeScheduler : public Scheduler {
       : segment_bytes_(context.params->getBytes("segment_bytes", 256 << 10, 1, 1ull << 32)) {}
 
   Decision accepts(const CollectiveArgs& args, const Topology&) const override {
-    if (args.coll == Collective::kAllReduce) return Decision::yes();
-    return Decision::no(std::string("double_binary_tree: ") + collectiveName(args.coll) +
-                        " is not implemented (allreduce is)");
+    return schedules::acceptOnly("double_binary_tree", Collective::kAllReduce, args);
   }
 
   void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {
-    if (args.coll != Collective::kAllReduce) {
-      throw InternalError("double_binary_tree: run() called for a collective it declined");
-    }
+    schedules::requireOnly("double_binary_tree", Collective::kAllReduce, args);
     const int n = backend.size(), rank = backend.rank();
     if (n == 1 || args.data.count == 0) return finishAverage(args.data, args.op, n);
     const size_t half = (args.data.count + 1) / 2;

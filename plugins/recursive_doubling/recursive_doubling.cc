@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "collie/plugin.h"
+#include "collie/schedules/accept.h"
 #include "collie/schedules/fold.h"
 
 namespace collie::recursive_doubling {
@@ -19,15 +20,11 @@ class RecursiveDoublingScheduler : public Scheduler {
   explicit RecursiveDoublingScheduler(const PluginContext&) {}
 
   Decision accepts(const CollectiveArgs& args, const Topology&) const override {
-    if (args.coll == Collective::kAllReduce) return Decision::yes();
-    return Decision::no(std::string("recursive_doubling: ") + collectiveName(args.coll) +
-                        " is not implemented (allreduce is)");
+    return schedules::acceptOnly("recursive_doubling", Collective::kAllReduce, args);
   }
 
   void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {
-    if (args.coll != Collective::kAllReduce) {
-      throw InternalError("recursive_doubling: run() called for a collective it declined");
-    }
+    schedules::requireOnly("recursive_doubling", Collective::kAllReduce, args);
     const int n = backend.size();
     const Buffer& data = args.data;
     if (n == 1 || data.count == 0) return finishAverage(data, args.op, n);

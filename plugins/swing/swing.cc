@@ -11,6 +11,7 @@
 
 #include "collie/patterns/swing.h"
 #include "collie/plugin.h"
+#include "collie/schedules/accept.h"
 #include "collie/schedules/fold.h"
 
 namespace collie::swing {
@@ -36,15 +37,11 @@ class SwingScheduler : public Scheduler {
   }
 
   Decision accepts(const CollectiveArgs& args, const Topology&) const override {
-    if (args.coll == Collective::kAllReduce) return Decision::yes();
-    return Decision::no(std::string("swing: ") + collectiveName(args.coll) +
-                        " is not implemented (allreduce is)");
+    return schedules::acceptOnly("swing", Collective::kAllReduce, args);
   }
 
   void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {
-    if (args.coll != Collective::kAllReduce) {
-      throw InternalError("swing: run() called for a collective it declined");
-    }
+    schedules::requireOnly("swing", Collective::kAllReduce, args);
     const int n = backend.size();
     const Buffer& data = args.data;
     if (n == 1 || data.count == 0) return finishAverage(data, args.op, n);

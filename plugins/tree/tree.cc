@@ -12,8 +12,6 @@
 namespace collie::tree {
 namespace {
 
-using patterns::Range;
-
 enum Phase : uint32_t { kReduce = 1, kBroadcast = 2 };
 
 class TreeScheduler : public Scheduler {

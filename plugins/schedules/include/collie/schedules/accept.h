@@ -1,0 +1,27 @@
+// accepts() and run() of a scheduler that implements one collective.
+#pragma once
+
+#include <string>
+
+#include "collie/plugin.h"
+
+namespace collie::schedules {
+
+// Yes for `implemented`; for any other collective a refusal naming the scheduler and what it
+// does ("swing: broadcast is not implemented (allreduce is)"), with `hint` after the
+// collective's name ("; ring does reduce_scatter and allgather").
+inline Decision acceptOnly(const char* scheduler, Collective implemented,
+                           const CollectiveArgs& args, const std::string& hint = "") {
+  if (args.coll == implemented) return Decision::yes();
+  return Decision::no(std::string(scheduler) + ": " + collectiveName(args.coll) +
+                      " is not implemented (" + collectiveName(implemented) + " is" + hint + ")");
+}
+
+// For run(): the framework runs only what accepts() took, so anything else is collie's bug.
+inline void requireOnly(const char* scheduler, Collective implemented, const CollectiveArgs& args) {
+  if (args.coll != implemented) {
+    throw InternalError(std::string(scheduler) + ": run() called for a collective it declined");
+  }
+}
+
+}  // namespace collie::schedules
