@@ -18,10 +18,13 @@
 
 #include <dirent.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <list>
 #include <map>
 #include <mutex>
@@ -101,6 +104,35 @@ class StoreAdapter : public gloo::rendezvous::Store {
 
  private:
   collie::Store& store_;
+};
+
+// Gloo's event-loop thread spins when it cannot lock a pair that the caller's thread holds
+// (its handler returns and epoll reports the same event again; pytorch/gloo#246). Woken by
+// a peer's message, it preempts the thread that holds the lock, on the same CPU, and spins
+// for the rest of its time slice: with more ranks than CPUs every message can cost
+// milliseconds. Under SCHED_BATCH a woken thread does not preempt a running one, and
+// keeps its full share of the CPU. The loop thread inherits the policy of the thread that
+// creates the device, so the caller takes SCHED_BATCH for that long and then gets its own
+// policy back.
+class LoopThreadPolicy {
+ public:
+  explicit LoopThreadPolicy(bool batch) {
+    if (!batch || sched_getscheduler(0) != SCHED_OTHER || sched_getparam(0, &saved_) != 0) return;
+    sched_param none{};
+    active_ = sched_setscheduler(0, SCHED_BATCH, &none) == 0;
+  }
+  ~LoopThreadPolicy() {
+    if (active_ && sched_setscheduler(0, SCHED_OTHER, &saved_) != 0) {
+      logWarn(std::string("backend gloo: cannot restore this thread's scheduling policy: ") +
+              std::strerror(errno));
+    }
+  }
+  LoopThreadPolicy(const LoopThreadPolicy&) = delete;
+  LoopThreadPolicy& operator=(const LoopThreadPolicy&) = delete;
+
+ private:
+  sched_param saved_{};
+  bool active_ = false;
 };
 
 // What every group of one backend shares: the device (one event loop thread), the store and
@@ -254,7 +286,13 @@ class GlooBackend : public Backend {
     attr.hostname = hostname;
     // One host: listen on the loopback, not on whatever the host name resolves to.
     if (ctx.one_host && interface.empty() && hostname.empty()) attr.hostname = "127.0.0.1";
+    const std::string loop_thread = params.getString("loop_thread", "batch");
+    if (loop_thread != "batch" && loop_thread != "normal") {
+      throw ConfigError("backend gloo: params.loop_thread: expected batch or normal, found '" +
+                        loop_thread + "'");
+    }
     try {
+      LoopThreadPolicy policy(loop_thread == "batch");
       shared_->device = gloo::transport::tcp::CreateDevice(attr);
     } catch (const std::exception& e) {
       throw ConfigError("backend gloo: cannot open a TCP device" +

@@ -1,7 +1,9 @@
 // The process backends (gloo, ucx) as real processes, forks of this test joined through the
 // store: zero-byte messages and barriers that synchronise, the desync check; for ucx, sub-group ids
 // that never collide and a worker used from two threads at once.
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <thread>
 
 #include "collie/error.h"
@@ -212,6 +215,48 @@ TEST_P(ProcessBackends, AThousandCreateUseAbortDestroyCyclesLeaveNothingBehind) 
                          "cycle 1000", false);
   });
   EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+// The scheduling policy of every thread of this process, by thread id.
+std::map<int, int> threadPolicies() {
+  std::map<int, int> policies;
+  DIR* dir = ::opendir("/proc/self/task");
+  if (dir == nullptr) return policies;
+  while (dirent* entry = ::readdir(dir)) {
+    const int tid = std::atoi(entry->d_name);
+    if (tid > 0) policies[tid] = ::sched_getscheduler(tid);
+  }
+  ::closedir(dir);
+  return policies;
+}
+
+// Gloo's event-loop thread runs under SCHED_BATCH (params.loop_thread, backends/gloo/README.md)
+// and the thread that made the backend keeps its own policy; with loop_thread: normal no
+// thread changes.
+TEST(GlooBackend, ItsEventLoopThreadRunsUnderSchedBatch) {
+  for (const std::string mode : {"batch", "normal"}) {
+    auto codes = runJobWith("gloo", [&](ProcessJob& job, const config::PluginRef& plugin) {
+      config::PluginRef ref = plugin;
+      ref.params.set("loop_thread", mode, "test");
+      const auto before = threadPolicies();
+      WorkerRank w = createBackend(job, testing::buildTreeLoader(), ref, "test/", 20s);
+      int batch = 0, others = 0;
+      for (const auto& [tid, policy] : threadPolicies()) {
+        if (policy == SCHED_BATCH) ++batch;
+        if (before.count(tid) && before.at(tid) != policy) ++others;
+      }
+      const int expected = mode == "batch" ? 1 : 0;
+      if (batch != expected || others != 0 || ::sched_getscheduler(0) != SCHED_OTHER) {
+        std::fprintf(stderr,
+                     "rank %d, loop_thread %s: %d thread(s) under SCHED_BATCH (expected %d), "
+                     "%d earlier thread(s) changed, this thread's policy %d\n",
+                     job.rank(), mode.c_str(), batch, expected, others, ::sched_getscheduler(0));
+        return false;
+      }
+      return true;
+    });
+    EXPECT_EQ(codes, (std::vector<int>{0, 0})) << mode;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ProcessBackends, ::testing::Values("gloo", "ucx"),
