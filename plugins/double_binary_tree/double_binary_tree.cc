@@ -43,20 +43,22 @@ class DoubleBinaryTreeScheduler : public Scheduler {
     schedules::runTrees(trees, args.op, n, args.seq, backend);
   }
 
-  // α-β-γ (README): each tree carries m/2 in s segments of g bytes through a pipeline of
-  // depth d = ⌈log2 n⌉. Per beat a rank serves one segment of each tree, as an inner node of
-  // one (c children and a parent) and a leaf of the other (a parent): (c + 2)·g through its
-  // port each way, c·g reduced; 2d + s − 1 beats.
+  // α-β-γ (README): each tree carries m/2 in s segments of g bytes, up and then down, in
+  // pipelines of depth + s - 1 beats; in a beat every edge of both trees carries a segment
+  // at once, so a rank inner in one tree and a leaf in the other serves both
+  // (schedules::predictTrees, which also shares the links between nodes).
   double predictSeconds(const CollectiveArgs& args, const Topology& topology,
                         const CostModel& model) const override {
     const int n = topology.world_size;
     if (args.coll != Collective::kAllReduce) return kNoPrediction;
     if (n == 1) return 0;
-    const LinkCost& link = topology.nodeCount() > 1 ? model.inter : model.intra;
+    std::vector<std::vector<patterns::TreeShape>> shapes(2);
+    for (int t = 0; t < 2; ++t) {
+      for (int r = 0; r < n; ++r) shapes[t].push_back(patterns::doubleBinaryTree(r, n, t));
+    }
     const double m = static_cast<double>(args.data.bytes()) / 2;  // per tree
     const double s = std::max(1.0, std::ceil(m / static_cast<double>(segment_bytes_)));
-    const double g = m / s, c = std::min(2, n - 1), d = patterns::log2Exact(n);
-    return (2 * d + s - 1) * (link.alpha + (c + 2) * g * link.beta + c * g * model.gamma);
+    return schedules::predictTrees(shapes, m / s, s, true, topology, model);
   }
 
  private:

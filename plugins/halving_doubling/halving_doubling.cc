@@ -65,21 +65,54 @@ class HalvingDoublingScheduler : public Scheduler {
     }
   }
 
-  // α-β-γ: fold and unfold move the whole buffer once each way (only when n is not a power
-  // of two); halving and doubling take log2(p) steps each and move (p-1)/p of it.
+  // α-β-γ (README): each halving and doubling step is one exchange between core partners of
+  // the span they give (stepSeconds prices it: node links that several exchanges cross at
+  // once are shared), and halving reduces (p-1)/p of the message. With n not a power of
+  // two the folded ranks hand their data in and get the result back (one whole-message
+  // message each way) and their partners reduce it. A barrier: ⌈log2 n⌉ rounds of empty
+  // messages.
   double predictSeconds(const CollectiveArgs& args, const Topology& topology,
                         const CostModel& model) const override {
     const int n = topology.world_size;
     if (n == 1) return 0;
-    const LinkCost& link = topology.nodeCount() > 1 ? model.inter : model.intra;
-    if (args.coll == Collective::kBarrier) return std::ceil(std::log2(n)) * link.alpha;
+    if (args.coll == Collective::kBarrier) {
+      double t = 0;
+      for (int d = 1; d < n; d *= 2) {
+        std::vector<Flow> round;
+        for (int r = 0; r < n; ++r) round.push_back({r, (r + d) % n, 0});
+        t += stepSeconds(round, topology, model);
+      }
+      return t;
+    }
     if (args.coll != Collective::kAllReduce) return kNoPrediction;
     const int p = patterns::powerOfTwoFloor(n);
     const double m = static_cast<double>(args.data.bytes());
-    const double steps = patterns::log2Exact(p);
-    double t = 2 * steps * link.alpha + 2.0 * (p - 1) / p * m * link.beta +
-               static_cast<double>(p - 1) / p * m * model.gamma;
-    if (p != n) t += 2 * link.message(m) + m * model.gamma;
+    const double element = static_cast<double>(dtypeSize(args.data.dtype));
+    auto bytes = [&](patterns::BlockSpan span) {
+      return element * static_cast<double>(
+                           patterns::blockSpan(args.data.count, p, span.begin, span.end).count);
+    };
+    double t = static_cast<double>(p - 1) / p * m * model.gamma;
+    for (int k = 0; k < patterns::log2Exact(p); ++k) {
+      std::vector<Flow> halving, doubling;
+      for (int v = 0; v < p; ++v) {
+        const patterns::HalvingStep h = patterns::halvingStep(v, p, k);
+        halving.push_back(
+            {patterns::coreRank(v, n), patterns::coreRank(h.partner, n), bytes(h.give)});
+        const patterns::HalvingStep d = patterns::doublingStep(v, p, k);
+        doubling.push_back(
+            {patterns::coreRank(v, n), patterns::coreRank(d.partner, n), bytes(d.keep)});
+      }
+      t += stepSeconds(halving, topology, model) + stepSeconds(doubling, topology, model);
+    }
+    if (p != n) {
+      std::vector<Flow> in, out;
+      for (int r = 0; r < 2 * (n - p); r += 2) {
+        in.push_back({r, r + 1, m});
+        out.push_back({r + 1, r, m});
+      }
+      t += stepSeconds(in, topology, model) + stepSeconds(out, topology, model) + m * model.gamma;
+    }
     return t;
   }
 

@@ -65,16 +65,19 @@ class RingScheduler : public Scheduler {
     }
   }
 
-  // α-β-γ (README): 2(n-1) steps, each ⌈block/chunk⌉ messages; 2(n-1)/n of the message on
-  // the wire per rank and (n-1)/n of it reduced. Reduce-scatter and all-gather: one phase.
+  // α-β-γ (README): 2(n-1) steps, in each of which every rank sends a block of m/n bytes, in
+  // ⌈block/chunk⌉ messages, to the next rank (stepSeconds prices the step: links between
+  // nodes that several of these flows cross are shared); (n-1)/n of the message reduced.
+  // Reduce-scatter and all-gather: one phase.
   double predictSeconds(const CollectiveArgs& args, const Topology& topology,
                         const CostModel& model) const override {
     const int n = topology.world_size;
     if (n == 1) return 0;
-    const LinkCost& link = topology.nodeCount() > 1 ? model.inter : model.intra;
     const double m = static_cast<double>(std::max(args.data.bytes(), args.output.bytes()));
     const double pieces = std::max(1.0, std::ceil(m / n / static_cast<double>(chunk_bytes_)));
-    const double phase = (n - 1) * pieces * link.alpha + (n - 1.0) / n * m * link.beta;
+    std::vector<Flow> step;
+    for (int r = 0; r < n; ++r) step.push_back({r, (r + 1) % n, m / n, static_cast<int>(pieces)});
+    const double phase = (n - 1) * stepSeconds(step, topology, model);
     const double reduce = (n - 1.0) / n * m * model.gamma;
     switch (args.coll) {
       case Collective::kAllReduce:

@@ -41,28 +41,24 @@ class TreeScheduler : public Scheduler {
     schedules::runTrees({part}, args.op, n, args.seq, backend);
   }
 
-  // α-β-γ (README): s segments of g bytes flow up and down a pipeline of depth d. Per
-  // segment an inner node takes in c children's messages and its parent's, and sends as
-  // many, through its one port (the latency overlaps, the bytes do not), and reduces c of
-  // them: the pipeline advances one segment every α + (c + 1)gβ + cgγ, over 2d + s - 1 beats.
+  // α-β-γ (README): s segments of g bytes flow up the tree (reduced at every node), then
+  // down, each phase a pipeline of depth + s - 1 beats in which every edge carries a
+  // segment at once (schedules::predictTrees: ranks and node links that several edges meet
+  // are shared). A barrier is one empty message up and down every edge.
   double predictSeconds(const CollectiveArgs& args, const Topology& topology,
                         const CostModel& model) const override {
     const int n = topology.world_size;
     if (n == 1) return 0;
-    const LinkCost& link = topology.nodeCount() > 1 ? model.inter : model.intra;
-    const double m = static_cast<double>(args.data.bytes());
+    const bool barrier = args.coll == Collective::kBarrier;
+    if (!barrier && args.coll != Collective::kAllReduce && args.coll != Collective::kBroadcast)
+      return kNoPrediction;
+    const bool reduce = args.coll != Collective::kBroadcast;
+    std::vector<patterns::TreeShape> shapes;
+    for (int r = 0; r < n; ++r)
+      shapes.push_back(patterns::binaryTree(r, reduce ? 0 : args.root, n));
+    const double m = barrier ? 0 : static_cast<double>(args.data.bytes());
     const double s = std::max(1.0, std::ceil(m / static_cast<double>(segment_bytes_)));
-    const double g = m / s, c = std::min(2, n - 1), d = std::floor(std::log2(n));
-    switch (args.coll) {
-      case Collective::kAllReduce:
-        return (2 * d + s - 1) * (link.alpha + (c + 1) * g * link.beta + c * g * model.gamma);
-      case Collective::kBroadcast:
-        return (d + s - 1) * (link.alpha + c * g * link.beta);
-      case Collective::kBarrier:
-        return 2 * d * link.alpha;
-      default:
-        return kNoPrediction;
-    }
+    return schedules::predictTrees({shapes}, m / s, s, reduce, topology, model);
   }
 
  private:

@@ -86,14 +86,48 @@ TEST(CostModel, HierarchicalColumnsShareTheNodesLink) {
   Topology two_nodes = Topology::fromLabels({"a", "a", "b", "b"});
   CostModel lab = model(0, 100.0, 1e6);
   lab.inter = {0, 1.0 / 1e9};
-  // ring over the slow level (a ring's steps all cross it, 1.5 m per rank) against
-  // hierarchical's split.
-  CostModel flat = lab;
-  flat.intra = lab.inter;
   const auto args = allreduceOf(64 << 20);
-  const double ratio = ring->predictSeconds(args, Topology::singleNode(4), flat) /
-                       hier->predictSeconds(args, two_nodes, lab);
+  const double ratio =
+      ring->predictSeconds(args, two_nodes, lab) / hier->predictSeconds(args, two_nodes, lab);
   EXPECT_NEAR(ratio, 1.5, 0.1);
+}
+
+TEST(CostModel, FlowsLeavingOneNodeShareItsLink) {
+  Topology two_nodes = Topology::fromLabels({"a", "a", "b", "b"});
+  CostModel cm = model(0, 100.0, 1e6);
+  cm.inter = {1e-3, 1.0 / 1e9};
+  const double m = 1e9;
+  // One flow alone on the link between the nodes: α + m·β.
+  EXPECT_NEAR(stepSeconds({{0, 2, m}}, two_nodes, cm), 1.001, 1e-9);
+  // Both ranks of node a send to node b at once: the link carries 2m.
+  EXPECT_NEAR(stepSeconds({{0, 2, m}, {1, 3, m}}, two_nodes, cm), 2.001, 1e-9);
+  // Opposite directions do not meet: each node's link out carries one flow.
+  EXPECT_NEAR(stepSeconds({{0, 2, m}, {3, 1, m}}, two_nodes, cm), 1.001, 1e-9);
+  // Inside a node a flow pays the inside level, and a rank's own way out is shared by what
+  // it sends; the slowest flow ends the step.
+  EXPECT_NEAR(stepSeconds({{0, 1, m}}, two_nodes, cm), m * cm.intra.beta, 1e-9);
+  EXPECT_NEAR(stepSeconds({{0, 1, m, 4}, {0, 1, m}}, two_nodes, cm), 2 * m * cm.intra.beta, 1e-9);
+  // Messages pay α each.
+  EXPECT_NEAR(stepSeconds({{0, 2, 0, 3}}, two_nodes, cm), 3e-3, 1e-12);
+  EXPECT_EQ(stepSeconds({}, two_nodes, cm), 0);
+}
+
+TEST(CostModel, FlatSchedulesOverTwoNodesPayForTheFlowsThatShareTheLink) {
+  // 2 nodes x 2 ranks, a link between nodes far slower than inside, large messages. A
+  // host-ordered ring: one flow of m/4 per node per step, 6 steps, 1.5 m. Halving-doubling
+  // first exchanges halves across the link, both ranks of a node at once (m out of each
+  // node), and last doubles back the same way: 2 m. The tree (0 with children 1 and 2, 1
+  // with child 3) sends both of node b's segments over its link going up and both of node
+  // a's going down: 2 m each way, one phase after the other, 4 m.
+  Topology two_nodes = Topology::fromLabels({"a", "a", "b", "b"});
+  CostModel lab = model(0, 1000.0, 1e6);
+  lab.inter = {0, 1.0 / 1e9};
+  const auto args = allreduceOf(64 << 20);
+  const double m = 64 << 20, mb = m * lab.inter.beta;
+  EXPECT_NEAR(loadScheduler("ring")->predictSeconds(args, two_nodes, lab), 1.5 * mb, 0.01 * mb);
+  EXPECT_NEAR(loadScheduler("halving_doubling")->predictSeconds(args, two_nodes, lab), 2 * mb,
+              0.01 * mb);
+  EXPECT_NEAR(loadScheduler("tree")->predictSeconds(args, two_nodes, lab), 4 * mb, 0.03 * mb);
 }
 
 using Candidates = std::vector<std::pair<std::string, std::shared_ptr<Scheduler>>>;
@@ -111,14 +145,17 @@ TEST(CostModel, RecursiveDoublingHalvesTheLatencyAndPaysInBytes) {
             hd->predictSeconds(allreduceOf(64 << 20), eight, cm));
 }
 
-TEST(CostModel, DoubleBinaryTreeMovesTwoThirdsOfATreesBytes) {
-  // No latency: a large message's time is its bytes, 3m per beat-sum for one tree, 2m for two.
+TEST(CostModel, DoubleBinaryTreeTakesHalfATreesTime) {
+  // No latency: a large message's time is its bytes through the busiest port. One tree's
+  // inner ranks take in two segments per beat going up and send two going down: 2m each
+  // way. Two trees of m/2 each: a rank inner in one and a leaf in the other takes in two
+  // half-size segments and sends two (its own parent's and the other tree's), m each way.
   auto tree = loadScheduler("tree"), dbt = loadScheduler("double_binary_tree");
   CostModel cm = model(0, 1.0, 1e9);
   Topology sixteen = Topology::singleNode(16);
   const double ratio = dbt->predictSeconds(allreduceOf(256 << 20), sixteen, cm) /
                        tree->predictSeconds(allreduceOf(256 << 20), sixteen, cm);
-  EXPECT_NEAR(ratio, 2.0 / 3.0, 0.02);
+  EXPECT_NEAR(ratio, 0.5, 0.02);
 }
 
 TEST(CostModel, KnomialRadixTradesDepthForWidth) {

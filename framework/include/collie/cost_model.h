@@ -1,9 +1,14 @@
 // The α-β-γ cost model (Hockney, extended with a reduction term) that schedulers use to
-// predict their time, calibrated by the bench on the actual backend.
+// predict their time, calibrated by the bench on the actual backend, and the price of one
+// step of a schedule whose messages share links (stepSeconds).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
+
+#include "collie/topology.h"
 
 namespace collie {
 
@@ -23,5 +28,52 @@ struct CostModel {
 
 // What a scheduler without a model returns.
 constexpr double kNoPrediction = std::numeric_limits<double>::quiet_NaN();
+
+// `bytes` that rank `from` sends rank `to` in one step of a schedule, as `messages` messages
+// one after the other.
+struct Flow {
+  int from = 0;
+  int to = 0;
+  double bytes = 0;
+  int messages = 1;
+};
+
+// The time of one step of a schedule in which every flow of `flows` runs at once: the step
+// ends with its slowest flow. A flow pays its level's α per message, and β for the most
+// bytes that pass one of the resources it needs, because flows that meet there share it:
+// - inside a node, the sending rank's way out and the receiving rank's way in (each
+//   direction on its own: a rank that sends and receives at once does both at full speed,
+//   as the calibration's probe inside a node measured);
+// - between nodes, the sending node's link out and the receiving node's link in, which
+//   every flow leaving or entering that node shares (the calibration measured one flow
+//   alone on it): two ranks of a host that send to another host at once get half the
+//   link each.
+inline double stepSeconds(const std::vector<Flow>& flows, const Topology& topology,
+                          const CostModel& model) {
+  const int ranks = topology.world_size;
+  const int nodes = std::max(1, topology.nodeCount());
+  auto node = [&](int rank) {
+    return rank < static_cast<int>(topology.node_of_rank.size()) ? topology.node_of_rank[rank] : 0;
+  };
+  std::vector<double> out(ranks), in(ranks), egress(nodes), ingress(nodes);
+  for (const Flow& f : flows) {
+    if (node(f.from) == node(f.to)) {
+      out[f.from] += f.bytes;
+      in[f.to] += f.bytes;
+    } else {
+      egress[node(f.from)] += f.bytes;
+      ingress[node(f.to)] += f.bytes;
+    }
+  }
+  double slowest = 0;
+  for (const Flow& f : flows) {
+    const bool local = node(f.from) == node(f.to);
+    const LinkCost& link = local ? model.intra : model.inter;
+    const double load = local ? std::max(out[f.from], in[f.to])
+                              : std::max(egress[node(f.from)], ingress[node(f.to)]);
+    slowest = std::max(slowest, f.messages * link.alpha + load * link.beta);
+  }
+  return slowest;
+}
 
 }  // namespace collie

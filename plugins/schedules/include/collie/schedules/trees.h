@@ -100,6 +100,41 @@ inline void runTrees(const std::vector<TreePart>& parts, ReduceOp op, int group_
   waitAll(sends, timeout);
 }
 
+// The α-β-γ price of runTrees for trees whose shapes are `shapes[t][rank]` (tree t as every
+// rank sees it), each carrying `segments` segments of `segment` bytes: reducing (when
+// `reduce`), the segments flow up, then down, one phase after the other (runTrees starts
+// the broadcast when the reduction is done). Each phase is a pipeline of depth + segments - 1
+// beats; in a beat every edge of every tree carries one segment at once (stepSeconds: links
+// that several edges cross are shared), and going up each rank also reduces one segment from
+// each of its children.
+inline double predictTrees(const std::vector<std::vector<patterns::TreeShape>>& shapes,
+                           double segment, double segments, bool reduce, const Topology& topology,
+                           const CostModel& model) {
+  std::vector<Flow> up, down;
+  int depth = 0;
+  size_t children = 0;
+  for (const auto& tree : shapes) {
+    for (int rank = 0; rank < static_cast<int>(tree.size()); ++rank) {
+      const patterns::TreeShape& shape = tree[rank];
+      children = std::max(children, shape.children.size());
+      if (shape.parent >= 0) up.push_back({rank, shape.parent, segment});
+      for (int child : shape.children) down.push_back({rank, child, segment});
+      int d = 0;
+      for (int r = rank; tree[r].parent >= 0 && d <= static_cast<int>(tree.size()); ++d)
+        r = tree[r].parent;
+      depth = std::max(depth, d);
+    }
+  }
+  if (depth == 0) return 0;
+  const double beats = depth + segments - 1;
+  double t = beats * stepSeconds(down, topology, model);
+  if (reduce) {
+    t += beats *
+         (stepSeconds(up, topology, model) + static_cast<double>(children) * segment * model.gamma);
+  }
+  return t;
+}
+
 // `data` cut into segments of at most `segment_bytes` (none when it is empty).
 inline std::vector<patterns::Range> segmentsOf(const Buffer& data, uint64_t segment_bytes) {
   if (data.count == 0) return {};
