@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "collie/config.h"
 #include "config/rules.h"
@@ -253,6 +254,41 @@ TEST(CliBench, ALabelCannotReachGnuplot) {
   std::filesystem::remove_all(out);
 }
 
+TEST(CliBench, MinTimeGivesShortMessagesMoreCalls) {
+  // bench.min_time: 1 timed call of a microsecond-long all-reduce becomes as many as 50 ms
+  // need, the same on every rank (else they would wait for each other's extra calls).
+  auto out =
+      std::filesystem::temp_directory_path() / ("collie-mintime-" + std::to_string(::getpid()));
+  std::string config = writeTempFile("mintime.yaml", R"(backend: loopback
+launch: {nproc_per_node: 2}
+bench: {schedulers: [ring], min_bytes: 1KiB, max_bytes: 1KiB, iters: 1, warmup_iters: 0,
+        repeats: 1, calibrate: false, plots: false}
+)");
+  for (const std::string min_time : {"0s", "50ms"}) {
+    std::filesystem::remove_all(out);
+    auto r =
+        runCollie({"run", config, "--out", out.string(), "--set", "bench.min_time=" + min_time});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::ifstream csv(out / "results.csv");
+    std::string header, row;
+    std::getline(csv, header);
+    std::getline(csv, row);
+    ASSERT_NE(header.find(",repeats,iters,"), std::string::npos) << header;
+    // The iters field: the 13th.
+    std::stringstream fields(row);
+    std::string field;
+    for (int i = 0; i < 13; ++i) std::getline(fields, field, ',');
+    const int iters = std::stoi(field);
+    if (min_time == "0s") {
+      EXPECT_EQ(iters, 1) << row;
+      EXPECT_NE(r.output.find("(1 calls each)"), std::string::npos) << r.output;
+    } else {
+      EXPECT_GT(iters, 10) << row;  // a 1 KiB loopback all-reduce takes well under 5 ms
+    }
+  }
+  std::filesystem::remove_all(out);
+}
+
 TEST(CliBench, MatrixTextReachesPlotsAndCsvAsDataOnly) {
   // A matrix point's text is free (here a description) and names every line of the plots
   // and the CSV's run column: it must stay data there.
@@ -269,7 +305,7 @@ matrix:
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_NE(r.output.find("# Plots: "), std::string::npos) << r.output;
   EXPECT_FALSE(payloadRan(out)) << "text of the config ran as a gnuplot command";
-  // RFC 4180: every row has the header's 19 fields, however the run's text reads.
+  // RFC 4180: every row has the header's 20 fields, however the run's text reads.
   std::ifstream csv(out / "results.csv");
   std::string text((std::istreambuf_iterator<char>(csv)), {});
   std::vector<int> fields(1, 1);
@@ -286,7 +322,7 @@ matrix:
   }
   EXPECT_FALSE(quoted) << text;
   ASSERT_EQ(fields.size(), 5u) << text;  // the header and 2 sizes x 2 points
-  for (int f : fields) EXPECT_EQ(f, 19) << text;
+  for (int f : fields) EXPECT_EQ(f, 20) << text;
   std::filesystem::remove_all(out);
 }
 

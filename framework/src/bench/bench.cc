@@ -189,17 +189,33 @@ class RankBench {
   }
 
   // One measurement as nccl-tests takes it: warm-up calls, a barrier, `iters` back-to-back
-  // calls; the mean per call of the slowest rank, in seconds (the same on every rank).
+  // calls; the mean per call of the slowest rank, in seconds (the same on every rank). With
+  // bench.min_time the warm-up calls (at least one) are timed and the loop gets as many
+  // calls as that time needs at the slowest rank's pace, the same number on every rank.
   double timeOnce(Scheduled& s, const CollectiveArgs& args, Row* row) {
-    for (int i = 0; i < spec_.warmup_iters; ++i) comm_.run(args, s.rules);
+    const bool sized = spec_.min_time.count() > 0;
+    const int warmups = sized ? std::max(1, spec_.warmup_iters) : spec_.warmup_iters;
+    auto warm = std::chrono::steady_clock::now();
+    for (int i = 0; i < warmups; ++i) comm_.run(args, s.rules);
+    int iters = spec_.iters;
+    if (sized) {
+      const double per_call =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - warm).count() / warmups;
+      double slowest = 0;
+      for (const auto& r : control_.allGather({per_call})) slowest = std::max(slowest, r[0]);
+      const double needed =
+          std::chrono::duration<double>(spec_.min_time).count() / std::max(slowest, 1e-9);
+      iters = static_cast<int>(std::clamp(std::ceil(needed), static_cast<double>(iters), 1e6));
+    }
     control_.barrier();
     auto start = std::chrono::steady_clock::now();
     Provenance last;
-    for (int i = 0; i < spec_.iters; ++i) last = comm_.run(args, s.rules);
+    for (int i = 0; i < iters; ++i) last = comm_.run(args, s.rules);
     std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
     row->ran = last.ran;
+    row->iters = std::max(row->iters, iters);
     double slowest = 0;
-    for (const auto& r : control_.allGather({took.count() / spec_.iters}))
+    for (const auto& r : control_.allGather({took.count() / iters}))
       slowest = std::max(slowest, r[0]);
     return slowest;
   }

@@ -30,6 +30,7 @@ struct Row {
   std::string dtype;
   std::string op;
   int repeats = 1;         // measurements of this (size, scheduler), interleaved
+  int iters = 0;           // the most timed calls one of them made (bench.min_time adds calls)
   double time_us = 0;      // median over repeats of the slowest rank's mean time per call
   double time_min_us = 0;  // the fastest and slowest of those repeats: the spread
   double time_max_us = 0;

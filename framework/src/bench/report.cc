@@ -49,10 +49,17 @@ void header(std::ostream& out, const Row& first, const Result& result) {
       out << " " << level("between nodes", m.inter, result.fit_inter) << ";";
     out << fmt::format(" gamma {:.3f} GB/s\n", m.gamma > 0 ? 1e-9 / m.gamma : INFINITY);
   }
+  int fewest = first.iters, most = first.iters;
+  for (const Row& r : result.rows) {
+    fewest = std::min(fewest, r.iters);
+    most = std::max(most, r.iters);
+  }
+  const std::string calls =
+      fewest == most ? fmt::format("{} calls", most) : fmt::format("{} to {} calls", fewest, most);
   out << fmt::format(
-      "# time: median of {} repeat(s) of the slowest rank's mean per call; min, max: their "
-      "spread\n",
-      first.repeats);
+      "# time: median of {} repeat(s) of the slowest rank's mean per call ({} each); min, max: "
+      "their spread\n",
+      first.repeats, calls);
   out << "#\n";
   out << fmt::format(
       "#{}", fmt::format(kRowFormat, "size", "count", "type", "redop", "scheduler", "time", "min",
@@ -191,15 +198,15 @@ void printTable(std::ostream& out, const std::vector<Result>& results) {
 
 void writeCsv(const std::string& path, const std::vector<Row>& rows) {
   auto out = openOutput(path);
-  out << "run,collective,backend,ranks,scheduler,plugin,ran,bytes,count,dtype,op,repeats,time_us,"
-         "time_min_us,time_max_us,algbw_gbps,busbw_gbps,wrong,predicted_us\n";
+  out << "run,collective,backend,ranks,scheduler,plugin,ran,bytes,count,dtype,op,repeats,iters,"
+         "time_us,time_min_us,time_max_us,algbw_gbps,busbw_gbps,wrong,predicted_us\n";
   for (const Row& r : rows) {
     out << fmt::format(
-        "{},{},{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.6f},{:.6f},{},{}\n",
+        "{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.6f},{:.6f},{},{}\n",
         csvField(r.run), csvField(r.collective), csvField(r.backend), r.ranks,
         csvField(r.scheduler), csvField(r.plugin), csvField(r.ran), r.bytes, r.count,
-        csvField(r.dtype), csvField(r.op), r.repeats, r.time_us, r.time_min_us, r.time_max_us,
-        r.algbw, r.busbw, r.wrong,
+        csvField(r.dtype), csvField(r.op), r.repeats, r.iters, r.time_us, r.time_min_us,
+        r.time_max_us, r.algbw, r.busbw, r.wrong,
         std::isfinite(r.predicted_us) ? fmt::format("{:.3f}", r.predicted_us) : "");
   }
 }
@@ -221,6 +228,7 @@ nlohmann::json rowsJson(const std::vector<Row>& rows) {
                           {"dtype", r.dtype},
                           {"op", r.op},
                           {"repeats", r.repeats},
+                          {"iters", r.iters},
                           {"time_us", r.time_us},
                           {"time_min_us", r.time_min_us},
                           {"time_max_us", r.time_max_us},
@@ -326,6 +334,7 @@ Result loadResult(const std::string& path) {
       r.dtype = j.at("dtype").get<std::string>();
       r.op = j.at("op").get<std::string>();
       r.repeats = j.at("repeats").get<int>();
+      r.iters = j.value("iters", 0);
       r.time_us = j.at("time_us").get<double>();
       r.time_min_us = j.at("time_min_us").get<double>();
       r.time_max_us = j.at("time_max_us").get<double>();

@@ -717,6 +717,11 @@ const Schema& experimentSchema() {
                              .byDefault("20")
                              .into(&BenchSpec::iters)
                              .doc("timed calls of one measurement (their mean is its time)")},
+               {"min_time", S::duration()
+                                .byDefault("0s")
+                                .into(&BenchSpec::min_time)
+                                .doc("the least time the timed calls of one measurement take: "
+                                     "more than iters calls where they are short")},
                {"repeats", S::integer(1, 1000)
                                .byDefault("5")
                                .into(&BenchSpec::repeats)

@@ -44,6 +44,8 @@ struct BenchSpec {
   uint64_t min_bytes = 0, max_bytes = 0;
   int step_factor = 0;
   int warmup_iters = 0, iters = 0;
+  // Timed calls last at least this long: iters grows for messages that take less.
+  std::chrono::milliseconds min_time{0};
   int repeats = 0;  // measurements of each (size, scheduler), interleaved
   bool check = false;
   bool calibrate = false;  // fit the α-β-γ model first and print predictions
