@@ -38,9 +38,9 @@ struct Flow {
   int messages = 1;
 };
 
-// The time of one step of a schedule in which every flow of `flows` runs at once: the step
-// ends with its slowest flow. A flow pays its level's α per message, and β for the most
-// bytes that pass one of the resources it needs, because flows that meet there share it:
+// The time of each flow of `flows` when all of them run at once: a flow pays its level's α
+// per message, and β for the most bytes that pass one of the resources it needs, because
+// flows that meet there share it:
 // - inside a node, the sending rank's way out and the receiving rank's way in (each
 //   direction on its own: a rank that sends and receives at once does both at full speed,
 //   as the calibration's probe inside a node measured);
@@ -48,8 +48,8 @@ struct Flow {
 //   every flow leaving or entering that node shares (the calibration measured one flow
 //   alone on it): two ranks of a host that send to another host at once get half the
 //   link each.
-inline double stepSeconds(const std::vector<Flow>& flows, const Topology& topology,
-                          const CostModel& model) {
+inline std::vector<double> flowSeconds(const std::vector<Flow>& flows, const Topology& topology,
+                                       const CostModel& model) {
   const int ranks = topology.world_size;
   const int nodes = std::max(1, topology.nodeCount());
   auto node = [&](int rank) {
@@ -65,14 +65,23 @@ inline double stepSeconds(const std::vector<Flow>& flows, const Topology& topolo
       ingress[node(f.to)] += f.bytes;
     }
   }
-  double slowest = 0;
+  std::vector<double> seconds;
   for (const Flow& f : flows) {
     const bool local = node(f.from) == node(f.to);
     const LinkCost& link = local ? model.intra : model.inter;
     const double load = local ? std::max(out[f.from], in[f.to])
                               : std::max(egress[node(f.from)], ingress[node(f.to)]);
-    slowest = std::max(slowest, f.messages * link.alpha + load * link.beta);
+    seconds.push_back(f.messages * link.alpha + load * link.beta);
   }
+  return seconds;
+}
+
+// The time of one step of a schedule in which every flow of `flows` runs at once: the step
+// ends with its slowest flow (flowSeconds).
+inline double stepSeconds(const std::vector<Flow>& flows, const Topology& topology,
+                          const CostModel& model) {
+  double slowest = 0;
+  for (double t : flowSeconds(flows, topology, model)) slowest = std::max(slowest, t);
   return slowest;
 }
 

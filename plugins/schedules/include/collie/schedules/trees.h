@@ -101,38 +101,106 @@ inline void runTrees(const std::vector<TreePart>& parts, ReduceOp op, int group_
 }
 
 // The α-β-γ price of runTrees for trees whose shapes are `shapes[t][rank]` (tree t as every
-// rank sees it), each carrying `segments` segments of `segment` bytes: reducing (when
-// `reduce`), the segments flow up, then down, one phase after the other (runTrees starts
-// the broadcast when the reduction is done). Each phase is a pipeline of depth + segments - 1
-// beats; in a beat every edge of every tree carries one segment at once (stepSeconds: links
-// that several edges cross are shared), and going up each rank also reduces one segment from
-// each of its children.
+// rank sees it), each carrying `segments` segments of `segment` bytes. Reducing (when
+// `reduce`), the segments flow up, then down: runTrees starts the broadcast when the root
+// has reduced the last one. Each edge carries one segment at a time, in the time
+// flowSeconds gives it with every edge of the phase (of every tree) busy at once; a rank
+// sends segment i up once it has it from all its children and has reduced them, and passes
+// it down once it has it from its parent. The phase ends when the last segment reaches the
+// root (up) or the last rank (down). Past 256 segments the pipeline's pace is steady and
+// the rest is extrapolated.
 inline double predictTrees(const std::vector<std::vector<patterns::TreeShape>>& shapes,
                            double segment, double segments, bool reduce, const Topology& topology,
                            const CostModel& model) {
+  constexpr int kSimulated = 256;
+  const int simulated = static_cast<int>(std::min<double>(segments, kSimulated));
   std::vector<Flow> up, down;
-  int depth = 0;
-  size_t children = 0;
   for (const auto& tree : shapes) {
     for (int rank = 0; rank < static_cast<int>(tree.size()); ++rank) {
-      const patterns::TreeShape& shape = tree[rank];
-      children = std::max(children, shape.children.size());
-      if (shape.parent >= 0) up.push_back({rank, shape.parent, segment});
-      for (int child : shape.children) down.push_back({rank, child, segment});
-      int d = 0;
-      for (int r = rank; tree[r].parent >= 0 && d <= static_cast<int>(tree.size()); ++d)
-        r = tree[r].parent;
-      depth = std::max(depth, d);
+      if (tree[rank].parent >= 0) up.push_back({rank, tree[rank].parent, segment});
+      for (int child : tree[rank].children) down.push_back({rank, child, segment});
     }
   }
-  if (depth == 0) return 0;
-  const double beats = depth + segments - 1;
-  double t = beats * stepSeconds(down, topology, model);
+  const std::vector<double> up_time = flowSeconds(up, topology, model);
+  const std::vector<double> down_time = flowSeconds(down, topology, model);
+  // Ranks from the leaves up: children before their parents.
+  auto order = [](const std::vector<patterns::TreeShape>& tree) {
+    std::vector<int> ranks, depth(tree.size(), 0);
+    for (int r = 0; r < static_cast<int>(tree.size()); ++r) {
+      for (int p = tree[r].parent, guard = 0; p >= 0 && guard <= static_cast<int>(tree.size());
+           p = tree[p].parent, ++guard)
+        ++depth[r];
+      ranks.push_back(r);
+    }
+    std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) { return depth[a] > depth[b]; });
+    return ranks;
+  };
+  // finish[i]: when segment i of the phase is done; extrapolated past `simulated`.
+  auto extrapolate = [&](const std::vector<double>& finish) {
+    if (finish.empty()) return 0.0;
+    const double last = finish.back();
+    const double pace = finish.size() > 1 ? last - finish[finish.size() - 2] : 0;
+    return last + (segments - static_cast<double>(finish.size())) * pace;
+  };
+  double up_end = 0;
+  size_t up_flow = 0, down_flow = 0;
+  std::vector<std::vector<int>> orders;
+  for (const auto& tree : shapes) orders.push_back(order(tree));
   if (reduce) {
-    t += beats *
-         (stepSeconds(up, topology, model) + static_cast<double>(children) * segment * model.gamma);
+    for (size_t t = 0; t < shapes.size(); ++t) {
+      const auto& tree = shapes[t];
+      const int n = static_cast<int>(tree.size());
+      std::vector<double> edge_free(n, 0), ready(n, 0), arrived(n, 0);
+      std::vector<int> edge_of(n, -1);
+      for (int r = 0; r < n; ++r) {
+        if (tree[r].parent >= 0) edge_of[r] = static_cast<int>(up_flow++);
+      }
+      std::vector<double> root_done;
+      for (int i = 0; i < simulated; ++i) {
+        for (int r : orders[t]) {
+          double have = ready[r];  // the previous segment is reduced first
+          for (int child : tree[r].children) have = std::max(have, arrived[child]);
+          ready[r] = have + static_cast<double>(tree[r].children.size()) * segment * model.gamma;
+          if (tree[r].parent < 0) {
+            root_done.push_back(ready[r]);
+            continue;
+          }
+          edge_free[r] = std::max(ready[r], edge_free[r]) + up_time[edge_of[r]];
+          arrived[r] = edge_free[r];
+        }
+      }
+      up_end = std::max(up_end, extrapolate(root_done));
+    }
   }
-  return t;
+  double end = up_end;
+  for (size_t t = 0; t < shapes.size(); ++t) {
+    const auto& tree = shapes[t];
+    const int n = static_cast<int>(tree.size());
+    std::vector<std::vector<int>> edges(n);
+    for (int r = 0; r < n; ++r) {
+      for (size_t c = 0; c < tree[r].children.size(); ++c)
+        edges[r].push_back(static_cast<int>(down_flow++));
+    }
+    std::vector<double> has(n, up_end), last;
+    std::vector<std::vector<double>> edge_free(n);
+    for (int r = 0; r < n; ++r) edge_free[r].assign(tree[r].children.size(), up_end);
+    std::vector<int> top_down = orders[t];
+    std::reverse(top_down.begin(), top_down.end());
+    for (int i = 0; i < simulated; ++i) {
+      double slowest = 0;
+      for (int r : top_down) {
+        for (size_t c = 0; c < tree[r].children.size(); ++c) {
+          const int child = tree[r].children[c];
+          edge_free[r][c] = std::max(has[r], edge_free[r][c]) + down_time[edges[r][c]];
+          has[child] = edge_free[r][c];
+        }
+        slowest = std::max(slowest, has[r]);
+      }
+      last.push_back(slowest);
+    }
+    if (!last.empty() && last.back() > up_end) end = std::max(end, extrapolate(last));
+  }
+  return end;
 }
 
 // `data` cut into segments of at most `segment_bytes` (none when it is empty).
