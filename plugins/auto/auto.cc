@@ -1,8 +1,9 @@
 // "auto": picks a scheduler per collective from its message size and the group: by a rules
 // file written by the bench (`--emit-rules`, measured) when one applies, else by the
 // candidates' α-β-γ predictions under a calibration the bench saved (`calibration.json`),
-// else under a built-in model. Rules are kept apart from predictions, as Open MPI's
-// coll/tuned keeps rules read from a file apart from its fixed ones.
+// else under the run's own calibration (the bench and the trainer hand it over,
+// useCostModel), else, before one, under a built-in model. Rules are kept apart from predictions,
+// as Open MPI's coll/tuned keeps rules read from a file apart from its fixed ones.
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -123,6 +124,7 @@ class AutoScheduler : public Scheduler {
       for (const auto& r : rules_.rules) add(context, r.choice, "rule of " + rules_file);
     }
     model_ = calibration.empty() ? builtInModel() : readCalibration(calibration);
+    model_from_file_ = !calibration.empty();
   }
 
   Decision accepts(const CollectiveArgs& args, const Topology& topology) const override {
@@ -138,6 +140,14 @@ class AutoScheduler : public Scheduler {
     Scheduler* chosen = choose(args, topology, &reasons);
     if (chosen == nullptr) throw CommError("auto: no candidate can run it:" + reasons);
     chosen->run(args, backend, topology);
+  }
+
+  // The run's own calibration replaces the built-in model; a file named in
+  // params.calibration stays what the user asked for. Candidates that hold schedulers get
+  // it too.
+  void useCostModel(const CostModel& model) override {
+    if (!model_from_file_) model_ = model;
+    for (auto& [name, scheduler] : candidates_) scheduler->useCostModel(model);
   }
 
   double predictSeconds(const CollectiveArgs& args, const Topology& topology,
@@ -217,6 +227,7 @@ class AutoScheduler : public Scheduler {
 
   RulesFile rules_;
   CostModel model_;
+  bool model_from_file_ = false;
   std::unique_ptr<std::once_flag> mismatch_warned_ = std::make_unique<std::once_flag>();
   std::vector<std::pair<std::string, std::shared_ptr<Scheduler>>> candidates_;
 };

@@ -94,6 +94,11 @@ class HierarchicalScheduler : public Scheduler {
 
   // α-β-γ: intra reduce-scatter + all-gather on the intra link, the inter all-reduce of a
   // 1/L block between nodes, each as its own scheduler predicts.
+  void useCostModel(const CostModel& model) override {
+    intra_->useCostModel(model);
+    inter_->useCostModel(model);
+  }
+
   double predictSeconds(const CollectiveArgs& args, const Topology& topology,
                         const CostModel& model) const override {
     if (args.coll != Collective::kAllReduce) return kNoPrediction;

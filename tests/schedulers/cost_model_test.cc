@@ -350,6 +350,32 @@ TEST(Auto, ACalibrationFileReplacesTheBuiltInModel) {
   }
 }
 
+TEST(Auto, TheRunsCalibrationReplacesTheBuiltInModelButNotAFile) {
+  // useCostModel (the bench and the trainer call it after calibrating): auto then chooses
+  // by that model; with params.calibration the file's model stays.
+  const CostModel slow{{1e-9, 1e-6}, {1e-9, 1e-6}, 1e-12};
+  const CostModel fast{{30e-6, 1.0 / 2e9}, {30e-6, 1.0 / 2e9}, 1.0 / 3e9};  // the built-in
+  std::string path =
+      testing::writeTempFile("cal-fast.json", R"({"intra": {"alpha": 30e-6, "beta": 5e-10},
+ "inter": {"alpha": 30e-6, "beta": 5e-10}, "gamma": 3.3333333333e-10})");
+  Params with_file;
+  with_file.set("calibration", path);
+  auto chooser = loadScheduler("auto"), pinned = loadScheduler("auto", with_file);
+  chooser->useCostModel(slow);
+  pinned->useCostModel(slow);
+  Topology t = Topology::singleNode(6);
+  const auto candidates = defaultCandidates();
+  int differ = 0;
+  for (uint64_t bytes = 4096; bytes <= (64u << 20); bytes *= 4) {
+    const std::string by_slow = lowest(candidates, allreduceOf(bytes), t, slow).first;
+    const std::string by_fast = lowest(candidates, allreduceOf(bytes), t, fast).first;
+    EXPECT_EQ(chooser->accepts(allreduceOf(bytes), t).reason, by_slow) << bytes;
+    EXPECT_EQ(pinned->accepts(allreduceOf(bytes), t).reason, by_fast) << bytes;
+    differ += by_slow != by_fast ? 1 : 0;
+  }
+  EXPECT_GT(differ, 0) << "the two models choose alike: the test shows nothing";
+}
+
 TEST(Rules, RoundTripAndLocatedErrors) {
   RulesFile rules;
   rules.world_size = 4;

@@ -30,6 +30,12 @@ class Scheduler {
     (void)args, (void)topology, (void)model;
     return kNoPrediction;
   }
+
+  // The run's calibrated model, handed over once the framework has one (the bench and the
+  // trainer calibrate before their first collective), for schedulers that choose by
+  // prediction (`auto`) and those that hold others (`hierarchical` passes it on). Called on
+  // the thread that runs the scheduler, before the collectives it is meant for.
+  virtual void useCostModel(const CostModel& model) { (void)model; }
 };
 
 }  // namespace collie

@@ -85,6 +85,9 @@ class RankBench {
       result.fit_intra = c.intra;
       result.fit_inter = c.inter;
       result.calibrated = true;
+      for (auto& s : schedulers_) {
+        for (auto& rule : s.rules) rule.choice.scheduler->useCostModel(c.model);
+      }
     }
     model_ = result.model;
     // A barrier moves no data: one "size", 0 bytes (as osu_barrier).

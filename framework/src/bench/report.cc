@@ -108,6 +108,47 @@ void fastest(std::ostream& out, const std::vector<Row>& rows) {
   }
 }
 
+// What `auto` ran at each size and how far its median is from the fastest measured
+// scheduler's, at the sizes where one is fastest (its range apart from every other's).
+void autoAgainstFastest(std::ostream& out, const std::vector<Row>& rows) {
+  const auto judged = verdicts(rows, false);
+  for (const Row& a : rows) {
+    if (a.plugin != "auto" || a.wrong != 0) continue;
+    if (&a != &*std::find_if(rows.begin(), rows.end(), [&](const Row& r) {
+          return r.plugin == "auto" && r.wrong == 0 && r.run == a.run && r.scheduler == a.scheduler;
+        }))
+      continue;  // once per auto label and run
+    std::string sizes;
+    int judged_sizes = 0, within = 0, tied = 0;
+    for (const Row& r : rows) {
+      if (r.run != a.run || r.scheduler != a.scheduler || r.wrong != 0) continue;
+      const auto v = std::find_if(judged.begin(), judged.end(), [&](const SizeVerdict& v) {
+        return v.run == r.run && v.bytes == r.bytes;
+      });
+      if (v == judged.end()) continue;
+      if (!v->distinguishable()) {
+        ++tied;
+        continue;
+      }
+      const auto best = std::find_if(rows.begin(), rows.end(), [&](const Row& b) {
+        return b.run == r.run && b.bytes == r.bytes && b.scheduler == v->fastest;
+      });
+      if (best == rows.end() || !(best->time_us > 0)) continue;
+      const double off = (r.time_us / best->time_us - 1) * 100;
+      ++judged_sizes;
+      within += off <= 5 ? 1 : 0;
+      sizes += fmt::format("{}{} ran {} ({:+.0f}% against {})", sizes.empty() ? "" : ", ",
+                           formatBytes(r.bytes), r.ran, off, v->fastest);
+    }
+    if (judged_sizes == 0 && tied == 0) continue;
+    out << fmt::format(
+        "# {} against the fastest: {}{}within 5% at {} of {} size(s) where one is "
+        "fastest{}\n",
+        a.scheduler, sizes, sizes.empty() ? "" : "; ", within, judged_sizes,
+        tied > 0 ? fmt::format(" ({} more indistinguishable)", tied) : "");
+  }
+}
+
 void summary(std::ostream& out, const std::vector<Row>& rows) {
   std::vector<std::string> order;
   std::map<std::string, std::pair<double, int>> busbw;
@@ -129,6 +170,7 @@ void summary(std::ostream& out, const std::vector<Row>& rows) {
     if (std::isfinite(e)) errors += fmt::format(" {} {:.0f}%", s, e);
   }
   if (!errors.empty()) out << "# Median prediction error:" << errors << "\n";
+  autoAgainstFastest(out, rows);
   if (rows.front().repeats < 2) {
     out << "# 1 repeat: no spread was measured, so any difference counts (bench.repeats >= 3 "
            "tells noise from a real difference)\n";

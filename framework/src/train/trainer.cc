@@ -114,6 +114,7 @@ class RankTrainer {
     }
     const CostModel cost =
         bench::calibrate(comm_.backend(), control_, comm_.topology(), DType::kF32).model;
+    for (auto& rule : rules_) rule.choice.scheduler->useCostModel(cost);
     Reducer reducer(params_, spec_.bucket_bytes, comm_, spec_.overlap);
     reducer.broadcastParameters();
     optimizer_ = makeOptimizer(spec_, params_);
