@@ -7,7 +7,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$here/../runs/lab-cost-model-$(date +%Y%m%d-%H%M%S)}
 "$here/../build/bin/collie" run "$here/lab-cost-model.yaml" --out "$out" | tee "$out.txt" |
-  grep -E '^# (run|collective|cost model|Median prediction)'
+  grep -E '^# (run|collective|cost model|Median prediction|auto against)'
 python3 - "$out/results.csv" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))

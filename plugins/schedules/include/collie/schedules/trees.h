@@ -100,20 +100,100 @@ inline void runTrees(const std::vector<TreePart>& parts, ReduceOp op, int group_
   waitAll(sends, timeout);
 }
 
+namespace detail {
+
+// The ranks of `tree` from the leaves up: children before their parents.
+inline std::vector<int> leavesFirst(const std::vector<patterns::TreeShape>& tree) {
+  const int n = static_cast<int>(tree.size());
+  std::vector<int> ranks, depth(n, 0);
+  for (int r = 0; r < n; ++r) {
+    for (int p = tree[r].parent; p >= 0 && depth[r] <= n; p = tree[p].parent) ++depth[r];
+    ranks.push_back(r);
+  }
+  std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) { return depth[a] > depth[b]; });
+  return ranks;
+}
+
+// When the last of `segments` is done, from the times the first ones were (`done`): past
+// those the pipeline keeps the pace of its last segment.
+inline double extrapolated(const std::vector<double>& done, double segments) {
+  if (done.empty()) return 0;
+  const double pace = done.size() > 1 ? done.back() - done[done.size() - 2] : 0;
+  return done.back() + (segments - static_cast<double>(done.size())) * pace;
+}
+
+// Up: when the root has reduced each of `simulated` segments. A rank sends segment i to its
+// parent once it has it from every child and has reduced them (after segment i - 1), over
+// an edge that carries one segment at a time in `seconds[edge]` (edges numbered by
+// `*next_edge`, in rank order).
+inline std::vector<double> upPhase(const std::vector<patterns::TreeShape>& tree, int simulated,
+                                   double reduce_seconds, const std::vector<double>& seconds,
+                                   size_t* next_edge) {
+  const int n = static_cast<int>(tree.size());
+  std::vector<size_t> edge(n);
+  for (int r = 0; r < n; ++r) {
+    if (tree[r].parent >= 0) edge[r] = (*next_edge)++;
+  }
+  const std::vector<int> order = leavesFirst(tree);
+  std::vector<double> ready(n, 0), sent(n, 0), root_done;
+  for (int i = 0; i < simulated; ++i) {
+    for (int r : order) {
+      double have = ready[r];
+      for (int child : tree[r].children) have = std::max(have, sent[child]);
+      ready[r] = have + static_cast<double>(tree[r].children.size()) * reduce_seconds;
+      if (tree[r].parent < 0) {
+        root_done.push_back(ready[r]);
+      } else {
+        sent[r] = std::max(ready[r], sent[r]) + seconds[edge[r]];
+      }
+    }
+  }
+  return root_done;
+}
+
+// Down from `start`, when the root holds every segment: when the last rank has each of
+// `simulated` segments. A rank passes segment i to each child once it has it, over edges
+// that carry one segment at a time (numbered by `*next_edge`, in rank and child order).
+inline std::vector<double> downPhase(const std::vector<patterns::TreeShape>& tree, int simulated,
+                                     double start, const std::vector<double>& seconds,
+                                     size_t* next_edge) {
+  const int n = static_cast<int>(tree.size());
+  std::vector<std::vector<size_t>> edges(n);
+  std::vector<std::vector<double>> free(n);
+  for (int r = 0; r < n; ++r) {
+    for (size_t c = 0; c < tree[r].children.size(); ++c) edges[r].push_back((*next_edge)++);
+    free[r].assign(tree[r].children.size(), start);
+  }
+  std::vector<int> order = leavesFirst(tree);
+  std::reverse(order.begin(), order.end());
+  std::vector<double> has(n, start), last_done;
+  for (int i = 0; i < simulated; ++i) {
+    double last = start;
+    for (int r : order) {
+      for (size_t c = 0; c < tree[r].children.size(); ++c) {
+        free[r][c] = std::max(has[r], free[r][c]) + seconds[edges[r][c]];
+        has[tree[r].children[c]] = free[r][c];
+      }
+      last = std::max(last, has[r]);
+    }
+    last_done.push_back(last);
+  }
+  return last_done;
+}
+
+}  // namespace detail
+
 // The α-β-γ price of runTrees for trees whose shapes are `shapes[t][rank]` (tree t as every
 // rank sees it), each carrying `segments` segments of `segment` bytes. Reducing (when
 // `reduce`), the segments flow up, then down: runTrees starts the broadcast when the root
 // has reduced the last one. Each edge carries one segment at a time, in the time
-// flowSeconds gives it with every edge of the phase (of every tree) busy at once; a rank
-// sends segment i up once it has it from all its children and has reduced them, and passes
-// it down once it has it from its parent. The phase ends when the last segment reaches the
-// root (up) or the last rank (down). Past 256 segments the pipeline's pace is steady and
-// the rest is extrapolated.
+// flowSeconds gives it with every edge of the phase (of every tree) busy at once; the phase
+// ends when the last segment reaches the root (up) or the last rank (down). Past 256
+// segments the pipeline's pace is steady and the rest is extrapolated.
 inline double predictTrees(const std::vector<std::vector<patterns::TreeShape>>& shapes,
                            double segment, double segments, bool reduce, const Topology& topology,
                            const CostModel& model) {
-  constexpr int kSimulated = 256;
-  const int simulated = static_cast<int>(std::min<double>(segments, kSimulated));
+  const int simulated = static_cast<int>(std::min(segments, 256.0));
   std::vector<Flow> up, down;
   for (const auto& tree : shapes) {
     for (int rank = 0; rank < static_cast<int>(tree.size()); ++rank) {
@@ -121,84 +201,23 @@ inline double predictTrees(const std::vector<std::vector<patterns::TreeShape>>& 
       for (int child : tree[rank].children) down.push_back({rank, child, segment});
     }
   }
-  const std::vector<double> up_time = flowSeconds(up, topology, model);
-  const std::vector<double> down_time = flowSeconds(down, topology, model);
-  // Ranks from the leaves up: children before their parents.
-  auto order = [](const std::vector<patterns::TreeShape>& tree) {
-    std::vector<int> ranks, depth(tree.size(), 0);
-    for (int r = 0; r < static_cast<int>(tree.size()); ++r) {
-      for (int p = tree[r].parent, guard = 0; p >= 0 && guard <= static_cast<int>(tree.size());
-           p = tree[p].parent, ++guard)
-        ++depth[r];
-      ranks.push_back(r);
-    }
-    std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) { return depth[a] > depth[b]; });
-    return ranks;
-  };
-  // finish[i]: when segment i of the phase is done; extrapolated past `simulated`.
-  auto extrapolate = [&](const std::vector<double>& finish) {
-    if (finish.empty()) return 0.0;
-    const double last = finish.back();
-    const double pace = finish.size() > 1 ? last - finish[finish.size() - 2] : 0;
-    return last + (segments - static_cast<double>(finish.size())) * pace;
-  };
   double up_end = 0;
-  size_t up_flow = 0, down_flow = 0;
-  std::vector<std::vector<int>> orders;
-  for (const auto& tree : shapes) orders.push_back(order(tree));
   if (reduce) {
-    for (size_t t = 0; t < shapes.size(); ++t) {
-      const auto& tree = shapes[t];
-      const int n = static_cast<int>(tree.size());
-      std::vector<double> edge_free(n, 0), ready(n, 0), arrived(n, 0);
-      std::vector<int> edge_of(n, -1);
-      for (int r = 0; r < n; ++r) {
-        if (tree[r].parent >= 0) edge_of[r] = static_cast<int>(up_flow++);
-      }
-      std::vector<double> root_done;
-      for (int i = 0; i < simulated; ++i) {
-        for (int r : orders[t]) {
-          double have = ready[r];  // the previous segment is reduced first
-          for (int child : tree[r].children) have = std::max(have, arrived[child]);
-          ready[r] = have + static_cast<double>(tree[r].children.size()) * segment * model.gamma;
-          if (tree[r].parent < 0) {
-            root_done.push_back(ready[r]);
-            continue;
-          }
-          edge_free[r] = std::max(ready[r], edge_free[r]) + up_time[edge_of[r]];
-          arrived[r] = edge_free[r];
-        }
-      }
-      up_end = std::max(up_end, extrapolate(root_done));
+    const std::vector<double> seconds = flowSeconds(up, topology, model);
+    size_t next = 0;
+    for (const auto& tree : shapes) {
+      up_end = std::max(
+          up_end,
+          detail::extrapolated(
+              detail::upPhase(tree, simulated, segment * model.gamma, seconds, &next), segments));
     }
   }
+  const std::vector<double> seconds = flowSeconds(down, topology, model);
   double end = up_end;
-  for (size_t t = 0; t < shapes.size(); ++t) {
-    const auto& tree = shapes[t];
-    const int n = static_cast<int>(tree.size());
-    std::vector<std::vector<int>> edges(n);
-    for (int r = 0; r < n; ++r) {
-      for (size_t c = 0; c < tree[r].children.size(); ++c)
-        edges[r].push_back(static_cast<int>(down_flow++));
-    }
-    std::vector<double> has(n, up_end), last;
-    std::vector<std::vector<double>> edge_free(n);
-    for (int r = 0; r < n; ++r) edge_free[r].assign(tree[r].children.size(), up_end);
-    std::vector<int> top_down = orders[t];
-    std::reverse(top_down.begin(), top_down.end());
-    for (int i = 0; i < simulated; ++i) {
-      double slowest = 0;
-      for (int r : top_down) {
-        for (size_t c = 0; c < tree[r].children.size(); ++c) {
-          const int child = tree[r].children[c];
-          edge_free[r][c] = std::max(has[r], edge_free[r][c]) + down_time[edges[r][c]];
-          has[child] = edge_free[r][c];
-        }
-        slowest = std::max(slowest, has[r]);
-      }
-      last.push_back(slowest);
-    }
-    if (!last.empty() && last.back() > up_end) end = std::max(end, extrapolate(last));
+  size_t next = 0;
+  for (const auto& tree : shapes) {
+    end = std::max(end, detail::extrapolated(
+                            detail::downPhase(tree, simulated, up_end, seconds, &next), segments));
   }
   return end;
 }
