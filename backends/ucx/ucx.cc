@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
@@ -93,6 +94,7 @@ struct Worker {
   int world_rank = 0;
   std::chrono::milliseconds timeout{30000};
   std::string transports;
+  std::string rendezvous;  // UCX_RNDV_THRESH to set, "" to leave UCX's
   AbortFlag aborted;
   Store* store = nullptr;  // the job's store (outlives the worker): sub-group ids are agreed here
 
@@ -247,6 +249,29 @@ void check(ucs_status_t status, const std::string& what) {
   if (status != UCS_OK) throw CommError("ucx: " + what + ": " + ucs_status_string(status));
 }
 
+// params.rendezvous_threshold as UCX_RNDV_THRESH ("" : leave UCX's own). Over TCP alone
+// between hosts the default is never: a rendezvous's handshake (ready-to-receive, done)
+// travels on the TCP connection that carries the other direction's data and waits behind
+// it, so ranks that exchange large messages both ways (a ring step, halving-doubling) ran
+// at 0.6 of the link between two lab hosts and at its rate with eager messages (README).
+// On one host (the loopback, no queue to wait in) UCX's choice was faster from 16 MiB. A
+// UCX_RNDV_THRESH in the environment is left alone unless the param is given.
+std::string rendezvousThreshold(const Params& params, const std::string& transports,
+                                bool one_host) {
+  const std::string value = params.getString("rendezvous_threshold", "");
+  if (value == "auto") return "";
+  if (value == "inf" || value == "never") return "inf";
+  if (!value.empty()) {
+    return std::to_string(params.getBytes("rendezvous_threshold", 0, 1, uint64_t{1} << 40));
+  }
+  if (one_host || std::getenv("UCX_RNDV_THRESH") != nullptr) return "";
+  std::stringstream items(transports);
+  for (std::string item; std::getline(items, item, ',');) {
+    if (item != "tcp" && item != "self") return "";
+  }
+  return "inf";
+}
+
 class UcxBackend : public Backend {
  public:
   explicit UcxBackend(const PluginContext& context) : worker_(std::make_shared<Worker>()) {
@@ -254,6 +279,7 @@ class UcxBackend : public Backend {
     Params& params = *context.params;
     worker_->timeout = params.getDuration("timeout", std::chrono::milliseconds(30000));
     worker_->transports = transportList(params.getString("transports", "tcp"));
+    worker_->rendezvous = rendezvousThreshold(params, worker_->transports, ctx.one_host);
     const std::string interface = params.getString("interface", "");
     if (!interface.empty()) requireInterface("backend ucx", interface);
     if (ctx.store == nullptr) {
@@ -346,10 +372,14 @@ class UcxBackend : public Backend {
     if (status == UCS_OK && !interface.empty()) {
       status = ucp_config_modify(config, "NET_DEVICES", interface.c_str());
     }
+    if (status == UCS_OK && !w.rendezvous.empty()) {
+      status = ucp_config_modify(config, "RNDV_THRESH", w.rendezvous.c_str());
+    }
     if (status != UCS_OK) {
       ucp_config_release(config);
       throw ConfigError("backend ucx: UCX refused TLS=" + w.transports +
-                        (interface.empty() ? "" : " NET_DEVICES=" + interface) + ": " +
+                        (interface.empty() ? "" : " NET_DEVICES=" + interface) +
+                        (w.rendezvous.empty() ? "" : " RNDV_THRESH=" + w.rendezvous) + ": " +
                         ucs_status_string(status));
     }
     ucp_params_t params{};

@@ -496,4 +496,13 @@ TEST(Processes, BadBackendParamsAreBadInput) {
   EXPECT_NE(r.output.find("backend ucx: params.interface 'nonexistent0' does not exist"),
             std::string::npos)
       << r.output;
+  r = runCollie(
+      {"run", shortConfig("ucx", 2, ", rendezvous_threshold: soon"), "--out", scratch("rndv")});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("rendezvous_threshold"), std::string::npos) << r.output;
+  r = runCollie(
+      {"run", shortConfig("gloo", 2, ", loop_thread: sometimes"), "--out", scratch("loop-gloo")});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("params.loop_thread: expected batch or normal"), std::string::npos)
+      << r.output;
 }
