@@ -174,16 +174,21 @@ class AutoScheduler : public Scheduler {
     candidates_.emplace_back(name, context.make_scheduler(choice.plugin, params));
   }
 
-  // Whether the rules file was measured for this collective and group size (0: any).
+  // Whether the rules file was measured for this collective, group size (0: any) and
+  // backend ("": any; a group that does not know its backend takes any).
   bool rulesApply(const CollectiveArgs& args, const Topology& topology) const {
     if (rules_.rules.empty()) return false;
-    const bool same = rules_.collective == collectiveName(args.coll) &&
-                      (rules_.world_size == 0 || rules_.world_size == topology.world_size);
+    const bool same =
+        rules_.collective == collectiveName(args.coll) &&
+        (rules_.world_size == 0 || rules_.world_size == topology.world_size) &&
+        (rules_.backend.empty() || topology.backend.empty() || rules_.backend == topology.backend);
     if (!same) {
       std::call_once(*mismatch_warned_, [&] {
         logWarn("auto: the rules file was measured for " + rules_.collective + " on " +
-                std::to_string(rules_.world_size) + " ranks, not " + collectiveName(args.coll) +
-                " on " + std::to_string(topology.world_size) +
+                std::to_string(rules_.world_size) + " ranks over " +
+                (rules_.backend.empty() ? "any backend" : rules_.backend) + ", not " +
+                collectiveName(args.coll) + " on " + std::to_string(topology.world_size) +
+                " over " + (topology.backend.empty() ? "this backend" : topology.backend) +
                 "; choosing by the cost model instead");
       });
     }

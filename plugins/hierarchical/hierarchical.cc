@@ -122,6 +122,7 @@ class HierarchicalScheduler : public Scheduler {
   static Topology subTopology(const Topology& parent, int size) {
     Topology t = Topology::singleNode(size);
     t.capabilities = parent.capabilities;
+    t.backend = parent.backend;
     return t;
   }
 

@@ -320,6 +320,25 @@ rules:
   EXPECT_NE(chooser->accepts(gather, eight).reason, "tree");
 }
 
+TEST(Auto, RulesMeasuredOverAnotherBackendDoNotApply) {
+  std::string path = testing::writeTempFile("on-gloo.yaml", R"(collective: allreduce
+world_size: 4
+backend: gloo
+rules:
+  - {plugin: tree}
+)");
+  Params params;
+  params.set("rules_file", path);
+  auto chooser = loadScheduler("auto", params);
+  Topology gloo = Topology::singleNode(4), ucx = gloo, unnamed = gloo;
+  gloo.backend = "gloo";
+  ucx.backend = "ucx";
+  const auto large = allreduceOf(64 << 20);  // the model picks ring or halving_doubling here
+  EXPECT_EQ(chooser->accepts(large, gloo).reason, "tree");
+  EXPECT_NE(chooser->accepts(large, ucx).reason, "tree");
+  EXPECT_EQ(chooser->accepts(large, unnamed).reason, "tree");  // a group that does not say
+}
+
 TEST(Auto, ACalibrationFileReplacesTheBuiltInModel) {
   // A slow link with no per-message cost (1 MB/s, α 1 ns): auto's choice at every size is
   // the lowest prediction under this model, which is not what the built-in model picks.

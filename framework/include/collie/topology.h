@@ -14,6 +14,7 @@ struct Topology {
   std::vector<int> node_of_rank;  // node id of each rank (0-based, in order of first rank)
   std::vector<std::string> node_names;
   Capabilities capabilities;  // of the group's backend
+  std::string backend;        // that backend as the experiment names it (its label: "gloo")
 
   // One node holding every rank: what an in-process run has unless labels say otherwise.
   static Topology singleNode(int world_size);

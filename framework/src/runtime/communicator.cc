@@ -23,6 +23,7 @@ Communicator::Communicator(std::shared_ptr<Backend> backend, std::string backend
       backend_name_(std::move(backend_name)),
       topology_(std::move(topology)) {
   topology_.capabilities = backend_->capabilities();  // what native and accepts() consult
+  topology_.backend = backend_name_;                  // what auto's rules files are matched to
   uncaught_at_start_ = std::uncaught_exceptions();
 }
 
