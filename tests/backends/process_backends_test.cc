@@ -246,6 +246,8 @@ TEST(GlooBackend, ItsEventLoopThreadRunsUnderSchedBatch) {
         if (before.count(tid) && before.at(tid) != policy) ++others;
       }
       const int expected = mode == "batch" ? 1 : 0;
+      // Both ranks connected before either leaves (a rank that exits first closes its side).
+      Control(*w.backend).barrier();
       if (batch != expected || others != 0 || ::sched_getscheduler(0) != SCHED_OTHER) {
         std::fprintf(stderr,
                      "rank %d, loop_thread %s: %d thread(s) under SCHED_BATCH (expected %d), "

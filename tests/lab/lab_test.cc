@@ -242,6 +242,7 @@ TEST(Lab, KillingOneHostsRanksFailsTheJobOnTheOtherNamingThem) {
   }
   ASSERT_FALSE(ranks.empty()) << "host 1's ranks never started";
   std::this_thread::sleep_for(std::chrono::seconds(2));
+  std::replace(ranks.begin(), ranks.end(), '\n', ' ');  // one line: every rank of host 1
   sh("kill -9 " + ranks);
   job.join();
   EXPECT_EQ(r.exit_code, 1) << r.output;

@@ -301,28 +301,11 @@ rules:
   EXPECT_EQ(chooser->accepts(args, t).reason, "tree{segment_bytes: 4KiB}");
 }
 
-TEST(Auto, RulesMeasuredForAnotherGroupOrCollectiveDoNotApply) {
-  // Measured on 8 ranks: on 4 ranks auto chooses by the model, not by the file.
+TEST(Auto, RulesMeasuredForAnotherGroupCollectiveOrBackendDoNotApply) {
+  // Measured on 8 ranks over gloo: on 4 ranks, for another collective or over ucx auto
+  // chooses by the model, not by the file; a group that does not name its backend takes it.
   std::string path = testing::writeTempFile("eight.yaml", R"(collective: allreduce
 world_size: 8
-rules:
-  - {plugin: tree}
-)");
-  Params params;
-  params.set("rules_file", path);
-  auto chooser = loadScheduler("auto", params);
-  Topology four = Topology::singleNode(4), eight = Topology::singleNode(8);
-  const auto large = allreduceOf(64 << 20);  // the model picks ring or halving_doubling here
-  EXPECT_NE(chooser->accepts(large, four).reason, "tree");
-  EXPECT_EQ(chooser->accepts(large, eight).reason, "tree");
-  CollectiveArgs gather = large;
-  gather.coll = Collective::kAllGather;  // the file is for allreduce
-  EXPECT_NE(chooser->accepts(gather, eight).reason, "tree");
-}
-
-TEST(Auto, RulesMeasuredOverAnotherBackendDoNotApply) {
-  std::string path = testing::writeTempFile("on-gloo.yaml", R"(collective: allreduce
-world_size: 4
 backend: gloo
 rules:
   - {plugin: tree}
@@ -330,13 +313,18 @@ rules:
   Params params;
   params.set("rules_file", path);
   auto chooser = loadScheduler("auto", params);
-  Topology gloo = Topology::singleNode(4), ucx = gloo, unnamed = gloo;
-  gloo.backend = "gloo";
-  ucx.backend = "ucx";
+  Topology four = Topology::singleNode(4), eight = Topology::singleNode(8);
+  Topology eight_gloo = eight, eight_ucx = eight;
+  eight_gloo.backend = "gloo";
+  eight_ucx.backend = "ucx";
   const auto large = allreduceOf(64 << 20);  // the model picks ring or halving_doubling here
-  EXPECT_EQ(chooser->accepts(large, gloo).reason, "tree");
-  EXPECT_NE(chooser->accepts(large, ucx).reason, "tree");
-  EXPECT_EQ(chooser->accepts(large, unnamed).reason, "tree");  // a group that does not say
+  EXPECT_NE(chooser->accepts(large, four).reason, "tree");
+  EXPECT_EQ(chooser->accepts(large, eight).reason, "tree");
+  EXPECT_EQ(chooser->accepts(large, eight_gloo).reason, "tree");
+  EXPECT_NE(chooser->accepts(large, eight_ucx).reason, "tree");
+  CollectiveArgs gather = large;
+  gather.coll = Collective::kAllGather;  // the file is for allreduce
+  EXPECT_NE(chooser->accepts(gather, eight).reason, "tree");
 }
 
 TEST(Auto, ACalibrationFileReplacesTheBuiltInModel) {
