@@ -141,6 +141,13 @@ void autoAgainstFastest(std::ostream& out, const std::vector<Row>& rows) {
                            formatBytes(r.bytes), r.ran, off, v->fastest);
     }
     if (judged_sizes == 0 && tied == 0) continue;
+    if (judged_sizes == 0) {
+      out << fmt::format(
+          "# {} against the fastest: no size has one fastest scheduler ({} "
+          "indistinguishable)\n",
+          a.scheduler, tied);
+      continue;
+    }
     out << fmt::format(
         "# {} against the fastest: {}{}within 5% at {} of {} size(s) where one is "
         "fastest{}\n",
