@@ -52,17 +52,23 @@ class BidirectionalRingScheduler : public Scheduler {
 
   // α-β-γ (README): a ring's 2(n-1) steps, each posting a message per direction whose
   // latencies overlap, over chunks of half-blocks; a rank still sends and receives
-  // 2(n-1)/n of the message in all, through one port.
+  // 2(n-1)/n of the message in all (stepSeconds prices a step: a rank's way out carries
+  // both halves, and a node's link the flows that cross it).
   double predictSeconds(const CollectiveArgs& args, const Topology& topology,
                         const CostModel& model) const override {
     const int n = topology.world_size;
     if (args.coll != Collective::kAllReduce) return kNoPrediction;
     if (n == 1) return 0;
-    const LinkCost& link = topology.nodeCount() > 1 ? model.inter : model.intra;
     const double m = static_cast<double>(args.data.bytes());
-    const double pieces = std::max(1.0, std::ceil(m / 2 / n / static_cast<double>(chunk_bytes_)));
-    return 2 * (n - 1) * pieces * link.alpha + 2.0 * (n - 1) / n * m * link.beta +
-           (n - 1.0) / n * m * model.gamma;
+    const int pieces =
+        static_cast<int>(std::max(1.0, std::ceil(m / 2 / n / static_cast<double>(chunk_bytes_))));
+    // A step: every rank sends a block of each half, one to each neighbour, at once.
+    std::vector<Flow> step;
+    for (int r = 0; r < n; ++r) {
+      step.push_back({r, (r + 1) % n, m / 2 / n, pieces});
+      step.push_back({r, (r + n - 1) % n, m / 2 / n, pieces});
+    }
+    return 2 * (n - 1) * stepSeconds(step, topology, model) + (n - 1.0) / n * m * model.gamma;
   }
 
  private:

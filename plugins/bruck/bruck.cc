@@ -52,15 +52,24 @@ class BruckScheduler : public Scheduler {
     }
   }
 
-  // α-β (README): ⌈log2 n⌉ steps moving n−1 blocks of m/n bytes in all (m the gathered size).
+  // α-β (README): ⌈log2 n⌉ steps moving n−1 blocks of m/n bytes in all (m the gathered size),
+  // each step priced by stepSeconds (node links that several sends cross at once are shared).
   double predictSeconds(const CollectiveArgs& args, const Topology& topology,
                         const CostModel& model) const override {
     const int n = topology.world_size;
     if (args.coll != Collective::kAllGather) return kNoPrediction;
     if (n == 1) return 0;
-    const LinkCost& link = topology.nodeCount() > 1 ? model.inter : model.intra;
-    const double m = static_cast<double>(args.output.bytes());
-    return patterns::bruckSteps(n) * link.alpha + (n - 1.0) / n * m * link.beta;
+    const double block = static_cast<double>(args.output.bytes()) / n;
+    double t = 0;
+    for (int k = 0; k < patterns::bruckSteps(n); ++k) {
+      std::vector<Flow> step;
+      for (int r = 0; r < n; ++r) {
+        const patterns::BruckStep s = patterns::bruckStep(r, n, k);
+        step.push_back({r, s.send_to, s.count * block});
+      }
+      t += stepSeconds(step, topology, model);
+    }
+    return t;
   }
 };
 

@@ -105,15 +105,7 @@ class HalvingDoublingScheduler : public Scheduler {
       }
       t += stepSeconds(halving, topology, model) + stepSeconds(doubling, topology, model);
     }
-    if (p != n) {
-      std::vector<Flow> in, out;
-      for (int r = 0; r < 2 * (n - p); r += 2) {
-        in.push_back({r, r + 1, m});
-        out.push_back({r + 1, r, m});
-      }
-      t += stepSeconds(in, topology, model) + stepSeconds(out, topology, model) + m * model.gamma;
-    }
-    return t;
+    return t + schedules::predictFold(n, m, topology, model);
   }
 
  private:

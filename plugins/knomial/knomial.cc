@@ -42,31 +42,15 @@ class KnomialScheduler : public Scheduler {
     schedules::runTrees({part}, args.op, n, args.seq, backend);
   }
 
-  // α-β-γ (README): the first segment takes d = ⌈log_k n⌉ levels of k−1 messages each; every
-  // further one is held up by the root, which takes in (or sends out) all C of its children's.
+  // α-β-γ (README): as tree's, over the k-nomial shapes (schedules::predictSingleTree): the
+  // segments go up, then down, in pipelines whose pace the root sets, as it takes in (or
+  // sends out) a segment from (to) each of its C children at once.
   double predictSeconds(const CollectiveArgs& args, const Topology& topology,
                         const CostModel& model) const override {
     const int n = topology.world_size;
-    if (n == 1) return 0;
-    const LinkCost& link = topology.nodeCount() > 1 ? model.inter : model.intra;
-    const double d = patterns::knomialDepth(n, radix_);
-    if (args.coll == Collective::kBarrier) return 2 * d * link.alpha;
-    const double root_children = patterns::knomialTree(0, 0, n, radix_).children.size();
-    const double m = static_cast<double>(args.data.bytes());
-    const double s = std::max(1.0, std::ceil(m / static_cast<double>(segment_bytes_)));
-    const double g = m / s;
-    auto phase = [&](double per_byte) {
-      return d * (link.alpha + (radix_ - 1) * g * per_byte) +
-             (s - 1) * (link.alpha + root_children * g * per_byte);
-    };
-    switch (args.coll) {
-      case Collective::kAllReduce:
-        return phase(link.beta + model.gamma) + phase(link.beta);
-      case Collective::kBroadcast:
-        return phase(link.beta);
-      default:
-        return kNoPrediction;
-    }
+    return schedules::predictSingleTree(
+        args, segment_bytes_, topology, model,
+        [&](int rank, int root) { return patterns::knomialTree(rank, root, n, radix_); });
   }
 
  private:

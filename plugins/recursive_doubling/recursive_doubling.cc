@@ -47,19 +47,24 @@ class RecursiveDoublingScheduler : public Scheduler {
     schedules::foldOut(data, f, args.seq, kUnfold, backend);
   }
 
-  // α-β-γ (README): log2(p) exchanges of the whole message, each reduced; off powers of two
-  // the fold and unfold add a message each way and one reduction.
+  // α-β-γ (README): log2(p) exchanges of the whole message between core partners, each
+  // reduced (stepSeconds prices a step: node links that several exchanges cross at once are
+  // shared); off powers of two the fold and unfold add a message each way and one reduction.
   double predictSeconds(const CollectiveArgs& args, const Topology& topology,
                         const CostModel& model) const override {
     const int n = topology.world_size;
     if (args.coll != Collective::kAllReduce) return kNoPrediction;
     if (n == 1) return 0;
-    const LinkCost& link = topology.nodeCount() > 1 ? model.inter : model.intra;
     const int p = patterns::powerOfTwoFloor(n);
     const double m = static_cast<double>(args.data.bytes());
-    double t = patterns::log2Exact(p) * (link.message(m) + m * model.gamma);
-    if (p != n) t += 2 * link.message(m) + m * model.gamma;
-    return t;
+    double t = 0;
+    for (int k = 0; k < patterns::log2Exact(p); ++k) {
+      std::vector<Flow> step;
+      for (int v = 0; v < p; ++v)
+        step.push_back({patterns::coreRank(v, n), patterns::coreRank(v ^ (1 << k), n), m});
+      t += stepSeconds(step, topology, model) + m * model.gamma;
+    }
+    return t + schedules::predictFold(n, m, topology, model);
   }
 };
 

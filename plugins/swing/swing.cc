@@ -61,21 +61,30 @@ class SwingScheduler : public Scheduler {
     schedules::foldOut(data, f, args.seq, kUnfold, backend);
   }
 
-  // α-β-γ (README): the latency variant is recursive doubling's cost, the bandwidth variant
-  // Rabenseifner's; off powers of two the fold adds a message each way and a reduction.
+  // α-β-γ (README): at step s every core rank exchanges with its swing peer at distance
+  // ρ(s): the whole message in the latency variant (and reduces it), m/2^(s+1) twice (in the
+  // reduce-scatter and the all-gather) in the bandwidth variant, like Rabenseifner; each
+  // step is priced by stepSeconds (node links that several exchanges cross are shared). Off
+  // powers of two the fold adds a message each way and a reduction.
   double predictSeconds(const CollectiveArgs& args, const Topology& topology,
                         const CostModel& model) const override {
     const int n = topology.world_size;
     if (args.coll != Collective::kAllReduce) return kNoPrediction;
     if (n == 1) return 0;
-    const LinkCost& link = topology.nodeCount() > 1 ? model.inter : model.intra;
     const int p = patterns::powerOfTwoFloor(n);
-    const double m = static_cast<double>(args.data.bytes()), steps = patterns::log2Exact(p);
-    double t = latency_ ? steps * (link.message(m) + m * model.gamma)
-                        : 2 * steps * link.alpha + 2.0 * (p - 1) / p * m * link.beta +
-                              static_cast<double>(p - 1) / p * m * model.gamma;
-    if (p != n) t += 2 * link.message(m) + m * model.gamma;
-    return t;
+    const double m = static_cast<double>(args.data.bytes());
+    double t = latency_ ? 0 : (p - 1.0) / p * m * model.gamma;
+    for (int s = 0; s < patterns::log2Exact(p); ++s) {
+      const double bytes = latency_ ? m : m / static_cast<double>(2 << s);
+      std::vector<Flow> step;
+      for (int v = 0; v < p; ++v) {
+        step.push_back(
+            {patterns::coreRank(v, n), patterns::coreRank(patterns::swingPeer(v, s, p), n), bytes});
+      }
+      t += latency_ ? stepSeconds(step, topology, model) + m * model.gamma
+                    : 2 * stepSeconds(step, topology, model);
+    }
+    return t + schedules::predictFold(n, m, topology, model);
   }
 
  private:

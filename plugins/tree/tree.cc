@@ -48,17 +48,9 @@ class TreeScheduler : public Scheduler {
   double predictSeconds(const CollectiveArgs& args, const Topology& topology,
                         const CostModel& model) const override {
     const int n = topology.world_size;
-    if (n == 1) return 0;
-    const bool barrier = args.coll == Collective::kBarrier;
-    if (!barrier && args.coll != Collective::kAllReduce && args.coll != Collective::kBroadcast)
-      return kNoPrediction;
-    const bool reduce = args.coll != Collective::kBroadcast;
-    std::vector<patterns::TreeShape> shapes;
-    for (int r = 0; r < n; ++r)
-      shapes.push_back(patterns::binaryTree(r, reduce ? 0 : args.root, n));
-    const double m = barrier ? 0 : static_cast<double>(args.data.bytes());
-    const double s = std::max(1.0, std::ceil(m / static_cast<double>(segment_bytes_)));
-    return schedules::predictTrees({shapes}, m / s, s, reduce, topology, model);
+    return schedules::predictSingleTree(
+        args, segment_bytes_, topology, model,
+        [&](int rank, int root) { return patterns::binaryTree(rank, root, n); });
   }
 
  private:

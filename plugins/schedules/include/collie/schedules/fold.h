@@ -33,4 +33,18 @@ inline void foldOut(const Buffer& data, const patterns::Fold& f, uint64_t seq,
   if (f.partner >= 0) backend.send(f.partner, data, makeTag(seq, unfold_phase, 0));
 }
 
+// The α-β-γ price of foldIn and foldOut for `bytes` on n ranks (0 when n is a power of two):
+// the folded ranks' message in, its reduction, and the result back (stepSeconds shares the
+// links that the pairs cross at once).
+inline double predictFold(int n, double bytes, const Topology& topology, const CostModel& model) {
+  const int p = patterns::powerOfTwoFloor(n);
+  if (p == n) return 0;
+  std::vector<Flow> in, out;
+  for (int r = 0; r < 2 * (n - p); r += 2) {
+    in.push_back({r, r + 1, bytes});
+    out.push_back({r + 1, r, bytes});
+  }
+  return stepSeconds(in, topology, model) + bytes * model.gamma + stepSeconds(out, topology, model);
+}
+
 }  // namespace collie::schedules
