@@ -210,7 +210,14 @@ TEST_P(ProcessBackends, AThousandCreateUseAbortDestroyCyclesLeaveNothingBehind) 
         // Both ranks have closed their backend before either counts: a socket the peer is
         // still tearing down is not this rank's leak.
         job.allGather("cycle" + std::to_string(cycle) + "/closed", "");
-        usage.push_back(testing::usageNow());
+        // The job's store server closes its end of a connection when it reads the EOF, and
+        // may not have yet: the count at cycle 10 is the least seen over half a second, the
+        // one at cycle 1000 is read again until it matches (a leak never does).
+        if (cycle == 10) {
+          usage.push_back(testing::leastUsageOver(500ms));
+        } else {
+          usage.push_back(testing::usageMatching(usage.front(), 5s));
+        }
       }
     }
     // Memory is not compared: rank 0's store keeps every cycle's keys (about 2 KB each).
