@@ -8,13 +8,10 @@
 #include <malloc.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "collie/backend.h"
@@ -55,36 +52,6 @@ inline Usage usageNow() {
     if (line.rfind("Threads:", 0) == 0) u.threads = std::stoi(line.substr(8));
   }
   return u;
-}
-
-// The fewest descriptors, sockets and threads seen over `window` (one reading every 50 ms),
-// with the last reading's memory: what the process holds once teardowns under way finish.
-inline Usage leastUsageOver(std::chrono::milliseconds window) {
-  Usage least = usageNow();
-  const auto end = std::chrono::steady_clock::now() + window;
-  while (std::chrono::steady_clock::now() < end) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    const Usage now = usageNow();
-    least.rss_kb = now.rss_kb;
-    least.fds = std::min(least.fds, now.fds);
-    least.sockets = std::min(least.sockets, now.sockets);
-    least.threads = std::min(least.threads, now.threads);
-  }
-  return least;
-}
-
-// Usage read until its descriptors, sockets and threads match `baseline`, for at most
-// `patience`: a teardown still under way finishes, a leak stays and is returned as it is.
-inline Usage usageMatching(const Usage& baseline, std::chrono::milliseconds patience) {
-  Usage now = usageNow();
-  const auto end = std::chrono::steady_clock::now() + patience;
-  while ((now.fds != baseline.fds || now.sockets != baseline.sockets ||
-          now.threads != baseline.threads) &&
-         std::chrono::steady_clock::now() < end) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    now = usageNow();
-  }
-  return now;
 }
 
 // Element counts (i32) the soak cycles through: nothing, one, odd primes, 1 MiB.
