@@ -14,6 +14,9 @@
 # With --rounds R every peer runs R times, the rounds interleaved (peer by peer within a
 # round); the table then shows each ratio's median over the rounds with its min-max.
 #
+# Gloo's event-loop thread runs under SCHED_BATCH in both collie's gloo backend and the
+# Gloo-direct peer (their common default; see backends/gloo/README.md, `loop_thread`).
+#
 # Needs a build (scripts/build.sh) with the gloo and ucx backends and the benchmarks.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"

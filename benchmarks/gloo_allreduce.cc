@@ -2,8 +2,11 @@
 // collie's schedulers over the gloo backend are compared against. One process per rank,
 // rendezvous through a shared folder (Gloo's FileStore).
 //
-//   gloo_allreduce RANK SIZE STORE_DIR ALGORITHM MIN_BYTES MAX_BYTES ITERS
+//   gloo_allreduce RANK SIZE STORE_DIR ALGORITHM MIN_BYTES MAX_BYTES ITERS [LOOP_THREAD]
 //
+// LOOP_THREAD is `batch` (the default) or `normal`: the scheduling policy of Gloo's event-loop
+// thread, as collie's gloo backend sets it (its `loop_thread` param, same default), so the two
+// are compared with the same treatment of Gloo's spinning loop thread (pytorch/gloo#246).
 // Prints CSV rows: peer,algorithm,ranks,bytes,time_us,busbw_gbps (the slowest rank's mean).
 #include <gloo/allreduce_bcube.h>
 #include <gloo/allreduce_halving_doubling.h>
@@ -13,6 +16,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/transport/tcp/device.h>
+#include <sched.h>
 
 #include <chrono>
 #include <cstdio>
@@ -40,9 +44,16 @@ std::unique_ptr<gloo::Algorithm> make(const std::string& name,
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 8) {
-    std::fprintf(stderr, "usage: %s RANK SIZE STORE_DIR ALGORITHM MIN_BYTES MAX_BYTES ITERS\n",
+  if (argc != 8 && argc != 9) {
+    std::fprintf(stderr,
+                 "usage: %s RANK SIZE STORE_DIR ALGORITHM MIN_BYTES MAX_BYTES ITERS "
+                 "[batch|normal]\n",
                  argv[0]);
+    return 2;
+  }
+  const std::string loop_thread = argc == 9 ? argv[8] : "batch";
+  if (loop_thread != "batch" && loop_thread != "normal") {
+    std::fprintf(stderr, "LOOP_THREAD is batch or normal, not %s\n", loop_thread.c_str());
     return 2;
   }
   const int rank = std::atoi(argv[1]), size = std::atoi(argv[2]);
@@ -53,7 +64,16 @@ int main(int argc, char** argv) {
 
   gloo::rendezvous::FileStore store(argv[3]);
   gloo::transport::tcp::attr attr;
+  // The device's loop thread starts inside CreateDevice and inherits this thread's policy,
+  // which is then put back.
+  sched_param saved{};
+  const bool batch = loop_thread == "batch" && sched_getparam(0, &saved) == 0 &&
+                     sched_setscheduler(0, SCHED_BATCH, &saved) == 0;
   auto device = gloo::transport::tcp::CreateDevice(attr);
+  if (batch && sched_setscheduler(0, SCHED_OTHER, &saved) != 0) {
+    std::perror("gloo_allreduce: restoring the scheduling policy");
+    return 1;
+  }
   auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
   context->setTimeout(std::chrono::seconds(120));
   context->connectFullMesh(store, device);
