@@ -1,6 +1,8 @@
 // The gloo backend: Gloo's TCP transport between processes. Point-to-point uses unbound
-// buffers with the collie tag as the slot; `native` runs Gloo's own all-reduce algorithms
-// (the algorithm classes: ring, ring_chunked, halving_doubling, bcube).
+// buffers with the collie tag as the slot, and messages up to params.eager_threshold go
+// through staging buffers on a slot of their own, whose receives are posted ahead
+// (EagerChannel); `native` runs Gloo's own all-reduce algorithms (the algorithm classes:
+// ring, ring_chunked, halving_doubling, bcube).
 //
 // Every blocking wait has the group's timeout. A peer that dies closes its sockets, which
 // Gloo reports as an I/O error at once; a peer that stops leaves them open, so the wait runs
@@ -23,12 +25,17 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <list>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "collie/log.h"
 #include "collie/plugin.h"
@@ -40,6 +47,13 @@ namespace {
 // Gloo's algorithm classes number their own slots from a small counter; collie's tags go in
 // the upper half of the slot space so that the two never meet.
 constexpr uint64_t kTagSlotBit = 1ull << 63;
+// The slot of eager messages (below collie's tags, far above Gloo's counter).
+constexpr uint64_t kEagerSlot = 1ull << 62;
+// Eager receives a rank keeps posted per peer: that many messages can be sent before the
+// receiver asks for any of them without the sender's Gloo waiting for a "ready" notice.
+constexpr size_t kEagerDepth = 4;
+// Send staging buffers kept per peer for reuse once their sends completed.
+constexpr size_t kEagerSpareSends = 4;
 
 // Gloo's first line, without the source location it prefixes.
 std::string glooMessage(const std::exception& e) {
@@ -142,12 +156,176 @@ struct Shared {
   collie::Store* store = nullptr;
   std::chrono::milliseconds timeout{30000};
   std::string algorithm = "ring";
+  uint64_t eager_bytes = 64 * 1024;  // params.eager_threshold; 0: every message rendezvous
   std::mutex mu;
   std::set<gloo::transport::UnboundBuffer*> pending;
   AbortFlag aborted;  // set before the pending buffers are woken, under `mu`
 };
 
 using Transfer = TransferInfo;
+
+// The CommError for a wait that Gloo ended with `e`.
+CommError waitFailure(const Transfer& transfer, const std::exception& e,
+                      std::chrono::milliseconds timeout) {
+  std::string message = glooMessage(e);
+  bool timed_out =
+      message.find("imeout") != std::string::npos || message.find("imed out") != std::string::npos;
+  return CommError(
+      "gloo: " + transfer.describe() +
+      (timed_out ? " timed out after " + std::to_string(timeout.count()) + " ms: " : " failed: ") +
+      message +
+      (timed_out ? ". HINT: the peer never matched it; is it stopped, stuck or "
+                   "running a different collective?"
+                 : ". HINT: the peer process died or closed its connection"));
+}
+
+// Memory of collie's own with a Gloo unbound buffer over it.
+struct Staging {
+  std::unique_ptr<char[]> memory;
+  std::unique_ptr<gloo::transport::UnboundBuffer> buf;
+};
+
+// What an eager message carries before its bytes.
+struct EagerHeader {
+  uint64_t tag = 0;
+  uint64_t bytes = 0;
+};
+
+// Registers an unbound buffer that a thread waits on, so that abort() wakes it.
+class PendingWait {
+ public:
+  PendingWait(Shared& shared, gloo::transport::UnboundBuffer* buf) : shared_(shared), buf_(buf) {
+    std::lock_guard<std::mutex> lock(shared_.mu);
+    shared_.pending.insert(buf_);
+  }
+  ~PendingWait() {
+    std::lock_guard<std::mutex> lock(shared_.mu);
+    shared_.pending.erase(buf_);
+  }
+  PendingWait(const PendingWait&) = delete;
+  PendingWait& operator=(const PendingWait&) = delete;
+
+ private:
+  Shared& shared_;
+  gloo::transport::UnboundBuffer* buf_;
+};
+
+// One peer's eager messages within one group. Gloo's unbound buffers are a rendezvous: a
+// send waits for the receiver's "ready" notice, so a message costs two one-way latencies.
+// Here every message up to `capacity` bytes goes, behind an EagerHeader (its tag and
+// length), into one of kEagerDepth receives that this rank posted on kEagerSlot ahead of
+// time: the notices have long arrived when the sender sends, and the message costs one
+// latency and two copies. Gloo fills the posted receives in posting order; `staged_` keeps
+// that order. The k-th message with tag T meets the k-th receive with tag T; one that
+// arrives before its receive is asked for is copied aside (`early_`) and its staging
+// buffer posted again, so a sender never waits on messages the receiver asks for later.
+//
+// Any thread may receive: one at a time waits in Gloo on the oldest posted buffer (the
+// reader) and hands whatever arrives to its owner, the others wait on `arrived_`. Senders
+// copy into a staging buffer of their own (a few are kept for reuse).
+class EagerChannel : public std::enable_shared_from_this<EagerChannel> {
+ public:
+  EagerChannel(std::shared_ptr<Shared> shared, std::shared_ptr<gloo::Context> context, int peer,
+               size_t capacity)
+      : shared_(std::move(shared)),
+        context_(std::move(context)),
+        peer_(peer),
+        capacity_(capacity) {}
+
+  // Posts the first receives; a CommError names the peer when Gloo refuses.
+  void start(const Transfer& transfer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < kEagerDepth; ++i) staged_.push_back(post(makeStaging(), transfer));
+  }
+
+  size_t capacity() const { return capacity_; }
+
+  // Sends `buf` with `tag` through a staging buffer; the request completes when Gloo wrote it.
+  std::unique_ptr<Request> send(const Buffer& buf, const Transfer& transfer);
+
+  // The position of a new receive among the receives of `tag` from this peer.
+  uint64_t expect(Tag tag) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return counts_[tag].expected++;
+  }
+
+  // Blocks until the `index`-th message with `tag` arrived and was copied into `into`.
+  void receive(Tag tag, uint64_t index, const Buffer& into, std::chrono::milliseconds timeout,
+               const Transfer& transfer);
+
+  void giveBack(Staging staging) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (spare_sends_.size() < kEagerSpareSends) spare_sends_.push_back(std::move(staging));
+  }
+
+ private:
+  struct Counts {
+    uint64_t expected = 0, arrived = 0, consumed = 0;
+  };
+
+  Staging makeStaging() {
+    Staging staging;
+    staging.memory.reset(new char[sizeof(EagerHeader) + capacity_]);
+    staging.buf =
+        context_->createUnboundBuffer(staging.memory.get(), sizeof(EagerHeader) + capacity_);
+    return staging;
+  }
+
+  Staging post(Staging staging, const Transfer& transfer) {
+    try {
+      staging.buf->recv(peer_, kEagerSlot, 0, sizeof(EagerHeader) + capacity_);
+    } catch (const std::exception& e) {
+      throw CommError("gloo: " + transfer.describe() + " failed: " + glooMessage(e) +
+                      ". HINT: the peer process died or closed its connection");
+    }
+    return staging;
+  }
+
+  // Posts a buffer whose message was taken out again. A peer that has finished and closed
+  // its connection makes Gloo refuse: the message just taken out is still good, so the
+  // refusal is kept for a receive that would need this buffer (`staged_` runs dry).
+  void repost(Staging staging) {
+    try {
+      staging.buf->recv(peer_, kEagerSlot, 0, sizeof(EagerHeader) + capacity_);
+      staged_.push_back(std::move(staging));
+    } catch (const std::exception& e) {
+      if (broken_.empty()) broken_ = glooMessage(e);
+    }
+  }
+
+  // A receive of `tag` was served: its counts go once every message was matched.
+  void consumed(Tag tag) {
+    auto it = counts_.find(tag);
+    if (it == counts_.end()) return;
+    Counts& c = it->second;
+    ++c.consumed;
+    if (c.consumed == c.expected && c.consumed == c.arrived) counts_.erase(it);
+  }
+
+  static void deliver(const char* bytes, uint64_t length, const Buffer& into,
+                      const Transfer& transfer) {
+    if (length != into.bytes()) {
+      throw CommError("gloo: " + transfer.describe() + ": the sizes disagree: the peer sent " +
+                      std::to_string(length) + " bytes, this rank receives " +
+                      std::to_string(into.bytes()) +
+                      ". HINT: both ranks must run the same collective on the same count");
+    }
+    if (length > 0) std::memcpy(into.data, bytes, length);
+  }
+
+  std::shared_ptr<Shared> shared_;
+  std::shared_ptr<gloo::Context> context_;
+  const int peer_;
+  const size_t capacity_;
+  std::mutex mu_;
+  std::condition_variable arrived_;
+  bool reading_ = false;        // a thread waits in Gloo for the next message
+  std::deque<Staging> staged_;  // posted receives, oldest first
+  std::map<std::pair<Tag, uint64_t>, std::vector<char>> early_;  // (tag, index) -> bytes
+  std::map<Tag, Counts> counts_;
+  std::vector<Staging> spare_sends_;
+  std::string broken_;  // why Gloo refused to post a buffer again, if it did
+};
 
 class GlooRequest : public Request {
  public:
@@ -156,6 +334,13 @@ class GlooRequest : public Request {
       : shared_(std::move(shared)), buf_(std::move(buf)), transfer_(transfer) {
     std::lock_guard<std::mutex> lock(shared_->mu);
     shared_->pending.insert(buf_.get());
+  }
+  // An eager send from `staging`, handed back to `channel` once it completed.
+  GlooRequest(std::shared_ptr<Shared> shared, Staging staging, Transfer transfer,
+              std::shared_ptr<EagerChannel> channel)
+      : GlooRequest(std::move(shared), std::move(staging.buf), transfer) {
+    memory_ = std::move(staging.memory);
+    channel_ = std::move(channel);
   }
   ~GlooRequest() override { forget(); }
 
@@ -166,22 +351,14 @@ class GlooRequest : public Request {
       completed = transfer_.sending ? buf_->waitSend(timeout) : buf_->waitRecv(timeout);
     } catch (const std::exception& e) {
       forget();
-      std::string message = glooMessage(e);
-      bool timed_out = message.find("imeout") != std::string::npos ||
-                       message.find("imed out") != std::string::npos;
-      throw CommError("gloo: " + transfer_.describe() +
-                      (timed_out ? " timed out after " + std::to_string(timeout.count()) + " ms: "
-                                 : " failed: ") +
-                      message +
-                      (timed_out ? ". HINT: the peer never matched it; is it stopped, stuck or "
-                                   "running a different collective?"
-                                 : ". HINT: the peer process died or closed its connection"));
+      throw waitFailure(transfer_, e, timeout);
     }
     forget();
     if (!completed) {
       throw CommError("gloo: " + transfer_.describe() + " aborted: " + shared_->aborted.reason());
     }
     done_ = true;
+    if (channel_ != nullptr) channel_->giveBack({std::move(memory_), std::move(buf_)});
   }
 
   bool test() override { return done_; }
@@ -195,8 +372,144 @@ class GlooRequest : public Request {
   std::shared_ptr<Shared> shared_;
   std::unique_ptr<gloo::transport::UnboundBuffer> buf_;
   Transfer transfer_;
+  std::unique_ptr<char[]> memory_;         // an eager send's staging memory
+  std::shared_ptr<EagerChannel> channel_;  // where it goes back to
   bool done_ = false;
 };
+
+std::unique_ptr<Request> EagerChannel::send(const Buffer& buf, const Transfer& transfer) {
+  Staging staging;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!spare_sends_.empty()) {
+      staging = std::move(spare_sends_.back());
+      spare_sends_.pop_back();
+    }
+  }
+  if (staging.buf == nullptr) staging = makeStaging();
+  const EagerHeader header{transfer.tag, buf.bytes()};
+  std::memcpy(staging.memory.get(), &header, sizeof(header));
+  if (buf.bytes() > 0) std::memcpy(staging.memory.get() + sizeof(header), buf.data, buf.bytes());
+  try {
+    staging.buf->send(peer_, kEagerSlot, 0, sizeof(header) + buf.bytes());
+  } catch (const std::exception& e) {
+    throw CommError("gloo: " + transfer.describe() + " failed: " + glooMessage(e) +
+                    ". HINT: the peer process died or closed its connection");
+  }
+  return std::make_unique<GlooRequest>(shared_, std::move(staging), transfer, shared_from_this());
+}
+
+class EagerRecvRequest : public Request {
+ public:
+  EagerRecvRequest(std::shared_ptr<EagerChannel> channel, const Buffer& into, Transfer transfer)
+      : channel_(std::move(channel)),
+        into_(into),
+        transfer_(transfer),
+        index_(channel_->expect(transfer.tag)) {}
+
+  void wait(std::chrono::milliseconds timeout) override {
+    if (done_) return;
+    channel_->receive(transfer_.tag, index_, into_, timeout, transfer_);
+    done_ = true;
+  }
+  bool test() override { return done_; }
+
+ private:
+  std::shared_ptr<EagerChannel> channel_;
+  Buffer into_;
+  Transfer transfer_;
+  uint64_t index_;
+  bool done_ = false;
+};
+
+void EagerChannel::receive(Tag tag, uint64_t index, const Buffer& into,
+                           std::chrono::milliseconds timeout, const Transfer& transfer) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + timeout;
+  const std::pair<Tag, uint64_t> wanted{tag, index};
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    auto early = early_.find(wanted);
+    if (early != early_.end()) {
+      std::vector<char> bytes = std::move(early->second);
+      early_.erase(early);
+      consumed(tag);
+      deliver(bytes.data(), bytes.size(), into, transfer);
+      return;
+    }
+    if (shared_->aborted.isSet()) {
+      throw CommError("gloo: " + transfer.describe() + " aborted: " + shared_->aborted.reason());
+    }
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      throw CommError("gloo: " + transfer.describe() + " timed out after " +
+                      std::to_string(timeout.count()) +
+                      " ms. HINT: the peer never matched it; is it stopped, stuck or running a "
+                      "different collective?");
+    }
+    if (reading_) {
+      // Another thread reads; it hands this message over when it comes. The slices notice
+      // an abort.
+      arrived_.wait_for(lock, std::min(left, std::chrono::milliseconds(20)));
+      continue;
+    }
+    if (staged_.empty()) {
+      throw CommError("gloo: " + transfer.describe() + " failed: " +
+                      (broken_.empty() ? std::string("no eager receive is posted") : broken_) +
+                      ". HINT: the peer process died or closed its connection");
+    }
+    reading_ = true;
+    Staging staging = std::move(staged_.front());
+    staged_.pop_front();
+    lock.unlock();
+    bool completed = false;
+    std::exception_ptr failure;
+    {
+      PendingWait pending(*shared_, staging.buf.get());
+      try {
+        // An abort() before the registration above set the flag before it looked.
+        completed = !shared_->aborted.isSet() && staging.buf->waitRecv(nullptr, left);
+      } catch (const std::exception& e) {
+        failure = std::make_exception_ptr(waitFailure(transfer, e, timeout));
+      }
+    }
+    lock.lock();
+    reading_ = false;
+    arrived_.notify_all();
+    if (failure != nullptr || !completed) {
+      staged_.push_front(std::move(staging));  // still Gloo's oldest posted receive
+      if (failure != nullptr) std::rethrow_exception(failure);
+      throw CommError("gloo: " + transfer.describe() + " aborted: " + shared_->aborted.reason());
+    }
+    EagerHeader header;
+    std::memcpy(&header, staging.memory.get(), sizeof(header));
+    const char* bytes = staging.memory.get() + sizeof(header);
+    const std::pair<Tag, uint64_t> got{header.tag, counts_[header.tag].arrived++};
+    if (header.bytes > capacity_) {
+      throw CommError("gloo: " + transfer.describe() + ": an eager message claims " +
+                      std::to_string(header.bytes) + " bytes, more than the " +
+                      std::to_string(capacity_) +
+                      " the ranks agreed on. HINT: every rank needs the same "
+                      "params.eager_threshold");
+    }
+    if (got == wanted) {
+      // Copied out before the buffer is posted again: Gloo may fill it at once.
+      std::exception_ptr mismatch;
+      try {
+        deliver(bytes, header.bytes, into, transfer);
+      } catch (const CommError&) {
+        mismatch = std::current_exception();
+      }
+      consumed(tag);
+      repost(std::move(staging));
+      if (mismatch != nullptr) std::rethrow_exception(mismatch);
+      return;
+    }
+    early_.emplace(got, std::vector<char>(bytes, bytes + header.bytes));
+    repost(std::move(staging));
+  }
+}
 
 // A cached instance of one of Gloo's all-reduce algorithm classes, bound to one buffer.
 struct NativeKey {
@@ -269,6 +582,7 @@ class GlooBackend : public Backend {
           "weights drift apart); ring_chunked and halving_doubling give every rank the same "
           "bits");
     }
+    shared_->eager_bytes = params.getBytes("eager_threshold", shared_->eager_bytes, 0, 16 << 20);
     const std::string interface = params.getString("interface", "");
     if (!interface.empty()) requireInterface("backend gloo", interface);
     const std::string hostname = params.getString("hostname", "");
@@ -392,6 +706,11 @@ class GlooBackend : public Backend {
     checkTransfer("gloo", rank(), size(), peer, buf, sending, MemoryKind::kHost);
     const Transfer transfer{rank(), peer, sending, tag};
     if (shared_->aborted.isSet()) shared_->aborted.throwIfSet("gloo: " + transfer.describe());
+    if (shared_->eager_bytes > 0 && buf.bytes() <= shared_->eager_bytes) {
+      auto channel = eagerChannel(peer, transfer);
+      if (sending) return channel->send(buf, transfer);
+      return std::make_unique<EagerRecvRequest>(std::move(channel), buf, transfer);
+    }
     std::unique_ptr<gloo::transport::UnboundBuffer> ub;
     try {
       ub = context_->createUnboundBuffer(buf.data, buf.bytes());
@@ -405,6 +724,19 @@ class GlooBackend : public Backend {
                       ". HINT: the peer process died or closed its connection");
     }
     return std::make_unique<GlooRequest>(shared_, std::move(ub), transfer);
+  }
+
+  // The eager channel to `peer`, made (and its receives posted) on first use.
+  std::shared_ptr<EagerChannel> eagerChannel(int peer, const Transfer& transfer) {
+    std::lock_guard<std::mutex> lock(channels_mu_);
+    if (channels_.empty()) channels_.resize(size());
+    auto& channel = channels_[peer];
+    if (channel == nullptr) {
+      auto made = std::make_shared<EagerChannel>(shared_, context_, peer, shared_->eager_bytes);
+      made->start(transfer);
+      channel = std::move(made);
+    }
+    return channel;
   }
 
   // Gloo's algorithm objects bind their buffer when built; the bench and the trainer reuse
@@ -452,6 +784,8 @@ class GlooBackend : public Backend {
   std::string prefix_;
   int splits_ = 0;
   std::list<std::pair<NativeKey, std::unique_ptr<gloo::Algorithm>>> natives_;
+  std::mutex channels_mu_;
+  std::vector<std::shared_ptr<EagerChannel>> channels_;  // by peer; destroyed before context_
 };
 
 }  // namespace

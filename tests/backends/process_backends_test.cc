@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -143,6 +144,139 @@ TEST_P(ProcessBackends, ZeroByteMessagesKeepTheirOrder) {
   EXPECT_EQ(codes, (std::vector<int>{0, 0}));
 }
 
+// Messages received in another order than they were sent, and more of them in flight than
+// any backend keeps posted ahead (gloo's eager path keeps 4 per peer): each arrives whole in
+// its own receive.
+TEST_P(ProcessBackends, MessagesReceivedOutOfOrderEachArriveWhole) {
+  auto codes = runJob(GetParam(), [](Backend& b) {
+    constexpr int kMessages = 12;
+    std::vector<std::vector<int32_t>> data(kMessages);
+    std::vector<std::unique_ptr<Request>> requests;
+    for (int i = 0; i < kMessages; ++i) {
+      data[i].assign(static_cast<size_t>(1 + 37 * i), b.rank() == 1 ? 1000 * i : -1);
+      const Tag tag = makeTag(1, 1, static_cast<uint32_t>(i));
+      if (b.rank() == 1) {
+        requests.push_back(b.isend(0, view(data[i].data(), data[i].size()), tag));
+      }
+    }
+    if (b.rank() == 0) {
+      for (int i = kMessages - 1; i >= 0; --i) {
+        b.recv(1, view(data[i].data(), data[i].size()), makeTag(1, 1, static_cast<uint32_t>(i)));
+      }
+    }
+    waitAll(requests, b.timeout());
+    for (int i = 0; b.rank() == 0 && i < kMessages; ++i) {
+      for (int32_t v : data[i]) {
+        if (v != 1000 * i) {
+          std::fprintf(stderr, "rank 0: message %d holds %d\n", i, v);
+          return false;
+        }
+      }
+    }
+    return true;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+// One tag, a small message, a large one (above gloo's eager threshold) and a small one: in
+// that order, with their contents.
+TEST_P(ProcessBackends, SmallAndLargeMessagesOfOneTagKeepTheirOrder) {
+  auto codes = runJob(GetParam(), [](Backend& b) {
+    const Tag tag = makeTag(2, 1, 0);
+    std::vector<int32_t> small1(3, 1), large(256 * 1024, 2), small2(3, 3);
+    if (b.rank() == 1) {
+      std::vector<std::unique_ptr<Request>> sends;
+      sends.push_back(b.isend(0, view(small1.data(), small1.size()), tag));
+      sends.push_back(b.isend(0, view(large.data(), large.size()), tag));
+      sends.push_back(b.isend(0, view(small2.data(), small2.size()), tag));
+      waitAll(sends, b.timeout());
+      return true;
+    }
+    std::fill(small1.begin(), small1.end(), 0);
+    std::fill(large.begin(), large.end(), 0);
+    std::fill(small2.begin(), small2.end(), 0);
+    std::vector<std::unique_ptr<Request>> recvs;
+    recvs.push_back(b.irecv(1, view(small1.data(), small1.size()), tag));
+    recvs.push_back(b.irecv(1, view(large.data(), large.size()), tag));
+    recvs.push_back(b.irecv(1, view(small2.data(), small2.size()), tag));
+    // Waited last first: the first small message arrives before anyone waits for it.
+    recvs[2]->wait(b.timeout());
+    recvs[1]->wait(b.timeout());
+    recvs[0]->wait(b.timeout());
+    auto all = [](const std::vector<int32_t>& v, int32_t x) {
+      return std::all_of(v.begin(), v.end(), [&](int32_t e) { return e == x; });
+    };
+    return all(small1, 1) && all(large, 2) && all(small2, 3);
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+// Two threads of rank 0 receive from rank 1 at once. Rank 1 sends thread B's message, then
+// waits for B's answer before it sends thread A's: whichever thread waits in the transport
+// must hand B its message, or neither finishes.
+TEST_P(ProcessBackends, TwoThreadsReceivingFromOnePeerEachGetTheirMessage) {
+  auto codes = runJob(GetParam(), [](Backend& b) {
+    const Tag for_a = makeTag(3, 1, 0), for_b = makeTag(3, 1, 1), answer = makeTag(3, 1, 2);
+    if (b.rank() == 1) {
+      int32_t to_b = 22, got = 0, to_a = 11;
+      b.send(0, view(&to_b, 1), for_b);
+      b.recv(0, view(&got, 1), answer);
+      b.send(0, view(&to_a, 1), for_a);
+      return got == 23;
+    }
+    int32_t a = 0, bvalue = 0;
+    std::string failure;
+    std::thread thread_a([&] {
+      try {
+        b.recv(1, view(&a, 1), for_a);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    });
+    std::this_thread::sleep_for(50ms);  // thread A is waiting first
+    b.recv(1, view(&bvalue, 1), for_b);
+    int32_t reply = bvalue + 1;
+    b.send(1, view(&reply, 1), answer);
+    thread_a.join();
+    if (!failure.empty()) std::fprintf(stderr, "rank 0, thread A: %s\n", failure.c_str());
+    return failure.empty() && a == 11 && bvalue == 22;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+// A receive of another size than the message sent is an error naming the transfer, on the
+// receiving rank, and not a corruption.
+TEST_P(ProcessBackends, ASizeMismatchIsAnError) {
+  auto codes = runJobWith(GetParam(), [](ProcessJob& job, const config::PluginRef& ref) {
+    WorkerRank w = createBackend(job, testing::buildTreeLoader(), ref, "test/", 20s);
+    Backend& b = *w.backend;
+    const Tag tag = makeTag(4, 1, 0);
+    std::vector<int32_t> data(2, 7);
+    bool refused = true;
+    if (b.rank() == 1) {
+      auto send = b.isend(0, view(data.data(), 2), tag);
+      try {
+        send->wait(b.timeout());
+      } catch (const CommError&) {
+        // the receiver's transport may refuse the message at the sender too
+      }
+    } else {
+      refused = false;
+      try {
+        b.recv(1, view(data.data(), 1), tag);
+        std::fprintf(stderr, "rank 0: a 4-byte receive took an 8-byte message\n");
+      } catch (const CommError& e) {
+        refused = std::string(e.what()).find("rank 1") != std::string::npos;
+        if (!refused)
+          std::fprintf(stderr, "rank 0: the error does not name rank 1: %s\n", e.what());
+      }
+    }
+    job.allGather("mismatch-done", "");  // neither rank closes its side first
+    return refused;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
 TEST_P(ProcessBackends, TheControlPlaneBarrierWaitsForEveryRank) {
   auto codes = runJob(GetParam(), [](Backend& b) {
     Control control(b);
@@ -266,6 +400,55 @@ TEST(GlooBackend, ItsEventLoopThreadRunsUnderSchedBatch) {
       return true;
     });
     EXPECT_EQ(codes, (std::vector<int>{0, 0})) << mode;
+  }
+}
+
+// Over gloo a message up to params.eager_threshold is sent ahead into receives posted in
+// advance: after one message has opened the way, 4 sends complete before their receives
+// are posted. With eager_threshold 0 every send waits for its receive (Gloo's rendezvous).
+TEST(GlooBackend, SmallSendsCompleteBeforeTheirReceivesArePosted) {
+  for (const std::string threshold : {"64KiB", "0"}) {
+    auto codes = runJobWith("gloo", [&](ProcessJob& job, const config::PluginRef& plugin) {
+      config::PluginRef ref = plugin;
+      ref.params.set("eager_threshold", threshold, "test");
+      ref.params.set("timeout", "2s", "test");
+      WorkerRank w = createBackend(job, testing::buildTreeLoader(), ref, "test/", 20s);
+      Backend& b = *w.backend;
+      int32_t first = 1;
+      if (b.rank() == 0) b.recv(1, view(&first, 1), makeTag(1, 1, 0));
+      if (b.rank() == 1) b.send(0, view(&first, 1), makeTag(1, 1, 0));
+      std::vector<int32_t> values{10, 11, 12, 13};
+      bool completed = true;
+      if (b.rank() == 1) {
+        std::vector<std::unique_ptr<Request>> sends;
+        for (int i = 0; i < 4; ++i)
+          sends.push_back(b.isend(0, view(&values[i], 1), makeTag(2, 1, static_cast<uint32_t>(i))));
+        try {
+          waitAll(sends, 1s);
+        } catch (const CommError&) {
+          completed = false;
+        }
+      }
+      // Rank 0 posts its receives only once rank 1's sends completed or gave up.
+      job.allGather("sends-done", "");
+      if (b.rank() == 0 && threshold != "0") {
+        std::vector<int32_t> got(4, 0);
+        for (int i = 0; i < 4; ++i)
+          b.recv(1, view(&got[i], 1), makeTag(2, 1, static_cast<uint32_t>(i)));
+        if (got != values) {
+          std::fprintf(stderr, "rank 0: received %d %d %d %d\n", got[0], got[1], got[2], got[3]);
+          return false;
+        }
+      }
+      const bool expected = threshold != "0";
+      if (b.rank() == 1 && completed != expected) {
+        std::fprintf(stderr, "rank %d, eager_threshold %s: the sends %s before their receives\n",
+                     job.rank(), threshold.c_str(), completed ? "completed" : "did not complete");
+        return false;
+      }
+      return true;
+    });
+    EXPECT_EQ(codes, (std::vector<int>{0, 0})) << threshold;
   }
 }
 
