@@ -179,6 +179,17 @@ CommError waitFailure(const Transfer& transfer, const std::exception& e,
                  : ". HINT: the peer process died or closed its connection"));
 }
 
+// The CommError for a send or receive that Gloo refused to post.
+CommError postFailure(const Transfer& transfer, const std::exception& e) {
+  return CommError("gloo: " + transfer.describe() + " failed: " + glooMessage(e) +
+                   ". HINT: the peer process died or closed its connection");
+}
+
+// The CommError for a wait that abort() ended.
+CommError abortedError(const Transfer& transfer, const Shared& shared) {
+  return CommError("gloo: " + transfer.describe() + " aborted: " + shared.aborted.reason());
+}
+
 // Memory of collie's own with a Gloo unbound buffer over it.
 struct Staging {
   std::unique_ptr<char[]> memory;
@@ -275,8 +286,7 @@ class EagerChannel : public std::enable_shared_from_this<EagerChannel> {
     try {
       staging.buf->recv(peer_, kEagerSlot, 0, sizeof(EagerHeader) + capacity_);
     } catch (const std::exception& e) {
-      throw CommError("gloo: " + transfer.describe() + " failed: " + glooMessage(e) +
-                      ". HINT: the peer process died or closed its connection");
+      throw postFailure(transfer, e);
     }
     return staging;
   }
@@ -355,7 +365,7 @@ class GlooRequest : public Request {
     }
     forget();
     if (!completed) {
-      throw CommError("gloo: " + transfer_.describe() + " aborted: " + shared_->aborted.reason());
+      throw abortedError(transfer_, *shared_);
     }
     done_ = true;
     if (channel_ != nullptr) channel_->giveBack({std::move(memory_), std::move(buf_)});
@@ -393,8 +403,7 @@ std::unique_ptr<Request> EagerChannel::send(const Buffer& buf, const Transfer& t
   try {
     staging.buf->send(peer_, kEagerSlot, 0, sizeof(header) + buf.bytes());
   } catch (const std::exception& e) {
-    throw CommError("gloo: " + transfer.describe() + " failed: " + glooMessage(e) +
-                    ". HINT: the peer process died or closed its connection");
+    throw postFailure(transfer, e);
   }
   return std::make_unique<GlooRequest>(shared_, std::move(staging), transfer, shared_from_this());
 }
@@ -438,7 +447,7 @@ void EagerChannel::receive(Tag tag, uint64_t index, const Buffer& into,
       return;
     }
     if (shared_->aborted.isSet()) {
-      throw CommError("gloo: " + transfer.describe() + " aborted: " + shared_->aborted.reason());
+      throw abortedError(transfer, *shared_);
     }
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -480,7 +489,7 @@ void EagerChannel::receive(Tag tag, uint64_t index, const Buffer& into,
     if (failure != nullptr || !completed) {
       staged_.push_front(std::move(staging));  // still Gloo's oldest posted receive
       if (failure != nullptr) std::rethrow_exception(failure);
-      throw CommError("gloo: " + transfer.describe() + " aborted: " + shared_->aborted.reason());
+      throw abortedError(transfer, *shared_);
     }
     EagerHeader header;
     std::memcpy(&header, staging.memory.get(), sizeof(header));
@@ -720,8 +729,7 @@ class GlooBackend : public Backend {
         ub->recv(peer, tag | kTagSlotBit);
       }
     } catch (const std::exception& e) {
-      throw CommError("gloo: " + transfer.describe() + " failed: " + glooMessage(e) +
-                      ". HINT: the peer process died or closed its connection");
+      throw postFailure(transfer, e);
     }
     return std::make_unique<GlooRequest>(shared_, std::move(ub), transfer);
   }
