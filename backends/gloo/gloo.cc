@@ -164,19 +164,24 @@ struct Shared {
 
 using Transfer = TransferInfo;
 
+// The CommError for a wait that ran out of time; `detail` is what Gloo said, if anything.
+CommError timeoutError(const Transfer& transfer, std::chrono::milliseconds timeout,
+                       const std::string& detail) {
+  return CommError("gloo: " + transfer.describe() + " timed out after " +
+                   std::to_string(timeout.count()) + " ms" +
+                   (detail.empty() ? std::string() : ": " + detail) +
+                   ". HINT: the peer never matched it; is it stopped, stuck or running a "
+                   "different collective?");
+}
+
 // The CommError for a wait that Gloo ended with `e`.
 CommError waitFailure(const Transfer& transfer, const std::exception& e,
                       std::chrono::milliseconds timeout) {
   std::string message = glooMessage(e);
-  bool timed_out =
-      message.find("imeout") != std::string::npos || message.find("imed out") != std::string::npos;
-  return CommError(
-      "gloo: " + transfer.describe() +
-      (timed_out ? " timed out after " + std::to_string(timeout.count()) + " ms: " : " failed: ") +
-      message +
-      (timed_out ? ". HINT: the peer never matched it; is it stopped, stuck or "
-                   "running a different collective?"
-                 : ". HINT: the peer process died or closed its connection"));
+  if (message.find("imeout") != std::string::npos || message.find("imed out") != std::string::npos)
+    return timeoutError(transfer, timeout, message);
+  return CommError("gloo: " + transfer.describe() + " failed: " + message +
+                   ". HINT: the peer process died or closed its connection");
 }
 
 // The CommError for a send or receive that Gloo refused to post.
@@ -246,10 +251,14 @@ class EagerChannel : public std::enable_shared_from_this<EagerChannel> {
   // Posts the first receives; a CommError names the peer when Gloo refuses.
   void start(const Transfer& transfer) {
     std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = 0; i < kEagerDepth; ++i) staged_.push_back(post(makeStaging(), transfer));
+    for (size_t i = 0; i < kEagerDepth; ++i) {
+      try {
+        post(makeStaging());
+      } catch (const std::exception& e) {
+        throw postFailure(transfer, e);
+      }
+    }
   }
-
-  size_t capacity() const { return capacity_; }
 
   // Sends `buf` with `tag` through a staging buffer; the request completes when Gloo wrote it.
   std::unique_ptr<Request> send(const Buffer& buf, const Transfer& transfer);
@@ -274,6 +283,7 @@ class EagerChannel : public std::enable_shared_from_this<EagerChannel> {
     uint64_t expected = 0, arrived = 0, consumed = 0;
   };
 
+  // A staging buffer: the header and up to `capacity_` bytes.
   Staging makeStaging() {
     Staging staging;
     staging.memory.reset(new char[sizeof(EagerHeader) + capacity_]);
@@ -282,13 +292,10 @@ class EagerChannel : public std::enable_shared_from_this<EagerChannel> {
     return staging;
   }
 
-  Staging post(Staging staging, const Transfer& transfer) {
-    try {
-      staging.buf->recv(peer_, kEagerSlot, 0, sizeof(EagerHeader) + capacity_);
-    } catch (const std::exception& e) {
-      throw postFailure(transfer, e);
-    }
-    return staging;
+  // Posts `staging` as the newest receive; Gloo's exception when it refuses.
+  void post(Staging staging) {
+    staging.buf->recv(peer_, kEagerSlot, 0, sizeof(EagerHeader) + capacity_);
+    staged_.push_back(std::move(staging));
   }
 
   // Posts a buffer whose message was taken out again. A peer that has finished and closed
@@ -296,8 +303,7 @@ class EagerChannel : public std::enable_shared_from_this<EagerChannel> {
   // refusal is kept for a receive that would need this buffer (`staged_` runs dry).
   void repost(Staging staging) {
     try {
-      staging.buf->recv(peer_, kEagerSlot, 0, sizeof(EagerHeader) + capacity_);
-      staged_.push_back(std::move(staging));
+      post(std::move(staging));
     } catch (const std::exception& e) {
       if (broken_.empty()) broken_ = glooMessage(e);
     }
@@ -312,15 +318,19 @@ class EagerChannel : public std::enable_shared_from_this<EagerChannel> {
     if (c.consumed == c.expected && c.consumed == c.arrived) counts_.erase(it);
   }
 
-  static void deliver(const char* bytes, uint64_t length, const Buffer& into,
-                      const Transfer& transfer) {
-    if (length != into.bytes()) {
-      throw CommError("gloo: " + transfer.describe() + ": the sizes disagree: the peer sent " +
-                      std::to_string(length) + " bytes, this rank receives " +
-                      std::to_string(into.bytes()) +
-                      ". HINT: both ranks must run the same collective on the same count");
-    }
+  // Copies a message of `length` bytes into `into`; false (nothing copied) when the sizes
+  // disagree.
+  static bool deliver(const char* bytes, uint64_t length, const Buffer& into) {
+    if (length != into.bytes()) return false;
     if (length > 0) std::memcpy(into.data, bytes, length);
+    return true;
+  }
+
+  static CommError sizeMismatch(uint64_t length, const Buffer& into, const Transfer& transfer) {
+    return CommError("gloo: " + transfer.describe() + ": the sizes disagree: the peer sent " +
+                     std::to_string(length) + " bytes, this rank receives " +
+                     std::to_string(into.bytes()) +
+                     ". HINT: both ranks must run the same collective on the same count");
   }
 
   std::shared_ptr<Shared> shared_;
@@ -443,7 +453,8 @@ void EagerChannel::receive(Tag tag, uint64_t index, const Buffer& into,
       std::vector<char> bytes = std::move(early->second);
       early_.erase(early);
       consumed(tag);
-      deliver(bytes.data(), bytes.size(), into, transfer);
+      if (!deliver(bytes.data(), bytes.size(), into))
+        throw sizeMismatch(bytes.size(), into, transfer);
       return;
     }
     if (shared_->aborted.isSet()) {
@@ -451,12 +462,7 @@ void EagerChannel::receive(Tag tag, uint64_t index, const Buffer& into,
     }
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) {
-      throw CommError("gloo: " + transfer.describe() + " timed out after " +
-                      std::to_string(timeout.count()) +
-                      " ms. HINT: the peer never matched it; is it stopped, stuck or running a "
-                      "different collective?");
-    }
+    if (left.count() <= 0) throw timeoutError(transfer, timeout, "");
     if (reading_) {
       // Another thread reads; it hands this message over when it comes. The slices notice
       // an abort.
@@ -494,25 +500,21 @@ void EagerChannel::receive(Tag tag, uint64_t index, const Buffer& into,
     EagerHeader header;
     std::memcpy(&header, staging.memory.get(), sizeof(header));
     const char* bytes = staging.memory.get() + sizeof(header);
-    const std::pair<Tag, uint64_t> got{header.tag, counts_[header.tag].arrived++};
     if (header.bytes > capacity_) {
+      repost(std::move(staging));
       throw CommError("gloo: " + transfer.describe() + ": an eager message claims " +
                       std::to_string(header.bytes) + " bytes, more than the " +
                       std::to_string(capacity_) +
                       " the ranks agreed on. HINT: every rank needs the same "
                       "params.eager_threshold");
     }
+    const std::pair<Tag, uint64_t> got{header.tag, counts_[header.tag].arrived++};
     if (got == wanted) {
       // Copied out before the buffer is posted again: Gloo may fill it at once.
-      std::exception_ptr mismatch;
-      try {
-        deliver(bytes, header.bytes, into, transfer);
-      } catch (const CommError&) {
-        mismatch = std::current_exception();
-      }
+      const bool delivered = deliver(bytes, header.bytes, into);
       consumed(tag);
       repost(std::move(staging));
-      if (mismatch != nullptr) std::rethrow_exception(mismatch);
+      if (!delivered) throw sizeMismatch(header.bytes, into, transfer);
       return;
     }
     early_.emplace(got, std::vector<char>(bytes, bytes + header.bytes));
