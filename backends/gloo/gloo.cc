@@ -28,12 +28,10 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <list>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <utility>
 #include <vector>
 
@@ -158,8 +156,22 @@ struct Shared {
   std::string algorithm = "ring";
   uint64_t eager_bytes = 64 * 1024;  // params.eager_threshold; 0: every message rendezvous
   std::mutex mu;
-  std::set<gloo::transport::UnboundBuffer*> pending;
+  // Under `mu`. A vector, not a set: it keeps its capacity, so that registering a message
+  // costs no allocation; it holds a few entries per thread.
+  std::vector<gloo::transport::UnboundBuffer*> pending;
   AbortFlag aborted;  // set before the pending buffers are woken, under `mu`
+
+  void addPending(gloo::transport::UnboundBuffer* buf) {
+    std::lock_guard<std::mutex> lock(mu);
+    pending.push_back(buf);
+  }
+  void removePending(gloo::transport::UnboundBuffer* buf) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = std::find(pending.begin(), pending.end(), buf);
+    if (it == pending.end()) return;
+    *it = pending.back();
+    pending.pop_back();
+  }
 };
 
 using Transfer = TransferInfo;
@@ -211,13 +223,9 @@ struct EagerHeader {
 class PendingWait {
  public:
   PendingWait(Shared& shared, gloo::transport::UnboundBuffer* buf) : shared_(shared), buf_(buf) {
-    std::lock_guard<std::mutex> lock(shared_.mu);
-    shared_.pending.insert(buf_);
+    shared_.addPending(buf_);
   }
-  ~PendingWait() {
-    std::lock_guard<std::mutex> lock(shared_.mu);
-    shared_.pending.erase(buf_);
-  }
+  ~PendingWait() { shared_.removePending(buf_); }
   PendingWait(const PendingWait&) = delete;
   PendingWait& operator=(const PendingWait&) = delete;
 
@@ -251,6 +259,7 @@ class EagerChannel : public std::enable_shared_from_this<EagerChannel> {
   // Posts the first receives; a CommError names the peer when Gloo refuses.
   void start(const Transfer& transfer) {
     std::lock_guard<std::mutex> lock(mu_);
+    staged_.reserve(kEagerDepth);
     for (size_t i = 0; i < kEagerDepth; ++i) {
       try {
         post(makeStaging());
@@ -266,7 +275,7 @@ class EagerChannel : public std::enable_shared_from_this<EagerChannel> {
   // The position of a new receive among the receives of `tag` from this peer.
   uint64_t expect(Tag tag) {
     std::lock_guard<std::mutex> lock(mu_);
-    return counts_[tag].expected++;
+    return countsOf(tag).expected++;
   }
 
   // Blocks until the `index`-th message with `tag` arrived and was copied into `into`.
@@ -280,8 +289,20 @@ class EagerChannel : public std::enable_shared_from_this<EagerChannel> {
 
  private:
   struct Counts {
+    Tag tag = 0;
     uint64_t expected = 0, arrived = 0, consumed = 0;
   };
+
+  // The counts of `tag`, made when it has none. A linear search from the newest: a peer
+  // has a few tags in flight at a time, and the vector keeps its capacity, so that counting
+  // a message costs no allocation.
+  Counts& countsOf(Tag tag) {
+    for (auto it = counts_.rbegin(); it != counts_.rend(); ++it) {
+      if (it->tag == tag) return *it;
+    }
+    counts_.push_back({tag});
+    return counts_.back();
+  }
 
   // A staging buffer: the header and up to `capacity_` bytes.
   Staging makeStaging() {
@@ -295,7 +316,7 @@ class EagerChannel : public std::enable_shared_from_this<EagerChannel> {
   // Posts `staging` as the newest receive; Gloo's exception when it refuses.
   void post(Staging staging) {
     staging.buf->recv(peer_, kEagerSlot, 0, sizeof(EagerHeader) + capacity_);
-    staged_.push_back(std::move(staging));
+    staged_.push_back(std::move(staging));  // within the capacity reserved in start()
   }
 
   // Posts a buffer whose message was taken out again. A peer that has finished and closed
@@ -311,11 +332,11 @@ class EagerChannel : public std::enable_shared_from_this<EagerChannel> {
 
   // A receive of `tag` was served: its counts go once every message was matched.
   void consumed(Tag tag) {
-    auto it = counts_.find(tag);
+    auto it =
+        std::find_if(counts_.begin(), counts_.end(), [&](const Counts& c) { return c.tag == tag; });
     if (it == counts_.end()) return;
-    Counts& c = it->second;
-    ++c.consumed;
-    if (c.consumed == c.expected && c.consumed == c.arrived) counts_.erase(it);
+    ++it->consumed;
+    if (it->consumed == it->expected && it->consumed == it->arrived) counts_.erase(it);
   }
 
   // Copies a message of `length` bytes into `into`; false (nothing copied) when the sizes
@@ -339,21 +360,29 @@ class EagerChannel : public std::enable_shared_from_this<EagerChannel> {
   const size_t capacity_;
   std::mutex mu_;
   std::condition_variable arrived_;
-  bool reading_ = false;        // a thread waits in Gloo for the next message
-  std::deque<Staging> staged_;  // posted receives, oldest first
-  std::map<std::pair<Tag, uint64_t>, std::vector<char>> early_;  // (tag, index) -> bytes
-  std::map<Tag, Counts> counts_;
+  bool reading_ = false;         // a thread waits in Gloo for the next message
+  std::vector<Staging> staged_;  // posted receives, oldest first (at most kEagerDepth)
+  // Messages that arrived before their receive was asked for, and the memory of ones already
+  // taken out, kept for the next (kEagerDepth of them): arriving early costs a copy, and an
+  // allocation only while the pile grows.
+  struct Early {
+    Tag tag;
+    uint64_t index;
+    std::vector<char> bytes;
+  };
+  std::vector<Early> early_;
+  std::vector<std::vector<char>> spare_early_;
+  std::vector<Counts> counts_;  // the tags with messages expected or arrived, oldest first
   std::vector<Staging> spare_sends_;
   std::string broken_;  // why Gloo refused to post a buffer again, if it did
 };
 
-class GlooRequest : public Request {
+class GlooRequest : public Request, public PooledAllocation<GlooRequest> {
  public:
   GlooRequest(std::shared_ptr<Shared> shared, std::unique_ptr<gloo::transport::UnboundBuffer> buf,
               Transfer transfer)
       : shared_(std::move(shared)), buf_(std::move(buf)), transfer_(transfer) {
-    std::lock_guard<std::mutex> lock(shared_->mu);
-    shared_->pending.insert(buf_.get());
+    shared_->addPending(buf_.get());
   }
   // An eager send from `staging`, handed back to `channel` once it completed.
   GlooRequest(std::shared_ptr<Shared> shared, Staging staging, Transfer transfer,
@@ -384,10 +413,7 @@ class GlooRequest : public Request {
   bool test() override { return done_; }
 
  private:
-  void forget() {
-    std::lock_guard<std::mutex> lock(shared_->mu);
-    shared_->pending.erase(buf_.get());
-  }
+  void forget() { shared_->removePending(buf_.get()); }
 
   std::shared_ptr<Shared> shared_;
   std::unique_ptr<gloo::transport::UnboundBuffer> buf_;
@@ -418,7 +444,7 @@ std::unique_ptr<Request> EagerChannel::send(const Buffer& buf, const Transfer& t
   return std::make_unique<GlooRequest>(shared_, std::move(staging), transfer, shared_from_this());
 }
 
-class EagerRecvRequest : public Request {
+class EagerRecvRequest : public Request, public PooledAllocation<EagerRecvRequest> {
  public:
   EagerRecvRequest(std::shared_ptr<EagerChannel> channel, const Buffer& into, Transfer transfer)
       : channel_(std::move(channel)),
@@ -448,13 +474,17 @@ void EagerChannel::receive(Tag tag, uint64_t index, const Buffer& into,
   const std::pair<Tag, uint64_t> wanted{tag, index};
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    auto early = early_.find(wanted);
+    auto early = std::find_if(early_.begin(), early_.end(), [&](const Early& e) {
+      return e.tag == wanted.first && e.index == wanted.second;
+    });
     if (early != early_.end()) {
-      std::vector<char> bytes = std::move(early->second);
+      std::vector<char> bytes = std::move(early->bytes);
       early_.erase(early);
       consumed(tag);
-      if (!deliver(bytes.data(), bytes.size(), into))
-        throw sizeMismatch(bytes.size(), into, transfer);
+      const bool delivered = deliver(bytes.data(), bytes.size(), into);
+      const uint64_t length = bytes.size();
+      if (spare_early_.size() < kEagerDepth) spare_early_.push_back(std::move(bytes));
+      if (!delivered) throw sizeMismatch(length, into, transfer);
       return;
     }
     if (shared_->aborted.isSet()) {
@@ -476,7 +506,7 @@ void EagerChannel::receive(Tag tag, uint64_t index, const Buffer& into,
     }
     reading_ = true;
     Staging staging = std::move(staged_.front());
-    staged_.pop_front();
+    staged_.erase(staged_.begin());
     lock.unlock();
     bool completed = false;
     std::exception_ptr failure;
@@ -493,7 +523,7 @@ void EagerChannel::receive(Tag tag, uint64_t index, const Buffer& into,
     reading_ = false;
     arrived_.notify_all();
     if (failure != nullptr || !completed) {
-      staged_.push_front(std::move(staging));  // still Gloo's oldest posted receive
+      staged_.insert(staged_.begin(), std::move(staging));  // still Gloo's oldest receive
       if (failure != nullptr) std::rethrow_exception(failure);
       throw abortedError(transfer, *shared_);
     }
@@ -508,7 +538,7 @@ void EagerChannel::receive(Tag tag, uint64_t index, const Buffer& into,
                       " the ranks agreed on. HINT: every rank needs the same "
                       "params.eager_threshold");
     }
-    const std::pair<Tag, uint64_t> got{header.tag, counts_[header.tag].arrived++};
+    const std::pair<Tag, uint64_t> got{header.tag, countsOf(header.tag).arrived++};
     if (got == wanted) {
       // Copied out before the buffer is posted again: Gloo may fill it at once.
       const bool delivered = deliver(bytes, header.bytes, into);
@@ -517,7 +547,13 @@ void EagerChannel::receive(Tag tag, uint64_t index, const Buffer& into,
       if (!delivered) throw sizeMismatch(header.bytes, into, transfer);
       return;
     }
-    early_.emplace(got, std::vector<char>(bytes, bytes + header.bytes));
+    std::vector<char> aside;
+    if (!spare_early_.empty()) {
+      aside = std::move(spare_early_.back());
+      spare_early_.pop_back();
+    }
+    aside.assign(bytes, bytes + header.bytes);
+    early_.push_back({got.first, got.second, std::move(aside)});
     repost(std::move(staging));
   }
 }

@@ -192,7 +192,7 @@ struct Transfer {
   }
 };
 
-class UcxRequest : public Request {
+class UcxRequest : public Request, public PooledAllocation<UcxRequest> {
  public:
   UcxRequest(std::shared_ptr<Worker> worker, void* request, Transfer transfer, size_t bytes)
       : worker_(std::move(worker)), request_(request), transfer_(transfer), bytes_(bytes) {}

@@ -13,6 +13,7 @@
 #include "collie/buffer.h"
 #include "collie/collective.h"
 #include "collie/params.h"
+#include "collie/request_pool.h"
 
 namespace collie {
 
@@ -39,9 +40,10 @@ class Request {
   virtual bool test() = 0;
 };
 
-// A request that completed when it was posted (a zero-byte message, a message the
-// transport finished at once).
-class CompletedRequest : public Request {
+// A request that completed when it was posted (a message the transport finished at once).
+// Backends that make a request per message derive theirs from PooledAllocation too
+// (collie/request_pool.h), so that a message costs no heap allocation.
+class CompletedRequest : public Request, public PooledAllocation<CompletedRequest> {
  public:
   void wait(std::chrono::milliseconds) override {}
   bool test() override { return true; }
@@ -168,8 +170,10 @@ int splitPosition(const std::vector<int>& ranks, int rank, const std::string& wh
 std::string splitName(int ordinal, const std::vector<int>& ranks);
 
 // Waits for every request in order, then clears the list. The first failure is thrown.
-inline void waitAll(std::vector<std::unique_ptr<Request>>& requests,
-                    std::chrono::milliseconds timeout) {
+// `Requests`: a std::vector of std::unique_ptr<Request>, or any container like it (the
+// schedulers keep theirs in small vectors on the stack).
+template <typename Requests>
+void waitAll(Requests& requests, std::chrono::milliseconds timeout) {
   for (auto& request : requests) request->wait(timeout);
   requests.clear();
 }
