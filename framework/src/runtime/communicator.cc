@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <mutex>
+#include <set>
 
 #include "collie/error.h"
 #include "collie/params.h"
@@ -17,10 +19,20 @@
 
 namespace collie {
 
+std::string_view internName(std::string_view name) {
+  static std::mutex mu;
+  static auto* names = new std::set<std::string, std::less<>>();  // never freed: views outlive
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = names->find(name);
+  if (it == names->end()) it = names->emplace(name).first;
+  return *it;
+}
+
 Communicator::Communicator(std::shared_ptr<Backend> backend, std::string backend_name,
                            Topology topology)
     : backend_(std::move(backend)),
       backend_name_(std::move(backend_name)),
+      backend_interned_(internName(backend_name_)),
       topology_(std::move(topology)) {
   topology_.capabilities = backend_->capabilities();  // what native and accepts() consult
   topology_.backend = backend_name_;                  // what auto's rules files are matched to
@@ -55,15 +67,15 @@ uint64_t bytesOf(const CollectiveArgs& args) {
 }
 }  // namespace
 
-Provenance Communicator::runRule(const Rule& rule, CollectiveArgs args, std::string ran) {
+Provenance Communicator::runRule(const Rule& rule, CollectiveArgs args, std::string_view ran) {
   const std::string& label = rule.choice.label;
   args.seq = next_seq_++;
   if (faults_ != nullptr) faults_->beforeCollective(args.seq);
   const uint64_t bytes = bytesOf(args);
   uint64_t entry = 0;
   if (recorder_) {
-    entry = recorder_->begin(
-        {args.seq, args.coll, bytes, args.data.count, args.data.dtype, args.op, args.root, ran});
+    entry = recorder_->begin({args.seq, args.coll, bytes, args.data.count, args.data.dtype, args.op,
+                              args.root, std::string(ran)});
   }
   auto start = std::chrono::steady_clock::now();
   try {
@@ -83,7 +95,7 @@ Provenance Communicator::runRule(const Rule& rule, CollectiveArgs args, std::str
   }
   if (recorder_) recorder_->end(entry, FlightEntry::State::kCompleted);
   std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-  return {label, backend_name_, args.coll, bytes, args.seq, took.count(), std::move(ran)};
+  return {internName(label), backend_interned_, args.coll, bytes, args.seq, took.count(), ran};
 }
 
 namespace {
@@ -182,7 +194,7 @@ Provenance Communicator::run(CollectiveArgs args) { return run(args, rules_); }
 
 const Communicator::Rule* Communicator::select(const CollectiveArgs& args,
                                                const std::vector<Rule>& rules,
-                                               std::string* refusals, std::string* ran) const {
+                                               std::string* refusals, std::string_view* ran) const {
   return firstAdmitting(rules, bytesOf(args), [&](const Rule& rule) {
     Decision decision = rule.choice.scheduler->accepts(args, topology_);
     if (!decision.accepted) {
@@ -191,14 +203,15 @@ const Communicator::Rule* Communicator::select(const CollectiveArgs& args,
       const bool named = decision.reason.compare(0, prefix.size(), prefix) == 0;
       *refusals += (refusals->empty() ? "" : "; ") + (named ? "" : prefix) + decision.reason;
     } else if (ran != nullptr) {
-      *ran = decision.reason.empty() ? rule.choice.label : decision.reason;
+      *ran = internName(decision.reason.empty() ? rule.choice.label : decision.reason);
     }
     return decision.accepted;
   });
 }
 
 Provenance Communicator::run(CollectiveArgs args, const std::vector<Rule>& rules) {
-  std::string refusals, ran;
+  std::string refusals;
+  std::string_view ran;
   if (const Rule* rule = select(args, rules, &refusals, &ran)) return runRule(*rule, args, ran);
   throw ConfigError(std::string("no scheduler can run ") + collectiveName(args.coll) + " of " +
                     formatBytes(bytesOf(args)) + ": " +

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "collie/backend.h"
@@ -22,15 +23,21 @@ struct Experiment;
 struct PluginRef;
 }  // namespace config
 
-// Where one collective ran and what it cost.
+// The one copy of `name` that the process keeps for as long as it runs: names that every
+// collective records (labels, backends, the choices of auto) are kept once, so that
+// recording them costs no allocation per collective.
+std::string_view internName(std::string_view name);
+
+// Where one collective ran and what it cost. The names are internName()s: they stay valid
+// after the Communicator is gone.
 struct Provenance {
-  std::string scheduler;  // the rule's label
-  std::string backend;
+  std::string_view scheduler;  // the rule's label
+  std::string_view backend;
   Collective coll = Collective::kAllReduce;
   uint64_t bytes = 0;
   uint64_t seq = 0;
   double seconds = 0;
-  std::string ran;  // what ran: the label, or the choice of a delegating scheduler (auto)
+  std::string_view ran;  // what ran: the label, or the choice of a delegating scheduler (auto)
 };
 
 // What a Communicator does besides running collectives (debug: of the config).
@@ -74,9 +81,9 @@ class Communicator {
   // The rule that run(args, rules) would use: the first whose size limit admits the message
   // and whose scheduler accepts it, or null (with each refusal appended to `refusals`).
   // `ran`, when given, receives what will run (the rule's label, or the scheduler a
-  // delegating one such as auto chose).
+  // delegating one such as auto chose), as an internName().
   const Rule* select(const CollectiveArgs& args, const std::vector<Rule>& rules,
-                     std::string* refusals, std::string* ran = nullptr) const;
+                     std::string* refusals, std::string_view* ran = nullptr) const;
 
   // Faults to take before each collective (faults: at_collective); null: none. Not owned.
   void setFaults(Faults* faults) { faults_ = faults; }
@@ -86,13 +93,14 @@ class Communicator {
   const Topology& topology() const { return topology_; }
 
  private:
-  Provenance runRule(const Rule& rule, CollectiveArgs args, std::string ran);
+  Provenance runRule(const Rule& rule, CollectiveArgs args, std::string_view ran);
   // debug.consistency: throws CommError on every rank when any rank calls something else.
   void checkConsistent(const CollectiveArgs& args);
   void dumpFlightRecord(const std::string& reason);
 
   std::shared_ptr<Backend> backend_;
   std::string backend_name_;
+  std::string_view backend_interned_;  // internName(backend_name_)
   Topology topology_;
   std::vector<Rule> rules_;
   uint64_t next_seq_ = 1;
