@@ -51,17 +51,24 @@ void finishAverage(const Buffer& data, ReduceOp op, int group_size);
 void copyInto(const Buffer& dst, const Buffer& src);
 
 // Storage for temporaries of the same dtype and memory kind as `like` (scratch chunks).
+// Host memory up to 4 MiB comes from blocks that earlier scratch buffers gave back (at most
+// 32 MiB of them kept in all), so that a small collective's scratch costs no allocation.
 class ScratchBuffer {
  public:
   ScratchBuffer(const Buffer& like, size_t count);
   ~ScratchBuffer();
+  ScratchBuffer(ScratchBuffer&& other) noexcept;
+  ScratchBuffer& operator=(ScratchBuffer&& other) noexcept;
   ScratchBuffer(const ScratchBuffer&) = delete;
   ScratchBuffer& operator=(const ScratchBuffer&) = delete;
   const Buffer& view() const { return view_; }
 
  private:
+  void release();
+
   Buffer view_;
   void* holder_ = nullptr;  // the owning tensor, opaque so this header stays ATen-free
+  size_t block_ = 0;        // host memory: the size of the block view_.data starts
 };
 
 }  // namespace collie

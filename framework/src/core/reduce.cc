@@ -8,9 +8,12 @@
 #include <ATen/ops/maximum.h>
 #include <ATen/ops/minimum.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
+#include <vector>
 
 #include "collie/buffer.h"
 #include "collie/error.h"
@@ -115,6 +118,74 @@ void copyInto(const Buffer& dst, const Buffer& src) {
   wrap(dst).copy_(wrap(src));
 }
 
+namespace {
+
+// Host blocks that scratch buffers gave back, by size class (powers of two from 64 bytes to
+// kLargestBlock), for the next scratch buffer of that class. Never destroyed: a scratch
+// buffer may be dropped while the process ends.
+class ScratchCache {
+ public:
+  static constexpr size_t kSmallestBlock = 64;
+  static constexpr size_t kLargestBlock = size_t{4} << 20;
+  static constexpr size_t kMostBytes = size_t{32} << 20;  // kept in all
+  static constexpr size_t kMostPerClass = 8;
+
+  // The size of the block that holds `bytes` (0: too large to cache).
+  static size_t blockFor(size_t bytes) {
+    size_t block = kSmallestBlock;
+    while (block < bytes) block *= 2;
+    return block <= kLargestBlock ? block : 0;
+  }
+
+  void* take(size_t block) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto& list = free_[classOf(block)];
+      if (!list.empty()) {
+        void* p = list.back();
+        list.pop_back();
+        bytes_ -= block;
+        return p;
+      }
+    }
+    void* p = std::aligned_alloc(64, block);
+    if (p == nullptr) throw std::bad_alloc();
+    return p;
+  }
+
+  void give(void* p, size_t block) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto& list = free_[classOf(block)];
+      if (list.size() < kMostPerClass && bytes_ + block <= kMostBytes) {
+        if (list.capacity() == 0) list.reserve(kMostPerClass);
+        list.push_back(p);
+        bytes_ += block;
+        return;
+      }
+    }
+    std::free(p);
+  }
+
+ private:
+  static size_t classOf(size_t block) {
+    size_t c = 0;
+    for (size_t b = kSmallestBlock; b < block; b *= 2) ++c;
+    return c;
+  }
+
+  std::mutex mu_;
+  std::vector<void*> free_[24];  // classes 64 B .. 4 MiB: 17 used
+  size_t bytes_ = 0;
+};
+
+ScratchCache& scratchCache() {
+  static auto* cache = new ScratchCache();
+  return *cache;
+}
+
+}  // namespace
+
 ScratchBuffer::ScratchBuffer(const Buffer& like, size_t count) {
   view_ = like;
   view_.count = count;
@@ -122,6 +193,11 @@ ScratchBuffer::ScratchBuffer(const Buffer& like, size_t count) {
     // Plain aligned memory (holder_ stays null): a tensor's construction costs more than the
     // small collectives a scratch buffer feeds.
     const size_t bytes = std::max<size_t>(64, (count * dtypeSize(like.dtype) + 63) / 64 * 64);
+    block_ = ScratchCache::blockFor(bytes);
+    if (block_ != 0) {
+      view_.data = scratchCache().take(block_);
+      return;
+    }
     view_.data = std::aligned_alloc(64, bytes);
     if (view_.data == nullptr) throw std::bad_alloc();
     return;
@@ -132,12 +208,39 @@ ScratchBuffer::ScratchBuffer(const Buffer& like, size_t count) {
   view_.data = tensor->data_ptr();
 }
 
-ScratchBuffer::~ScratchBuffer() {
-  if (holder_ == nullptr) {
-    std::free(view_.data);
-  } else {
-    delete static_cast<at::Tensor*>(holder_);
+ScratchBuffer::ScratchBuffer(ScratchBuffer&& other) noexcept
+    : view_(other.view_), holder_(other.holder_), block_(other.block_) {
+  other.view_.data = nullptr;
+  other.holder_ = nullptr;
+  other.block_ = 0;
+}
+
+ScratchBuffer& ScratchBuffer::operator=(ScratchBuffer&& other) noexcept {
+  if (this != &other) {
+    release();
+    view_ = other.view_;
+    holder_ = other.holder_;
+    block_ = other.block_;
+    other.view_.data = nullptr;
+    other.holder_ = nullptr;
+    other.block_ = 0;
   }
+  return *this;
+}
+
+ScratchBuffer::~ScratchBuffer() { release(); }
+
+void ScratchBuffer::release() {
+  if (holder_ != nullptr) {
+    delete static_cast<at::Tensor*>(holder_);
+  } else if (view_.data != nullptr && block_ != 0) {
+    scratchCache().give(view_.data, block_);
+  } else {
+    std::free(view_.data);
+  }
+  holder_ = nullptr;
+  view_.data = nullptr;
+  block_ = 0;
 }
 
 }  // namespace collie
