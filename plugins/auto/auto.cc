@@ -148,6 +148,8 @@ class AutoScheduler : public Scheduler {
   void useCostModel(const CostModel& model) override {
     if (!model_from_file_) model_ = model;
     for (auto& [name, scheduler] : candidates_) scheduler->useCostModel(model);
+    std::lock_guard<std::mutex> lock(chosen_mu_);
+    chosen_.clear();
   }
 
   double predictSeconds(const CollectiveArgs& args, const Topology& topology,
@@ -202,10 +204,52 @@ class AutoScheduler : public Scheduler {
     return nullptr;
   }
 
-  // The rules file's choice when there is one, else the fastest predicted candidate that
-  // accepts; ties and missing predictions fall back to candidate order.
+  // What a choice depends on: the call's shape and the group's.
+  struct Shape {
+    Collective coll;
+    DType dtype;
+    ReduceOp op;
+    MemoryKind memory;
+    int root;
+    size_t data, output;
+    int world_size;
+    std::vector<int> node_of_rank;
+    std::string backend;
+    bool same(const CollectiveArgs& a, const Topology& t) const {
+      return coll == a.coll && dtype == a.data.dtype && op == a.op && memory == a.data.memory &&
+             root == a.root && data == a.data.count && output == a.output.count &&
+             world_size == t.world_size && node_of_rank == t.node_of_rank && backend == t.backend;
+    }
+  };
+  static constexpr size_t kChoicesKept = 64;
+
+  // choose(), remembered for the last kChoicesKept shapes that one was found for: a
+  // collective's choice is the same every time its shape is, and the predictions behind it
+  // cost hundreds of allocations; training calls the same few shapes every step.
   Scheduler* choose(const CollectiveArgs& args, const Topology& topology,
                     std::string* reasons) const {
+    {
+      std::lock_guard<std::mutex> lock(chosen_mu_);
+      for (const auto& [shape, scheduler] : chosen_) {
+        if (shape.same(args, topology)) return scheduler;
+      }
+    }
+    Scheduler* chosen = chooseNow(args, topology, reasons);
+    if (chosen != nullptr) {
+      std::lock_guard<std::mutex> lock(chosen_mu_);
+      if (chosen_.size() == kChoicesKept) chosen_.erase(chosen_.begin());
+      chosen_.push_back(
+          {Shape{args.coll, args.data.dtype, args.op, args.data.memory, args.root, args.data.count,
+                 args.output.count, topology.world_size, topology.node_of_rank, topology.backend},
+           chosen});
+    }
+    return chosen;
+  }
+
+  // The rules file's choice when there is one, else the fastest predicted candidate that
+  // accepts; ties and missing predictions fall back to candidate order.
+  Scheduler* chooseNow(const CollectiveArgs& args, const Topology& topology,
+                       std::string* reasons) const {
     const uint64_t bytes = std::max(args.data.bytes(), args.output.bytes());
     if (rulesApply(args, topology)) {
       const auto* rule = firstAdmitting(rules_.rules, bytes);
@@ -235,6 +279,8 @@ class AutoScheduler : public Scheduler {
   bool model_from_file_ = false;
   std::unique_ptr<std::once_flag> mismatch_warned_ = std::make_unique<std::once_flag>();
   std::vector<std::pair<std::string, std::shared_ptr<Scheduler>>> candidates_;
+  mutable std::mutex chosen_mu_;
+  mutable std::vector<std::pair<Shape, Scheduler*>> chosen_;  // oldest first
 };
 
 }  // namespace

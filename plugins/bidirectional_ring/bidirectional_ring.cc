@@ -4,6 +4,7 @@
 // neighbours and receives from both at every step, using a full-duplex link in both
 // directions, and each ring's steps carry half the bytes of a single ring's.
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "collie/plugin.h"
@@ -37,7 +38,7 @@ class BidirectionalRingScheduler : public Scheduler {
     const int n = backend.size();
     if (n == 1 || args.data.count == 0) return finishAverage(args.data, args.op, n);
     const size_t half = (args.data.count + 1) / 2;
-    const std::vector<schedules::RingPart> rings{
+    const std::array<schedules::RingPart, 2> rings{
         schedules::ringPart(args.data.slice(0, half), true, chunk_bytes_, kForwardReduceScatter,
                             kForwardAllGather),
         schedules::ringPart(args.data.slice(half, args.data.count - half), false, chunk_bytes_,

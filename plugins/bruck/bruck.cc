@@ -8,6 +8,7 @@
 #include "collie/patterns/bruck.h"
 #include "collie/plugin.h"
 #include "collie/schedules/accept.h"
+#include "collie/schedules/small.h"
 
 namespace collie::bruck {
 namespace {
@@ -36,7 +37,7 @@ class BruckScheduler : public Scheduler {
     for (int step = 0; step < patterns::bruckSteps(n); ++step) {
       const patterns::BruckStep s = patterns::bruckStep(rank, n, step);
       const size_t count = static_cast<size_t>(s.count) * k;
-      std::vector<std::unique_ptr<Request>> requests;
+      schedules::Requests requests;
       requests.push_back(backend.irecv(s.recv_from, work.slice(s.have * k, count),
                                        makeTag(args.seq, kGather, step)));
       requests.push_back(

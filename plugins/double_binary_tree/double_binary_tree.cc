@@ -4,6 +4,7 @@
 // of the other. Every rank then does about the same work, and the two halves flow at once:
 // log2(n) latency like a tree, with the bandwidth a single tree wastes at its leaves.
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "collie/patterns/double_binary_tree.h"
@@ -31,7 +32,7 @@ class DoubleBinaryTreeScheduler : public Scheduler {
     const int n = backend.size(), rank = backend.rank();
     if (n == 1 || args.data.count == 0) return finishAverage(args.data, args.op, n);
     const size_t half = (args.data.count + 1) / 2;
-    std::vector<schedules::TreePart> trees(2);
+    std::array<schedules::TreePart, 2> trees;
     trees[0].data = args.data.slice(0, half);
     trees[1].data = args.data.slice(half, args.data.count - half);
     for (int t = 0; t < 2; ++t) {

@@ -8,6 +8,7 @@
 #include "collie/patterns/halving_doubling.h"
 #include "collie/plugin.h"
 #include "collie/schedules/fold.h"
+#include "collie/schedules/small.h"
 
 namespace collie::halving_doubling {
 namespace {
@@ -148,7 +149,7 @@ class HalvingDoublingScheduler : public Scheduler {
       const int peer = patterns::coreRank(s.partner, n);
       Range have = patterns::blockSpan(data.count, p, s.keep.begin, s.keep.end);
       Range want = patterns::blockSpan(data.count, p, s.give.begin, s.give.end);
-      std::vector<std::unique_ptr<Request>> requests;
+      schedules::Requests requests;
       requests.push_back(backend.irecv(peer, elements(data, want), makeTag(seq, kDoubling, k)));
       requests.push_back(backend.isend(peer, elements(data, have), makeTag(seq, kDoubling, k)));
       waitAll(requests, backend.timeout());
@@ -160,7 +161,7 @@ class HalvingDoublingScheduler : public Scheduler {
     const int n = backend.size(), rank = backend.rank();
     Buffer empty;
     for (int k = 0, d = 1; d < n; ++k, d *= 2) {
-      std::vector<std::unique_ptr<Request>> requests;
+      schedules::Requests requests;
       requests.push_back(
           backend.irecv(patterns::mod(rank - d, n), empty, makeTag(seq, kBarrier, k)));
       requests.push_back(

@@ -3,6 +3,7 @@
 // (collie/schedules/trees.h). A larger radix makes the tree shallower (⌈log_k n⌉ levels) at
 // the price of more children per node.
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "collie/patterns/knomial.h"
@@ -39,7 +40,7 @@ class KnomialScheduler : public Scheduler {
     auto part = schedules::singleTree(args, segment_bytes_, kReduce, kBroadcast, [&](int root) {
       return patterns::knomialTree(rank, root, n, radix_);
     });
-    schedules::runTrees({part}, args.op, n, args.seq, backend);
+    schedules::runTrees(std::array<schedules::TreePart, 1>{part}, args.op, n, args.seq, backend);
   }
 
   // α-β-γ (README): as tree's, over the k-nomial shapes (schedules::predictSingleTree): the

@@ -2,6 +2,7 @@
 // block cut into chunks so that reducing one chunk overlaps receiving the next (the steps
 // are collie/schedules/rings.h, shared with bidirectional_ring).
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "collie/plugin.h"
@@ -36,7 +37,7 @@ class RingScheduler : public Scheduler {
     switch (args.coll) {
       case Collective::kAllReduce: {
         if (n == 1 || args.data.count == 0) return finishAverage(args.data, args.op, n);
-        const std::vector<schedules::RingPart> ring{partOf(args.data)};
+        const std::array<schedules::RingPart, 1> ring{partOf(args.data)};
         schedules::ringReduceScatter(ring, args.op, args.seq, backend);
         Range mine = schedules::ownBlock(ring[0], backend);
         finishAverage(args.data.slice(mine.offset, mine.count), args.op, n);
@@ -47,14 +48,14 @@ class RingScheduler : public Scheduler {
         // Reduce in a copy so that the input stays intact, then hand out this rank's block.
         ScratchBuffer work(args.data, args.data.count);
         copyInto(work.view(), args.data);
-        const std::vector<schedules::RingPart> ring{partOf(work.view())};
+        const std::array<schedules::RingPart, 1> ring{partOf(work.view())};
         if (n > 1) schedules::ringReduceScatter(ring, args.op, args.seq, backend);
         Range mine = schedules::ownBlock(ring[0], backend);
         copyInto(args.output, work.view().slice(mine.offset, mine.count));
         return finishAverage(args.output, args.op, n);
       }
       case Collective::kAllGather: {
-        const std::vector<schedules::RingPart> ring{partOf(args.output)};
+        const std::array<schedules::RingPart, 1> ring{partOf(args.output)};
         Range mine = schedules::ownBlock(ring[0], backend);
         copyInto(args.output.slice(mine.offset, mine.count), args.data);
         if (n > 1) schedules::ringAllGather(ring, args.seq, backend);

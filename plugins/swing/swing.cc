@@ -13,6 +13,7 @@
 #include "collie/plugin.h"
 #include "collie/schedules/accept.h"
 #include "collie/schedules/fold.h"
+#include "collie/schedules/small.h"
 
 namespace collie::swing {
 namespace {
@@ -140,7 +141,7 @@ class SwingScheduler : public Scheduler {
       Range have = patterns::blockSpan(data.count, p, have_slots.begin, have_slots.end);
       Range want = patterns::blockSpan(data.count, p, want_slots.begin, want_slots.end);
       const int peer = patterns::coreRank(q, n);
-      std::vector<std::unique_ptr<Request>> requests;
+      schedules::Requests requests;
       requests.push_back(backend.irecv(peer, elements(data, want), makeTag(seq, kAllGather, t)));
       requests.push_back(backend.isend(peer, elements(data, have), makeTag(seq, kAllGather, t)));
       waitAll(requests, backend.timeout());

@@ -3,6 +3,7 @@
 // shared with double_binary_tree and knomial). Latency grows with
 // log2(n) rather than n, which wins for small messages.
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "collie/patterns/tree.h"
@@ -38,7 +39,7 @@ class TreeScheduler : public Scheduler {
     auto part = schedules::singleTree(args, segment_bytes_, kReduce, kBroadcast, [&](int root) {
       return patterns::binaryTree(rank, root, n);
     });
-    schedules::runTrees({part}, args.op, n, args.seq, backend);
+    schedules::runTrees(std::array<schedules::TreePart, 1>{part}, args.op, n, args.seq, backend);
   }
 
   // α-β-γ (README): s segments of g bytes flow up the tree (reduced at every node), then

@@ -24,16 +24,49 @@ inline Range block(size_t count, int parts, int index) {
   return {i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
 }
 
+// A range cut into pieces of at most `piece` elements, computed on demand (no storage):
+// pieces[i] is elements [offset + i * piece, ...). A default Pieces has none.
+class Pieces {
+ public:
+  Pieces() = default;
+  Pieces(Range range, size_t piece)
+      : range_(range),
+        piece_(piece),
+        size_(range.count == 0 ? 1 : (range.count + piece - 1) / piece) {}
+
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  Range operator[](size_t i) const {
+    const size_t done = i * piece_;
+    return {range_.offset + done, std::min(piece_, range_.count - done)};
+  }
+
+  class iterator {
+   public:
+    iterator(const Pieces* pieces, size_t i) : pieces_(pieces), i_(i) {}
+    Range operator*() const { return (*pieces_)[i_]; }
+    iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    bool operator!=(const iterator& o) const { return i_ != o.i_; }
+
+   private:
+    const Pieces* pieces_;
+    size_t i_;
+  };
+  iterator begin() const { return {this, 0}; }
+  iterator end() const { return {this, size_}; }
+
+ private:
+  Range range_;
+  size_t piece_ = 1;
+  size_t size_ = 0;
+};
+
 // `range` cut into pieces of at most `piece` elements (piece >= 1); an empty range gives
 // one empty piece, so that every step still exchanges exactly one message per piece.
-inline std::vector<Range> pieces(Range range, size_t piece) {
-  std::vector<Range> out;
-  if (range.count == 0) return {range};
-  for (size_t done = 0; done < range.count; done += piece) {
-    out.push_back({range.offset + done, std::min(piece, range.count - done)});
-  }
-  return out;
-}
+inline Pieces pieces(Range range, size_t piece) { return {range, piece}; }
 
 // Euclidean modulo: mod(-1, 4) == 3.
 inline int mod(int a, int n) { return ((a % n) + n) % n; }

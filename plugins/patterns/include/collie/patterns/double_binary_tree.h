@@ -3,8 +3,6 @@
 // other, and the two halves keep every rank's links busy in both directions.
 #pragma once
 
-#include <vector>
-
 #include "collie/patterns/tree.h"
 
 namespace collie::patterns {
@@ -20,8 +18,8 @@ inline int inOrderParent(int x, int n) {
   return up < n ? up : x ^ b;
 }
 
-inline std::vector<int> inOrderChildren(int x, int n) {
-  std::vector<int> children;
+inline Ranks inOrderChildren(int x, int n) {
+  Ranks children;
   int half;  // half of x's lowest set bit; for the root, a bit above every position
   if (x == 0) {
     half = 1;

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "collie/patterns/tree.h"
 
@@ -28,11 +27,11 @@ inline TreeShape knomialTree(int rank, int root, int n, int radix) {
     limit = lowestDigitWeight(v, radix);
     shape.parent = realRank(static_cast<int>(v - (v / limit) % radix * limit), root, n);
   }
-  std::vector<int64_t> weights;
-  for (int64_t w = 1; w < limit && w < n; w *= radix) weights.push_back(w);
-  for (auto w = weights.rbegin(); w != weights.rend(); ++w) {
+  int64_t top = 1;  // the highest digit position below the limit
+  while (top * radix < limit && top * radix < n) top *= radix;
+  for (int64_t w = top; w >= 1 && w < limit && w < n; w /= radix) {
     for (int j = radix - 1; j >= 1; --j) {
-      if (v + j * *w < n) shape.children.push_back(realRank(static_cast<int>(v + j * *w), root, n));
+      if (v + j * w < n) shape.children.push_back(realRank(static_cast<int>(v + j * w), root, n));
     }
   }
   return shape;

@@ -3,11 +3,15 @@
 // ("virtual rank").
 #pragma once
 
-#include <vector>
+#include <boost/container/small_vector.hpp>
 
 #include "collie/patterns/blocks.h"
 
 namespace collie::patterns {
+
+// A few ranks (a node's children), held inline up to 8: a schedule builds them for every
+// collective, and a small collective must not allocate.
+using Ranks = boost::container::small_vector<int, 8>;
 
 // Position of `rank` in a tree rooted at `root` (the root has virtual rank 0).
 inline int virtualRank(int rank, int root, int size) { return mod(rank - root, size); }
@@ -20,9 +24,9 @@ inline int treeParent(int rank, int root, int size) {
 }
 
 // The children of `rank` (zero, one or two), left first.
-inline std::vector<int> treeChildren(int rank, int root, int size) {
+inline Ranks treeChildren(int rank, int root, int size) {
   int v = virtualRank(rank, root, size);
-  std::vector<int> children;
+  Ranks children;
   for (int c = 2 * v + 1; c <= 2 * v + 2 && c < size; ++c)
     children.push_back(realRank(c, root, size));
   return children;
@@ -32,7 +36,7 @@ inline std::vector<int> treeChildren(int rank, int root, int size) {
 // schedule serves them.
 struct TreeShape {
   int parent = -1;
-  std::vector<int> children;
+  Ranks children;
 };
 
 inline TreeShape binaryTree(int rank, int root, int size) {

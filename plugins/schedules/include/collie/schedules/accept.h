@@ -11,7 +11,7 @@ namespace collie::schedules {
 // does ("swing: broadcast is not implemented (allreduce is)"), with `hint` after the
 // collective's name ("; ring does reduce_scatter and allgather").
 inline Decision acceptOnly(const char* scheduler, Collective implemented,
-                           const CollectiveArgs& args, const std::string& hint = "") {
+                           const CollectiveArgs& args, const char* hint = "") {
   if (args.coll == implemented) return Decision::yes();
   return Decision::no(std::string(scheduler) + ": " + collectiveName(args.coll) +
                       " is not implemented (" + collectiveName(implemented) + " is" + hint + ")");

@@ -5,10 +5,10 @@
 
 #include <algorithm>
 #include <memory>
-#include <vector>
 
 #include "collie/patterns/ring.h"
 #include "collie/plugin.h"
+#include "collie/schedules/small.h"
 
 namespace collie::schedules {
 
@@ -42,20 +42,20 @@ inline patterns::Range ownBlock(const RingPart& part, const Backend& backend) {
 }
 
 // After it, the rank at position b of every part holds block b reduced over every rank.
-// The parts move in lockstep, one step of each at a time.
-inline void ringReduceScatter(const std::vector<RingPart>& parts, ReduceOp op, uint64_t seq,
-                              Backend& backend) {
+// The parts (a container of RingPart: one ring or two) move in lockstep, one step of each at
+// a time.
+template <typename Parts>
+void ringReduceScatter(const Parts& parts, ReduceOp op, uint64_t seq, Backend& backend) {
   const int n = backend.size(), rank = backend.rank();
   const auto timeout = backend.timeout();
-  std::vector<std::unique_ptr<ScratchBuffer>> incoming;  // the largest block of each part
+  Small<ScratchBuffer, 2> incoming;  // the largest block of each part
   for (const RingPart& p : parts) {
-    incoming.push_back(
-        std::make_unique<ScratchBuffer>(p.data, patterns::block(p.data.count, n, 0).count));
+    incoming.emplace_back(p.data, patterns::block(p.data.count, n, 0).count);
   }
-  std::vector<std::vector<std::unique_ptr<Request>>> recvs(parts.size());
-  std::vector<std::vector<patterns::Range>> recv_chunks(parts.size());
-  std::vector<patterns::Range> recv_blocks(parts.size());
-  std::vector<std::unique_ptr<Request>> sends;
+  Small<Requests, 2> recvs(parts.size());
+  Small<patterns::Pieces, 2> recv_chunks(parts.size());
+  Small<patterns::Range, 2> recv_blocks(parts.size());
+  Requests sends;
   for (int step = 0; step < n - 1; ++step) {
     for (size_t t = 0; t < parts.size(); ++t) {
       const RingPart& p = parts[t];
@@ -67,7 +67,7 @@ inline void ringReduceScatter(const std::vector<RingPart>& parts, ReduceOp op, u
       recv_blocks[t] = patterns::block(p.data.count, n, s.recv_block);
       recv_chunks[t] = patterns::pieces(recv_blocks[t], p.chunk);
       for (const patterns::Range& c : recv_chunks[t]) {
-        Buffer into = incoming[t]->view().slice(c.offset - recv_blocks[t].offset, c.count);
+        Buffer into = incoming[t].view().slice(c.offset - recv_blocks[t].offset, c.count);
         recvs[t].push_back(backend.irecv(prev, into, tag));
       }
       for (const patterns::Range& c :
@@ -78,9 +78,9 @@ inline void ringReduceScatter(const std::vector<RingPart>& parts, ReduceOp op, u
     for (size_t t = 0; t < parts.size(); ++t) {
       for (size_t i = 0; i < recv_chunks[t].size(); ++i) {
         recvs[t][i]->wait(timeout);
-        const patterns::Range& c = recv_chunks[t][i];
+        const patterns::Range c = recv_chunks[t][i];
         reduceInto(parts[t].data.slice(c.offset, c.count),
-                   incoming[t]->view().slice(c.offset - recv_blocks[t].offset, c.count), op);
+                   incoming[t].view().slice(c.offset - recv_blocks[t].offset, c.count), op);
       }
       recvs[t].clear();
     }
@@ -90,9 +90,10 @@ inline void ringReduceScatter(const std::vector<RingPart>& parts, ReduceOp op, u
 
 // Starting with block b complete on the rank at position b of every part, leaves every
 // block complete on every rank.
-inline void ringAllGather(const std::vector<RingPart>& parts, uint64_t seq, Backend& backend) {
+template <typename Parts>
+void ringAllGather(const Parts& parts, uint64_t seq, Backend& backend) {
   const int n = backend.size(), rank = backend.rank();
-  std::vector<std::unique_ptr<Request>> requests;
+  Requests requests;
   for (int step = 0; step < n - 1; ++step) {
     for (const RingPart& p : parts) {
       const int position = patterns::ringPosition(rank, n, p.forward);

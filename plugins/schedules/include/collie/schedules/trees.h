@@ -12,6 +12,7 @@
 #include "collie/patterns/blocks.h"
 #include "collie/patterns/tree.h"
 #include "collie/plugin.h"
+#include "collie/schedules/small.h"
 
 namespace collie::schedules {
 
@@ -20,17 +21,18 @@ namespace collie::schedules {
 struct TreePart {
   patterns::TreeShape shape;
   Buffer data;
-  std::vector<patterns::Range> segments;  // of data: one message per segment and edge
+  patterns::Pieces segments;  // of data: one message per segment and edge
   bool reduce = true;
   uint32_t up_phase = 1;
   uint32_t down_phase = 2;
 };
 
-// Runs every part at once, taking their segments in turn, so that trees carrying different
-// parts of one buffer share the time. With kAvg a root divides each reduced segment by
-// `group_size` before it goes down, so every rank gets the root's bits.
-inline void runTrees(const std::vector<TreePart>& parts, ReduceOp op, int group_size, uint64_t seq,
-                     Backend& backend) {
+// Runs every part (a container of TreePart: one tree or two) at once, taking their segments
+// in turn, so that trees carrying different parts of one buffer share the time. With kAvg a
+// root divides each reduced segment by `group_size` before it goes down, so every rank gets
+// the root's bits.
+template <typename Parts>
+void runTrees(const Parts& parts, ReduceOp op, int group_size, uint64_t seq, Backend& backend) {
   const auto timeout = backend.timeout();
   const size_t count = parts.size();
   size_t most = 0;
@@ -38,18 +40,18 @@ inline void runTrees(const std::vector<TreePart>& parts, ReduceOp op, int group_
 
   // Up: every receive from every child is posted first; then each segment is reduced as its
   // children's copies arrive and passed to the parent.
-  std::vector<std::vector<std::unique_ptr<ScratchBuffer>>> incoming(count);
-  std::vector<std::vector<std::vector<std::unique_ptr<Request>>>> from_children(count);
-  std::vector<std::vector<std::unique_ptr<Request>>> to_parent(count);
+  Small<Small<ScratchBuffer, 4>, 2> incoming(count);
+  Small<Small<Requests, 4>, 2> from_children(count);
+  Small<Requests, 2> to_parent(count);
   for (size_t t = 0; t < count; ++t) {
     const TreePart& p = parts[t];
     if (!p.reduce) continue;
     for (int child : p.shape.children) {
-      incoming[t].push_back(std::make_unique<ScratchBuffer>(p.data, p.data.count));
+      const Buffer scratch = incoming[t].emplace_back(p.data, p.data.count).view();
       auto& recvs = from_children[t].emplace_back();
       for (const patterns::Range& s : p.segments) {
-        recvs.push_back(backend.irecv(child, incoming[t].back()->view().slice(s.offset, s.count),
-                                      makeTag(seq, p.up_phase, 0)));
+        recvs.push_back(
+            backend.irecv(child, scratch.slice(s.offset, s.count), makeTag(seq, p.up_phase, 0)));
       }
     }
   }
@@ -57,11 +59,11 @@ inline void runTrees(const std::vector<TreePart>& parts, ReduceOp op, int group_
     for (size_t t = 0; t < count; ++t) {
       const TreePart& p = parts[t];
       if (!p.reduce || i >= p.segments.size()) continue;
-      const patterns::Range& s = p.segments[i];
+      const patterns::Range s = p.segments[i];
       Buffer mine = p.data.slice(s.offset, s.count);
       for (size_t c = 0; c < p.shape.children.size(); ++c) {
         from_children[t][c][i]->wait(timeout);
-        reduceInto(mine, incoming[t][c]->view().slice(s.offset, s.count), op);
+        reduceInto(mine, incoming[t][c].view().slice(s.offset, s.count), op);
       }
       if (p.shape.parent >= 0) {
         to_parent[t].push_back(backend.isend(p.shape.parent, mine, makeTag(seq, p.up_phase, 0)));
@@ -70,23 +72,23 @@ inline void runTrees(const std::vector<TreePart>& parts, ReduceOp op, int group_
   }
 
   // Down: a segment that went up must have left before the result overwrites it.
-  std::vector<std::vector<std::unique_ptr<Request>>> from_parent(count);
+  Small<Requests, 2> from_parent(count);
   for (size_t t = 0; t < count; ++t) {
     const TreePart& p = parts[t];
     if (p.shape.parent < 0) continue;
     for (size_t i = 0; i < p.segments.size(); ++i) {
       if (i < to_parent[t].size()) to_parent[t][i]->wait(timeout);
-      const patterns::Range& s = p.segments[i];
+      const patterns::Range s = p.segments[i];
       from_parent[t].push_back(backend.irecv(p.shape.parent, p.data.slice(s.offset, s.count),
                                              makeTag(seq, p.down_phase, 0)));
     }
   }
-  std::vector<std::unique_ptr<Request>> sends;
+  Requests sends;
   for (size_t i = 0; i < most; ++i) {
     for (size_t t = 0; t < count; ++t) {
       const TreePart& p = parts[t];
       if (i >= p.segments.size()) continue;
-      const patterns::Range& s = p.segments[i];
+      const patterns::Range s = p.segments[i];
       Buffer segment = p.data.slice(s.offset, s.count);
       if (p.shape.parent >= 0) {
         from_parent[t][i]->wait(timeout);
@@ -224,7 +226,7 @@ inline double predictTrees(const std::vector<std::vector<patterns::TreeShape>>& 
 }
 
 // `data` cut into segments of at most `segment_bytes` (none when it is empty).
-inline std::vector<patterns::Range> segmentsOf(const Buffer& data, uint64_t segment_bytes) {
+inline patterns::Pieces segmentsOf(const Buffer& data, uint64_t segment_bytes) {
   if (data.count == 0) return {};
   const size_t elements = std::max<size_t>(1, segment_bytes / dtypeSize(data.dtype));
   return patterns::pieces({0, data.count}, elements);
@@ -240,7 +242,7 @@ TreePart singleTree(const CollectiveArgs& args, uint64_t segment_bytes, uint32_t
   part.up_phase = up_phase;
   part.down_phase = down_phase;
   if (args.coll == Collective::kBarrier) {
-    part.segments = {patterns::Range{}};
+    part.segments = patterns::pieces(patterns::Range{}, 1);  // one empty message
   } else {
     part.data = args.data;
     part.segments = segmentsOf(args.data, segment_bytes);
