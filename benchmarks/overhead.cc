@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "collie/plugin.h"
+#include "count_allocations.h"
 #include "plugin/loader.h"
 #include "runtime/communicator.h"
 #include "runtime/job.h"
@@ -48,6 +49,21 @@
 namespace {
 
 using namespace std::chrono_literals;
+
+// Reports the allocations a benchmark's loop made, per iteration, as the counter "allocs".
+class CountAllocations {
+ public:
+  explicit CountAllocations(benchmark::State& state)
+      : state_(state), start_(collie::testing::allocations()) {}
+  ~CountAllocations() {
+    const double made = static_cast<double>(collie::testing::allocations() - start_);
+    state_.counters["allocs"] = benchmark::Counter(made, benchmark::Counter::kAvgIterations);
+  }
+
+ private:
+  benchmark::State& state_;
+  uint64_t start_;
+};
 using collie::Buffer;
 
 size_t g_bytes = 4096;
@@ -148,6 +164,7 @@ Rank* g_rank = nullptr;
 void exchangeOver(collie::Backend& b, benchmark::State& state) {
   Buffer out = floats(g_rank->send), in = floats(g_rank->recv);
   const int peer = 1 - b.rank();
+  CountAllocations count(state);
   for (auto _ : state) {
     auto recv = b.irecv(peer, in, collie::makeTag(1, 1, 0));
     auto send = b.isend(peer, out, collie::makeTag(1, 1, 0));
@@ -165,6 +182,7 @@ collie::CollectiveArgs allreduceArgs() {
 void schedulerOver(collie::WorkerRank& w, benchmark::State& state) {
   collie::CollectiveArgs args = allreduceArgs();
   uint64_t seq = 1;
+  CountAllocations count(state);
   for (auto _ : state) {
     args.seq = seq++;
     g_rank->scheduler->run(args, *w.backend, w.topology);
@@ -173,16 +191,19 @@ void schedulerOver(collie::WorkerRank& w, benchmark::State& state) {
 
 void dispatchOver(collie::Communicator& comm, benchmark::State& state) {
   collie::CollectiveArgs args = allreduceArgs();
+  CountAllocations count(state);
   for (auto _ : state) comm.run(args);
 }
 
 void BM_ucx_raw(benchmark::State& s) {
+  CountAllocations count(s);
   for (auto _ : s) g_rank->raw_ucx->exchange(g_rank->send.data(), g_rank->recv.data(), g_bytes);
 }
 void BM_ucx_backend(benchmark::State& s) { exchangeOver(*g_rank->ucx.backend, s); }
 void BM_ucx_scheduler(benchmark::State& s) { schedulerOver(g_rank->ucx, s); }
 void BM_ucx_dispatch(benchmark::State& s) { dispatchOver(*g_rank->ucx_comm, s); }
 void BM_gloo_raw(benchmark::State& s) {
+  CountAllocations count(s);
   for (auto _ : s) g_rank->raw_gloo->exchange(1 - g_rank->rank);
 }
 void BM_gloo_backend(benchmark::State& s) { exchangeOver(*g_rank->gloo.backend, s); }
@@ -191,10 +212,12 @@ void BM_gloo_dispatch(benchmark::State& s) { dispatchOver(*g_rank->gloo_comm, s)
 
 void BM_reduce_reduceInto(benchmark::State& s) {
   Buffer dst = floats(g_rank->send), src = floats(g_rank->recv);
+  CountAllocations count(s);
   for (auto _ : s) collie::reduceInto(dst, src, collie::ReduceOp::kSum);
 }
 void BM_reduce_aten(benchmark::State& s) {
   const int64_t n = static_cast<int64_t>(g_rank->send.size());
+  CountAllocations count(s);
   for (auto _ : s) {
     at::Tensor d = at::from_blob(g_rank->send.data(), {n}, at::kFloat);
     at::Tensor r = at::from_blob(g_rank->recv.data(), {n}, at::kFloat);

@@ -17,6 +17,7 @@
 
 #include "collie/error.h"
 #include "desync.h"
+#include "forked_job.h"
 #include "loopback_job.h"
 #include "runtime/control.h"
 #include "runtime/job.h"
@@ -27,6 +28,8 @@ namespace collie {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::runJob;
+using testing::runJobWith;
 
 Buffer view(int32_t* data, size_t count) {
   Buffer b;
@@ -34,58 +37,6 @@ Buffer view(int32_t* data, size_t count) {
   b.count = count;
   b.dtype = DType::kI32;
   return b;
-}
-
-// Runs body(job, ref) as rank r of a 2-process job, for r = 0, 1, each in a fork of this
-// test; `ref` is the `plugin` backend with a 10 s timeout. Returns the children's exit codes;
-// a child prints what went wrong.
-std::vector<int> runJobWith(
-    const std::string& plugin,
-    const std::function<bool(ProcessJob&, const config::PluginRef&)>& body) {
-  const uint16_t port = pickFreePort("127.0.0.1");
-  std::vector<pid_t> children;
-  for (int rank = 0; rank < 2; ++rank) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      int code = 1;
-      try {
-        WorkerEnv env;
-        env.present = true;
-        env.source = "test";
-        env.rank = env.local_rank = rank;
-        env.world = env.local_world = 2;
-        env.master_addr = "127.0.0.1";
-        env.master_port = port;
-        ProcessJob job(env, "127.0.0.1", port, 20s);
-        config::PluginRef ref;
-        ref.plugin = ref.label = plugin;
-        ref.params = Params("backend '" + plugin + "'");
-        ref.params.set("timeout", "10s", "test");
-        code = body(job, ref) ? 0 : 1;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-      }
-      std::fflush(nullptr);
-      _exit(code);
-    }
-    children.push_back(pid);
-  }
-  std::vector<int> codes;
-  for (pid_t pid : children) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
-  }
-  return codes;
-}
-
-// The same with the backend made: body(backend).
-std::vector<int> runJob(const std::string& plugin, const std::function<bool(Backend&)>& body) {
-  return runJobWith(plugin, [&](ProcessJob& job, const config::PluginRef& ref) {
-    WorkerRank w = createBackend(job, testing::buildTreeLoader(), ref, "test/", 20s);
-    return body(*w.backend);
-  });
 }
 
 class ProcessBackends : public ::testing::TestWithParam<std::string> {};

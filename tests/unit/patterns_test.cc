@@ -277,9 +277,9 @@ TEST(Knomial, TreesForEveryRadixAndRoot) {
     }
   }
   // Radix 2 is the binomial tree: 0's children in 8 ranks are 4, 2, 1; 6's parent is 4.
-  EXPECT_EQ(knomialTree(0, 0, 8, 2).children, (std::vector<int>{4, 2, 1}));
+  EXPECT_EQ(knomialTree(0, 0, 8, 2).children, (Ranks{4, 2, 1}));
   EXPECT_EQ(knomialTree(6, 0, 8, 2).parent, 4);
-  EXPECT_EQ(knomialTree(0, 0, 9, 3).children, (std::vector<int>{6, 3, 2, 1}));
+  EXPECT_EQ(knomialTree(0, 0, 9, 3).children, (Ranks{6, 3, 2, 1}));
 }
 
 TEST(Swing, DistancesArePairedAndAlternate) {
