@@ -2,7 +2,9 @@
 // - tail (default): it reduces only the first (count / n) * n elements, so a count that the
 //   group size does not divide loses its tail;
 // - swap: the sum is right but its two halves come back swapped, as a scheduler that mixes
-//   up two equal blocks would deliver (only inputs without a period can see it).
+//   up two equal blocks would deliver (only inputs without a period can see it);
+// - order: every rank adds the contributions starting from its own, so that float sums
+//   round differently on different ranks (right to within rounding, not bit for bit).
 // It passes the easy cases (0 elements, divisible counts) and must fail plugin-check.
 #include <algorithm>
 #include <cstring>
@@ -15,7 +17,8 @@ namespace {
 class LossyScheduler : public collie::Scheduler {
  public:
   explicit LossyScheduler(const collie::PluginContext& context)
-      : swap_(context.params->getString("bug", "tail") == "swap") {}
+      : swap_(context.params->getString("bug", "tail") == "swap"),
+        own_order_(context.params->getString("bug", "tail") == "order") {}
 
   collie::Decision accepts(const collie::CollectiveArgs& args,
                            const collie::Topology&) const override {
@@ -34,13 +37,14 @@ class LossyScheduler : public collie::Scheduler {
     for (int peer = 0; peer < n; ++peer) {
       if (peer != rank) sends.push_back(backend.isend(peer, mine, tag));
     }
-    for (int peer = 0; peer < n; ++peer) {  // in rank order, identical on every rank
+    for (int i = 0; i < n; ++i) {  // in rank order, identical on every rank (but with `order`)
+      const int peer = own_order_ ? (rank + i) % n : i;
       collie::Buffer contribution = mine;
       if (peer != rank) {
         backend.recv(peer, incoming.view(), tag);
         contribution = incoming.view();
       }
-      if (peer == 0) {
+      if (i == 0) {
         collie::copyInto(result.view(), contribution);
       } else {
         collie::reduceInto(result.view(), contribution, args.op);
@@ -63,6 +67,7 @@ class LossyScheduler : public collie::Scheduler {
   }
 
   bool swap_;
+  bool own_order_;
 };
 
 }  // namespace

@@ -832,6 +832,12 @@ const Schema& experimentSchema() {
                     .byDefault("true")
                     .into(&TrainSpec::overlap)
                     .doc("all-reduce each bucket during backward, on a communication thread")},
+               {"sharding",
+                S::oneOf({"none", "optimizer"})
+                    .byDefault("none")
+                    .into(&TrainSpec::sharding, {ShardedState::kNone, ShardedState::kOptimizer})
+                    .doc("ZeRO stage 1 (optimizer): each rank keeps the optimizer state of its "
+                         "shard; gradients are reduce-scattered, parameters all-gathered")},
                {"verify_sync_every",
                 S::integer(0, 100000000)
                     .byDefault("0")

@@ -69,6 +69,9 @@ struct LabSpec {
   std::string cpus;  // per host, ';' between hosts ("" : every CPU)
 };
 
+// What of the training state each rank keeps only its shard of (ZeRO's stages, DESIGN §5).
+enum class ShardedState { kNone, kOptimizer };
+
 // A synchronous data-parallel training run (DESIGN §5).
 struct TrainSpec {
   PluginRef scheduler;  // the gradient all-reduce (a plugin or rules)
@@ -89,6 +92,7 @@ struct TrainSpec {
   bool grad_checkpointing = false;
   uint64_t bucket_bytes = 0;
   bool overlap = false;
+  ShardedState sharding = ShardedState::kNone;
   int verify_sync_every = 0;  // 0: at the end only
   bool fail_on_divergence = false;
   uint64_t seed = 0;

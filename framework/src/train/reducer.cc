@@ -2,6 +2,7 @@
 #include "train/reducer.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <fmt/format.h>
@@ -16,8 +17,14 @@ using Clock = std::chrono::steady_clock;
 }
 
 Reducer::Reducer(std::vector<at::Tensor> params, uint64_t bucket_bytes, Communicator& comm,
-                 bool overlap)
-    : params_(std::move(params)), slots_(params_.size()), comm_(comm), overlap_(overlap) {
+                 bool overlap, bool sharded)
+    : params_(std::move(params)),
+      slots_(params_.size()),
+      comm_(comm),
+      overlap_(overlap),
+      sharded_(sharded),
+      group_(comm.backend().size()),
+      rank_(comm.backend().rank()) {
   // Reverse order: the last layers' gradients arrive first during backward. A parameter
   // larger than bucket_bytes gets a bucket of its own.
   uint64_t used = 0;
@@ -37,7 +44,12 @@ Reducer::Reducer(std::vector<at::Tensor> params, uint64_t bucket_bytes, Communic
   for (auto& b : buckets_) {
     int64_t numel = 0;
     for (size_t k : b.params) numel += slots_[k].numel;
+    // Padded to a multiple of the group size, sharded or not: a scheduler's blocks then fall
+    // on the same elements in a reduce-scatter as in an all-reduce, so that sharding adds
+    // every element in the same order (bit-identical updates). The padding stays zero.
+    numel = (numel + group_ - 1) / group_ * group_;
     b.flat = at::zeros({numel}, at::kFloat);  // (numel)
+    if (sharded_) b.shard = at::zeros({numel / group_}, at::kFloat);
     b.pending = b.params.size();
   }
   hooks_.reserve(params_.size());
@@ -120,7 +132,60 @@ CollectiveArgs Reducer::argsFor(Bucket& bucket, Collective coll) const {
   args.data.count = static_cast<size_t>(bucket.flat.numel());
   args.data.dtype = DType::kF32;
   args.op = ReduceOp::kSum;
+  if (coll == Collective::kReduceScatter) {
+    args.output.data = bucket.shard.data_ptr();
+    args.output.count = static_cast<size_t>(bucket.shard.numel());
+    args.output.dtype = DType::kF32;
+  }
   return args;
+}
+
+std::vector<at::Tensor> Reducer::parameterShards() {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> shards;
+  for (auto& b : buckets_) {
+    b.flat.zero_();
+    for (size_t k : b.params) {
+      b.flat.narrow(0, slots_[k].offset, slots_[k].numel).copy_(params_[k].reshape({-1}));
+    }
+    const int64_t k = b.flat.numel() / group_;
+    shards.push_back(b.flat.narrow(0, rank_ * k, k).clone());
+  }
+  return shards;
+}
+
+at::Tensor Reducer::allGather(size_t b, const at::Tensor& shard) {
+  Bucket& bucket = buckets_[b];
+  COLLIE_CHECK(shard.numel() == bucket.flat.numel() / group_, "bucket ", b, ": a block of ",
+               shard.numel(), " elements, expected ", bucket.flat.numel() / group_);
+  at::Tensor full = at::empty({bucket.flat.numel()}, at::kFloat);
+  CollectiveArgs args;
+  args.coll = Collective::kAllGather;
+  args.data.data = shard.data_ptr();
+  args.data.count = static_cast<size_t>(shard.numel());
+  args.data.dtype = DType::kF32;
+  args.output.data = full.data_ptr();
+  args.output.count = static_cast<size_t>(full.numel());
+  args.output.dtype = DType::kF32;
+  bucket.provenance = comm_.run(args);
+  return full;
+}
+
+SyncTiming Reducer::gatherParameters(const std::vector<at::Tensor>& shards) {
+  at::NoGradGuard no_grad;
+  const auto start = Clock::now();
+  SyncTiming timing;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const at::Tensor full = allGather(b, shards[b]);
+    for (size_t k : buckets_[b].params) {
+      params_[k].copy_(full.narrow(0, slots_[k].offset, slots_[k].numel).view(params_[k].sizes()));
+    }
+    timing.bytes += static_cast<uint64_t>(full.numel()) * 4;
+    timing.collectives.push_back(buckets_[b].provenance);
+    timing.comm_seconds += buckets_[b].provenance.seconds;
+  }
+  timing.exposed_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return timing;
 }
 
 void Reducer::communicationLoop() {
@@ -136,7 +201,8 @@ void Reducer::communicationLoop() {
     if (!skip) {
       try {
         const auto start = Clock::now();
-        b.provenance = comm_.run(argsFor(b, Collective::kAllReduce));
+        b.provenance =
+            comm_.run(argsFor(b, sharded_ ? Collective::kReduceScatter : Collective::kAllReduce));
         b.seconds = std::chrono::duration<double>(Clock::now() - start).count();
       } catch (...) {
         lock.lock();
@@ -183,6 +249,7 @@ SyncTiming Reducer::finish() {
     next_launch_ = 0;
     if (failure_) std::rethrow_exception(failure_);
   }
+  if (sharded_) return timing;  // the reduced blocks wait in gradShard()
   for (size_t k = 0; k < params_.size(); ++k) {
     const Slot& slot = slots_[k];
     at::Tensor reduced = buckets_[slot.bucket].flat.narrow(0, slot.offset, slot.numel);

@@ -48,6 +48,9 @@ json toJson(const Result& r) {
           {"exposed_comm_s", r.exposed_seconds},
           {"allreduce_bytes", r.allreduce_bytes},
           {"buckets", r.buckets},
+          {"sharding", r.sharding},
+          {"parameter_bytes", r.parameter_bytes},
+          {"optimizer_bytes", r.optimizer_bytes},
           {"predicted_comm_s",
            std::isnan(r.predicted_comm_seconds) ? json(nullptr) : json(r.predicted_comm_seconds)},
           {"link_alpha_s", r.link_alpha},
@@ -90,6 +93,9 @@ Result fromJson(const json& j) {
   r.exposed_seconds = j.at("exposed_comm_s");
   r.allreduce_bytes = j.at("allreduce_bytes");
   r.buckets = j.at("buckets");
+  r.sharding = j.value("sharding", "none");
+  r.parameter_bytes = j.value("parameter_bytes", uint64_t{0});
+  r.optimizer_bytes = j.value("optimizer_bytes", uint64_t{0});
   r.predicted_comm_seconds =
       j.at("predicted_comm_s").is_null() ? kNoPrediction : j.at("predicted_comm_s").get<double>();
   r.link_alpha = j.at("link_alpha_s");
@@ -190,10 +196,11 @@ void printDetails(std::ostream& out, const Result& r) {
         << "; slowest rank " << slowest << ", "
         << fmt::format("{:.0f}", 100 * r.compute_seconds[slowest] / r.step_seconds) << "% of the "
         << fmt::format("{:.3f}", r.step_seconds) << " s step\n";
-    out << "# " << tag << "all-reduce per step: "
-        << fmt::format("{:.2f} MB", static_cast<double>(r.allreduce_bytes) / 1e6) << " in "
-        << r.buckets << " bucket(s): measured " << fmt::format("{:.4f}", r.comm_seconds) << " s ("
-        << fmt::format("{:.4f}", r.exposed_seconds) << " s exposed), predicted "
+    const bool sharded = r.sharding != "none";
+    out << "# " << tag << (sharded ? "reduce-scatter + all-gather" : "all-reduce")
+        << " per step: " << fmt::format("{:.2f} MB", static_cast<double>(r.allreduce_bytes) / 1e6)
+        << " in " << r.buckets << " bucket(s): measured " << fmt::format("{:.4f}", r.comm_seconds)
+        << " s (" << fmt::format("{:.4f}", r.exposed_seconds) << " s exposed), predicted "
         << (std::isnan(r.predicted_comm_seconds) ? std::string("-")
                                                  : fmt::format("{:.4f}", r.predicted_comm_seconds))
         << " s from the measured link " << (r.between_nodes ? "between nodes" : "inside a node")
@@ -201,11 +208,18 @@ void printDetails(std::ostream& out, const Result& r) {
         << (r.link_beta > 0 ? fmt::format("{:.3f}", 1e-9 / r.link_beta) : "-") << " GB/s)\n";
     // The bandwidth a ring's all-reduce needs: 2(n-1)/n of the gradient bytes leave every rank.
     const double bound = 2.0 * static_cast<double>(r.allreduce_bytes) * (r.ranks - 1) / r.ranks;
-    out << "# " << tag << "all-reduce bandwidth bound: 2(n-1)/n x "
+    out << "# " << tag << (sharded ? "reduce-scatter + all-gather" : "all-reduce")
+        << " bandwidth bound: 2(n-1)/n x "
         << fmt::format("{:.2f} MB = {:.2f} MB per rank per step over that link: {} s",
                        static_cast<double>(r.allreduce_bytes) / 1e6, bound / 1e6,
                        r.link_beta > 0 ? fmt::format("{:.4f}", bound * r.link_beta) : "-")
         << ", measured " << fmt::format("{:.4f}", r.comm_seconds) << " s\n";
+  }
+  if (r.sharding != "none") {
+    out << "# " << tag << "state per rank: parameters "
+        << fmt::format("{:.2f} MB", static_cast<double>(r.parameter_bytes) / 1e6) << ", optimizer "
+        << fmt::format("{:.2f} MB", static_cast<double>(r.optimizer_bytes) / 1e6)
+        << fmt::format(" (train.sharding: {}: its 1/{} shard)", r.sharding, r.ranks) << "\n";
   }
   const double achieved = r.flops_per_token * r.tokens_per_second / r.ranks;
   out << "# " << tag << "model FLOP/s per rank: " << fmt::format("{:.3g}", achieved);
@@ -242,8 +256,12 @@ void printSummary(std::ostream& out, const std::vector<Result>& results) {
         << std::setw(12) << "micro-batch" << std::setw(10) << "step (s)" << std::setw(13)
         << "world batch" << std::setw(11) << "tokens/s" << std::setw(9) << "speed-up"
         << std::setw(11) << "efficiency" << std::setw(10) << "comm (s)" << std::setw(13)
-        << "exposed (s)" << std::setw(19) << "loss first->last"
-        << "\n";
+        << "exposed (s)" << std::setw(19) << "loss first->last";
+  // The optimizer state each rank holds, when some run shards it.
+  const bool any_sharded = std::any_of(results.begin(), results.end(),
+                                       [](const Result& r) { return r.sharding != "none"; });
+  if (any_sharded) table << std::setw(15) << "optimizer (MB)";
+  table << "\n";
   for (const auto& r : results) {
     const Result* solo = soloRun(results, r);
     const double speedup = solo ? r.tokens_per_second / solo->tokens_per_second : NAN;
@@ -258,8 +276,11 @@ void printSummary(std::ostream& out, const std::vector<Result>& results) {
           << (solo ? fmt::format("{:.1f}%", 100 * speedup / r.ranks) : "-") << std::setw(10)
           << fmt::format("{:.4f}", r.comm_seconds) << std::setw(13)
           << fmt::format("{:.4f}", r.exposed_seconds) << std::setw(19)
-          << (fmt::format("{:.3f}", r.first_loss) + " -> " + fmt::format("{:.3f}", r.last_loss))
-          << "\n";
+          << (fmt::format("{:.3f}", r.first_loss) + " -> " + fmt::format("{:.3f}", r.last_loss));
+    if (any_sharded) {
+      table << std::setw(15) << fmt::format("{:.2f}", static_cast<double>(r.optimizer_bytes) / 1e6);
+    }
+    table << "\n";
   }
   out << table.str();
   for (const auto& r : results) printDetails(out, r);

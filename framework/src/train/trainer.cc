@@ -5,6 +5,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/ops/zeros.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/utils.h>
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <limits>
 #include <mutex>
+#include <tuple>
 
 #include "bench/calibrate.h"
 #include "collie/error.h"
@@ -115,9 +117,17 @@ class RankTrainer {
     const CostModel cost =
         bench::calibrate(comm_.backend(), control_, comm_.topology(), DType::kF32).model;
     for (auto& rule : rules_) rule.choice.scheduler->useCostModel(cost);
-    Reducer reducer(params_, spec_.bucket_bytes, comm_, spec_.overlap);
+    Reducer reducer(params_, spec_.bucket_bytes, comm_, spec_.overlap, sharded());
+    reducer_ = &reducer;
     reducer.broadcastParameters();
-    optimizer_ = makeOptimizer(spec_, params_);
+    if (sharded()) {
+      requireShardingCollectives(reducer);
+      shards_ = reducer.parameterShards();
+      for (auto& shard : shards_) shard.set_requires_grad(true);
+      optimizer_ = makeOptimizer(spec_, shards_);
+    } else {
+      optimizer_ = makeOptimizer(spec_, params_);
+    }
     RunCheckpoints checkpoints(spec_, runIdentity(e_, sharding_.micro_batch));
     const int64_t start = resume(checkpoints);
     StepLog log(out_dir_, rank_, start > 0);
@@ -138,9 +148,11 @@ class RankTrainer {
           s + 1 != spec_.steps) {
         enforce(verifyWeights(comm_, control_, params_, names_, s + 1));
       }
-      if (rank_ == 0 && checkpoints.dueAfter(s + 1)) {
-        // Rank 0 writes: every rank holds the same weights and optimizer state, as verified.
-        logInfo("checkpoint: " + checkpoints.save(s + 1, stateTensors()));
+      if (checkpoints.dueAfter(s + 1)) {
+        // Rank 0 writes: every rank holds the same weights and (gathered from the shards when
+        // sharded, which every rank takes part in) optimizer state, as verified.
+        const auto tensors = stateTensors();
+        if (rank_ == 0) logInfo("checkpoint: " + checkpoints.save(s + 1, tensors));
       }
     }
     result.sync = verifyWeights(comm_, control_, params_, names_, spec_.steps);
@@ -154,12 +166,105 @@ class RankTrainer {
   }
 
  private:
-  // Everything a checkpoint holds, by name: the parameters and the optimizer state.
-  std::vector<std::pair<std::string, at::Tensor>> stateTensors() const {
+  bool sharded() const { return spec_.sharding == config::ShardedState::kOptimizer; }
+
+  // Everything a checkpoint holds, by name: the parameters and the optimizer state, per
+  // parameter ("exp_avg/3"), whatever the sharding: a sharded run gathers its state from
+  // every rank's shards (a collective), so that its checkpoint resumes at any world size
+  // and sharding.
+  std::vector<std::pair<std::string, at::Tensor>> stateTensors() {
     std::vector<std::pair<std::string, at::Tensor>> all;
     for (size_t k = 0; k < params_.size(); ++k) all.emplace_back("param/" + names_[k], params_[k]);
-    for (auto& entry : optimizer_->state()) all.push_back(entry);
+    if (!sharded()) {
+      for (auto& entry : optimizer_->state()) all.push_back(entry);
+      return all;
+    }
+    for (const auto& [kind, b, shard] : shardedState()) {
+      const at::Tensor full = reducer_->allGather(b, shard);
+      for (size_t k = 0; k < params_.size(); ++k) {
+        if (reducer_->bucketOf(k) != b) continue;
+        all.emplace_back(
+            fmt::format("{}/{}", kind, k),
+            full.narrow(0, reducer_->offsetOf(k), params_[k].numel()).view(params_[k].sizes()));
+      }
+    }
     return all;
+  }
+
+  // The sharded optimizer's state tensors: (kind, bucket, this rank's block), from its names
+  // ("exp_avg/2": the exp_avg of bucket 2's block).
+  std::vector<std::tuple<std::string, size_t, at::Tensor>> shardedState() {
+    std::vector<std::tuple<std::string, size_t, at::Tensor>> out;
+    for (auto& [name, tensor] : optimizer_->state()) {
+      const size_t slash = name.rfind('/');
+      COLLIE_CHECK(slash != std::string::npos, "optimizer state '", name, "' has no index");
+      out.emplace_back(name.substr(0, slash), std::stoul(name.substr(slash + 1)), tensor);
+    }
+    return out;
+  }
+
+  // Restores a checkpoint's tensors (the per-parameter layout of stateTensors()) into the
+  // parameters and, sharded, this rank's blocks of the optimizer state and of the parameters.
+  // Returns the checkpoint's step.
+  int64_t restoreState(const RunCheckpoints& checkpoints, const std::string& path) {
+    if (!sharded()) return checkpoints.restore(path, stateTensors());
+    std::vector<std::pair<std::string, at::Tensor>> all;
+    for (size_t k = 0; k < params_.size(); ++k) all.emplace_back("param/" + names_[k], params_[k]);
+    const auto state = shardedState();
+    std::vector<at::Tensor> fulls;  // one per state tensor: its bucket's padded values
+    for (const auto& [kind, b, shard] : state) {
+      fulls.push_back(at::zeros({reducer_->bucketNumel(b)}, at::kFloat));
+      for (size_t k = 0; k < params_.size(); ++k) {
+        if (reducer_->bucketOf(k) != b) continue;
+        all.emplace_back(fmt::format("{}/{}", kind, k),
+                         fulls.back()
+                             .narrow(0, reducer_->offsetOf(k), params_[k].numel())
+                             .view(params_[k].sizes()));
+      }
+    }
+    const int64_t step = checkpoints.restore(path, all);
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < state.size(); ++i) {
+      const int64_t k = reducer_->shardNumel(std::get<1>(state[i]));
+      std::get<2>(state[i]).copy_(fulls[i].narrow(0, rank_ * k, k));
+    }
+    const auto blocks = reducer_->parameterShards();
+    for (size_t b = 0; b < shards_.size(); ++b) shards_[b].copy_(blocks[b]);
+    return step;
+  }
+
+  // The collectives bucket b takes every step, sizes only: an all-reduce, or sharded a
+  // reduce-scatter of the bucket and an all-gather of its blocks.
+  std::vector<CollectiveArgs> stepCollectives(const Reducer& reducer, size_t b) const {
+    const size_t whole = static_cast<size_t>(reducer.bucketNumel(b));
+    auto collective = [](Collective coll, size_t data, size_t output) {
+      CollectiveArgs args;
+      args.coll = coll;
+      args.data.count = data;
+      args.output.count = output;
+      return args;
+    };
+    if (!sharded()) return {collective(Collective::kAllReduce, whole, 0)};
+    const size_t block = whole / static_cast<size_t>(world_);
+    return {collective(Collective::kReduceScatter, whole, block),
+            collective(Collective::kAllGather, block, whole)};
+  }
+
+  // Sharding needs the rules to run reduce-scatter and all-gather of every bucket: said
+  // before the first step rather than at its first collective.
+  void requireShardingCollectives(const Reducer& reducer) const {
+    for (size_t b = 0; b < reducer.bucketCount(); ++b) {
+      for (const CollectiveArgs& args : stepCollectives(reducer, b)) {
+        std::string why;
+        if (comm_.select(args, rules_, &why) != nullptr) continue;
+        throw ConfigError(fmt::format(
+            "{}: train.sharding: optimizer needs {} of {} on {} ranks, which no rule of "
+            "train.scheduler runs: {}. HINT: use a scheduler that has both reduce_scatter "
+            "and allgather (ring does on any group size), or train.sharding: none",
+            e_.file, collectiveName(args.coll),
+            formatBytes(std::max(args.data.count, args.output.count) * 4), world_, why));
+      }
+    }
   }
 
   // Continues from a checkpoint: the step to start from, 0 without one. Rank 0 decides which
@@ -187,7 +292,7 @@ class RankTrainer {
           "shared file system, or copy it there)",
           r, verdicts[r][0] == 1 ? "has no" : "holds other bytes in", path, step));
     }
-    if (checkpoints.restore(path, stateTensors()) != step) {
+    if (restoreState(checkpoints, path) != step) {
       throw CheckpointError(
           fmt::format("checkpoint {}: its header holds another step than its "
                       "name ({})",
@@ -307,11 +412,22 @@ class RankTrainer {
     st.loss = loss_sum / spec_.grad_accum;
     st.sync = reducer.finish();
     auto t = Clock::now();
+    if (sharded()) {
+      for (size_t b = 0; b < shards_.size(); ++b) shards_[b].mutable_grad() = reducer.gradShard(b);
+    }
     st.grad_norm = clipGradients();
     st.lr = lr_.at(s);
     optimizer_->step(st.lr);
     for (auto& p : params_) p.mutable_grad() = at::Tensor();  // the next step starts afresh
     st.optimizer = since(t);
+    if (sharded()) {
+      // Timed as communication, all of it exposed; sync.bytes stays the gradient's bytes.
+      const SyncTiming gathered = reducer.gatherParameters(shards_);
+      st.sync.comm_seconds += gathered.comm_seconds;
+      st.sync.exposed_seconds += gathered.exposed_seconds;
+      st.sync.collectives.insert(st.sync.collectives.end(), gathered.collectives.begin(),
+                                 gathered.collectives.end());
+    }
     st.step = since(start);
     return st;
   }
@@ -326,19 +442,33 @@ class RankTrainer {
   }
 
   // The global L2 norm of the (already all-reduced, identical) gradients; scaled down to
-  // train.grad_clip when it is larger.
+  // train.grad_clip when it is larger. Sharded, each rank holds the reduced gradient of its
+  // blocks only: the squares of every rank's blocks are gathered and added in rank order,
+  // the same sum on every rank (its last bits may differ from the unsharded norm's, which
+  // adds per parameter).
   double clipGradients() {
+    std::vector<at::Tensor>& held = sharded() ? shards_ : params_;
     double squares = 0;
-    for (const auto& p : params_) {
-      const double n = p.grad().norm().item().toDouble();
-      squares += n * n;
+    if (sharded()) {
+      for (const auto& r : control_.allGather({localSquares(held)})) squares += r[0];
+    } else {
+      squares = localSquares(held);
     }
     const double norm = std::sqrt(squares);
     if (spec_.grad_clip > 0 && norm > spec_.grad_clip) {
       const double factor = spec_.grad_clip / (norm + 1e-6);
-      for (auto& p : params_) p.mutable_grad().mul_(factor);
+      for (auto& p : held) p.mutable_grad().mul_(factor);
     }
     return norm;
+  }
+
+  static double localSquares(const std::vector<at::Tensor>& tensors) {
+    double squares = 0;
+    for (const auto& p : tensors) {
+      const double n = p.grad().norm().item().toDouble();
+      squares += n * n;
+    }
+    return squares;
   }
 
   // Every rank takes part (the loss is averaged over the job); rank 0 prints the line of
@@ -368,16 +498,13 @@ class RankTrainer {
   // The all-reduce time per step the calibrated model predicts for these buckets.
   double predictComm(const Reducer& reducer, const CostModel& cost) const {
     double total = 0;
-    for (const auto& bucket : reducer.bucketLayout()) {
-      int64_t numel = 0;
-      for (size_t k : bucket) numel += params_[k].numel();
-      CollectiveArgs args;
-      args.data.count = static_cast<size_t>(numel);
-      args.data.dtype = DType::kF32;
-      std::string why;
-      const auto* rule = comm_.select(args, rules_, &why);
-      if (rule == nullptr) return kNoPrediction;
-      total += rule->choice.scheduler->predictSeconds(args, comm_.topology(), cost);
+    for (size_t b = 0; b < reducer.bucketCount(); ++b) {
+      for (const CollectiveArgs& args : stepCollectives(reducer, b)) {
+        std::string why;
+        const auto* rule = comm_.select(args, rules_, &why);
+        if (rule == nullptr) return kNoPrediction;
+        total += rule->choice.scheduler->predictSeconds(args, comm_.topology(), cost);
+      }
     }
     return total;
   }
@@ -406,6 +533,10 @@ class RankTrainer {
 
     r.token_budgets = spec_.token_budgets;
     r.peak_flops = spec_.peak_flops;
+    r.sharding = sharded() ? "optimizer" : "none";
+    for (const auto& p : params_) r.parameter_bytes += static_cast<uint64_t>(p.numel()) * 4;
+    for (auto& [name, tensor] : optimizer_->state())
+      r.optimizer_bytes += static_cast<uint64_t>(tensor.numel()) * 4;
     return r;
   }
 
@@ -429,6 +560,8 @@ class RankTrainer {
   std::vector<std::string> names_;
   std::vector<at::Tensor> params_;
   std::unique_ptr<Optimizer> optimizer_;
+  Reducer* reducer_ = nullptr;      // while run() runs
+  std::vector<at::Tensor> shards_;  // sharded: this rank's block of every bucket's parameters
   LrSchedule lr_;
 };
 
