@@ -155,10 +155,13 @@ std::vector<at::Tensor> Reducer::parameterShards() {
 }
 
 at::Tensor Reducer::allGather(size_t b, const at::Tensor& shard) {
+  return allGatherInto(b, shard, at::empty({buckets_[b].flat.numel()}, at::kFloat));
+}
+
+at::Tensor Reducer::allGatherInto(size_t b, const at::Tensor& shard, at::Tensor full) {
   Bucket& bucket = buckets_[b];
   COLLIE_CHECK(shard.numel() == bucket.flat.numel() / group_, "bucket ", b, ": a block of ",
                shard.numel(), " elements, expected ", bucket.flat.numel() / group_);
-  at::Tensor full = at::empty({bucket.flat.numel()}, at::kFloat);
   CollectiveArgs args;
   args.coll = Collective::kAllGather;
   args.data.data = shard.data_ptr();
@@ -176,7 +179,8 @@ SyncTiming Reducer::gatherParameters(const std::vector<at::Tensor>& shards) {
   const auto start = Clock::now();
   SyncTiming timing;
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    const at::Tensor full = allGather(b, shards[b]);
+    // Into the bucket's own buffer: its gradients were reduce-scattered already.
+    const at::Tensor full = allGatherInto(b, shards[b], buckets_[b].flat);
     for (size_t k : buckets_[b].params) {
       params_[k].copy_(full.narrow(0, slots_[k].offset, slots_[k].numel).view(params_[k].sizes()));
     }

@@ -95,6 +95,8 @@ class Reducer {
   int launchReady();  // queues the buckets that are complete, in order; how many
   void communicationLoop();
   CollectiveArgs argsFor(Bucket& bucket, Collective coll) const;
+  // allGather() into `full` (the bucket's padded size); returns it.
+  at::Tensor allGatherInto(size_t b, const at::Tensor& shard, at::Tensor full);
 
   std::vector<at::Tensor> params_;
   std::vector<unsigned> hooks_;  // register_hook handles, removed on destruction

@@ -51,6 +51,7 @@ json toJson(const Result& r) {
           {"sharding", r.sharding},
           {"parameter_bytes", r.parameter_bytes},
           {"optimizer_bytes", r.optimizer_bytes},
+          {"peak_rss_bytes", r.peak_rss_bytes},
           {"predicted_comm_s",
            std::isnan(r.predicted_comm_seconds) ? json(nullptr) : json(r.predicted_comm_seconds)},
           {"link_alpha_s", r.link_alpha},
@@ -96,6 +97,7 @@ Result fromJson(const json& j) {
   r.sharding = j.value("sharding", "none");
   r.parameter_bytes = j.value("parameter_bytes", uint64_t{0});
   r.optimizer_bytes = j.value("optimizer_bytes", uint64_t{0});
+  r.peak_rss_bytes = j.value("peak_rss_bytes", std::vector<double>{});
   r.predicted_comm_seconds =
       j.at("predicted_comm_s").is_null() ? kNoPrediction : j.at("predicted_comm_s").get<double>();
   r.link_alpha = j.at("link_alpha_s");

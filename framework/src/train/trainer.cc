@@ -8,6 +8,7 @@
 #include <ATen/ops/zeros.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sys/resource.h>
 #include <torch/utils.h>
 
 #include <chrono>
@@ -162,6 +163,10 @@ class RankTrainer {
       ranks.push_back(RankSummary::unpack(packed));
     combineRanks(ranks, sharding_.globalBatch() / spec_.grad_accum, &result);
     result.allreduce_bytes = stats.empty() ? 0 : stats.back().sync.bytes;
+    struct rusage usage {};
+    ::getrusage(RUSAGE_SELF, &usage);  // ru_maxrss: KiB (of the process: ranks as threads share it)
+    for (const auto& r : control_.allGather({static_cast<double>(usage.ru_maxrss) * 1024}))
+      result.peak_rss_bytes.push_back(r[0]);
     return result;
   }
 
