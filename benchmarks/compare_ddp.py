@@ -15,7 +15,7 @@ def collie(out, scheduler, ranks, rnd):
 def pytorch(out, ranks, rnd):
     with open(f"{out}/pytorch-{ranks}-{rnd}.log") as f:
         for line in f:
-            if '"peer": "pytorch-ddp"' in line:
+            if '"peer": "pytorch-' in line:
                 return json.loads(line[line.index("{"):])
     raise SystemExit(f"no result in {out}/pytorch-{ranks}-{rnd}.log (see its torchrun log)")
 

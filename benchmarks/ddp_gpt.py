@@ -2,7 +2,9 @@
 models/gpt (pre-norm blocks, causal attention written with matmuls, GELU MLP, tied head,
 GPT-2 initialisation), AdamW with the same hyperparameters and clipping, trained by
 torch.nn.parallel.DistributedDataParallel over Gloo under torchrun. Prints one JSON line
-with the measured throughput (rank 0).
+with the measured throughput and every rank's peak RSS (rank 0). With --zero the optimizer
+is torch.distributed.optim.ZeroRedundancyOptimizer over AdamW (ZeRO stage 1, the peer of
+collie's train.sharding: optimizer; benchmarks/zero_peers.sh).
 
 Run it the way DESIGN §10 says Debian's torchrun works:
   OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 --redirects 2 --tee 1 \
@@ -13,6 +15,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import time
 
 import torch
@@ -103,6 +106,8 @@ def main():
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--bucket-mb", type=float, default=25)
+    parser.add_argument("--zero", action="store_true",
+                        help="ZeroRedundancyOptimizer (optimizer state sharded over the ranks)")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -111,7 +116,13 @@ def main():
     torch.manual_seed(1234)
     model = Gpt(args.layers, args.d_model, args.heads, args.seq_len, args.vocab, args.mlp_ratio)
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
-    optimizer = torch.optim.AdamW(ddp.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    if args.zero:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW,
+                                            lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    else:
+        optimizer = torch.optim.AdamW(ddp.parameters(), lr=3e-3, betas=(0.9, 0.95),
+                                      weight_decay=0.1)
     generator = torch.Generator().manual_seed(1234 + rank)
 
     times, losses = [], []
@@ -130,10 +141,13 @@ def main():
     timed = times[1:] if len(times) > 1 else times
     step_s = torch.tensor([sum(timed) / len(timed)])
     dist.all_reduce(step_s, op=dist.ReduceOp.MAX)  # the slowest rank, as collie reports
+    rss = torch.zeros(world, dtype=torch.float64)  # ru_maxrss: KiB on Linux
+    rss[rank] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+    dist.all_reduce(rss)
     if rank == 0:
         world_tokens = world * args.micro_batch * args.seq_len
         print(json.dumps({
-            "peer": "pytorch-ddp",
+            "peer": "pytorch-zero" if args.zero else "pytorch-ddp",
             "torch": torch.__version__,
             "blas": blas_in_use(),
             "ranks": world,
@@ -142,6 +156,7 @@ def main():
             "tokens_per_s": world_tokens / step_s.item(),
             "first_loss": losses[0],
             "last_loss": losses[-1],
+            "peak_rss_bytes": rss.tolist(),
         }), flush=True)
     dist.destroy_process_group()
 

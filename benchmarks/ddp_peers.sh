@@ -13,7 +13,7 @@ python=/usr/bin/python3
 collie=build/bin/collie
 [[ -x "$collie" ]] || { echo "build collie first: scripts/build.sh" >&2; exit 2; }
 command -v torchrun >/dev/null || { echo "torchrun missing: apt-get install python3-torch" >&2; exit 2; }
-openblas="$(ldconfig -p | awk '/libopenblas\.so\.0 /{print $NF; exit}')"
+openblas="$(ldconfig -p | awk '/libopenblas\.so\.0 / && !found {print $NF; found = 1}')"
 [[ -n "$openblas" ]] || { echo "OpenBLAS missing: apt-get install libopenblas0-pthread" >&2; exit 2; }
 mkdir -p "$out"
 echo "# collie: $($collie --version | tr '\n' ' ')"
