@@ -173,26 +173,37 @@ class RankTrainer {
  private:
   bool sharded() const { return spec_.sharding == config::ShardedState::kOptimizer; }
 
-  // Everything a checkpoint holds, by name: the parameters and the optimizer state, per
-  // parameter ("exp_avg/3"), whatever the sharding: a sharded run gathers its state from
-  // every rank's shards (a collective), so that its checkpoint resumes at any world size
-  // and sharding.
-  std::vector<std::pair<std::string, at::Tensor>> stateTensors() {
+  // The checkpoint's parameter tensors ("param/NAME").
+  std::vector<std::pair<std::string, at::Tensor>> parameterTensors() const {
     std::vector<std::pair<std::string, at::Tensor>> all;
     for (size_t k = 0; k < params_.size(); ++k) all.emplace_back("param/" + names_[k], params_[k]);
+    return all;
+  }
+
+  // Appends to `all` the state `kind` of every parameter of bucket b ("exp_avg/3"), as views
+  // of `full`, that bucket's state in its flat layout.
+  void addPerParameter(std::vector<std::pair<std::string, at::Tensor>>* all,
+                       const std::string& kind, size_t b, const at::Tensor& full) const {
+    for (size_t k = 0; k < params_.size(); ++k) {
+      if (reducer_->bucketOf(k) != b) continue;
+      all->emplace_back(
+          fmt::format("{}/{}", kind, k),
+          full.narrow(0, reducer_->offsetOf(k), params_[k].numel()).view(params_[k].sizes()));
+    }
+  }
+
+  // Everything a checkpoint holds, by name: the parameters and the optimizer state, per
+  // parameter ("exp_avg/3"), whatever the sharding: a sharded run gathers its state from
+  // every rank's shards (a collective), so that sharded and unsharded runs resume from each
+  // other's checkpoints.
+  std::vector<std::pair<std::string, at::Tensor>> stateTensors() {
+    auto all = parameterTensors();
     if (!sharded()) {
       for (auto& entry : optimizer_->state()) all.push_back(entry);
       return all;
     }
-    for (const auto& [kind, b, shard] : shardedState()) {
-      const at::Tensor full = reducer_->allGather(b, shard);
-      for (size_t k = 0; k < params_.size(); ++k) {
-        if (reducer_->bucketOf(k) != b) continue;
-        all.emplace_back(
-            fmt::format("{}/{}", kind, k),
-            full.narrow(0, reducer_->offsetOf(k), params_[k].numel()).view(params_[k].sizes()));
-      }
-    }
+    for (const auto& [kind, b, shard] : shardedState())
+      addPerParameter(&all, kind, b, reducer_->allGather(b, shard));
     return all;
   }
 
@@ -213,19 +224,12 @@ class RankTrainer {
   // Returns the checkpoint's step.
   int64_t restoreState(const RunCheckpoints& checkpoints, const std::string& path) {
     if (!sharded()) return checkpoints.restore(path, stateTensors());
-    std::vector<std::pair<std::string, at::Tensor>> all;
-    for (size_t k = 0; k < params_.size(); ++k) all.emplace_back("param/" + names_[k], params_[k]);
+    auto all = parameterTensors();
     const auto state = shardedState();
     std::vector<at::Tensor> fulls;  // one per state tensor: its bucket's padded values
     for (const auto& [kind, b, shard] : state) {
       fulls.push_back(at::zeros({reducer_->bucketNumel(b)}, at::kFloat));
-      for (size_t k = 0; k < params_.size(); ++k) {
-        if (reducer_->bucketOf(k) != b) continue;
-        all.emplace_back(fmt::format("{}/{}", kind, k),
-                         fulls.back()
-                             .narrow(0, reducer_->offsetOf(k), params_[k].numel())
-                             .view(params_[k].sizes()));
-      }
+      addPerParameter(&all, kind, b, fulls.back());
     }
     const int64_t step = checkpoints.restore(path, all);
     at::NoGradGuard no_grad;
