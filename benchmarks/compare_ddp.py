@@ -12,12 +12,17 @@ def collie(out, scheduler, ranks, rnd):
         return json.load(f)[0]
 
 
-def pytorch(out, ranks, rnd):
-    with open(f"{out}/pytorch-{ranks}-{rnd}.log") as f:
+def peer_result(path):
+    """The JSON line benchmarks/ddp_gpt.py prints (rank 0), from a torchrun log."""
+    with open(path) as f:
         for line in f:
             if '"peer": "pytorch-' in line:
                 return json.loads(line[line.index("{"):])
-    raise SystemExit(f"no result in {out}/pytorch-{ranks}-{rnd}.log (see its torchrun log)")
+    raise SystemExit(f"no result in {path} (see its torchrun log)")
+
+
+def pytorch(out, ranks, rnd):
+    return peer_result(f"{out}/pytorch-{ranks}-{rnd}.log")
 
 
 def main():

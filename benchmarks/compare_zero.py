@@ -7,6 +7,8 @@ import json
 import statistics
 import sys
 
+from compare_ddp import peer_result
+
 
 def collie(out, sharding, rnd):
     with open(f"{out}/collie-{sharding}-{rnd}/summary.json") as f:
@@ -14,11 +16,7 @@ def collie(out, sharding, rnd):
 
 
 def pytorch(out, optimizer, rnd):
-    with open(f"{out}/pytorch-{optimizer}-{rnd}.log") as f:
-        for line in f:
-            if '"peer": "pytorch-' in line:
-                return json.loads(line[line.index("{"):])
-    raise SystemExit(f"no result in {out}/pytorch-{optimizer}-{rnd}.log (see its torchrun log)")
+    return peer_result(f"{out}/pytorch-{optimizer}-{rnd}.log")
 
 
 def spread(values, fmt):

@@ -9,15 +9,8 @@ out="${1:-runs/ddp-peers-$(date +%Y%m%d-%H%M%S)}"
 steps="${STEPS:-30}"
 rounds="${ROUNDS:-2}"
 ranks_list="${RANKS:-1 2}"
-python=/usr/bin/python3
-collie=build/bin/collie
-[[ -x "$collie" ]] || { echo "build collie first: scripts/build.sh" >&2; exit 2; }
-command -v torchrun >/dev/null || { echo "torchrun missing: apt-get install python3-torch" >&2; exit 2; }
-openblas="$(ldconfig -p | awk '/libopenblas\.so\.0 / && !found {print $NF; found = 1}')"
-[[ -n "$openblas" ]] || { echo "OpenBLAS missing: apt-get install libopenblas0-pthread" >&2; exit 2; }
+source benchmarks/pytorch_peer.sh
 mkdir -p "$out"
-echo "# collie: $($collie --version | tr '\n' ' ')"
-echo "# PyTorch peer: LD_PRELOAD=$openblas, torchrun --standalone --redirects 2 --tee 1"
 
 # Rounds alternate the peers so that a noisy minute does not favour one of them.
 for round in $(seq 1 "$rounds"); do

@@ -18,14 +18,8 @@ d_model="${D_MODEL:-512}"
 seq_len="${SEQ_LEN:-64}"
 vocab="${VOCAB:-256}"
 micro_batch="${MICRO_BATCH:-2}"
-python=/usr/bin/python3
-collie=build/bin/collie
-[[ -x "$collie" ]] || { echo "build collie first: scripts/build.sh" >&2; exit 2; }
-command -v torchrun >/dev/null || { echo "torchrun missing: apt-get install python3-torch" >&2; exit 2; }
-openblas="$(ldconfig -p | awk '/libopenblas\.so\.0 / && !found {print $NF; found = 1}')"
-[[ -n "$openblas" ]] || { echo "OpenBLAS missing: apt-get install libopenblas0-pthread" >&2; exit 2; }
+source benchmarks/pytorch_peer.sh
 mkdir -p "$out"
-echo "# collie: $($collie --version | tr '\n' ' ')"
 echo "# GPT: $layers layers, d_model $d_model, seq_len $seq_len, vocab $vocab; $ranks ranks x $micro_batch samples, $steps steps"
 
 model=(--set model.params.layers="$layers" --set model.params.d_model="$d_model"
