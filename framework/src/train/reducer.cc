@@ -125,19 +125,36 @@ int Reducer::launchReady() {
   return launched;
 }
 
+namespace {
+// A float32 tensor's elements as a collective's buffer.
+Buffer floats(const at::Tensor& t) {
+  Buffer b;
+  b.data = t.data_ptr();
+  b.count = static_cast<size_t>(t.numel());
+  b.dtype = DType::kF32;
+  return b;
+}
+}  // namespace
+
 CollectiveArgs Reducer::argsFor(Bucket& bucket, Collective coll) const {
   CollectiveArgs args;
   args.coll = coll;
-  args.data.data = bucket.flat.data_ptr();
-  args.data.count = static_cast<size_t>(bucket.flat.numel());
-  args.data.dtype = DType::kF32;
+  args.data = floats(bucket.flat);
   args.op = ReduceOp::kSum;
-  if (coll == Collective::kReduceScatter) {
-    args.output.data = bucket.shard.data_ptr();
-    args.output.count = static_cast<size_t>(bucket.shard.numel());
-    args.output.dtype = DType::kF32;
-  }
+  if (coll == Collective::kReduceScatter) args.output = floats(bucket.shard);
   return args;
+}
+
+void Reducer::pack(Bucket& bucket) {
+  for (size_t k : bucket.params) {
+    bucket.flat.narrow(0, slots_[k].offset, slots_[k].numel).copy_(params_[k].reshape({-1}));
+  }
+}
+
+void Reducer::unpack(const Bucket& bucket, const at::Tensor& full) {
+  for (size_t k : bucket.params) {
+    params_[k].copy_(full.narrow(0, slots_[k].offset, slots_[k].numel).view(params_[k].sizes()));
+  }
 }
 
 std::vector<at::Tensor> Reducer::parameterShards() {
@@ -145,9 +162,7 @@ std::vector<at::Tensor> Reducer::parameterShards() {
   std::vector<at::Tensor> shards;
   for (auto& b : buckets_) {
     b.flat.zero_();
-    for (size_t k : b.params) {
-      b.flat.narrow(0, slots_[k].offset, slots_[k].numel).copy_(params_[k].reshape({-1}));
-    }
+    pack(b);
     const int64_t k = b.flat.numel() / group_;
     shards.push_back(b.flat.narrow(0, rank_ * k, k).clone());
   }
@@ -164,12 +179,8 @@ at::Tensor Reducer::allGatherInto(size_t b, const at::Tensor& shard, at::Tensor 
                shard.numel(), " elements, expected ", bucket.flat.numel() / group_);
   CollectiveArgs args;
   args.coll = Collective::kAllGather;
-  args.data.data = shard.data_ptr();
-  args.data.count = static_cast<size_t>(shard.numel());
-  args.data.dtype = DType::kF32;
-  args.output.data = full.data_ptr();
-  args.output.count = static_cast<size_t>(full.numel());
-  args.output.dtype = DType::kF32;
+  args.data = floats(shard);
+  args.output = floats(full);
   bucket.provenance = comm_.run(args);
   return full;
 }
@@ -180,11 +191,7 @@ SyncTiming Reducer::gatherParameters(const std::vector<at::Tensor>& shards) {
   SyncTiming timing;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     // Into the bucket's own buffer: its gradients were reduce-scattered already.
-    const at::Tensor full = allGatherInto(b, shards[b], buckets_[b].flat);
-    for (size_t k : buckets_[b].params) {
-      params_[k].copy_(full.narrow(0, slots_[k].offset, slots_[k].numel).view(params_[k].sizes()));
-    }
-    timing.bytes += static_cast<uint64_t>(full.numel()) * 4;
+    unpack(buckets_[b], allGatherInto(b, shards[b], buckets_[b].flat));
     timing.collectives.push_back(buckets_[b].provenance);
     timing.comm_seconds += buckets_[b].provenance.seconds;
   }
@@ -268,9 +275,7 @@ void Reducer::broadcastParameters() {
   at::NoGradGuard no_grad;
   const bool root = comm_.backend().rank() == 0;
   for (auto& b : buckets_) {
-    for (size_t k : b.params) {
-      b.flat.narrow(0, slots_[k].offset, slots_[k].numel).copy_(params_[k].reshape({-1}));
-    }
+    pack(b);
     CollectiveArgs args = argsFor(b, Collective::kBroadcast);
     std::string refusals;
     if (comm_.select(args, comm_.rules(), &refusals) == nullptr) {
@@ -280,10 +285,7 @@ void Reducer::broadcastParameters() {
       args = argsFor(b, Collective::kAllReduce);
     }
     comm_.run(args);
-    for (size_t k : b.params) {
-      params_[k].copy_(
-          b.flat.narrow(0, slots_[k].offset, slots_[k].numel).view(params_[k].sizes()));
-    }
+    unpack(b, b.flat);
   }
 }
 

@@ -54,7 +54,7 @@ class Reducer {
   // padded size, through the communicator (on the calling thread: between steps).
   at::Tensor allGather(size_t b, const at::Tensor& shard);
   // All-gathers every bucket's updated parameter block into the parameters; the time and
-  // provenance of those all-gathers.
+  // provenance of those all-gathers (no bytes: the gradient's are the step's figure).
   SyncTiming gatherParameters(const std::vector<at::Tensor>& shards);
   // The elements of bucket b (padded to a multiple of the group size), of one
   // rank's block of it, and where parameter k lies in it.
@@ -95,6 +95,10 @@ class Reducer {
   int launchReady();  // queues the buckets that are complete, in order; how many
   void communicationLoop();
   CollectiveArgs argsFor(Bucket& bucket, Collective coll) const;
+  // Copies the parameters of `bucket` into its flat buffer, and back from `full` (a tensor
+  // in the bucket's layout). Caller holds no_grad.
+  void pack(Bucket& bucket);
+  void unpack(const Bucket& bucket, const at::Tensor& full);
   // allGather() into `full` (the bucket's padded size); returns it.
   at::Tensor allGatherInto(size_t b, const at::Tensor& shard, at::Tensor full);
 
