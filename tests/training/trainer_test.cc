@@ -135,20 +135,34 @@ INSTANTIATE_TEST_SUITE_P(Schedulers, SchedulerSync,
                          ::testing::Values("ring", "tree", "halving_doubling", "hierarchical",
                                            "auto"));
 
-// ZeRO stage 1 against plain data parallelism: the same parameters, bit for bit, after 20
-// steps with unequal micro-batches and accumulation (clipping off: a sharded run adds the
-// squares of its norm in another order).
+// ZeRO stages 1 and 2 against plain data parallelism: the same parameters, bit for bit,
+// after 20 steps with unequal micro-batches and accumulation (clipping off: a sharded run
+// adds the squares of its norm in another order).
 struct ShardingCase {
   std::string scheduler;
   std::string micro_batch;
 };
 
-class ShardedOptimizer : public ::testing::TestWithParam<ShardingCase> {};
+void PrintTo(const ShardingCase& c, std::ostream* os) {
+  *os << c.scheduler << " " << c.micro_batch;
+}
 
-TEST_P(ShardedOptimizer, GivesTheParametersOfUnshardedTraining) {
+size_t ranksOf(const ShardingCase& c) {
+  return std::count(c.micro_batch.begin(), c.micro_batch.end(), ',') + 1;
+}
+
+// "ring_3ranks", "ring_3ranks_equal": the test's name and its runs' directories.
+std::string caseName(const ShardingCase& c) {
+  const bool equal = c.micro_batch == "[2, 2, 2]" || c.micro_batch == "[3, 3, 3, 3]";
+  return c.scheduler + "_" + std::to_string(ranksOf(c)) + "ranks" + (equal ? "_equal" : "");
+}
+
+class Sharding : public ::testing::TestWithParam<ShardingCase> {};
+
+TEST_P(Sharding, GivesTheParametersOfUnshardedTraining) {
   const ShardingCase c = GetParam();
-  const size_t ranks = std::count(c.micro_batch.begin(), c.micro_batch.end(), ',') + 1;
-  const std::string tag = c.scheduler + "-" + std::to_string(ranks);
+  const size_t ranks = ranksOf(c);
+  const std::string tag = caseName(c);  // unique: ctest runs the cases side by side
   const std::vector<std::string> sets = {"launch.nproc_per_node=" + std::to_string(ranks),
                                          "train.micro_batch=" + c.micro_batch,
                                          "train.grad_accum=2",
@@ -157,96 +171,115 @@ TEST_P(ShardedOptimizer, GivesTheParametersOfUnshardedTraining) {
                                          "train.grad_clip=0",
                                          "train.steps=20"};
   const auto plain_result = runTraining("zero0-" + tag, sets);
-  auto sharded_sets = sets;
-  sharded_sets.push_back("train.sharding=optimizer");
-  auto result = runTraining("zero1-" + tag, sharded_sets);
-  EXPECT_TRUE(result.sync.identical) << result.sync.describe(static_cast<int>(ranks));
-  EXPECT_GT(result.buckets, 1);
-  // AdamW's two moments: 8 bytes per parameter, of which each rank keeps its 1/N (each
-  // bucket padded by fewer than N elements).
-  EXPECT_EQ(plain_result.optimizer_bytes, 8u * static_cast<uint64_t>(plain_result.parameters));
-  EXPECT_GE(result.optimizer_bytes * ranks, plain_result.optimizer_bytes);
-  EXPECT_LT(result.optimizer_bytes * ranks,
-            plain_result.optimizer_bytes + 8u * ranks * static_cast<uint64_t>(result.buckets));
-  EXPECT_EQ(result.sharding, "optimizer");
-  const auto plain = finalWeights("zero0-" + tag), sharded = finalWeights("zero1-" + tag);
-  ASSERT_EQ(plain.size(), sharded.size());
-  for (const auto& [key, tensor] : plain) {
-    EXPECT_TRUE(at::equal(tensor, sharded.at(key))) << key << " differs with sharding";
+  const auto plain = finalWeights("zero0-" + tag);
+  const uint64_t psi = static_cast<uint64_t>(plain_result.parameters);
+  // Each bucket is padded by fewer than N elements: at most this many bytes per kind.
+  const uint64_t padding = 4u * ranks * static_cast<uint64_t>(plain_result.buckets);
+  EXPECT_EQ(plain_result.optimizer_bytes, 8u * psi);  // AdamW's two moments
+  EXPECT_GE(plain_result.gradient_bytes, 4u * psi);
+  EXPECT_LT(plain_result.gradient_bytes, 4u * psi + padding);
+  for (const std::string stage : {"optimizer", "gradients"}) {
+    SCOPED_TRACE(stage);
+    auto sharded_sets = sets;
+    sharded_sets.push_back("train.sharding=" + stage);
+    const std::string name = "zero-" + stage + "-" + tag;
+    auto result = runTraining(name, sharded_sets);
+    EXPECT_TRUE(result.sync.identical) << result.sync.describe(static_cast<int>(ranks));
+    EXPECT_GT(result.buckets, 1);
+    EXPECT_EQ(result.sharding, stage);
+    // Every rank keeps its 1/N of the moments; stage 2 its 1/N of the gradients too.
+    EXPECT_GE(result.optimizer_bytes * ranks, 8u * psi);
+    EXPECT_LT(result.optimizer_bytes * ranks, 8u * psi + 2 * padding);
+    EXPECT_GE(result.parameter_bytes, 4u * psi);
+    EXPECT_LT(result.parameter_bytes, 4u * psi + padding);
+    const uint64_t grads =
+        stage == "gradients" ? result.gradient_bytes * ranks : result.gradient_bytes;
+    EXPECT_GE(grads, 4u * psi);
+    EXPECT_LT(grads, 4u * psi + padding);
+    const auto sharded = finalWeights(name);
+    ASSERT_EQ(plain.size(), sharded.size());
+    for (const auto& [key, tensor] : plain) {
+      EXPECT_TRUE(at::equal(tensor, sharded.at(key))) << key << " differs with sharding";
+    }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Schedulers, ShardedOptimizer,
-                         ::testing::Values(ShardingCase{"ring", "[5, 3]"},
-                                           ShardingCase{"ring", "[4, 3, 2]"},
-                                           ShardingCase{"ring", "[4, 3, 2, 1]"},
-                                           ShardingCase{"halving_doubling", "[5, 3]"},
-                                           ShardingCase{"halving_doubling", "[4, 3, 2, 1]"}),
-                         [](const ::testing::TestParamInfo<ShardingCase>& info) {
-                           const std::string& m = info.param.micro_batch;
-                           return info.param.scheduler + "_" +
-                                  std::to_string(std::count(m.begin(), m.end(), ',') + 1) + "ranks";
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Schedulers, Sharding,
+    ::testing::Values(ShardingCase{"ring", "[5, 3]"}, ShardingCase{"ring", "[4, 3, 2]"},
+                      ShardingCase{"ring", "[4, 3, 2, 1]"}, ShardingCase{"ring", "[2, 2, 2]"},
+                      ShardingCase{"halving_doubling", "[5, 3]"},
+                      ShardingCase{"halving_doubling", "[4, 3, 2, 1]"},
+                      ShardingCase{"halving_doubling", "[3, 3, 3, 3]"}),
+    [](const ::testing::TestParamInfo<ShardingCase>& info) { return caseName(info.param); });
 
 // With clipping the norm is gathered from the shards and adds in another order: the weights
 // agree to float rounding, not bit for bit.
-TEST(ShardedOptimizerClipping, ClipsByTheGlobalNormOfTheShards) {
+TEST(ShardingClipping, ClipsByTheGlobalNormOfTheShards) {
   const std::vector<std::string> sets = {"launch.nproc_per_node=2", "train.micro_batch=[5, 3]",
                                          "train.bucket_bytes=1KiB", "train.grad_clip=0.05",
                                          "train.steps=10"};
   runTraining("zero0-clip", sets);
-  auto sharded_sets = sets;
-  sharded_sets.push_back("train.sharding=optimizer");
-  runTraining("zero1-clip", sharded_sets);
-  EXPECT_LT(maxDifference(finalWeights("zero0-clip"), finalWeights("zero1-clip")), 1e-6);
-  runTraining("zero1-noclip",
-              {"launch.nproc_per_node=2", "train.micro_batch=[5, 3]", "train.bucket_bytes=1KiB",
-               "train.grad_clip=0", "train.steps=10", "train.sharding=optimizer"});
-  EXPECT_GT(maxDifference(finalWeights("zero1-clip"), finalWeights("zero1-noclip")), 1e-4)
-      << "clipping at 0.05 must change the update";
+  for (const std::string stage : {"optimizer", "gradients"}) {
+    SCOPED_TRACE(stage);
+    auto sharded_sets = sets;
+    sharded_sets.push_back("train.sharding=" + stage);
+    runTraining("zero-clip-" + stage, sharded_sets);
+    EXPECT_LT(maxDifference(finalWeights("zero0-clip"), finalWeights("zero-clip-" + stage)), 1e-6);
+    runTraining("zero-noclip-" + stage,
+                {"launch.nproc_per_node=2", "train.micro_batch=[5, 3]", "train.bucket_bytes=1KiB",
+                 "train.grad_clip=0", "train.steps=10", "train.sharding=" + stage});
+    EXPECT_GT(
+        maxDifference(finalWeights("zero-clip-" + stage), finalWeights("zero-noclip-" + stage)),
+        1e-4)
+        << "clipping at 0.05 must change the update";
+  }
 }
 
 // A sharded run's checkpoint holds the whole optimizer state per parameter, as an unsharded
 // run's does: the same tensors, bit for bit, so either resumes from the other's.
-TEST(ShardedOptimizerCheckpoint, HoldsTheUnshardedStateAndResumesBitIdentically) {
+TEST(ShardingCheckpoint, HoldsTheUnshardedStateAndResumesBitIdentically) {
   const std::vector<std::string> sets = {"launch.nproc_per_node=2", "train.micro_batch=[3, 2]",
                                          "train.grad_clip=0",       "train.bucket_bytes=1KiB",
                                          "train.steps=6",           "train.checkpoint_every=3"};
   runTraining("ckpt-zero0", sets);
-  auto sharded_sets = sets;
-  sharded_sets.push_back("train.sharding=optimizer");
-  runTraining("ckpt-zero1", sharded_sets);
   const fs::path base = fs::path(COLLIE_TEST_BINARY_DIR) / "training-scratch";
-  for (int step : {3, 6}) {
-    auto a =
-        train::loadCheckpoint(train::checkpointPath((base / "ckpt-zero0/ckpt").string(), step));
-    auto b =
-        train::loadCheckpoint(train::checkpointPath((base / "ckpt-zero1/ckpt").string(), step));
-    const std::map<std::string, at::Tensor> plain(a.tensors.begin(), a.tensors.end()),
-        sharded(b.tensors.begin(), b.tensors.end());
-    ASSERT_EQ(plain.size(), sharded.size());
-    for (const auto& [key, tensor] : plain) {
-      ASSERT_TRUE(sharded.count(key)) << key;
-      EXPECT_TRUE(at::equal(tensor, sharded.at(key))) << key << " at step " << step;
+  for (const std::string stage : {"optimizer", "gradients"}) {
+    SCOPED_TRACE(stage);
+    const std::string name = "ckpt-zero-" + stage;
+    auto sharded_sets = sets;
+    sharded_sets.push_back("train.sharding=" + stage);
+    runTraining(name, sharded_sets);
+    for (int step : {3, 6}) {
+      auto a =
+          train::loadCheckpoint(train::checkpointPath((base / "ckpt-zero0/ckpt").string(), step));
+      auto b = train::loadCheckpoint(train::checkpointPath((base / name / "ckpt").string(), step));
+      const std::map<std::string, at::Tensor> plain(a.tensors.begin(), a.tensors.end()),
+          sharded(b.tensors.begin(), b.tensors.end());
+      ASSERT_EQ(plain.size(), sharded.size());
+      for (const auto& [key, tensor] : plain) {
+        ASSERT_TRUE(sharded.count(key)) << key;
+        EXPECT_TRUE(at::equal(tensor, sharded.at(key))) << key << " at step " << step;
+      }
     }
-  }
-  // The sharded run resumes from its step-3 checkpoint, and ends where the whole run ended.
-  const fs::path dir = base / "ckpt-zero1";
-  fs::remove(train::checkpointPath((dir / "ckpt").string(), 6));
-  auto resumed_sets = sharded_sets;
-  resumed_sets.push_back("train.checkpoint_dir=" + (dir / "ckpt").string());
-  auto experiments =
-      config::loadExperiments(testing::writeTempFile("resume-zero.yaml", kBase), resumed_sets);
-  auto resumed = train::run(testing::buildTreeLoader(), experiments.at(0), dir.string());
-  EXPECT_EQ(resumed.timed_steps, 2);
-  const auto whole = finalWeights("ckpt-zero0"), again = finalWeights("ckpt-zero1");
-  for (const auto& [key, tensor] : whole) {
-    EXPECT_TRUE(at::equal(tensor, again.at(key))) << key << " differs after a sharded resume";
+    // The sharded run resumes from its step-3 checkpoint, and ends where the whole run ended.
+    const fs::path dir = base / name;
+    fs::remove(train::checkpointPath((dir / "ckpt").string(), 6));
+    auto resumed_sets = sharded_sets;
+    resumed_sets.push_back("train.checkpoint_dir=" + (dir / "ckpt").string());
+    auto experiments =
+        config::loadExperiments(testing::writeTempFile("resume-zero.yaml", kBase), resumed_sets);
+    auto resumed = train::run(testing::buildTreeLoader(), experiments.at(0), dir.string());
+    EXPECT_EQ(resumed.timed_steps, 2);
+    const auto whole = finalWeights("ckpt-zero0"), again = finalWeights(name);
+    for (const auto& [key, tensor] : whole) {
+      EXPECT_TRUE(at::equal(tensor, again.at(key))) << key << " differs after a sharded resume";
+    }
   }
 }
 
 // A scheduler without reduce-scatter cannot shard: said before the first step.
-TEST(ShardedOptimizerConfig, ASchedulerWithoutReduceScatterIsRefusedByName) {
+TEST(ShardingConfig, ASchedulerWithoutReduceScatterIsRefusedByName) {
   try {
     runTraining("zero-tree", {"launch.nproc_per_node=2", "train.micro_batch=[3, 2]",
                               "train.scheduler=tree", "train.sharding=optimizer"});

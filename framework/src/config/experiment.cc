@@ -439,6 +439,15 @@ std::string readAll(const std::string& path, const std::string& what) {
 
 }  // namespace
 
+const std::vector<std::string>& shardedStateNames() {
+  static const std::vector<std::string> names = {"none", "optimizer", "gradients"};
+  return names;
+}
+
+const std::string& shardedStateName(ShardedState s) {
+  return shardedStateNames().at(static_cast<size_t>(s));
+}
+
 std::string readConfigFile(const std::string& path, const std::string& what) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
@@ -833,11 +842,13 @@ const Schema& experimentSchema() {
                     .into(&TrainSpec::overlap)
                     .doc("all-reduce each bucket during backward, on a communication thread")},
                {"sharding",
-                S::oneOf({"none", "optimizer"})
+                S::oneOf(shardedStateNames())
                     .byDefault("none")
-                    .into(&TrainSpec::sharding, {ShardedState::kNone, ShardedState::kOptimizer})
+                    .into(&TrainSpec::sharding,
+                          {ShardedState::kNone, ShardedState::kOptimizer, ShardedState::kGradients})
                     .doc("ZeRO stage 1 (optimizer): each rank keeps the optimizer state of its "
-                         "shard; gradients are reduce-scattered, parameters all-gathered")},
+                         "shard; gradients are reduce-scattered, parameters all-gathered. "
+                         "Stage 2 (gradients): and only its shard of the reduced gradients")},
                {"verify_sync_every",
                 S::integer(0, 100000000)
                     .byDefault("0")

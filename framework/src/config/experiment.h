@@ -69,8 +69,12 @@ struct LabSpec {
   std::string cpus;  // per host, ';' between hosts ("" : every CPU)
 };
 
-// What of the training state each rank keeps only its shard of (ZeRO's stages, DESIGN §5).
-enum class ShardedState { kNone, kOptimizer };
+// What of the training state each rank keeps only its shard of (ZeRO's stages, DESIGN §5):
+// nothing (DDP), the optimizer state (stage 1), and the reduced gradients too (stage 2).
+enum class ShardedState { kNone, kOptimizer, kGradients };
+// train.sharding's values, in the enum's order.
+const std::vector<std::string>& shardedStateNames();
+const std::string& shardedStateName(ShardedState s);
 
 // A synchronous data-parallel training run (DESIGN §5).
 struct TrainSpec {

@@ -1,38 +1,56 @@
 // Gradient buckets and their all-reduce on a communication thread (DESIGN §5, PyTorch DDP's
 // Reducer as the reference): parameters are packed into buckets in reverse order; during the
 // last backward of a step each bucket is handed to the communication thread as soon as its
-// last gradient has arrived, so all-reduce overlaps the rest of backward.
+// last gradient has been accumulated, so all-reduce overlaps the rest of backward.
 //
-// Every bucket is padded to a multiple of the group size N. Sharded (ZeRO stage 1,
-// train.sharding: optimizer), it is split into N equal blocks; rank r owns block r of every bucket
-// (its shard). The bucket is reduce-scattered instead of all-reduced, so that each rank receives
-// the reduced gradient of its shard only; after the update, gatherParameters() all-gathers
-// the updated shards back into every rank's parameters.
+// The reducer owns the memory: every bucket holds its parameters' values in one flat
+// buffer (the module's parameters become views of it) and, unsharded, their gradients in
+// another (each .grad is a view of it, as DDP's gradient_as_bucket_view): autograd
+// accumulates straight into the bucket, which is reduced in place, and nothing is copied.
+//
+// Every bucket is padded to a multiple of the group size N. Sharded (ZeRO), it is split into
+// N equal blocks; rank r owns block r of every bucket (its shard). The bucket is
+// reduce-scattered instead of all-reduced, so that each rank receives the reduced gradient
+// of its shard only; after the update, gatherParameters() all-gathers the updated blocks
+// back into every rank's parameters.
+//   optimizer (stage 1): the bucket's gradient buffer stays; the reduced block lands in it.
+//   gradients (stage 2): a rank keeps only its reduced blocks; a bucket's full gradient
+//     buffer exists from its first gradient in the last backward until its reduce-scatter
+//     has finished (earlier micro-batches accumulate in autograd's own .grad tensors).
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "config/experiment.h"
 #include "runtime/communicator.h"
 #include "train/step.h"
 
 namespace collie::train {
 
+// Bytes a rank holds for training state, by kind (the ZeRO paper's accounting).
+struct HeldBytes {
+  uint64_t parameters = 0, gradients = 0;
+};
+
 class Reducer {
  public:
-  // `params` (float32, in the model's order) are bucketed by `bucket_bytes`. With `overlap`
-  // off, every bucket is all-reduced after backward instead of during it. The communicator
-  // is used from the communication thread only while a step synchronises.
+  // `params` (float32 leaves, in the model's order) are bucketed by `bucket_bytes` and
+  // moved into the buckets' buffers (their values kept). With `overlap` off, every bucket
+  // is reduced after backward instead of during it. The communicator is used from the
+  // communication thread only while a step synchronises.
   Reducer(std::vector<at::Tensor> params, uint64_t bucket_bytes, Communicator& comm, bool overlap,
-          bool sharded = false);
+          config::ShardedState sharding = config::ShardedState::kNone);
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
@@ -40,29 +58,35 @@ class Reducer {
   // Call before the backward whose gradients complete the step (the last micro-batch); the
   // gradient hooks stay idle during earlier backwards (no communication while accumulating).
   void arm();
-  // After that backward: launches what is left, waits for every bucket, and writes the
-  // summed gradients into each parameter's .grad (sharded: into gradShard(b) only).
+  // After that backward: launches what is left and waits for every bucket. Unsharded, each
+  // parameter's .grad then holds the summed gradient; sharded, gradShard(b) does.
   // Rethrows a communication failure.
   SyncTiming finish();
+  // After the update: the next step's gradients start from zero.
+  void clearGradients();
 
   // Sharded only. Bucket b's reduced gradient block on this rank (shardNumel(b)), valid
-  // after finish() until the next step's backward.
-  at::Tensor gradShard(size_t b) const { return buckets_[b].shard; }
-  // This rank's block of every bucket's parameter values, as new tensors.
-  std::vector<at::Tensor> parameterShards();
-  // All-gathers bucket b's blocks (`shard` on this rank) into a tensor of the bucket's
+  // after finish() until the next step's last backward.
+  at::Tensor gradShard(size_t b) const;
+  // This rank's block of every bucket's parameter values: views, which an update of them
+  // changes in place (the module's parameters see it after gatherParameters()).
+  std::vector<at::Tensor> parameterShards() const;
+  // All-gathers bucket b's blocks (`shard` on this rank) into a new tensor of the bucket's
   // padded size, through the communicator (on the calling thread: between steps).
   at::Tensor allGather(size_t b, const at::Tensor& shard);
-  // All-gathers every bucket's updated parameter block into the parameters; the time and
-  // provenance of those all-gathers (no bytes: the gradient's are the step's figure).
-  SyncTiming gatherParameters(const std::vector<at::Tensor>& shards);
+  // All-gathers every bucket's block of parameter values (after their update) into the
+  // parameters; the time and provenance of those all-gathers (no bytes: the gradient's are
+  // the step's figure).
+  SyncTiming gatherParameters();
   // The elements of bucket b (padded to a multiple of the group size), of one
   // rank's block of it, and where parameter k lies in it.
-  int64_t bucketNumel(size_t b) const { return buckets_[b].flat.numel(); }
-  int64_t shardNumel(size_t b) const { return buckets_[b].flat.numel() / group_; }
+  int64_t bucketNumel(size_t b) const { return buckets_[b].values.numel(); }
+  int64_t shardNumel(size_t b) const { return buckets_[b].values.numel() / group_; }
   size_t bucketOf(size_t param) const { return slots_[param].bucket; }
   int64_t offsetOf(size_t param) const { return slots_[param].offset; }
-  bool sharded() const { return sharded_; }
+  bool sharded() const { return sharding_ != config::ShardedState::kNone; }
+  // What this rank holds now in parameter values and gradients (buffers, not scratch).
+  HeldBytes held() const;
 
   // Broadcasts rank 0's parameter values to every rank, bucket by bucket.
   void broadcastParameters();
@@ -80,38 +104,48 @@ class Reducer {
   };
   struct Bucket {
     std::vector<size_t> params;
-    at::Tensor flat;   // (numel of its params, padded to a multiple of N) float32
-    at::Tensor shard;  // sharded: (flat / N) this rank's reduced block
+    at::Tensor values;  // (numel of its params, padded to a multiple of N) float32
+    at::Tensor grads;   // the same layout; stage 2: only while the last backward needs it
+    at::Tensor shard;   // stage 2: (values / N) this rank's reduced block
     size_t pending = 0;
     bool launched = false, done = false;
     double seconds = 0;
     Provenance provenance;
   };
 
-  void onGradient(size_t param, const at::Tensor& grad);
-  void fill(size_t param, const at::Tensor* grad);
+  bool keepsGradients() const { return sharding_ != config::ShardedState::kGradients; }
+  at::Tensor gradView(size_t param) const;  // its place in its bucket's gradient buffer
+  void beforeAccumulation(size_t param);    // a tensor hook: refuses a late second gradient
+  void afterAccumulation(size_t param);     // the accumulator's post hook
+  // Puts parameter k's accumulated gradient into its bucket's buffer when it is not there
+  // already (stage 2; or autograd replaced the view by a new tensor). Caller holds mu_.
+  void collect(size_t param);
+  void fill(size_t param);  // marks it ready; caller holds mu_
   // Hands ready buckets to the communication thread strictly in bucket order, so that every
   // rank issues the same collectives in the same order. Caller holds mu_.
   int launchReady();  // queues the buckets that are complete, in order; how many
   void communicationLoop();
-  CollectiveArgs argsFor(Bucket& bucket, Collective coll) const;
-  // Copies the parameters of `bucket` into its flat buffer, and back from `full` (a tensor
-  // in the bucket's layout). Caller holds no_grad.
-  void pack(Bucket& bucket);
-  void unpack(const Bucket& bucket, const at::Tensor& full);
-  // allGather() into `full` (the bucket's padded size); returns it.
-  at::Tensor allGatherInto(size_t b, const at::Tensor& shard, at::Tensor full);
+  void reduce(Bucket& bucket);  // its all-reduce or reduce-scatter (communication thread)
+  // allGather() of `shard` into `full` (the bucket's padded size).
+  void allGatherInto(size_t b, const at::Tensor& shard, const at::Tensor& full);
 
   std::vector<at::Tensor> params_;
-  std::vector<unsigned> hooks_;  // register_hook handles, removed on destruction
+  // The gradient accumulators our post hooks live on (held: autograd keeps only a weak
+  // reference between graphs) and the hooks' keys, removed on destruction.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<uintptr_t> post_hooks_;
+  std::vector<unsigned> hooks_;
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
   Communicator& comm_;
   bool overlap_;
-  bool sharded_;
+  config::ShardedState sharding_;
   int64_t group_ = 1, rank_ = 0;  // the group's size and this rank, for padding and blocks
+  // One block of the largest bucket: a collective's output or input may not alias the
+  // other buffer, so stage 1's reduced block and every all-gather's input pass through it.
+  at::Tensor block_scratch_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   bool armed_ = false, stopping_ = false, in_flight_ = false;
   size_t next_launch_ = 0;

@@ -50,6 +50,7 @@ json toJson(const Result& r) {
           {"buckets", r.buckets},
           {"sharding", r.sharding},
           {"parameter_bytes", r.parameter_bytes},
+          {"gradient_bytes", r.gradient_bytes},
           {"optimizer_bytes", r.optimizer_bytes},
           {"peak_rss_bytes", r.peak_rss_bytes},
           {"predicted_comm_s",
@@ -96,6 +97,7 @@ Result fromJson(const json& j) {
   r.buckets = j.at("buckets");
   r.sharding = j.value("sharding", "none");
   r.parameter_bytes = j.value("parameter_bytes", uint64_t{0});
+  r.gradient_bytes = j.value("gradient_bytes", uint64_t{0});
   r.optimizer_bytes = j.value("optimizer_bytes", uint64_t{0});
   r.peak_rss_bytes = j.value("peak_rss_bytes", std::vector<double>{});
   r.predicted_comm_seconds =
@@ -217,11 +219,14 @@ void printDetails(std::ostream& out, const Result& r) {
                        r.link_beta > 0 ? fmt::format("{:.4f}", bound * r.link_beta) : "-")
         << ", measured " << fmt::format("{:.4f}", r.comm_seconds) << " s\n";
   }
-  if (r.sharding != "none") {
-    out << "# " << tag << "state per rank: parameters "
-        << fmt::format("{:.2f} MB", static_cast<double>(r.parameter_bytes) / 1e6) << ", optimizer "
-        << fmt::format("{:.2f} MB", static_cast<double>(r.optimizer_bytes) / 1e6)
-        << fmt::format(" (train.sharding: {}: its 1/{} shard)", r.sharding, r.ranks) << "\n";
+  {
+    const auto mb = [](uint64_t bytes) { return static_cast<double>(bytes) / 1e6; };
+    out << "# " << tag
+        << fmt::format(
+               "state per rank (train.sharding: {}): parameters {:.2f} MB, gradients "
+               "{:.2f} MB, optimizer {:.2f} MB, {:.2f} MB in all between steps\n",
+               r.sharding, mb(r.parameter_bytes), mb(r.gradient_bytes), mb(r.optimizer_bytes),
+               mb(r.parameter_bytes + r.gradient_bytes + r.optimizer_bytes));
   }
   const double achieved = r.flops_per_token * r.tokens_per_second / r.ranks;
   out << "# " << tag << "model FLOP/s per rank: " << fmt::format("{:.3g}", achieved);
@@ -259,10 +264,10 @@ void printSummary(std::ostream& out, const std::vector<Result>& results) {
         << "world batch" << std::setw(11) << "tokens/s" << std::setw(9) << "speed-up"
         << std::setw(11) << "efficiency" << std::setw(10) << "comm (s)" << std::setw(13)
         << "exposed (s)" << std::setw(19) << "loss first->last";
-  // The optimizer state each rank holds, when some run shards it.
+  // The state each rank holds (parameters + gradients + optimizer), when some run shards it.
   const bool any_sharded = std::any_of(results.begin(), results.end(),
                                        [](const Result& r) { return r.sharding != "none"; });
-  if (any_sharded) table << std::setw(15) << "optimizer (MB)";
+  if (any_sharded) table << std::setw(17) << "state/rank (MB)";
   table << "\n";
   for (const auto& r : results) {
     const Result* solo = soloRun(results, r);
@@ -280,7 +285,8 @@ void printSummary(std::ostream& out, const std::vector<Result>& results) {
           << fmt::format("{:.4f}", r.exposed_seconds) << std::setw(19)
           << (fmt::format("{:.3f}", r.first_loss) + " -> " + fmt::format("{:.3f}", r.last_loss));
     if (any_sharded) {
-      table << std::setw(15) << fmt::format("{:.2f}", static_cast<double>(r.optimizer_bytes) / 1e6);
+      const uint64_t state = r.parameter_bytes + r.gradient_bytes + r.optimizer_bytes;
+      table << std::setw(17) << fmt::format("{:.2f}", static_cast<double>(state) / 1e6);
     }
     table << "\n";
   }

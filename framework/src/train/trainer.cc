@@ -118,13 +118,12 @@ class RankTrainer {
     const CostModel cost =
         bench::calibrate(comm_.backend(), control_, comm_.topology(), DType::kF32).model;
     for (auto& rule : rules_) rule.choice.scheduler->useCostModel(cost);
-    Reducer reducer(params_, spec_.bucket_bytes, comm_, spec_.overlap, sharded());
+    Reducer reducer(params_, spec_.bucket_bytes, comm_, spec_.overlap, spec_.sharding);
     reducer_ = &reducer;
     reducer.broadcastParameters();
     if (sharded()) {
       requireShardingCollectives(reducer);
       shards_ = reducer.parameterShards();
-      for (auto& shard : shards_) shard.set_requires_grad(true);
       optimizer_ = makeOptimizer(spec_, shards_);
     } else {
       optimizer_ = makeOptimizer(spec_, params_);
@@ -163,6 +162,7 @@ class RankTrainer {
       ranks.push_back(RankSummary::unpack(packed));
     combineRanks(ranks, sharding_.globalBatch() / spec_.grad_accum, &result);
     result.allreduce_bytes = stats.empty() ? 0 : stats.back().sync.bytes;
+    measureHeld(reducer, &result);
     struct rusage usage {};
     ::getrusage(RUSAGE_SELF, &usage);  // ru_maxrss: KiB (of the process: ranks as threads share it)
     for (const auto& r : control_.allGather({static_cast<double>(usage.ru_maxrss) * 1024}))
@@ -171,7 +171,7 @@ class RankTrainer {
   }
 
  private:
-  bool sharded() const { return spec_.sharding == config::ShardedState::kOptimizer; }
+  bool sharded() const { return spec_.sharding != config::ShardedState::kNone; }
 
   // The checkpoint's parameter tensors ("param/NAME").
   std::vector<std::pair<std::string, at::Tensor>> parameterTensors() const {
@@ -231,14 +231,12 @@ class RankTrainer {
       fulls.push_back(at::zeros({reducer_->bucketNumel(b)}, at::kFloat));
       addPerParameter(&all, kind, b, fulls.back());
     }
-    const int64_t step = checkpoints.restore(path, all);
+    const int64_t step = checkpoints.restore(path, all);  // the parameters, and so shards_
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < state.size(); ++i) {
       const int64_t k = reducer_->shardNumel(std::get<1>(state[i]));
       std::get<2>(state[i]).copy_(fulls[i].narrow(0, rank_ * k, k));
     }
-    const auto blocks = reducer_->parameterShards();
-    for (size_t b = 0; b < shards_.size(); ++b) shards_[b].copy_(blocks[b]);
     return step;
   }
 
@@ -267,10 +265,10 @@ class RankTrainer {
         std::string why;
         if (comm_.select(args, rules_, &why) != nullptr) continue;
         throw ConfigError(fmt::format(
-            "{}: train.sharding: optimizer needs {} of {} on {} ranks, which no rule of "
+            "{}: train.sharding: {} needs {} of {} on {} ranks, which no rule of "
             "train.scheduler runs: {}. HINT: use a scheduler that has both reduce_scatter "
             "and allgather (ring does on any group size), or train.sharding: none",
-            e_.file, collectiveName(args.coll),
+            e_.file, config::shardedStateName(spec_.sharding), collectiveName(args.coll),
             formatBytes(std::max(args.data.count, args.output.count) * 4), world_, why));
       }
     }
@@ -427,11 +425,11 @@ class RankTrainer {
     st.grad_norm = clipGradients();
     st.lr = lr_.at(s);
     optimizer_->step(st.lr);
-    for (auto& p : params_) p.mutable_grad() = at::Tensor();  // the next step starts afresh
+    reducer.clearGradients();  // the next step starts afresh
     st.optimizer = since(t);
     if (sharded()) {
       // Timed as communication, all of it exposed; sync.bytes stays the gradient's bytes.
-      const SyncTiming gathered = reducer.gatherParameters(shards_);
+      const SyncTiming gathered = reducer.gatherParameters();
       st.sync.comm_seconds += gathered.comm_seconds;
       st.sync.exposed_seconds += gathered.exposed_seconds;
       st.sync.collectives.insert(st.sync.collectives.end(), gathered.collectives.begin(),
@@ -542,11 +540,18 @@ class RankTrainer {
 
     r.token_budgets = spec_.token_budgets;
     r.peak_flops = spec_.peak_flops;
-    r.sharding = sharded() ? "optimizer" : "none";
-    for (const auto& p : params_) r.parameter_bytes += static_cast<uint64_t>(p.numel()) * 4;
-    for (auto& [name, tensor] : optimizer_->state())
-      r.optimizer_bytes += static_cast<uint64_t>(tensor.numel()) * 4;
+    r.sharding = config::shardedStateName(spec_.sharding);
     return r;
+  }
+
+  // What rank 0 holds between steps, by kind: the buffers themselves, not a formula.
+  void measureHeld(const Reducer& reducer, Result* r) {
+    const HeldBytes held = reducer.held();
+    r->parameter_bytes = held.parameters;
+    r->gradient_bytes = held.gradients;
+    r->optimizer_bytes = 0;
+    for (auto& [name, tensor] : optimizer_->state())
+      r->optimizer_bytes += static_cast<uint64_t>(tensor.numel()) * 4;
   }
 
   std::string microBatchText() const {

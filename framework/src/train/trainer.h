@@ -42,11 +42,12 @@ struct Result {
   bool tokens_weighting = true;
   double step_seconds = 0;  // mean over timed steps, slowest rank
   double tokens_per_second = 0;
-  double comm_seconds = 0, exposed_seconds = 0;       // per step, mean over ranks
-  uint64_t allreduce_bytes = 0;                       // gradient bytes per step
-  std::string sharding = "none";                      // train.sharding
-  uint64_t parameter_bytes = 0, optimizer_bytes = 0;  // held by rank 0
-  std::vector<double> peak_rss_bytes;                 // per rank, at the end (getrusage)
+  double comm_seconds = 0, exposed_seconds = 0;  // per step, mean over ranks
+  uint64_t allreduce_bytes = 0;                  // gradient bytes per step
+  std::string sharding = "none";                 // train.sharding
+  // Held by rank 0 between steps: parameter values, gradients, optimizer state.
+  uint64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;
+  std::vector<double> peak_rss_bytes;  // per rank, at the end (getrusage)
   int buckets = 0;
   double predicted_comm_seconds = 0;     // from the calibrated α-β-γ model (NaN: no model)
   double link_alpha = 0, link_beta = 0;  // the slowest level: between nodes when there are several
