@@ -1,6 +1,8 @@
-"""The table of benchmarks/zero_peers.sh: tokens/s and the largest peak RSS of a rank for
-collie (sharding none, optimizer) and PyTorch (DDP with AdamW, with ZeroRedundancyOptimizer),
-medians over the rounds with their min-max, and the ratios collie / PyTorch.
+"""The tables of benchmarks/zero_peers.sh: tokens/s and the peak RSS of every rank for collie
+(sharding none, optimizer, gradients) and PyTorch (DDP with AdamW, with
+ZeroRedundancyOptimizer), medians over the rounds with their min-max; the training state
+collie's ranks hold (measured in its buffers) beside ZeRO's formula for fp32 + AdamW; and
+the ratios collie / PyTorch.
   compare_zero.py OUT ROUNDS"""
 
 import json
@@ -8,6 +10,8 @@ import statistics
 import sys
 
 from compare_ddp import peer_result
+
+STAGES = ("none", "optimizer", "gradients")
 
 
 def collie(out, sharding, rnd):
@@ -23,40 +27,66 @@ def spread(values, fmt):
     return f"{fmt(statistics.median(values))} ({fmt(min(values))}-{fmt(max(values))})"
 
 
+def formula(sharding, psi, n):
+    """ZeRO's bytes per rank for fp32 parameters, gradients and AdamW's two moments."""
+    return {"none": 16 * psi, "optimizer": 8 * psi + 8 * psi / n,
+            "gradients": 4 * psi + 12 * psi / n}[sharding]
+
+
+def mb(v):
+    return f"{v:,.0f}"
+
+
 def main():
     out, rounds = sys.argv[1], int(sys.argv[2])
-    runs = {
-        "collie, sharding: none": [collie(out, "none", r) for r in range(1, rounds + 1)],
-        "collie, sharding: optimizer": [collie(out, "optimizer", r) for r in range(1, rounds + 1)],
-        "PyTorch DDP + AdamW": [pytorch(out, "ddp", r) for r in range(1, rounds + 1)],
-        "PyTorch DDP + ZeroRedundancyOptimizer": [pytorch(out, "zero", r)
-                                                   for r in range(1, rounds + 1)],
-    }
+    every = range(1, rounds + 1)
+    runs = {f"collie, sharding: {s}": [collie(out, s, r) for r in every] for s in STAGES}
+    runs["PyTorch DDP + AdamW"] = [pytorch(out, "ddp", r) for r in every]
+    runs["PyTorch DDP + ZeroRedundancyOptimizer"] = [pytorch(out, "zero", r) for r in every]
     first = runs["collie, sharding: none"][0]
     peer = runs["PyTorch DDP + AdamW"][0]
-    print(f"{first['ranks']} ranks; parameters: collie {first['parameters']:,}, "
-          f"PyTorch {peer['parameters']:,}; medians over {rounds} round(s) (min-max)")
+    n, psi = first["ranks"], first["parameters"]
+    print(f"{n} ranks; parameters: collie {psi:,}, PyTorch {peer['parameters']:,}; "
+          f"medians over {rounds} round(s) (min-max)")
     print()
-    print("| run | tokens/s | peak RSS of the largest rank (MB) |")
-    print("|---|---|---|")
+    print("| run | tokens/s | peak RSS, largest rank (MB) | peak RSS per rank (MB) |")
+    print("|---|---|---|---|")
     tokens, rss = {}, {}
     for name, results in runs.items():
         tokens[name] = [r["tokens_per_s"] for r in results]
         rss[name] = [max(r["peak_rss_bytes"]) / 1e6 for r in results]
+        per_rank = [statistics.median(r["peak_rss_bytes"][k] for r in results) / 1e6
+                    for k in range(n)]
         print(f"| {name} | {spread(tokens[name], lambda v: f'{v:,.0f}')} | "
-              f"{spread(rss[name], lambda v: f'{v:,.0f}')} |")
+              f"{spread(rss[name], mb)} | {', '.join(mb(v) for v in per_rank)} |")
     print()
+    print("State per rank between steps, collie's buffers (rank 0) against ZeRO's formula for "
+          "fp32 + AdamW, and what peak RSS fell by against sharding: none:")
+    print()
+    print("| sharding | parameters (MB) | gradients (MB) | optimizer (MB) | total (MB) "
+          "| formula (MB) | total / formula | peak RSS saved (MB) | formula saves (MB) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for s in STAGES:
+        r = runs[f"collie, sharding: {s}"][0]
+        total = r["parameter_bytes"] + r["gradient_bytes"] + r["optimizer_bytes"]
+        saved = [a - b for a, b in zip(rss["collie, sharding: none"],
+                                       rss[f"collie, sharding: {s}"])]
+        print(f"| {s} | {r['parameter_bytes'] / 1e6:,.1f} | {r['gradient_bytes'] / 1e6:,.1f} | "
+              f"{r['optimizer_bytes'] / 1e6:,.1f} | {total / 1e6:,.1f} | "
+              f"{formula(s, psi, n) / 1e6:,.1f} | {total / formula(s, psi, n):.4f} | "
+              f"{spread(saved, mb)} | "
+              f"{(formula('none', psi, n) - formula(s, psi, n)) / 1e6:,.0f} |")
+    print()
+    zero = "PyTorch DDP + ZeroRedundancyOptimizer"
     for mine, theirs in (("collie, sharding: none", "PyTorch DDP + AdamW"),
-                         ("collie, sharding: optimizer", "PyTorch DDP + ZeroRedundancyOptimizer")):
+                         ("collie, sharding: optimizer", zero),
+                         ("collie, sharding: gradients", zero)):
         ratio = [a / b for a, b in zip(tokens[mine], tokens[theirs])]
         memory = [a / b for a, b in zip(rss[mine], rss[theirs])]
         print(f"{mine} / {theirs}: tokens/s {spread(ratio, lambda v: f'{v:.2f}')}, "
               f"peak RSS {spread(memory, lambda v: f'{v:.2f}')}")
-    saved = [a - b for a, b in zip(rss["collie, sharding: none"], rss["collie, sharding: optimizer"])]
-    theirs = [a - b for a, b in zip(rss["PyTorch DDP + AdamW"],
-                                    rss["PyTorch DDP + ZeroRedundancyOptimizer"])]
-    print(f"peak RSS saved by sharding: collie {spread(saved, lambda v: f'{v:,.0f}')} MB, "
-          f"PyTorch {spread(theirs, lambda v: f'{v:,.0f}')} MB")
+    theirs = [a - b for a, b in zip(rss["PyTorch DDP + AdamW"], rss[zero])]
+    print(f"peak RSS saved by PyTorch's ZeroRedundancyOptimizer: {spread(theirs, mb)} MB")
 
 
 if __name__ == "__main__":

@@ -108,6 +108,8 @@ def main():
     parser.add_argument("--bucket-mb", type=float, default=25)
     parser.add_argument("--zero", action="store_true",
                         help="ZeroRedundancyOptimizer (optimizer state sharded over the ranks)")
+    parser.add_argument("--bucket-view", action="store_true",
+                        help="DDP's gradient_as_bucket_view (no second copy of the gradients)")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -115,7 +117,8 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1234)
     model = Gpt(args.layers, args.d_model, args.heads, args.seq_len, args.vocab, args.mlp_ratio)
-    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb,
+                                              gradient_as_bucket_view=args.bucket_view)
     if args.zero:
         from torch.distributed.optim import ZeroRedundancyOptimizer
         optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW,

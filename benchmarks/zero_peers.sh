@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# ZeRO stage 1 against its PyTorch peer, in one run: collie's trainer with train.sharding:
-# none and optimizer, and PyTorch 1.13 DDP with torch.optim.AdamW and with
-# ZeroRedundancyOptimizer (Python, torchrun, Gloo; Debian's python3-torch, the same
-# OpenBLAS), on the same GPT and the same number of processes. Prints tokens/s and the
-# largest peak RSS of a rank, each the median over the rounds, and the ratios.
+# ZeRO against its PyTorch peer, in one run: collie's trainer with train.sharding: none,
+# optimizer (stage 1) and gradients (stage 2), and PyTorch 1.13 DDP with torch.optim.AdamW
+# and with ZeroRedundancyOptimizer (stage 1; both with gradient_as_bucket_view, as collie's
+# buckets; Python, torchrun, Gloo; Debian's python3-torch, the same OpenBLAS), on the same
+# GPT and the same number of processes. Prints tokens/s and the peak RSS of every rank, each
+# the median over the rounds, the state collie measured in its buffers beside ZeRO's
+# formula, and the ratios. (PyTorch 1.13's stage 2, FSDP's SHARD_GRAD_OP, needs CUDA.)
 #   benchmarks/zero_peers.sh [OUT]
-#     (RANKS=4 STEPS=6 ROUNDS=2 LAYERS=8 D_MODEL=512 SEQ_LEN=64 VOCAB=256 MICRO_BATCH=2
-#      to change; the default GPT has 25.7 M parameters)
+#     (RANKS=4 STEPS=6 ROUNDS=2 LAYERS=16 D_MODEL=512 SEQ_LEN=64 VOCAB=256 MICRO_BATCH=2
+#      to change; the default GPT has 50.5 M parameters)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-runs/zero-peers-$(date +%Y%m%d-%H%M%S)}"
 ranks="${RANKS:-4}"
 steps="${STEPS:-6}"
 rounds="${ROUNDS:-2}"
-layers="${LAYERS:-8}"
+layers="${LAYERS:-16}"
 d_model="${D_MODEL:-512}"
 seq_len="${SEQ_LEN:-64}"
 vocab="${VOCAB:-256}"
@@ -27,15 +29,15 @@ model=(--set model.params.layers="$layers" --set model.params.d_model="$d_model"
        --set model.params.vocab="$vocab")
 # Rounds alternate the peers so that a noisy minute does not favour one of them.
 for round in $(seq 1 "$rounds"); do
-  for sharding in none optimizer; do
+  for sharding in none optimizer gradients; do
     "$collie" --log-level warn run benchmarks/collie-gpt.yaml \
       --out "$out/collie-$sharding-$round" --set launch.nproc_per_node="$ranks" \
       --set train.steps="$steps" --set train.micro_batch="$micro_batch" \
       --set train.sharding="$sharding" "${model[@]}" > /dev/null
   done
   for optimizer in ddp zero; do
-    flag=()
-    [[ "$optimizer" == zero ]] && flag=(--zero)
+    flag=(--bucket-view)
+    [[ "$optimizer" == zero ]] && flag+=(--zero)
     LD_PRELOAD="$openblas" OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node="$ranks" \
       --redirects 2 --tee 1 --log_dir "$out/torchrun-logs" benchmarks/ddp_gpt.py \
       --steps "$steps" --layers "$layers" --d-model "$d_model" --heads 8 \

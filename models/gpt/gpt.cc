@@ -189,13 +189,17 @@ struct GptNetImpl : torch::nn::Module {
     const int64_t T = idx.size(1);
     at::Tensor positions = torch::arange(T, idx.options());                     // (T)
     at::Tensor x = drop->forward(wte->forward(idx) + wpe->forward(positions));  // (B, T, C)
+    size_t unit = 0;
     for (const auto& module : *blocks) {
       BlockImpl* block = module->as<BlockImpl>();
+      if (gate != nullptr) x = gate->enter(unit, x);
       if (checkpointing && x.requires_grad()) {
         x = CheckpointedBlock::apply(x, reinterpret_cast<int64_t>(block));
       } else {
         x = block->forward(x);
       }
+      if (gate != nullptr) x = gate->leave(unit, x);
+      ++unit;
     }
     x = ln_f->forward(x);
     return x.matmul(wte->weight.t());  // tied head: (B, T, vocab)
@@ -206,6 +210,7 @@ struct GptNetImpl : torch::nn::Module {
   torch::nn::ModuleList blocks;
   torch::nn::LayerNorm ln_f;
   bool checkpointing = false;
+  UnitGate* gate = nullptr;  // stage 3: around every block
 };
 TORCH_MODULE(GptNet);
 
@@ -248,6 +253,20 @@ class GptModel final : public Model {
     net_->checkpointing = on;
     return true;
   }
+
+  // Every block is a unit; the embeddings (the token embedding is the tied head too) and
+  // the final LayerNorm are the root.
+  std::vector<std::vector<std::string>> units() const override {
+    std::vector<std::vector<std::string>> units;
+    for (const auto& block : net_->blocks->named_children()) {
+      units.emplace_back();
+      for (const auto& p : block.value()->named_parameters()) {
+        units.back().push_back("blocks." + block.key() + "." + p.key());
+      }
+    }
+    return units;
+  }
+  void setUnitGate(UnitGate* gate) override { net_->gate = gate; }
 
  private:
   static GptShape readShape(const Params& p) {

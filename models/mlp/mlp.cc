@@ -35,18 +35,32 @@ struct MlpNetImpl : torch::nn::Module {
   }
 
   // x: (B, T) int64 -> logits (B, vocab)
+  // Stage 3 passes every layer through the gate: unit 0 the embedding, 1..L the hidden
+  // layers, L + 1 the head.
   at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = embed->forward(x).flatten(1);  // (B, T * d_embed)
+    size_t unit = 0;
+    at::Tensor h = enter(unit, x);
+    h = leave(unit++, embed->forward(h)).flatten(1);  // (B, T * d_embed)
     for (const auto& layer : *hidden_layers) {
-      h = drop->forward(torch::gelu(layer->as<torch::nn::Linear>()->forward(h)));  // (B, hidden)
+      h = enter(unit, h);
+      h = leave(unit++, layer->as<torch::nn::Linear>()->forward(h));
+      h = drop->forward(torch::gelu(h));  // (B, hidden)
     }
-    return head->forward(h);  // (B, vocab)
+    h = enter(unit, h);
+    return leave(unit, head->forward(h));  // (B, vocab)
+  }
+  at::Tensor enter(size_t unit, const at::Tensor& x) {
+    return gate != nullptr ? gate->enter(unit, x) : x;
+  }
+  at::Tensor leave(size_t unit, const at::Tensor& y) {
+    return gate != nullptr ? gate->leave(unit, y) : y;
   }
 
   torch::nn::Embedding embed;
   torch::nn::ModuleList hidden_layers;
   torch::nn::Linear head;
   torch::nn::Dropout drop;
+  UnitGate* gate = nullptr;
 };
 TORCH_MODULE(MlpNet);
 
@@ -79,6 +93,18 @@ class MlpModel final : public Model {
     return vocab_ * d_embed_ + (seq_len_ * d_embed_ * hidden_ + hidden_) +
            (layers_ - 1) * (hidden_ * hidden_ + hidden_) + (hidden_ * vocab_ + vocab_);
   }
+
+  // Every layer is a unit (the embedding, each hidden layer, the head), in forward order.
+  std::vector<std::vector<std::string>> units() const override {
+    std::vector<std::vector<std::string>> units = {{"embed.weight"}};
+    for (int64_t l = 0; l < layers_; ++l) {
+      const std::string layer = "hidden." + std::to_string(l);
+      units.push_back({layer + ".weight", layer + ".bias"});
+    }
+    units.push_back({"head.weight", "head.bias"});
+    return units;
+  }
+  void setUnitGate(UnitGate* gate) override { net_->gate = gate; }
 
   // 6 FLOPs per multiply-accumulate weight per sample, spread over the T input tokens.
   double flopsPerToken() const override {

@@ -178,7 +178,7 @@ TEST_P(Sharding, GivesTheParametersOfUnshardedTraining) {
   EXPECT_EQ(plain_result.optimizer_bytes, 8u * psi);  // AdamW's two moments
   EXPECT_GE(plain_result.gradient_bytes, 4u * psi);
   EXPECT_LT(plain_result.gradient_bytes, 4u * psi + padding);
-  for (const std::string stage : {"optimizer", "gradients"}) {
+  for (const std::string stage : {"optimizer", "gradients", "parameters"}) {
     SCOPED_TRACE(stage);
     auto sharded_sets = sets;
     sharded_sets.push_back("train.sharding=" + stage);
@@ -187,13 +187,16 @@ TEST_P(Sharding, GivesTheParametersOfUnshardedTraining) {
     EXPECT_TRUE(result.sync.identical) << result.sync.describe(static_cast<int>(ranks));
     EXPECT_GT(result.buckets, 1);
     EXPECT_EQ(result.sharding, stage);
-    // Every rank keeps its 1/N of the moments; stage 2 its 1/N of the gradients too.
+    // Every rank keeps its 1/N of the moments; stage 2 its 1/N of the gradients too, stage
+    // 3 of the parameters too (between steps: no unit is gathered then).
     EXPECT_GE(result.optimizer_bytes * ranks, 8u * psi);
     EXPECT_LT(result.optimizer_bytes * ranks, 8u * psi + 2 * padding);
-    EXPECT_GE(result.parameter_bytes, 4u * psi);
-    EXPECT_LT(result.parameter_bytes, 4u * psi + padding);
+    const uint64_t params =
+        stage == "parameters" ? result.parameter_bytes * ranks : result.parameter_bytes;
+    EXPECT_GE(params, 4u * psi);
+    EXPECT_LT(params, 4u * psi + padding);
     const uint64_t grads =
-        stage == "gradients" ? result.gradient_bytes * ranks : result.gradient_bytes;
+        stage == "optimizer" ? result.gradient_bytes : result.gradient_bytes * ranks;
     EXPECT_GE(grads, 4u * psi);
     EXPECT_LT(grads, 4u * psi + padding);
     const auto sharded = finalWeights(name);
@@ -220,7 +223,7 @@ TEST(ShardingClipping, ClipsByTheGlobalNormOfTheShards) {
                                          "train.bucket_bytes=1KiB", "train.grad_clip=0.05",
                                          "train.steps=10"};
   runTraining("zero0-clip", sets);
-  for (const std::string stage : {"optimizer", "gradients"}) {
+  for (const std::string stage : {"optimizer", "gradients", "parameters"}) {
     SCOPED_TRACE(stage);
     auto sharded_sets = sets;
     sharded_sets.push_back("train.sharding=" + stage);
@@ -244,7 +247,7 @@ TEST(ShardingCheckpoint, HoldsTheUnshardedStateAndResumesBitIdentically) {
                                          "train.steps=6",           "train.checkpoint_every=3"};
   runTraining("ckpt-zero0", sets);
   const fs::path base = fs::path(COLLIE_TEST_BINARY_DIR) / "training-scratch";
-  for (const std::string stage : {"optimizer", "gradients"}) {
+  for (const std::string stage : {"optimizer", "gradients", "parameters"}) {
     SCOPED_TRACE(stage);
     const std::string name = "ckpt-zero-" + stage;
     auto sharded_sets = sets;
@@ -279,6 +282,53 @@ TEST(ShardingCheckpoint, HoldsTheUnshardedStateAndResumesBitIdentically) {
 }
 
 // A scheduler without reduce-scatter cannot shard: said before the first step.
+// Stage 3 on the gpt model: units (its blocks) gathered and freed around each block, a root
+// (the tied embedding, the position embedding, the final LayerNorm) gathered for the step,
+// under activation checkpointing (the replay computes with the gathered block) and bf16
+// autocast: bit-identical to unsharded training with the same settings.
+TEST(ShardingGpt, ParametersStageMatchesUnshardedWithCheckpointingAndBf16) {
+  const char* gpt = R"(
+name: trainer-test-gpt
+launch: {nproc_per_node: 2}
+backend: {plugin: loopback, params: {timeout: 30s}}
+model: {plugin: gpt, params: {layers: 6, d_model: 32, heads: 2, seq_len: 8, vocab: 64}}
+train:
+  steps: 6
+  micro_batch: [3, 2]
+  grad_accum: 2
+  lr: 0.01
+  warmup_steps: 1
+  grad_clip: 0
+  bucket_bytes: 16KiB
+  log_every: 100
+)";
+  const fs::path base = fs::path(COLLIE_TEST_BINARY_DIR) / "training-scratch";
+  auto train = [&](const std::string& name, std::vector<std::string> sets) {
+    const fs::path dir = scratch(name);
+    sets.push_back("train.checkpoint_dir=" + (dir / "ckpt").string());
+    auto experiments = config::loadExperiments(testing::writeTempFile(name + ".yaml", gpt), sets);
+    return train::run(testing::buildTreeLoader(), experiments.at(0), dir.string());
+  };
+  for (const std::string extra : {"train.grad_checkpointing=true", "train.precision=bf16"}) {
+    SCOPED_TRACE(extra);
+    const std::string tag = extra.substr(6, extra.find('=') - 6);
+    const auto plain = train("gpt-zero0-" + tag, {extra});
+    const auto sharded = train("gpt-zero3-" + tag, {extra, "train.sharding=parameters"});
+    EXPECT_TRUE(sharded.sync.identical) << sharded.sync.describe(2);
+    EXPECT_LT(sharded.last_loss, sharded.first_loss);
+    // Between steps a rank holds half of every bucket's values, gathered units freed; during
+    // a step never every unit at once (the root, the unit computing and the next one).
+    EXPECT_LT(sharded.parameter_bytes, plain.parameter_bytes / 2 + 8u * plain.buckets);
+    EXPECT_GT(sharded.gathered_peak_bytes, 0u);
+    EXPECT_LT(sharded.gathered_peak_bytes, plain.parameter_bytes / 2);
+    const auto a = finalWeights("gpt-zero0-" + tag), b = finalWeights("gpt-zero3-" + tag);
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto& [key, tensor] : a) {
+      EXPECT_TRUE(at::equal(tensor, b.at(key))) << key << " differs with sharding";
+    }
+  }
+}
+
 TEST(ShardingConfig, ASchedulerWithoutReduceScatterIsRefusedByName) {
   try {
     runTraining("zero-tree", {"launch.nproc_per_node=2", "train.micro_batch=[3, 2]",

@@ -6,10 +6,28 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "collie/plugin.h"
 
 namespace collie {
+
+// ZeRO stage 3 (train.sharding: parameters) keeps only a shard of every parameter on each
+// rank and gathers a unit's parameters just before the unit computes, in forward and again
+// in backward. The trainer implements the gate; a model that declares units() calls it
+// around each unit's computation while one is set (docs/writing-a-model.md).
+class UnitGate {
+ public:
+  virtual ~UnitGate() = default;
+  // Before unit `unit` computes on `x` (its input, part of the graph): gathers the unit's
+  // parameters (and starts gathering the next unit's). Returns the tensor to compute on: x's
+  // values, through a node whose backward frees what backward no longer needs.
+  virtual at::Tensor enter(size_t unit, const at::Tensor& x) = 0;
+  // After the unit computed `y`: frees its parameters until backward. Returns the tensor to
+  // continue with: y's values, through a node whose backward gathers them again.
+  virtual at::Tensor leave(size_t unit, const at::Tensor& y) = 0;
+};
 
 // What a model eats: windows of seq_len + 1 token ids in [0, vocab).
 struct ModelShape {
@@ -46,6 +64,16 @@ class Model {
   // Recomputes activations during backward instead of keeping them (activation
   // checkpointing). Returns false when the model cannot; the trainer then refuses the key.
   virtual bool setGradCheckpointing(bool on) { return !on; }
+
+  // The parameter units for stage 3 (FSDP's wrapped modules), in the order forward computes
+  // them: each the names (as module().named_parameters() gives them) of parameters used only
+  // inside that unit's computation. Parameters in no unit (a tied embedding used at both
+  // ends, say) form the root, gathered for the whole step. Empty, the default: the model
+  // cannot shard its parameters and the trainer refuses train.sharding: parameters.
+  virtual std::vector<std::vector<std::string>> units() const { return {}; }
+  // The gate to call around each unit's computation in loss(); nullptr (the default
+  // state) when parameters are not sharded.
+  virtual void setUnitGate(UnitGate* gate) { (void)gate; }
 };
 
 }  // namespace collie

@@ -440,7 +440,7 @@ std::string readAll(const std::string& path, const std::string& what) {
 }  // namespace
 
 const std::vector<std::string>& shardedStateNames() {
-  static const std::vector<std::string> names = {"none", "optimizer", "gradients"};
+  static const std::vector<std::string> names = {"none", "optimizer", "gradients", "parameters"};
   return names;
 }
 
@@ -845,10 +845,13 @@ const Schema& experimentSchema() {
                 S::oneOf(shardedStateNames())
                     .byDefault("none")
                     .into(&TrainSpec::sharding,
-                          {ShardedState::kNone, ShardedState::kOptimizer, ShardedState::kGradients})
+                          {ShardedState::kNone, ShardedState::kOptimizer, ShardedState::kGradients,
+                           ShardedState::kParameters})
                     .doc("ZeRO stage 1 (optimizer): each rank keeps the optimizer state of its "
                          "shard; gradients are reduce-scattered, parameters all-gathered. "
-                         "Stage 2 (gradients): and only its shard of the reduced gradients")},
+                         "Stage 2 (gradients): and only its shard of the reduced gradients. "
+                         "Stage 3 (parameters): and of the parameters, each unit of the model "
+                         "gathered while it computes")},
                {"verify_sync_every",
                 S::integer(0, 100000000)
                     .byDefault("0")

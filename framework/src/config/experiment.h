@@ -70,8 +70,9 @@ struct LabSpec {
 };
 
 // What of the training state each rank keeps only its shard of (ZeRO's stages, DESIGN §5):
-// nothing (DDP), the optimizer state (stage 1), and the reduced gradients too (stage 2).
-enum class ShardedState { kNone, kOptimizer, kGradients };
+// nothing (DDP), the optimizer state (stage 1), the reduced gradients too (stage 2), and the
+// parameters too (stage 3).
+enum class ShardedState { kNone, kOptimizer, kGradients, kParameters };
 // train.sharding's values, in the enum's order.
 const std::vector<std::string>& shardedStateNames();
 const std::string& shardedStateName(ShardedState s);

@@ -2,9 +2,11 @@
 #include "train/reducer.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/native/Resize.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <fmt/format.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -29,10 +31,17 @@ Buffer floats(const at::Tensor& t) {
 uint64_t bytesOf(const at::Tensor& t) {
   return t.defined() ? static_cast<uint64_t>(t.numel()) * 4 : 0;
 }
+
+// A tensor's memory, released and allocated again in place: its views (the module's
+// parameters, and what autograd saved of them) see the new memory.
+void resizeStorage(const at::Tensor& t, size_t bytes) {
+  at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), bytes);
+}
 }  // namespace
 
 Reducer::Reducer(std::vector<at::Tensor> params, uint64_t bucket_bytes, Communicator& comm,
-                 bool overlap, config::ShardedState sharding)
+                 bool overlap, config::ShardedState sharding,
+                 std::vector<std::vector<size_t>> units)
     : params_(std::move(params)),
       slots_(params_.size()),
       comm_(comm),
@@ -40,8 +49,19 @@ Reducer::Reducer(std::vector<at::Tensor> params, uint64_t bucket_bytes, Communic
       sharding_(sharding),
       group_(comm.backend().size()),
       rank_(comm.backend().rank()) {
+  constexpr size_t kRoot = SIZE_MAX;
+  std::vector<size_t> unit_of(params_.size(), units.empty() ? 0 : kRoot);
+  for (size_t u = 0; u < units.size(); ++u) {
+    for (size_t k : units[u]) {
+      COLLIE_CHECK(k < params_.size() && unit_of[k] == kRoot, "unit ", u, ": parameter ", k,
+                   " is not a parameter of no other unit");
+      unit_of[k] = u;
+    }
+  }
+  unit_buckets_.resize(units.size());
   // Reverse order: the last layers' gradients arrive first during backward. A parameter
-  // larger than bucket_bytes gets a bucket of its own.
+  // larger than bucket_bytes gets a bucket of its own; the root's parameters get buckets of
+  // their own.
   uint64_t used = 0;
   for (size_t k = params_.size(); k-- > 0;) {
     const at::Tensor& p = params_[k];
@@ -50,13 +70,24 @@ Reducer::Reducer(std::vector<at::Tensor> params, uint64_t bucket_bytes, Communic
     COLLIE_CHECK(p.is_leaf() && p.requires_grad(), "parameter ", k,
                  " is not a leaf that requires grad");
     const uint64_t bytes = static_cast<uint64_t>(p.numel()) * 4;
-    if (buckets_.empty() || (used > 0 && used + bytes > bucket_bytes)) {
+    const bool root = unit_of[k] == kRoot;
+    if (buckets_.empty() || (used > 0 && used + bytes > bucket_bytes) ||
+        buckets_.back().root != root) {
       buckets_.emplace_back();
+      buckets_.back().root = root;
       used = 0;
     }
-    slots_[k] = {buckets_.size() - 1, static_cast<int64_t>(used / 4), p.numel(), false};
-    buckets_.back().params.push_back(k);
+    slots_[k] = {buckets_.size() - 1, static_cast<int64_t>(used / 4), p.numel()};
+    Bucket& b = buckets_.back();
+    b.params.push_back(k);
+    if (!root && !units.empty() && (b.units.empty() || b.units.front() != unit_of[k])) {
+      b.units.insert(b.units.begin(), unit_of[k]);  // reverse order: ascending at the front
+      unit_buckets_[unit_of[k]].push_back(buckets_.size() - 1);
+    }
     used += bytes;
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (buckets_[b].root) root_buckets_.push_back(b);
   }
   at::NoGradGuard no_grad;
   int64_t largest = 0;
@@ -69,6 +100,7 @@ Reducer::Reducer(std::vector<at::Tensor> params, uint64_t bucket_bytes, Communic
     numel = (numel + group_ - 1) / group_ * group_;
     largest = std::max(largest, numel);
     b.values = at::zeros({numel}, at::kFloat);  // (numel)
+    gathered_bytes_ += bytesOf(b.values);
     for (size_t k : b.params) {
       at::Tensor view = b.values.narrow(0, slots_[k].offset, slots_[k].numel);
       view.copy_(params_[k].reshape({-1}));
@@ -77,11 +109,11 @@ Reducer::Reducer(std::vector<at::Tensor> params, uint64_t bucket_bytes, Communic
       params_[k].set_data(view.view(params_[k].sizes()));
     }
     if (keepsGradients()) b.grads = at::zeros({numel}, at::kFloat);
-    if (sharding_ == config::ShardedState::kGradients)
-      b.shard = at::zeros({numel / group_}, at::kFloat);
+    if (!keepsGradients()) b.shard = at::zeros({numel / group_}, at::kFloat);
+    if (shardsParameters()) b.kept = at::zeros({numel / group_}, at::kFloat);
     b.pending = b.params.size();
   }
-  if (sharded()) block_scratch_ = at::empty({largest / group_}, at::kFloat);
+  if (sharded() && !shardsParameters()) block_scratch_ = at::empty({largest / group_}, at::kFloat);
   for (size_t k = 0; k < params_.size(); ++k) {
     params_[k].mutable_grad() = keepsGradients() ? gradView(k) : at::Tensor();
   }
@@ -146,7 +178,15 @@ void Reducer::beforeAccumulation(size_t param) {
 void Reducer::afterAccumulation(size_t param) {
   std::lock_guard<std::mutex> lock(mu_);
   if (keepsGradients() || armed_) collect(param);
-  if (!armed_ || slots_[param].filled) return;
+  Slot& slot = slots_[param];
+  if (shardsParameters() && !slot.seen) {
+    // Autograd accumulates a parameter's gradient after every use of it has been
+    // differentiated: once all of a bucket's have been, backward needs its values no more.
+    slot.seen = true;
+    Bucket& bucket = buckets_[slot.bucket];
+    if (++bucket.accumulated == bucket.params.size() && !bucket.root) freeValues(bucket);
+  }
+  if (!armed_ || slot.filled) return;
   fill(param);
   if (overlap_) launched_in_backward_ += launchReady();
 }
@@ -189,7 +229,7 @@ int Reducer::launchReady() {
   int launched = 0;
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     buckets_[next_launch_].launched = true;
-    queue_.push_back(next_launch_++);
+    queue_.push_back({next_launch_++, false});
     ++launched;
   }
   if (launched > 0) cv_.notify_all();
@@ -198,7 +238,7 @@ int Reducer::launchReady() {
 
 at::Tensor Reducer::gradShard(size_t b) const {
   const Bucket& bucket = buckets_[b];
-  if (sharding_ == config::ShardedState::kGradients) return bucket.shard;
+  if (!keepsGradients()) return bucket.shard;
   const int64_t k = bucket.grads.numel() / group_;
   return bucket.grads.narrow(0, rank_ * k, k);
 }
@@ -206,6 +246,10 @@ at::Tensor Reducer::gradShard(size_t b) const {
 std::vector<at::Tensor> Reducer::parameterShards() const {
   std::vector<at::Tensor> shards;
   for (const auto& b : buckets_) {
+    if (shardsParameters()) {
+      shards.push_back(b.kept);
+      continue;
+    }
     const int64_t k = b.values.numel() / group_;
     shards.push_back(b.values.narrow(0, rank_ * k, k));
   }
@@ -218,15 +262,15 @@ at::Tensor Reducer::allGather(size_t b, const at::Tensor& shard) {
   return full;
 }
 
-void Reducer::allGatherInto(size_t b, const at::Tensor& shard, const at::Tensor& full) {
-  Bucket& bucket = buckets_[b];
+Provenance Reducer::allGatherInto(size_t b, const at::Tensor& shard, const at::Tensor& full) {
+  const Bucket& bucket = buckets_[b];
   COLLIE_CHECK(shard.numel() == bucket.values.numel() / group_, "bucket ", b, ": a block of ",
                shard.numel(), " elements, expected ", bucket.values.numel() / group_);
   CollectiveArgs args;
   args.coll = Collective::kAllGather;
   args.data = floats(shard);
   args.output = floats(full);
-  bucket.provenance = comm_.run(args);
+  return comm_.run(args);
 }
 
 SyncTiming Reducer::gatherParameters() {
@@ -238,9 +282,9 @@ SyncTiming Reducer::gatherParameters() {
     const int64_t k = shardNumel(b);
     at::Tensor input = block_scratch_.narrow(0, 0, k);
     input.copy_(buckets_[b].values.narrow(0, rank_ * k, k));
-    allGatherInto(b, input, buckets_[b].values);
-    timing.collectives.push_back(buckets_[b].provenance);
-    timing.comm_seconds += buckets_[b].provenance.seconds;
+    const Provenance gathered = allGatherInto(b, input, buckets_[b].values);
+    timing.collectives.push_back(gathered);
+    timing.comm_seconds += gathered.seconds;
   }
   timing.exposed_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return timing;
@@ -258,7 +302,7 @@ void Reducer::reduce(Bucket& bucket) {
   }
   args.coll = Collective::kReduceScatter;
   const int64_t k = bucket.grads.numel() / group_;
-  if (sharding_ == config::ShardedState::kGradients) {
+  if (!keepsGradients()) {  // into the kept reduced block
     args.output = floats(bucket.shard);
     bucket.provenance = comm_.run(args);
     return;
@@ -274,7 +318,8 @@ void Reducer::communicationLoop() {
   while (true) {
     cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stopping
-    Bucket& b = buckets_[queue_.front()];
+    const Work work = queue_.front();
+    Bucket& b = buckets_[work.bucket];
     queue_.pop_front();
     const bool skip = failure_ != nullptr;
     in_flight_ = !skip;
@@ -282,8 +327,19 @@ void Reducer::communicationLoop() {
     if (!skip) {
       try {
         const auto start = Clock::now();
-        reduce(b);
-        b.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        if (work.gather) {
+          const Provenance gathered = gatherNow(work.bucket);
+          lock.lock();
+          b.held = Held::kGathered;
+          gathered_bytes_ += bytesOf(b.values);
+          gathered_peak_ = std::max(gathered_peak_, gathered_bytes_);
+          gathers_.push_back(gathered);
+          gather_seconds_ += gathered.seconds;
+          lock.unlock();
+        } else {
+          reduce(b);
+          b.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        }
       } catch (...) {
         lock.lock();
         failure_ = std::current_exception();
@@ -291,6 +347,11 @@ void Reducer::communicationLoop() {
       }
     }
     lock.lock();
+    if (work.gather) {
+      in_flight_ = false;
+      cv_.notify_all();
+      continue;
+    }
     // Stage 2: the full gradient goes as soon as its block is reduced.
     if (!keepsGradients()) b.grads = at::Tensor();
     in_flight_ = false;
@@ -317,6 +378,12 @@ SyncTiming Reducer::finish() {
     return true;
   });
   timing.exposed_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  // Stage 3: the step's gathers, and the time compute waited for them.
+  timing.comm_seconds += gather_seconds_;
+  timing.exposed_seconds += gather_wait_seconds_;
+  timing.collectives = std::move(gathers_);
+  gathers_.clear();
+  gather_seconds_ = gather_wait_seconds_ = 0;
   timing.buckets = static_cast<int>(buckets_.size());
   timing.launched_in_backward = launched_in_backward_;
   launched_in_backward_ = 0;
@@ -334,21 +401,117 @@ SyncTiming Reducer::finish() {
   return timing;
 }
 
-void Reducer::clearGradients() {
+void Reducer::endStep() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (keepsGradients()) buckets_[b].grads.zero_();
+    if (!shardsParameters()) continue;
+    waitGathered(lock, b);  // a prefetch nobody waited for
+    freeValues(buckets_[b]);
+  }
+}
+
+void Reducer::requestGather(size_t b) {
+  Bucket& bucket = buckets_[b];
+  if (bucket.held != Held::kFreed) return;
+  bucket.held = Held::kGathering;
+  queue_.push_back({b, true});
+  cv_.notify_all();
+}
+
+void Reducer::requestUnit(size_t unit) {
+  for (size_t b : unit_buckets_[unit]) requestGather(b);
+}
+
+void Reducer::waitGathered(std::unique_lock<std::mutex>& lock, size_t b) {
+  if (buckets_[b].held != Held::kGathering) return;
+  const auto start = Clock::now();
+  cv_.wait(lock, [&] { return buckets_[b].held != Held::kGathering || failure_ != nullptr; });
+  gather_wait_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
+  if (buckets_[b].held == Held::kGathering) std::rethrow_exception(failure_);
+}
+
+void Reducer::freeValues(Bucket& bucket) {
+  if (bucket.held != Held::kGathered) return;
+  resizeStorage(bucket.values, 0);
+  bucket.held = Held::kFreed;
+  gathered_bytes_ -= bytesOf(bucket.values);
+}
+
+Provenance Reducer::gatherNow(size_t b) {
+  Bucket& bucket = buckets_[b];
+  resizeStorage(bucket.values, static_cast<size_t>(bucket.values.numel()) * 4);
+  return allGatherInto(b, bucket.kept, bucket.values);
+}
+
+void Reducer::gatherRoot() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (size_t b : root_buckets_) requestGather(b);
+  if (!unit_buckets_.empty()) requestUnit(0);  // ahead of the first unit's need
+  for (size_t b : root_buckets_) waitGathered(lock, b);
+}
+
+void Reducer::gatherUnit(size_t unit, bool forward) {
+  std::unique_lock<std::mutex> lock(mu_);
+  COLLIE_CHECK(unit < unit_buckets_.size(), "unit ", unit, " of ", unit_buckets_.size());
+  requestUnit(unit);
+  if (forward && unit + 1 < unit_buckets_.size()) requestUnit(unit + 1);
+  if (!forward && unit > 0) requestUnit(unit - 1);
+  for (size_t b : unit_buckets_[unit]) waitGathered(lock, b);
+}
+
+void Reducer::leaveUnit(size_t unit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  COLLIE_CHECK(unit < unit_buckets_.size(), "unit ", unit, " of ", unit_buckets_.size());
+  for (size_t b : unit_buckets_[unit]) {
+    // A bucket that a later unit of this forward uses too stays.
+    if (buckets_[b].units.back() <= unit) freeValues(buckets_[b]);
+  }
+}
+
+void Reducer::afterBackward() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    bucket.accumulated = 0;
+    if (bucket.root) continue;
+    waitGathered(lock, b);
+    freeValues(bucket);
+  }
+  for (auto& slot : slots_) slot.seen = false;
+}
+
+void Reducer::gatherAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (buckets_[b].held == Held::kGathered) continue;
+    COLLIE_CHECK(buckets_[b].held == Held::kFreed, "bucket ", b, " is being gathered");
+    gatherNow(b);
+    buckets_[b].held = Held::kGathered;
+    gathered_bytes_ += bytesOf(buckets_[b].values);  // between steps: not a step's peak
+  }
+}
+
+void Reducer::keepShards() {
+  at::NoGradGuard no_grad;
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& b : buckets_) {
-    if (keepsGradients()) b.grads.zero_();
+    COLLIE_CHECK(b.held == Held::kGathered, "keepShards() of a bucket not gathered");
+    const int64_t k = b.kept.numel();
+    b.kept.copy_(b.values.narrow(0, rank_ * k, k));
   }
 }
 
 HeldBytes Reducer::held() const {
   std::lock_guard<std::mutex> lock(mu_);
   HeldBytes held;
+  held.gathered_peak = gathered_peak_;
   for (const auto& b : buckets_) {
-    held.parameters += bytesOf(b.values);
+    // Stage 3: the values only while gathered, and the kept block always.
+    held.parameters += b.values.storage().nbytes() + bytesOf(b.kept);
     held.gradients += bytesOf(b.grads) + bytesOf(b.shard);
   }
-  // Stage 2 between micro-batches: autograd's own accumulated gradients.
+  // Stages 2 and 3 between micro-batches: autograd's own accumulated gradients.
   if (!keepsGradients()) {
     for (const auto& p : params_) held.gradients += bytesOf(p.grad());
   }
@@ -378,6 +541,50 @@ std::vector<std::vector<size_t>> Reducer::bucketLayout() const {
   std::vector<std::vector<size_t>> layout;
   for (const auto& b : buckets_) layout.push_back(b.params);
   return layout;
+}
+
+namespace {
+
+// The identity, whose backward gathers a unit's parameters before the unit's own backward
+// runs (it sits on the unit's output, so autograd reaches it first).
+class GatherInBackward : public torch::autograd::Function<GatherInBackward> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& y,
+                            int64_t reducer, int64_t unit) {
+    ctx->saved_data["reducer"] = reducer;
+    ctx->saved_data["unit"] = unit;
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    auto* reducer = reinterpret_cast<Reducer*>(ctx->saved_data["reducer"].toInt());
+    reducer->gatherUnit(static_cast<size_t>(ctx->saved_data["unit"].toInt()), false);
+    return {grad[0], at::Tensor(), at::Tensor()};
+  }
+};
+
+class ReducerGate final : public UnitGate {
+ public:
+  explicit ReducerGate(Reducer& reducer) : reducer_(reducer) {}
+  at::Tensor enter(size_t unit, const at::Tensor& x) override {
+    reducer_.gatherUnit(unit, true);
+    return x;
+  }
+  at::Tensor leave(size_t unit, const at::Tensor& y) override {
+    reducer_.leaveUnit(unit);
+    if (!y.requires_grad()) return y;
+    return GatherInBackward::apply(y, reinterpret_cast<int64_t>(&reducer_),
+                                   static_cast<int64_t>(unit));
+  }
+
+ private:
+  Reducer& reducer_;
+};
+
+}  // namespace
+
+std::unique_ptr<UnitGate> makeUnitGate(Reducer& reducer) {
+  return std::make_unique<ReducerGate>(reducer);
 }
 
 }  // namespace collie::train

@@ -17,6 +17,14 @@
 //   gradients (stage 2): a rank keeps only its reduced blocks; a bucket's full gradient
 //     buffer exists from its first gradient in the last backward until its reduce-scatter
 //     has finished (earlier micro-batches accumulate in autograd's own .grad tensors).
+//   parameters (stage 3): as stage 2, and a rank keeps only its block of the values; a
+//     bucket's values exist while a unit of the model that uses them computes (gathered on
+//     the communication thread, the next unit's ahead of need) and are freed after it, in
+//     forward and again in backward. Buckets of the root (parameters of no unit) stay
+//     gathered from the step's first forward to its update.
+//
+// Given the model's units, buckets never mix a unit's parameters with the root's, in every
+// stage, so that every stage lays out (and so adds) every element the same way.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -32,6 +40,7 @@
 #include <thread>
 #include <vector>
 
+#include "collie/model.h"
 #include "config/experiment.h"
 #include "runtime/communicator.h"
 #include "train/step.h"
@@ -41,6 +50,9 @@ namespace collie::train {
 // Bytes a rank holds for training state, by kind (the ZeRO paper's accounting).
 struct HeldBytes {
   uint64_t parameters = 0, gradients = 0;
+  // Stage 3: the most bucket values gathered at once during steps (the units and root a
+  // rank held whole beside its blocks).
+  uint64_t gathered_peak = 0;
 };
 
 class Reducer {
@@ -49,8 +61,10 @@ class Reducer {
   // moved into the buckets' buffers (their values kept). With `overlap` off, every bucket
   // is reduced after backward instead of during it. The communicator is used from the
   // communication thread only while a step synchronises.
+  // `units`: the model's units as parameter indices, in forward order (empty: none).
   Reducer(std::vector<at::Tensor> params, uint64_t bucket_bytes, Communicator& comm, bool overlap,
-          config::ShardedState sharding = config::ShardedState::kNone);
+          config::ShardedState sharding = config::ShardedState::kNone,
+          std::vector<std::vector<size_t>> units = {});
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
@@ -62,14 +76,31 @@ class Reducer {
   // parameter's .grad then holds the summed gradient; sharded, gradShard(b) does.
   // Rethrows a communication failure.
   SyncTiming finish();
-  // After the update: the next step's gradients start from zero.
-  void clearGradients();
+  // After the update: the next step's gradients start from zero (stage 3: and the values
+  // of every bucket are freed, the update having changed the kept blocks).
+  void endStep();
+
+  // Stage 3. Before every forward: gathers the root's buckets (once per step).
+  void gatherRoot();
+  // Waits until unit u's buckets are gathered (forward: before it computes; backward: before
+  // its backward) and starts gathering the unit after it in that direction.
+  void gatherUnit(size_t unit, bool forward);
+  // After unit u's forward: frees the buckets no later unit of this forward uses.
+  void leaveUnit(size_t unit);
+  // After every backward: frees what it left gathered (parameters that had no gradient).
+  void afterBackward();
+  // Gathers every bucket on the calling thread (between steps: checkpoints, verification),
+  // and keeps this rank's blocks of the values after they were written (restore).
+  void gatherAll();
+  void keepShards();
+  bool shardsParameters() const { return sharding_ == config::ShardedState::kParameters; }
 
   // Sharded only. Bucket b's reduced gradient block on this rank (shardNumel(b)), valid
   // after finish() until the next step's last backward.
   at::Tensor gradShard(size_t b) const;
   // This rank's block of every bucket's parameter values: views, which an update of them
-  // changes in place (the module's parameters see it after gatherParameters()).
+  // changes in place (the module's parameters see it after gatherParameters()); stage 3:
+  // the kept blocks, which the next gathers deliver.
   std::vector<at::Tensor> parameterShards() const;
   // All-gathers bucket b's blocks (`shard` on this rank) into a new tensor of the bucket's
   // padded size, through the communicator (on the calling thread: between steps).
@@ -85,6 +116,7 @@ class Reducer {
   size_t bucketOf(size_t param) const { return slots_[param].bucket; }
   int64_t offsetOf(size_t param) const { return slots_[param].offset; }
   bool sharded() const { return sharding_ != config::ShardedState::kNone; }
+  bool isRoot(size_t b) const { return buckets_[b].root; }  // holds parameters of no unit
   // What this rank holds now in parameter values and gradients (buffers, not scratch).
   HeldBytes held() const;
 
@@ -101,19 +133,33 @@ class Reducer {
     int64_t offset = 0;  // elements into the bucket
     int64_t numel = 0;
     bool filled = false;
+    bool seen = false;  // stage 3: its gradient was accumulated in this backward
   };
+  enum class Held { kFreed, kGathering, kGathered };  // stage 3: the values' state
   struct Bucket {
     std::vector<size_t> params;
     at::Tensor values;  // (numel of its params, padded to a multiple of N) float32
-    at::Tensor grads;   // the same layout; stage 2: only while the last backward needs it
-    at::Tensor shard;   // stage 2: (values / N) this rank's reduced block
+    at::Tensor grads;   // the same layout; stages 2, 3: only while the last backward needs it
+    at::Tensor shard;   // stages 2, 3: (values / N) this rank's reduced block
+    at::Tensor kept;    // stage 3: (values / N) this rank's block of the values
     size_t pending = 0;
     bool launched = false, done = false;
     double seconds = 0;
     Provenance provenance;
+    bool root = false;          // holds parameters of no unit
+    std::vector<size_t> units;  // the units whose parameters it holds, ascending
+    Held held = Held::kGathered;
+    size_t accumulated = 0;  // its parameters whose gradient this backward accumulated
+  };
+  struct Work {
+    size_t bucket;
+    bool gather;  // else reduce
   };
 
-  bool keepsGradients() const { return sharding_ != config::ShardedState::kGradients; }
+  bool keepsGradients() const {
+    return sharding_ == config::ShardedState::kNone ||
+           sharding_ == config::ShardedState::kOptimizer;
+  }
   at::Tensor gradView(size_t param) const;  // its place in its bucket's gradient buffer
   void beforeAccumulation(size_t param);    // a tensor hook: refuses a late second gradient
   void afterAccumulation(size_t param);     // the accumulator's post hook
@@ -127,7 +173,15 @@ class Reducer {
   void communicationLoop();
   void reduce(Bucket& bucket);  // its all-reduce or reduce-scatter (communication thread)
   // allGather() of `shard` into `full` (the bucket's padded size).
-  void allGatherInto(size_t b, const at::Tensor& shard, const at::Tensor& full);
+  Provenance allGatherInto(size_t b, const at::Tensor& shard, const at::Tensor& full);
+  // Stage 3; callers hold mu_. Queues bucket b's gather unless it is gathered or on its way.
+  void requestGather(size_t b);
+  void requestUnit(size_t unit);
+  void freeValues(Bucket& bucket);
+  void waitGathered(std::unique_lock<std::mutex>& lock, size_t b);
+  // Allocates bucket b's values and all-gathers the kept blocks into them (on the
+  // communication thread, or between steps); the caller marks it gathered.
+  Provenance gatherNow(size_t b);
 
   std::vector<at::Tensor> params_;
   // The gradient accumulators our post hooks live on (held: autograd keeps only a weak
@@ -137,6 +191,8 @@ class Reducer {
   std::vector<unsigned> hooks_;
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
+  std::vector<std::vector<size_t>> unit_buckets_;  // per unit, its buckets
+  std::vector<size_t> root_buckets_;
   Communicator& comm_;
   bool overlap_;
   config::ShardedState sharding_;
@@ -150,9 +206,17 @@ class Reducer {
   bool armed_ = false, stopping_ = false, in_flight_ = false;
   size_t next_launch_ = 0;
   int launched_in_backward_ = 0;  // this step, by the hooks
-  std::deque<size_t> queue_;
+  std::deque<Work> queue_;
+  // Stage 3, since the last finish(): the gathers' provenance and time, and how long
+  // compute waited for them.
+  std::vector<Provenance> gathers_;
+  double gather_seconds_ = 0, gather_wait_seconds_ = 0;
+  uint64_t gathered_bytes_ = 0, gathered_peak_ = 0;  // stage 3: values gathered now, at most
   std::exception_ptr failure_;
   std::thread thread_;
 };
+
+// Stage 3: the gate the model calls around its units, over `reducer`'s gathers.
+std::unique_ptr<UnitGate> makeUnitGate(Reducer& reducer);
 
 }  // namespace collie::train

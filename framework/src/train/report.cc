@@ -51,6 +51,7 @@ json toJson(const Result& r) {
           {"sharding", r.sharding},
           {"parameter_bytes", r.parameter_bytes},
           {"gradient_bytes", r.gradient_bytes},
+          {"gathered_peak_bytes", r.gathered_peak_bytes},
           {"optimizer_bytes", r.optimizer_bytes},
           {"peak_rss_bytes", r.peak_rss_bytes},
           {"predicted_comm_s",
@@ -98,6 +99,7 @@ Result fromJson(const json& j) {
   r.sharding = j.value("sharding", "none");
   r.parameter_bytes = j.value("parameter_bytes", uint64_t{0});
   r.gradient_bytes = j.value("gradient_bytes", uint64_t{0});
+  r.gathered_peak_bytes = j.value("gathered_peak_bytes", uint64_t{0});
   r.optimizer_bytes = j.value("optimizer_bytes", uint64_t{0});
   r.peak_rss_bytes = j.value("peak_rss_bytes", std::vector<double>{});
   r.predicted_comm_seconds =
@@ -227,6 +229,13 @@ void printDetails(std::ostream& out, const Result& r) {
                "{:.2f} MB, optimizer {:.2f} MB, {:.2f} MB in all between steps\n",
                r.sharding, mb(r.parameter_bytes), mb(r.gradient_bytes), mb(r.optimizer_bytes),
                mb(r.parameter_bytes + r.gradient_bytes + r.optimizer_bytes));
+    if (r.sharding == "parameters") {
+      out << "# " << tag
+          << fmt::format(
+                 "parameters gathered during a step: at most {:.2f} MB at once (of "
+                 "{:.2f} MB in all)\n",
+                 mb(r.gathered_peak_bytes), mb(r.parameter_bytes * r.ranks));
+    }
   }
   const double achieved = r.flops_per_token * r.tokens_per_second / r.ranks;
   out << "# " << tag << "model FLOP/s per rank: " << fmt::format("{:.3g}", achieved);

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <tuple>
 
@@ -118,11 +119,20 @@ class RankTrainer {
     const CostModel cost =
         bench::calibrate(comm_.backend(), control_, comm_.topology(), DType::kF32).model;
     for (auto& rule : rules_) rule.choice.scheduler->useCostModel(cost);
-    Reducer reducer(params_, spec_.bucket_bytes, comm_, spec_.overlap, spec_.sharding);
+    Reducer reducer(params_, spec_.bucket_bytes, comm_, spec_.overlap, spec_.sharding,
+                    unitIndices());
     reducer_ = &reducer;
     reducer.broadcastParameters();
+    std::unique_ptr<UnitGate> gate;
+    GateInstalled installed(*model_);
     if (sharded()) {
       requireShardingCollectives(reducer);
+      if (reducer.shardsParameters()) {
+        reducer.keepShards();  // rank 0's values, broadcast
+        reducer.endStep();     // and only they stay
+        gate = makeUnitGate(reducer);
+        installed.set(gate.get());
+      }
       shards_ = reducer.parameterShards();
       optimizer_ = makeOptimizer(spec_, shards_);
     } else {
@@ -146,16 +156,19 @@ class RankTrainer {
       }
       if (spec_.verify_sync_every > 0 && (s + 1) % spec_.verify_sync_every == 0 &&
           s + 1 != spec_.steps) {
-        enforce(verifyWeights(comm_, control_, params_, names_, s + 1));
+        withParameters([&] { enforce(verifyWeights(comm_, control_, params_, names_, s + 1)); });
       }
       if (checkpoints.dueAfter(s + 1)) {
         // Rank 0 writes: every rank holds the same weights and (gathered from the shards when
         // sharded, which every rank takes part in) optimizer state, as verified.
-        const auto tensors = stateTensors();
-        if (rank_ == 0) logInfo("checkpoint: " + checkpoints.save(s + 1, tensors));
+        withParameters([&] {
+          const auto tensors = stateTensors();
+          if (rank_ == 0) logInfo("checkpoint: " + checkpoints.save(s + 1, tensors));
+        });
       }
     }
-    result.sync = verifyWeights(comm_, control_, params_, names_, spec_.steps);
+    withParameters(
+        [&] { result.sync = verifyWeights(comm_, control_, params_, names_, spec_.steps); });
     enforce(result.sync);
     std::vector<RankSummary> ranks;
     for (const auto& packed : control_.allGather(summariseSteps(stats, mb_).pack()))
@@ -172,6 +185,58 @@ class RankTrainer {
 
  private:
   bool sharded() const { return spec_.sharding != config::ShardedState::kNone; }
+  bool shardsParameters() const { return spec_.sharding == config::ShardedState::kParameters; }
+
+  // Installs a stage-3 gate in the model for as long as it lives.
+  class GateInstalled {
+   public:
+    explicit GateInstalled(Model& model) : model_(model) {}
+    ~GateInstalled() { model_.setUnitGate(nullptr); }
+    GateInstalled(const GateInstalled&) = delete;
+    GateInstalled& operator=(const GateInstalled&) = delete;
+    void set(UnitGate* gate) { model_.setUnitGate(gate); }
+
+   private:
+    Model& model_;
+  };
+
+  // Runs `fn` with every parameter's values present: stage 3 gathers them all (every rank
+  // takes part) and frees them after.
+  template <typename F>
+  void withParameters(F fn) {
+    if (!shardsParameters()) return fn();
+    reducer_->gatherAll();
+    fn();
+    reducer_->endStep();
+  }
+
+  // The model's units as parameter indices; a name its module lacks is the plugin's bug.
+  // Stage 3 needs units.
+  std::vector<std::vector<size_t>> unitIndices() const {
+    std::map<std::string, size_t> index;
+    for (size_t k = 0; k < names_.size(); ++k) index[names_[k]] = k;
+    std::vector<std::vector<size_t>> units;
+    for (const auto& unit : model_->units()) {
+      units.emplace_back();
+      for (const auto& name : unit) {
+        const auto it = index.find(name);
+        if (it == index.end()) {
+          throw InternalError(fmt::format(
+              "model '{}' names parameter '{}' in units(), which its module does not have",
+              e_.model.label, name));
+        }
+        units.back().push_back(it->second);
+      }
+    }
+    if (shardsParameters() && units.empty()) {
+      throw ConfigError(fmt::format(
+          "{}: train.sharding: parameters needs the model's units, and model '{}' declares "
+          "none. HINT: use train.sharding: gradients, or give the model units() "
+          "(docs/writing-a-model.md)",
+          e_.file, e_.model.label));
+    }
+    return units;
+  }
 
   // The checkpoint's parameter tensors ("param/NAME").
   std::vector<std::pair<std::string, at::Tensor>> parameterTensors() const {
@@ -224,6 +289,7 @@ class RankTrainer {
   // Returns the checkpoint's step.
   int64_t restoreState(const RunCheckpoints& checkpoints, const std::string& path) {
     if (!sharded()) return checkpoints.restore(path, stateTensors());
+    reducer_->gatherAll();  // stage 3: the values to restore into
     auto all = parameterTensors();
     const auto state = shardedState();
     std::vector<at::Tensor> fulls;  // one per state tensor: its bucket's padded values
@@ -236,6 +302,10 @@ class RankTrainer {
     for (size_t i = 0; i < state.size(); ++i) {
       const int64_t k = reducer_->shardNumel(std::get<1>(state[i]));
       std::get<2>(state[i]).copy_(fulls[i].narrow(0, rank_ * k, k));
+    }
+    if (shardsParameters()) {
+      reducer_->keepShards();
+      reducer_->endStep();
     }
     return step;
   }
@@ -253,8 +323,14 @@ class RankTrainer {
     };
     if (!sharded()) return {collective(Collective::kAllReduce, whole, 0)};
     const size_t block = whole / static_cast<size_t>(world_);
-    return {collective(Collective::kReduceScatter, whole, block),
-            collective(Collective::kAllGather, block, whole)};
+    std::vector<CollectiveArgs> out = {collective(Collective::kReduceScatter, whole, block),
+                                       collective(Collective::kAllGather, block, whole)};
+    // Stage 3 gathers a unit's bucket for forward and again for backward, every micro-batch
+    // (a root bucket once a step).
+    if (shardsParameters() && !reducer.isRoot(b)) {
+      for (int k = 1; k < 2 * spec_.grad_accum; ++k) out.push_back(out.back());
+    }
+    return out;
   }
 
   // Sharding needs the rules to run reduce-scatter and all-gather of every bucket: said
@@ -401,6 +477,7 @@ class RankTrainer {
                                 shape_.seq_len + 1);  // (mb, T + 1)
       if (k + 1 == spec_.grad_accum) reducer.arm();
       auto t = Clock::now();
+      if (shardsParameters()) reducer.gatherRoot();
       at::Tensor loss = lossOf(tokens);
       st.forward += since(t);
       const double value = loss.item<double>();
@@ -413,6 +490,7 @@ class RankTrainer {
       }
       t = Clock::now();
       (loss * scale).backward();
+      if (shardsParameters()) reducer.afterBackward();
       st.backward += since(t);
       loss_sum += value;
     }
@@ -425,9 +503,9 @@ class RankTrainer {
     st.grad_norm = clipGradients();
     st.lr = lr_.at(s);
     optimizer_->step(st.lr);
-    reducer.clearGradients();  // the next step starts afresh
+    reducer.endStep();  // the next step starts afresh
     st.optimizer = since(t);
-    if (sharded()) {
+    if (sharded() && !shardsParameters()) {  // stage 3 gathers in the next forward
       // Timed as communication, all of it exposed; sync.bytes stays the gradient's bytes.
       const SyncTiming gathered = reducer.gatherParameters();
       st.sync.comm_seconds += gathered.comm_seconds;
@@ -549,6 +627,7 @@ class RankTrainer {
     const HeldBytes held = reducer.held();
     r->parameter_bytes = held.parameters;
     r->gradient_bytes = held.gradients;
+    r->gathered_peak_bytes = held.gathered_peak;
     r->optimizer_bytes = 0;
     for (auto& [name, tensor] : optimizer_->state())
       r->optimizer_bytes += static_cast<uint64_t>(tensor.numel()) * 4;

@@ -47,6 +47,7 @@ struct Result {
   std::string sharding = "none";                 // train.sharding
   // Held by rank 0 between steps: parameter values, gradients, optimizer state.
   uint64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;
+  uint64_t gathered_peak_bytes = 0;    // stage 3: most values gathered at once in a step
   std::vector<double> peak_rss_bytes;  // per rank, at the end (getrusage)
   int buckets = 0;
   double predicted_comm_seconds = 0;     // from the calibrated α-β-γ model (NaN: no model)
