@@ -1,5 +1,5 @@
 """The tables of benchmarks/zero_peers.sh: tokens/s and the peak RSS of every rank for collie
-(sharding none, optimizer, gradients) and PyTorch (DDP with AdamW, with
+(sharding none, optimizer, gradients, parameters) and PyTorch (DDP with AdamW, with
 ZeroRedundancyOptimizer), medians over the rounds with their min-max; the training state
 collie's ranks hold (measured in its buffers) beside ZeRO's formula for fp32 + AdamW; and
 the ratios collie / PyTorch.
@@ -11,7 +11,7 @@ import sys
 
 from compare_ddp import peer_result
 
-STAGES = ("none", "optimizer", "gradients")
+STAGES = ("none", "optimizer", "gradients", "parameters")
 
 
 def collie(out, sharding, rnd):
@@ -30,7 +30,7 @@ def spread(values, fmt):
 def formula(sharding, psi, n):
     """ZeRO's bytes per rank for fp32 parameters, gradients and AdamW's two moments."""
     return {"none": 16 * psi, "optimizer": 8 * psi + 8 * psi / n,
-            "gradients": 4 * psi + 12 * psi / n}[sharding]
+            "gradients": 4 * psi + 12 * psi / n, "parameters": 16 * psi / n}[sharding]
 
 
 def mb(v):
@@ -76,11 +76,16 @@ def main():
               f"{formula(s, psi, n) / 1e6:,.1f} | {total / formula(s, psi, n):.4f} | "
               f"{spread(saved, mb)} | "
               f"{(formula('none', psi, n) - formula(s, psi, n)) / 1e6:,.0f} |")
+    gathered = runs["collie, sharding: parameters"][0]["gathered_peak_bytes"]
+    print()
+    print(f"Stage 3 held at most {gathered / 1e6:,.1f} MB of gathered parameters at once during "
+          f"a step (of {4 * psi / 1e6:,.1f} MB).")
     print()
     zero = "PyTorch DDP + ZeroRedundancyOptimizer"
     for mine, theirs in (("collie, sharding: none", "PyTorch DDP + AdamW"),
                          ("collie, sharding: optimizer", zero),
-                         ("collie, sharding: gradients", zero)):
+                         ("collie, sharding: gradients", zero),
+                         ("collie, sharding: parameters", zero)):
         ratio = [a / b for a, b in zip(tokens[mine], tokens[theirs])]
         memory = [a / b for a, b in zip(rss[mine], rss[theirs])]
         print(f"{mine} / {theirs}: tokens/s {spread(ratio, lambda v: f'{v:.2f}')}, "

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # ZeRO against its PyTorch peer, in one run: collie's trainer with train.sharding: none,
-# optimizer (stage 1) and gradients (stage 2), and PyTorch 1.13 DDP with torch.optim.AdamW
+# optimizer (stage 1), gradients (stage 2) and parameters (stage 3), and PyTorch 1.13 DDP with torch.optim.AdamW
 # and with ZeroRedundancyOptimizer (stage 1; both with gradient_as_bucket_view, as collie's
 # buckets; Python, torchrun, Gloo; Debian's python3-torch, the same OpenBLAS), on the same
 # GPT and the same number of processes. Prints tokens/s and the peak RSS of every rank, each
 # the median over the rounds, the state collie measured in its buffers beside ZeRO's
-# formula, and the ratios. (PyTorch 1.13's stage 2, FSDP's SHARD_GRAD_OP, needs CUDA.)
+# formula, and the ratios. (PyTorch 1.13's stages 2 and 3, FSDP's SHARD_GRAD_OP and
+# FULL_SHARD, need CUDA.)
 #   benchmarks/zero_peers.sh [OUT]
 #     (RANKS=4 STEPS=6 ROUNDS=2 LAYERS=16 D_MODEL=512 SEQ_LEN=64 VOCAB=256 MICRO_BATCH=2
-#      to change; the default GPT has 50.5 M parameters)
+#      to change; the default GPT has 50.6 M parameters)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-runs/zero-peers-$(date +%Y%m%d-%H%M%S)}"
@@ -29,7 +30,7 @@ model=(--set model.params.layers="$layers" --set model.params.d_model="$d_model"
        --set model.params.vocab="$vocab")
 # Rounds alternate the peers so that a noisy minute does not favour one of them.
 for round in $(seq 1 "$rounds"); do
-  for sharding in none optimizer gradients; do
+  for sharding in none optimizer gradients parameters; do
     "$collie" --log-level warn run benchmarks/collie-gpt.yaml \
       --out "$out/collie-$sharding-$round" --set launch.nproc_per_node="$ranks" \
       --set train.steps="$steps" --set train.micro_batch="$micro_batch" \
