@@ -219,7 +219,7 @@ void Reducer::collect(size_t param) {
 void Reducer::fill(size_t param) {
   Slot& slot = slots_[param];
   Bucket& bucket = buckets_[slot.bucket];
-  // Stage 2: a bucket none of whose parameters had a gradient still reduces (zeros).
+  // Stages 2 and 3: a bucket none of whose parameters had a gradient still reduces (zeros).
   if (!bucket.grads.defined()) bucket.grads = at::zeros({bucket.values.numel()}, at::kFloat);
   slot.filled = true;
   --bucket.pending;
