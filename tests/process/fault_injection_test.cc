@@ -50,10 +50,8 @@ JobRun runUnder(const std::string& launcher, const std::string& config, const st
   if (launcher == "collie") {
     command = collie;
   } else if (launcher == "torchrun") {
-    // DESIGN §10: Debian's torchrun needs --redirects/--tee; the ranks' stderr goes to its
-    // log_dir.
-    command = "torchrun --no_python --standalone --nproc_per_node=" + n +
-              " --redirects 2 --tee 1 --log_dir '" + out + "/torchrun' " + collie.substr(0);
+    // The ranks' stderr goes to torchrun's log_dir.
+    command = torchrunCommand(ranks) + " --log_dir '" + out + "/torchrun' " + collie;
   } else {
     command = "mpirun --allow-run-as-root --oversubscribe -np " + n +
               " -x MASTER_PORT=" + std::to_string(collie::pickFreePort("127.0.0.1")) + " " + collie;

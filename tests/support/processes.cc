@@ -95,6 +95,14 @@ std::vector<pid_t> processesWith(const std::string& marker) {
   return found;
 }
 
+std::string torchrunCommand(int nproc) {
+  const uint16_t port = pickFreePort("127.0.0.1");
+  return "torchrun --no_python --nnodes=1 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:" +
+         std::to_string(port) + " --rdzv_id=collie-test-" + std::to_string(getpid()) + "-" +
+         std::to_string(port) + " --nproc_per_node=" + std::to_string(nproc) +
+         " --redirects 2 --tee 1";
+}
+
 std::string scratch(const std::string& name) {
   auto dir = fs::temp_directory_path() / ("collie-proc-" + std::to_string(::getpid())) / name;
   fs::create_directories(dir);
