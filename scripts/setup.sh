@@ -10,6 +10,8 @@ packages=(
   libgtest-dev gnuplot-nox libxxhash-dev
   # backends (gloo, ucx) and the peers their tests and benchmarks launch or compare against
   libgloo-dev libucx-dev ucx-utils libopenmpi-dev openmpi-bin python3-torch
+  # a test reads checkpoint shards (safetensors) with Python and NumPy alone
+  python3-numpy
   # the lab: network namespaces, veth, bridge, tbf (ip, tc); unshare, setpriv
   iproute2 util-linux
   # a one-machine Slurm cluster for the srun test

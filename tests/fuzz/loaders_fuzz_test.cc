@@ -16,10 +16,14 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
+
+#include <fmt/format.h>
 
 #include "collie/error.h"
 #include "config/experiment.h"
 #include "config/rules.h"
+#include "format_one.h"
 #include "mutator.h"
 #include "train/checkpoint.h"
 
@@ -173,19 +177,15 @@ TEST(FuzzLoaders, RulesFilesLoadOrAreRefusedWithAConfigError) {
 
 // Most mutants are sealed again (the hash recomputed) so that they reach the parser behind
 // the hash check instead of stopping at it.
-TEST(FuzzLoaders, CheckpointsLoadOrAreRefusedWithACheckpointError) {
-  const fs::path dir = scratch();
+TEST(FuzzLoaders, FormatOneCheckpointsLoadOrAreRefusedWithACheckpointError) {
   std::vector<std::string> seeds;
   for (int k = 0; k < 3; ++k) {
-    train::Checkpoint c;
-    c.step = 7 + k;
-    c.identity = "model mlp {layers: 2}, adamw, micro-batches [4, 4]";
-    c.tensors.emplace_back("param/w", at::arange(12 * (k + 1), at::kFloat).reshape({3, -1}));
-    c.tensors.emplace_back("optimizer/step", at::zeros({}, at::kLong));
-    c.tensors.emplace_back("param/empty", at::zeros({0, 5}, at::kFloat));
-    const fs::path path = dir / ("seed-" + std::to_string(k) + ".ckpt");
-    train::saveCheckpoint(path.string(), c);
-    seeds.push_back(readFile(path));
+    seeds.push_back(testing::formatOneBytes(
+        7 + k, "model mlp {layers: 2}; optimizer adamw; micro_batch [4, 4] x 1; data seed 1",
+        {{"param/w", at::arange(12 * (k + 1), at::kFloat).reshape({3, -1})},
+         {"exp_avg/0", at::zeros({3, 4 * (k + 1)}, at::kFloat)},
+         {k == 2 ? "optimizer/step" : "param/empty",
+          k == 2 ? at::zeros({}, at::kLong) : at::zeros({0, 5}, at::kFloat)}}));
   }
   std::vector<std::string> tokens = {"\"shape\": [",
                                      "\"offset\": ",
@@ -203,8 +203,8 @@ TEST(FuzzLoaders, CheckpointsLoadOrAreRefusedWithACheckpointError) {
                                      "\"step\": "};
   int resealed = 0;
   fuzz<CheckpointError>(
-      "checkpoint", seeds, tokens, 3,
-      [](const std::string& path, int) { train::loadCheckpoint(path); },
+      "checkpoint-1", seeds, tokens, 3,
+      [](const std::string& path, int) { train::CheckpointReader(path).readAll(); },
       [&](std::string bytes) {
         if (bytes.size() >= 16 && resealed++ % 4 != 3) {
           const uint64_t digest = XXH3_64bits(bytes.data(), bytes.size() - 8);
@@ -212,6 +212,97 @@ TEST(FuzzLoaders, CheckpointsLoadOrAreRefusedWithACheckpointError) {
         }
         return bytes;
       });
+}
+
+// A format-2 checkpoint of two shards in `dir`: two tensors, one split over both files.
+std::vector<train::ShardFile> writeFormatTwo(const fs::path& dir,
+                                             const train::CheckpointInfo& info) {
+  fs::create_directories(dir);
+  const at::Tensor w = at::arange(24, at::kFloat).reshape({4, 6}), b = at::arange(5, at::kFloat);
+  auto piece = [](const std::string& key, const at::Tensor& t, int64_t start, int64_t numel) {
+    return std::make_pair(train::Piece{key, t.sizes().vec(), start, numel},
+                          t.reshape({-1}).narrow(0, start, numel));
+  };
+  std::vector<train::ShardFile> files = {
+      train::writeShard(dir.string(), 0, 2, info, {piece("w", w, 0, 10), piece("b", b, 0, 5)}),
+      train::writeShard(dir.string(), 1, 2, info, {piece("w", w, 10, 14)})};
+  train::writeManifest(dir.string(), info, files, 0);
+  return files;
+}
+
+std::vector<std::string> formatTwoTokens() {
+  return {"\"shape\":[",
+          "\"data_offsets\":[",
+          "\"pieces\":",
+          "\"start\":",
+          "-1",
+          "[]",
+          "18446744073709551615",
+          "9223372036854775807",
+          "\"F32\"",
+          "\"I64\"",
+          "{}",
+          "null",
+          "1e308",
+          ",",
+          "\"step\":",
+          "\"../x\"",
+          "\"__metadata__\":",
+          "\"0000000000000000\""};
+}
+
+// The manifest: the first thing a resume reads, and what says where every piece lies.
+TEST(FuzzLoaders, ManifestsLoadOrAreRefusedWithACheckpointError) {
+  const fs::path dir = scratch() / "manifest-step";
+  train::CheckpointInfo info;
+  info.step = 4;
+  info.identity = "fuzz";
+  info.micro_batch = {2, 1};
+  writeFormatTwo(dir, info);
+  const std::vector<std::string> seeds{readFile(dir / "manifest.json")};
+  fuzz<CheckpointError>("manifest", seeds, formatTwoTokens(), 4, [&](const std::string& path, int) {
+    fs::copy_file(path, dir / "manifest.json", fs::copy_options::overwrite_existing);
+    train::CheckpointReader(dir.string()).readAll();
+  });
+}
+
+// A shard file (safetensors), its manifest mostly rewritten to match the mutant's size and
+// digest so that the mutant reaches the header parser.
+TEST(FuzzLoaders, ShardFilesLoadOrAreRefusedWithACheckpointError) {
+  const fs::path dir = scratch() / "shard-step";
+  train::CheckpointInfo info;
+  info.step = 5;
+  info.identity = "fuzz";
+  info.micro_batch = {2, 1};
+  const auto files = writeFormatTwo(dir, info);
+  const std::vector<std::string> seeds{readFile(dir / files[0].name),
+                                       readFile(dir / files[1].name)};
+  // The manifest's entry of file f ("bytes":N ... "xxh3":"D"), rewritten by text (a plain
+  // write: writeManifest's fsyncs would make this fuzzer ten times slower).
+  const std::string manifest = readFile(dir / "manifest.json");
+  auto listing = [&](size_t f, uint64_t bytes, uint64_t digest) {
+    std::string text = manifest;
+    const size_t entry =
+        text.find("{\"bytes\":" + std::to_string(files[f].bytes) + ",\"name\":\"" + files[f].name);
+    const size_t number = entry + 9, xxh3 = text.find("\"xxh3\":\"", entry) + 8;
+    text.replace(xxh3, 16, fmt::format("{:016x}", digest));
+    text.replace(number, std::to_string(files[f].bytes).size(), std::to_string(bytes));
+    return text;
+  };
+  ASSERT_EQ(listing(0, files[0].bytes, files[0].digest), manifest);
+  auto load = [&](const std::string& path, int i) {
+    const std::string bytes = readFile(path);
+    const size_t f = static_cast<size_t>(i) % files.size();  // the seed it came from
+    writeFile(
+        dir / "manifest.json",
+        i % 4 == 3 ? manifest : listing(f, bytes.size(), XXH3_64bits(bytes.data(), bytes.size())));
+    writeFile(dir / files[f].name, bytes);
+    train::CheckpointReader(dir.string()).readAll();
+  };
+  // The harness itself loads an unchanged shard.
+  writeFile(dir / "seed", seeds[0]);
+  load((dir / "seed").string(), 0);
+  fuzz<CheckpointError>("shard", seeds, formatTwoTokens(), 5, load);
 }
 
 }  // namespace

@@ -66,12 +66,9 @@ TEST(Processes, CollieRunStartsUcxWorkersOverSharedMemory) {
 
 TEST(Processes, TorchrunStartsCollieWorkers) {
   if (!haveProgram("torchrun")) GTEST_SKIP() << "torchrun (python3-torch) is not installed";
-  // DESIGN §10: Debian's torchrun needs --redirects/--tee and spells --no_python this way.
   std::string out = scratch("torchrun");
-  std::string command =
-      "torchrun --no_python --standalone --nproc_per_node=2 --redirects 2 "
-      "--tee 1 '" COLLIE_TEST_BINARY "' run '" +
-      shortConfig("gloo", 2) + "' --out '" + out + "' > '" + out + "/log' 2>&1";
+  std::string command = torchrunCommand(2) + " '" COLLIE_TEST_BINARY "' run '" +
+                        shortConfig("gloo", 2) + "' --out '" + out + "' > '" + out + "/log' 2>&1";
   int status = std::system(command.c_str());
   std::ifstream in(out + "/log");
   std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -158,8 +155,10 @@ bench: {schedulers: [{plugin: hierarchical, params: {intra: ring, inter: tree}}]
 
 TEST(Processes, EveryRankResumesFromTheCheckpointRank0Chose) {
   // Two "nodes" without a shared file system: the same relative checkpoint_dir is another
-  // folder for each rank. Rank 0 alone writes checkpoints, so on resume rank 1 lacks the
-  // file rank 0 resumes from; it must say so rather than start from step 0.
+  // folder for each rank. Unsharded, rank 0 alone writes checkpoints, so on resume rank 1
+  // lacks the checkpoint rank 0 resumes from; it must say so rather than start from step 0.
+  // Sharded, every rank writes its shard and the manifest on its own node, and reads only
+  // its own shard back: the job resumes with nothing copied.
   const fs::path out = scratch("resume-agree");
   const fs::path node0 = out / "node0", node1 = out / "node1";
   fs::create_directories(node0);
@@ -190,12 +189,12 @@ train: {steps: 4, micro_batch: 4, checkpoint_every: 2, checkpoint_dir: ckpt, log
   };
   auto first = runJob({}, "first");
   for (auto& s : first) ASSERT_EQ(exitCode(s), 0) << s.output();
-  ASSERT_TRUE(fs::exists(node0 / "ckpt" / "step-00000004.ckpt"));
+  ASSERT_TRUE(fs::exists(node0 / "ckpt" / "step-00000004" / "manifest.json"));
   ASSERT_FALSE(fs::exists(node1 / "ckpt"));
   auto missing = runJob({"train.steps=6"}, "missing");
   for (auto& s : missing) {
     EXPECT_EQ(exitCode(s), 1) << s.output();
-    EXPECT_NE(s.output().find("rank 1 has no ckpt/step-00000004.ckpt, the checkpoint of step 4 "
+    EXPECT_NE(s.output().find("rank 1 has no ckpt/step-00000004, the checkpoint of step 4 "
                               "that rank 0 resumes from"),
               std::string::npos)
         << s.output();
@@ -203,9 +202,22 @@ train: {steps: 4, micro_batch: 4, checkpoint_every: 2, checkpoint_dir: ckpt, log
   fs::copy(node0 / "ckpt", node1 / "ckpt", fs::copy_options::recursive);
   auto copied = runJob({"train.steps=6"}, "copied");
   for (auto& s : copied) EXPECT_EQ(exitCode(s), 0) << s.output();
-  EXPECT_NE(copied[0].output().find("resumed from ckpt/step-00000004.ckpt at step 4"),
-            std::string::npos)
+  EXPECT_NE(copied[0].output().find("resumed from ckpt/step-00000004 at step 4"), std::string::npos)
       << copied[0].output();
+  const std::vector<std::string> sharded = {"train.sharding=optimizer",
+                                            "train.checkpoint_dir=zero"};
+  for (auto& s : runJob(sharded, "sharded")) ASSERT_EQ(exitCode(s), 0) << s.output();
+  EXPECT_TRUE(fs::exists(node0 / "zero/step-00000004/shard-00000-of-00002.safetensors"));
+  EXPECT_FALSE(fs::exists(node0 / "zero/step-00000004/shard-00001-of-00002.safetensors"));
+  EXPECT_TRUE(fs::exists(node1 / "zero/step-00000004/shard-00001-of-00002.safetensors"));
+  EXPECT_TRUE(fs::exists(node1 / "zero/step-00000004/manifest.json"));
+  auto more = sharded;
+  more.push_back("train.steps=6");
+  auto resumed = runJob(more, "sharded-resumed");
+  for (auto& s : resumed) EXPECT_EQ(exitCode(s), 0) << s.output();
+  EXPECT_NE(resumed[0].output().find("resumed from zero/step-00000004 at step 4"),
+            std::string::npos)
+      << resumed[0].output();
 }
 
 TEST(Faults, RankThatNeverArrivesIsNamed) {
@@ -319,7 +331,7 @@ TEST(Launcher, RestartResumesTrainingFromTheNewestCheckpoint) {
   auto haveCheckpoint = [&] {
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(checkpoints, ec)) {
-      if (entry.path().extension() == ".ckpt") return true;
+      if (fs::exists(entry.path() / "manifest.json")) return true;
     }
     return false;
   };

@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ops/allclose.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
 #include <xxhash.h>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +19,7 @@
 #include <numeric>
 
 #include "collie/error.h"
+#include "format_one.h"
 #include "loopback_job.h"
 #include "run_command.h"
 #include "runtime/communicator.h"
@@ -44,6 +47,21 @@ train:
   log_every: 100
 )";
 
+std::string fileText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// What reading checkpoint `path` throws ("" when it reads).
+std::string readingFails(const std::string& path) {
+  try {
+    train::CheckpointReader(path).readAll();
+    return "";
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+}
+
 fs::path scratch(const std::string& name) {
   fs::path dir = fs::path(COLLIE_TEST_BINARY_DIR) / "training-scratch" / name;
   fs::remove_all(dir);
@@ -62,10 +80,10 @@ train::Result runTraining(const std::string& name, std::vector<std::string> sets
 // The final checkpoint's tensors of a run made by runTraining(name, ...).
 std::map<std::string, at::Tensor> finalWeights(const std::string& name) {
   const fs::path dir = fs::path(COLLIE_TEST_BINARY_DIR) / "training-scratch" / name / "ckpt";
-  train::Checkpoint c = train::loadCheckpoint(train::latestCheckpoint(dir.string()));
+  train::CheckpointReader reader(train::latestCheckpoint(dir.string()));
   std::map<std::string, at::Tensor> out;
-  for (const auto& [key, tensor] : c.tensors) {
-    if (key.rfind("param/", 0) == 0) out[key] = tensor;
+  for (const auto& [key, tensor] : reader.readAll()) {
+    if (key.find('/') == std::string::npos) out[key] = tensor;  // not "exp_avg/NAME"
   }
   return out;
 }
@@ -255,10 +273,12 @@ TEST(ShardingCheckpoint, HoldsTheUnshardedStateAndResumesBitIdentically) {
     runTraining(name, sharded_sets);
     for (int step : {3, 6}) {
       auto a =
-          train::loadCheckpoint(train::checkpointPath((base / "ckpt-zero0/ckpt").string(), step));
-      auto b = train::loadCheckpoint(train::checkpointPath((base / name / "ckpt").string(), step));
-      const std::map<std::string, at::Tensor> plain(a.tensors.begin(), a.tensors.end()),
-          sharded(b.tensors.begin(), b.tensors.end());
+          train::CheckpointReader(train::checkpointPath((base / "ckpt-zero0/ckpt").string(), step))
+              .readAll();
+      auto b = train::CheckpointReader(train::checkpointPath((base / name / "ckpt").string(), step))
+                   .readAll();
+      const std::map<std::string, at::Tensor> plain(a.begin(), a.end()),
+          sharded(b.begin(), b.end());
       ASSERT_EQ(plain.size(), sharded.size());
       for (const auto& [key, tensor] : plain) {
         ASSERT_TRUE(sharded.count(key)) << key;
@@ -267,7 +287,7 @@ TEST(ShardingCheckpoint, HoldsTheUnshardedStateAndResumesBitIdentically) {
     }
     // The sharded run resumes from its step-3 checkpoint, and ends where the whole run ended.
     const fs::path dir = base / name;
-    fs::remove(train::checkpointPath((dir / "ckpt").string(), 6));
+    fs::remove_all(train::checkpointPath((dir / "ckpt").string(), 6));
     auto resumed_sets = sharded_sets;
     resumed_sets.push_back("train.checkpoint_dir=" + (dir / "ckpt").string());
     auto experiments =
@@ -281,7 +301,218 @@ TEST(ShardingCheckpoint, HoldsTheUnshardedStateAndResumesBitIdentically) {
   }
 }
 
-// A scheduler without reduce-scatter cannot shard: said before the first step.
+// A sharded checkpoint of 4 ranks (stage 3, small buckets: parameters straddle ranks)
+// continues on 2 ranks sharding gradients, and on 3 unsharded, with other buckets: every
+// rank assembles its blocks from whichever shards hold them. The same samples per step, so
+// the run ends where the 4-rank run ended, up to the order in which gradients were added.
+TEST(ShardingCheckpoint, ResumesAtAnotherWorldSizeShardingAndBucketSize) {
+  const std::vector<std::string> four = {"launch.nproc_per_node=4",
+                                         "train.micro_batch=[2, 2, 2, 1]",
+                                         "train.grad_clip=0",
+                                         "train.bucket_bytes=1KiB",
+                                         "train.steps=6",
+                                         "train.checkpoint_every=3",
+                                         "train.sharding=parameters"};
+  runTraining("reshard-whole", four);
+  const fs::path base = fs::path(COLLIE_TEST_BINARY_DIR) / "training-scratch";
+  const auto whole = finalWeights("reshard-whole");
+  const std::vector<std::vector<std::string>> continuations = {
+      {"launch.nproc_per_node=2", "train.micro_batch=[4, 3]", "train.sharding=gradients",
+       "train.bucket_bytes=4KiB"},
+      {"launch.nproc_per_node=3", "train.micro_batch=[3, 2, 2]", "train.sharding=none",
+       "train.bucket_bytes=2KiB"}};
+  for (const auto& continuation : continuations) {
+    SCOPED_TRACE(continuation[0]);
+    runTraining("reshard", four);
+    const fs::path ckpt = base / "reshard" / "ckpt";
+    fs::remove_all(train::checkpointPath(ckpt.string(), 6));
+    const auto at_three = finalWeights("reshard");
+    auto sets = continuation;
+    for (const char* s : {"train.grad_clip=0", "train.steps=6", "train.checkpoint_every=3"})
+      sets.push_back(s);
+    sets.push_back("train.checkpoint_dir=" + ckpt.string());
+    auto experiments = config::loadExperiments(testing::writeTempFile("reshard.yaml", kBase), sets);
+    auto resumed =
+        train::run(testing::buildTreeLoader(), experiments.at(0), (base / "reshard").string());
+    EXPECT_EQ(resumed.timed_steps, 2);
+    EXPECT_TRUE(resumed.sync.identical) << resumed.sync.describe(2);
+    const auto again = finalWeights("reshard");
+    EXPECT_LT(maxDifference(whole, again), 1e-5) << "the resumed run went elsewhere";
+    EXPECT_GT(maxDifference(at_three, again), 1e-4) << "the resumed run did not train";
+  }
+}
+
+// Resuming needs every shard the rank reads; one missing or corrupt is named.
+TEST(ShardingCheckpoint, AMissingOrCorruptShardIsRefusedNamingTheFile) {
+  const std::vector<std::string> sets = {"launch.nproc_per_node=2", "train.micro_batch=[3, 2]",
+                                         "train.steps=2", "train.sharding=optimizer"};
+  runTraining("shard-missing", sets);
+  const fs::path dir = fs::path(COLLIE_TEST_BINARY_DIR) / "training-scratch" / "shard-missing";
+  const std::string step = train::checkpointPath((dir / "ckpt").string(), 2);
+  ASSERT_TRUE(fs::exists(step + "/shard-00000-of-00002.safetensors"));
+  const std::string shard = step + "/shard-00001-of-00002.safetensors";
+  auto resume = [&] {
+    auto again = sets;
+    again.push_back("train.steps=4");
+    again.push_back("train.checkpoint_dir=" + (dir / "ckpt").string());
+    auto experiments =
+        config::loadExperiments(testing::writeTempFile("shard-missing.yaml", kBase), again);
+    try {
+      train::run(testing::buildTreeLoader(), experiments.at(0), dir.string());
+      return std::string();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  };
+  const std::string bytes = fileText(shard);
+  fs::remove(shard);
+  std::string error = resume();
+  EXPECT_NE(error.find(shard + ": cannot open"), std::string::npos) << error;
+  std::string corrupt = bytes;
+  corrupt[corrupt.size() - 3] ^= 0x10;  // in the last tensor's bytes
+  std::ofstream(shard, std::ios::binary) << corrupt;
+  error = resume();
+  EXPECT_NE(error.find(shard + ": content hash mismatch"), std::string::npos) << error;
+  std::ofstream(shard, std::ios::binary) << bytes;
+  EXPECT_EQ(resume(), "");
+}
+
+// A resumed run must read the same samples per step: another sum of micro-batches is
+// refused (their split may change).
+TEST(Checkpoint, AnotherBatchIsRefusedAndAnotherSplitResumes) {
+  runTraining("batch", {"launch.nproc_per_node=2", "train.micro_batch=[3, 2]", "train.steps=2"});
+  const fs::path dir = fs::path(COLLIE_TEST_BINARY_DIR) / "training-scratch" / "batch";
+  auto resume = [&](const std::string& micro_batch) {
+    auto experiments = config::loadExperiments(
+        testing::writeTempFile("batch.yaml", kBase),
+        {"launch.nproc_per_node=2", "train.micro_batch=" + micro_batch, "train.steps=3",
+         "train.checkpoint_every=100", "train.checkpoint_dir=" + (dir / "ckpt").string()});
+    return train::run(testing::buildTreeLoader(), experiments.at(0), dir.string());
+  };
+  try {
+    resume("[3, 3]");
+    FAIL() << "resumed 6 samples per step from a run of 5";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("written by a run of 5 samples per micro-batch step "
+                                         "(micro_batch [3, 2]) x grad_accum 1, this run takes 6"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(resume("[1, 4]").timed_steps, 1);  // step 3
+}
+
+// The pieces of a tensor, written in one split over files, read back in any other.
+TEST(Checkpoint, PiecesWrittenInOneSplitAreReadInAnother) {
+  const fs::path dir = scratch("pieces");
+  const at::Tensor a = at::arange(36, at::kFloat).reshape({6, 6});
+  const at::Tensor b = at::arange(100, 110, at::kFloat);
+  auto piece = [](const std::string& key, const at::Tensor& t, int64_t start, int64_t numel) {
+    return std::make_pair(train::Piece{key, t.sizes().vec(), start, numel},
+                          t.reshape({-1}).narrow(0, start, numel));
+  };
+  train::CheckpointInfo info;
+  info.step = 9;
+  info.identity = "pieces";
+  info.micro_batch = {1, 1, 1};
+  const std::vector<std::vector<std::pair<train::Piece, at::Tensor>>> split = {
+      {piece("a", a, 0, 10), piece("b", b, 0, 4)},
+      {piece("a", a, 10, 15)},
+      {piece("a", a, 25, 11), piece("b", b, 4, 6)}};
+  std::vector<train::ShardFile> files;
+  for (int f = 0; f < 3; ++f)
+    files.push_back(train::writeShard(dir.string(), f, 3, info, split[f]));
+  train::writeManifest(dir.string(), info, files, 0);
+  train::CheckpointReader reader(dir.string());
+  EXPECT_EQ(reader.info().step, 9);
+  const auto all = reader.readAll();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_TRUE(at::equal(all[0].second, a));
+  EXPECT_TRUE(at::equal(all[1].second, b));
+  const at::Tensor middle = at::zeros({25}, at::kFloat), tail = at::zeros({3}, at::kFloat);
+  reader.read({{train::Piece{"a", {6, 6}, 5, 25}, middle}, {train::Piece{"b", {10}, 3, 3}, tail}});
+  EXPECT_TRUE(at::equal(middle, a.reshape({-1}).narrow(0, 5, 25)));
+  EXPECT_TRUE(at::equal(tail, b.narrow(0, 3, 3)));
+  try {
+    reader.read({{train::Piece{"a", {36}, 0, 36}, at::zeros({36}, at::kFloat)}});
+    FAIL() << "read 'a' in another shape";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds 'a' of shape [6, 6], this run's is [36]"),
+              std::string::npos)
+        << e.what();
+  }
+  // A manifest whose pieces overlap is refused.
+  files[1].pieces[0].start = 9;
+  train::writeManifest(dir.string(), info, files, 0);
+  EXPECT_NE(readingFails(dir.string()).find("the pieces of 'a' overlap or leave a gap"),
+            std::string::npos);
+}
+
+// The shards are safetensors files: Python with NumPy and nothing of collie reads every
+// tensor of a 3-rank sharded checkpoint (parameters straddling ranks assembled from their
+// pieces) and finds them equal to the whole tensors of an unsharded run's one file.
+TEST(ShardingCheckpoint, PythonAndNumPyReadTheShards) {
+  const std::vector<std::string> sets = {"launch.nproc_per_node=3", "train.micro_batch=[3, 2, 2]",
+                                         "train.grad_clip=0", "train.bucket_bytes=1KiB",
+                                         "train.steps=2"};
+  runTraining("py-whole", sets);
+  auto sharded = sets;
+  sharded.push_back("train.sharding=optimizer");
+  runTraining("py-sharded", sharded);
+  const fs::path base = fs::path(COLLIE_TEST_BINARY_DIR) / "training-scratch";
+  const std::string command = std::string("'") + COLLIE_TEST_PYTHON + "' '" +
+                              COLLIE_TEST_SOURCE_DIR + "/tests/training/read_safetensors.py' '" +
+                              train::latestCheckpoint((base / "py-sharded/ckpt").string()) + "' '" +
+                              train::latestCheckpoint((base / "py-whole/ckpt").string()) + "' > '" +
+                              (base / "py.log").string() + "' 2>&1";
+  const int status = std::system(command.c_str());
+  const std::string log = fileText((base / "py.log").string());
+  EXPECT_EQ(status, 0) << log;
+  EXPECT_NE(log.find("split over files and equal to the unsharded run's"), std::string::npos)
+      << log;
+}
+
+// Format 1 (one .ckpt file, before the shards) still loads: a run resumes from one.
+TEST(Checkpoint, FormatOneStillLoads) {
+  const std::vector<std::string> sets = {"launch.nproc_per_node=2", "train.micro_batch=[3, 2]",
+                                         "train.steps=6", "train.checkpoint_every=3"};
+  runTraining("format-one", sets);
+  const fs::path dir = fs::path(COLLIE_TEST_BINARY_DIR) / "training-scratch" / "format-one";
+  const auto whole = finalWeights("format-one");
+  const std::string ckpt = (dir / "ckpt").string();
+  // Step 3's state written as format 1 wrote it: "param/NAME", then "KIND/K" by index.
+  std::vector<std::pair<std::string, at::Tensor>> tensors, state;
+  std::vector<std::string> names;
+  for (auto& [key, t] : train::CheckpointReader(train::checkpointPath(ckpt, 3)).readAll()) {
+    if (key.find('/') == std::string::npos) {
+      names.push_back(key);
+      tensors.emplace_back("param/" + key, t);
+    } else {
+      state.emplace_back(key, t);
+    }
+  }
+  for (auto& [key, t] : state) {
+    const std::string name = key.substr(key.find('/') + 1);
+    const size_t k = std::find(names.begin(), names.end(), name) - names.begin();
+    tensors.emplace_back(key.substr(0, key.find('/') + 1) + std::to_string(k), t);
+  }
+  auto experiments = config::loadExperiments(testing::writeTempFile("format-one.yaml", kBase), [&] {
+    auto s = sets;
+    s.push_back("train.checkpoint_dir=" + ckpt);
+    return s;
+  }());
+  testing::writeFormatOne(train::checkpointPath(ckpt, 3) + ".ckpt", 3,
+                          train::formatOneIdentity(experiments.at(0), {3, 2}), tensors);
+  fs::remove_all(train::checkpointPath(ckpt, 3));
+  fs::remove_all(train::checkpointPath(ckpt, 6));
+  ASSERT_EQ(train::latestCheckpoint(ckpt), train::checkpointPath(ckpt, 3) + ".ckpt");
+  auto resumed = train::run(testing::buildTreeLoader(), experiments.at(0), dir.string());
+  EXPECT_EQ(resumed.timed_steps, 2);
+  const auto again = finalWeights("format-one");
+  for (const auto& [key, tensor] : whole) {
+    EXPECT_TRUE(at::equal(tensor, again.at(key))) << key << " differs after a format-1 resume";
+  }
+}
+
 // Stage 3 on the gpt model: units (its blocks) gathered and freed around each block, a root
 // (the tied embedding, the position embedding, the final LayerNorm) gathered for the step,
 // under activation checkpointing (the replay computes with the gathered block) and bf16
@@ -329,6 +560,7 @@ train:
   }
 }
 
+// A scheduler without reduce-scatter cannot shard: said before the first step.
 TEST(ShardingConfig, ASchedulerWithoutReduceScatterIsRefusedByName) {
   try {
     runTraining("zero-tree", {"launch.nproc_per_node=2", "train.micro_batch=[3, 2]",
@@ -401,7 +633,7 @@ TEST(Checkpoint, ResumeIsBitIdenticalToAnUninterruptedRun) {
   // then a second run resumes from it.
   runTraining("interrupted", sets);
   const fs::path dir = fs::path(COLLIE_TEST_BINARY_DIR) / "training-scratch" / "interrupted";
-  fs::remove(train::checkpointPath((dir / "ckpt").string(), 6));
+  fs::remove_all(train::checkpointPath((dir / "ckpt").string(), 6));
   ASSERT_EQ(train::latestCheckpoint((dir / "ckpt").string()),
             train::checkpointPath((dir / "ckpt").string(), 3));
   auto experiments = config::loadExperiments(
@@ -417,25 +649,50 @@ TEST(Checkpoint, ResumeIsBitIdenticalToAnUninterruptedRun) {
   }
 }
 
-TEST(Checkpoint, CorruptOrForeignFilesAreRejected) {
+TEST(Checkpoint, CorruptMissingOrForeignFilesAreRefusedNamingThem) {
   runTraining("corrupt", {"train.steps=2"});
   const fs::path ckpt = fs::path(COLLIE_TEST_BINARY_DIR) / "training-scratch" / "corrupt" / "ckpt";
-  const std::string path = train::latestCheckpoint(ckpt.string());
+  const std::string dir = train::latestCheckpoint(ckpt.string());
+  ASSERT_EQ(dir, train::checkpointPath(ckpt.string(), 2));
+  ASSERT_EQ(readingFails(dir), "");
+  const std::string shard = dir + "/shard-00000-of-00001.safetensors";
+  const std::string saved = fileText(shard);
   {  // flip one byte in the middle
-    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(static_cast<std::streamoff>(fs::file_size(path) / 2));
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(shard) / 2));
     f.put('\x7f');
   }
-  try {
-    train::loadCheckpoint(path);
-    FAIL() << "a corrupt checkpoint loaded";
-  } catch (const CheckpointError& e) {
-    EXPECT_NE(std::string(e.what()).find("content hash mismatch"), std::string::npos) << e.what();
-  }
-  const std::string text = testing::writeTempFile("not-a-checkpoint.ckpt", "hello, I am YAML\n");
-  EXPECT_THROW(train::loadCheckpoint(text), CheckpointError);
-  fs::resize_file(path, 20);
-  EXPECT_THROW(train::loadCheckpoint(path), CheckpointError);
+  std::string error = readingFails(dir);
+  EXPECT_NE(error.find(shard + ": content hash mismatch"), std::string::npos) << error;
+  fs::resize_file(shard, 20);
+  error = readingFails(dir);
+  EXPECT_NE(error.find(shard + ": 20 bytes, the manifest says"), std::string::npos) << error;
+  fs::remove(shard);
+  error = readingFails(dir);
+  EXPECT_NE(error.find(shard + ": cannot open"), std::string::npos) << error;
+  std::ofstream(shard, std::ios::binary) << saved;
+  ASSERT_EQ(readingFails(dir), "");
+  // A manifest cut short, or none (a crash before it was committed: never resumed from).
+  const std::string manifest = fileText(dir + "/manifest.json");
+  std::ofstream(dir + "/manifest.json") << manifest.substr(0, manifest.size() / 2);
+  error = readingFails(dir);
+  EXPECT_NE(error.find(dir + "/manifest.json: unreadable"), std::string::npos) << error;
+  fs::remove(dir + "/manifest.json");
+  error = readingFails(dir);
+  EXPECT_NE(error.find("manifest.json is missing"), std::string::npos) << error;
+  EXPECT_EQ(train::latestCheckpoint(ckpt.string()), "");
+  // A manifest naming a file outside its directory.
+  std::string hostile = manifest;
+  const size_t at = hostile.find("shard-00000-of-00001.safetensors");
+  ASSERT_NE(at, std::string::npos);
+  hostile.replace(at, 32, "../../../../../../etc/passwd.bin");
+  std::ofstream(dir + "/manifest.json") << hostile;
+  error = readingFails(dir);
+  EXPECT_NE(error.find("lists a file named '../../"), std::string::npos) << error;
+  // Not a checkpoint at all.
+  const std::string text =
+      testing::writeTempFile("not-a-checkpoint.ckpt", "hello: I am YAML, not a checkpoint\n");
+  EXPECT_NE(readingFails(text).find("not a collie checkpoint"), std::string::npos);
 }
 
 // A checkpoint file with `header` and a 4-byte payload, sealed with a valid hash.
@@ -458,7 +715,7 @@ TEST(Checkpoint, AStepOutOfRangeIsRefused) {
     const std::string path = craftedCheckpoint(
         "step.ckpt", std::string(R"({"step": )") + step + R"(, "identity": "x", "tensors": []})");
     try {
-      train::loadCheckpoint(path);
+      train::loadFormatOne(path);
       FAIL() << "a checkpoint at step " << step << " loaded";
     } catch (const CheckpointError& e) {
       EXPECT_NE(std::string(e.what()).find(std::string("step ") + step + " is out of range"),
@@ -476,7 +733,7 @@ TEST(Checkpoint, CraftedHeaderCannotAskForHugeTensors) {
       R"("shape": [1000000000000], "offset": 0, "bytes": 4}]})";
   const std::string path = craftedCheckpoint("crafted.ckpt", header);
   try {
-    train::loadCheckpoint(path);
+    train::loadFormatOne(path);
     FAIL() << "a crafted header was accepted";
   } catch (const CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("tensor 'w' has an inconsistent entry"), std::string::npos)

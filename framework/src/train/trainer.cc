@@ -138,7 +138,7 @@ class RankTrainer {
     } else {
       optimizer_ = makeOptimizer(spec_, params_);
     }
-    RunCheckpoints checkpoints(spec_, runIdentity(e_, sharding_.micro_batch));
+    RunCheckpoints checkpoints(spec_);
     const int64_t start = resume(checkpoints);
     StepLog log(out_dir_, rank_, start > 0);
     const double predicted = predictComm(reducer, cost);
@@ -158,14 +158,7 @@ class RankTrainer {
           s + 1 != spec_.steps) {
         withParameters([&] { enforce(verifyWeights(comm_, control_, params_, names_, s + 1)); });
       }
-      if (checkpoints.dueAfter(s + 1)) {
-        // Rank 0 writes: every rank holds the same weights and (gathered from the shards when
-        // sharded, which every rank takes part in) optimizer state, as verified.
-        withParameters([&] {
-          const auto tensors = stateTensors();
-          if (rank_ == 0) logInfo("checkpoint: " + checkpoints.save(s + 1, tensors));
-        });
-      }
+      if (checkpoints.dueAfter(s + 1)) saveState(checkpoints, s + 1);
     }
     withParameters(
         [&] { result.sync = verifyWeights(comm_, control_, params_, names_, spec_.steps); });
@@ -238,76 +231,184 @@ class RankTrainer {
     return units;
   }
 
-  // The checkpoint's parameter tensors ("param/NAME").
-  std::vector<std::pair<std::string, at::Tensor>> parameterTensors() const {
-    std::vector<std::pair<std::string, at::Tensor>> all;
-    for (size_t k = 0; k < params_.size(); ++k) all.emplace_back("param/" + names_[k], params_[k]);
-    return all;
+  // The optimizer's state tensors by name ("exp_avg/3": of parameter 3 unsharded, of bucket
+  // 3's block sharded), and the kinds of state they hold ("exp_avg", "exp_avg_sq").
+  std::map<std::string, at::Tensor> optimizerState() const {
+    std::map<std::string, at::Tensor> out;
+    for (auto& [name, tensor] : optimizer_->state()) out.emplace(name, tensor);
+    return out;
   }
-
-  // Appends to `all` the state `kind` of every parameter of bucket b ("exp_avg/3"), as views
-  // of `full`, that bucket's state in its flat layout.
-  void addPerParameter(std::vector<std::pair<std::string, at::Tensor>>* all,
-                       const std::string& kind, size_t b, const at::Tensor& full) const {
-    for (size_t k = 0; k < params_.size(); ++k) {
-      if (reducer_->bucketOf(k) != b) continue;
-      all->emplace_back(
-          fmt::format("{}/{}", kind, k),
-          full.narrow(0, reducer_->offsetOf(k), params_[k].numel()).view(params_[k].sizes()));
+  std::vector<std::string> stateKinds() const {
+    std::vector<std::string> kinds;
+    for (const auto& [name, tensor] : optimizer_->state()) {
+      const std::string kind = name.substr(0, name.rfind('/'));
+      if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) kinds.push_back(kind);
     }
+    return kinds;
+  }
+  // A state tensor's name in checkpoints: the parameter's, or "exp_avg/NAME".
+  std::string stateKey(const std::string& kind, size_t k) const {
+    return kind.empty() ? names_[k] : kind + "/" + names_[k];
   }
 
-  // Everything a checkpoint holds, by name: the parameters and the optimizer state, per
-  // parameter ("exp_avg/3"), whatever the sharding: a sharded run gathers its state from
-  // every rank's shards (a collective), so that sharded and unsharded runs resume from each
-  // other's checkpoints.
-  std::vector<std::pair<std::string, at::Tensor>> stateTensors() {
-    auto all = parameterTensors();
-    if (!sharded()) {
-      for (auto& entry : optimizer_->state()) all.push_back(entry);
-      return all;
+  // Sharded: a piece of rank r's block of a state kind ("" for the parameters' values) and
+  // where it lies in its bucket's block: of every parameter, the elements inside the block.
+  struct BlockPiece {
+    Piece piece;
+    std::string kind;
+    size_t bucket;
+    int64_t at;  // elements into the block
+  };
+  std::vector<BlockPiece> blockPieces(int r) const {
+    std::vector<std::string> kinds = {""};
+    for (const auto& kind : stateKinds()) kinds.push_back(kind);
+    std::vector<BlockPiece> out;
+    for (const auto& kind : kinds) {
+      for (size_t k = 0; k < params_.size(); ++k) {
+        const size_t b = reducer_->bucketOf(k);
+        const int64_t block = reducer_->shardNumel(b), begin = reducer_->offsetOf(k);
+        const int64_t end = begin + params_[k].numel();
+        const int64_t lo = std::max(begin, r * block), hi = std::min(end, (r + 1) * block);
+        // An empty tensor is rank 0's, so that the files still list it.
+        if (lo < hi || (begin == end && r == 0)) {
+          out.push_back({Piece{stateKey(kind, k), params_[k].sizes().vec(), lo - begin,
+                               std::max<int64_t>(hi - lo, 0)},
+                         kind, b, lo - r * block});
+        }
+      }
     }
-    for (const auto& [kind, b, shard] : shardedState())
-      addPerParameter(&all, kind, b, reducer_->allGather(b, shard));
-    return all;
+    return out;
   }
-
-  // The sharded optimizer's state tensors: (kind, bucket, this rank's block), from its names
-  // ("exp_avg/2": the exp_avg of bucket 2's block).
-  std::vector<std::tuple<std::string, size_t, at::Tensor>> shardedState() {
-    std::vector<std::tuple<std::string, size_t, at::Tensor>> out;
-    for (auto& [name, tensor] : optimizer_->state()) {
-      const size_t slash = name.rfind('/');
-      COLLIE_CHECK(slash != std::string::npos, "optimizer state '", name, "' has no index");
-      out.emplace_back(name.substr(0, slash), std::stoul(name.substr(slash + 1)), tensor);
+  // Where each of rank r's block pieces lives in this rank's tensors (r == rank_).
+  std::vector<std::pair<Piece, at::Tensor>> blockTargets() const {
+    const auto state = optimizerState();
+    std::vector<std::pair<Piece, at::Tensor>> out;
+    for (const BlockPiece& p : blockPieces(rank_)) {
+      const at::Tensor& block =
+          p.kind.empty() ? shards_[p.bucket] : state.at(fmt::format("{}/{}", p.kind, p.bucket));
+      out.emplace_back(p.piece, block.narrow(0, p.at, p.piece.numel));
+    }
+    return out;
+  }
+  // Unsharded: every state tensor whole, parameters first.
+  std::vector<std::pair<Piece, at::Tensor>> wholeTargets() const {
+    const auto state = optimizerState();
+    std::vector<std::pair<Piece, at::Tensor>> out;
+    auto add = [&](const std::string& kind, size_t k, const at::Tensor& t) {
+      out.emplace_back(Piece{stateKey(kind, k), t.sizes().vec(), 0, t.numel()}, t.view({-1}));
+    };
+    for (size_t k = 0; k < params_.size(); ++k) add("", k, params_[k].detach());
+    for (const auto& kind : stateKinds()) {
+      for (size_t k = 0; k < params_.size(); ++k)
+        add(kind, k, state.at(fmt::format("{}/{}", kind, k)));
     }
     return out;
   }
 
-  // Restores a checkpoint's tensors (the per-parameter layout of stateTensors()) into the
-  // parameters and, sharded, this rank's blocks of the optimizer state and of the parameters.
-  // Returns the checkpoint's step.
-  int64_t restoreState(const RunCheckpoints& checkpoints, const std::string& path) {
-    if (!sharded()) return checkpoints.restore(path, stateTensors());
-    reducer_->gatherAll();  // stage 3: the values to restore into
-    auto all = parameterTensors();
-    const auto state = shardedState();
-    std::vector<at::Tensor> fulls;  // one per state tensor: its bucket's padded values
-    for (const auto& [kind, b, shard] : state) {
-      fulls.push_back(at::zeros({reducer_->bucketNumel(b)}, at::kFloat));
-      addPerParameter(&all, kind, b, fulls.back());
+  // Writes the checkpoint of `step`. Unsharded, rank 0 writes every tensor whole into one
+  // file (every rank holds the same, as verified); sharded, every rank writes its blocks
+  // and, once every rank has, the same manifest.
+  void saveState(const RunCheckpoints& checkpoints, int64_t step) {
+    const CheckpointInfo info{step, runIdentity(e_), sharding_.micro_batch, spec_.grad_accum,
+                              config::shardedStateName(spec_.sharding)};
+    if (!sharded()) {
+      if (rank_ != 0) return;
+      const std::string dir = checkpoints.createStepDir(step);
+      writeManifest(dir, info, {writeShard(dir, 0, 1, info, wholeTargets())}, 0);
+      checkpoints.prune();
+      logInfo("checkpoint: " + dir);
+      return;
     }
-    const int64_t step = checkpoints.restore(path, all);  // the parameters, and so shards_
+    // A rank that cannot write says so to the others, which stop too rather than wait.
+    std::string dir, failure;
+    ShardFile mine;
+    try {
+      dir = checkpoints.createStepDir(step);
+      mine = writeShard(dir, rank_, world_, info, blockTargets());
+    } catch (const CheckpointError& e) {
+      failure = e.what();
+    }
+    const auto written = control_.allGather(
+        {failure.empty() ? 1.0 : 0.0, static_cast<double>(mine.bytes),
+         static_cast<double>(mine.digest >> 32), static_cast<double>(mine.digest & 0xFFFFFFFFu)});
+    std::vector<ShardFile> files;
+    for (int r = 0; r < world_; ++r) {
+      if (written[r][0] == 0) {
+        throw CheckpointError(r == rank_ ? failure
+                                         : fmt::format("checkpoint of step {}: rank {} could not "
+                                                       "write its shard (its log says why)",
+                                                       step, r));
+      }
+      ShardFile file{
+          shardFileName(r, world_),
+          static_cast<uint64_t>(written[r][1]),
+          (static_cast<uint64_t>(written[r][2]) << 32) | static_cast<uint64_t>(written[r][3]),
+          {}};
+      for (const BlockPiece& p : blockPieces(r)) file.pieces.push_back(p.piece);
+      files.push_back(std::move(file));
+    }
+    writeManifest(dir, info, files, rank_);
+    checkpoints.prune();
+    if (rank_ == 0) logInfo(fmt::format("checkpoint: {} ({} shards)", dir, world_));
+  }
+
+  // Whether `reader`'s checkpoint can continue this run: the same model, optimizer and data
+  // seed, and the same samples per step (their split over ranks, so the world size, may
+  // differ: the sums are then added in another order).
+  void checkResumable(const CheckpointReader& reader) const {
+    const CheckpointInfo& info = reader.info();
+    const std::string mine =
+        reader.formatOne() ? formatOneIdentity(e_, sharding_.micro_batch) : runIdentity(e_);
+    if (info.identity != mine) {
+      throw CheckpointError("checkpoint " + reader.path() +
+                            " was written by another run: it holds " + info.identity +
+                            ", this run is " + mine +
+                            ". HINT: point train.checkpoint_dir elsewhere or set "
+                            "train.resume: false");
+    }
+    if (reader.formatOne()) {
+      if (rank_ == 0) {
+        logInfo("checkpoint " + reader.path() +
+                " is in format 1 (one .ckpt file): it loads, and this run writes its "
+                "checkpoints in format 2 (a directory of safetensors shards)");
+      }
+      return;
+    }
+    const int64_t samples = sharding_.globalBatch() / spec_.grad_accum;
+    if (info.samplesPerMicroBatch() != samples || info.grad_accum != spec_.grad_accum) {
+      throw CheckpointError(fmt::format(
+          "checkpoint {} was written by a run of {} samples per micro-batch step (micro_batch "
+          "[{}]) x grad_accum {}, this run takes {} x {}: its steps would read other samples. "
+          "HINT: keep the sum of the micro-batches and grad_accum when resuming (their split "
+          "over ranks may change), or set train.resume: false",
+          reader.path(), info.samplesPerMicroBatch(), fmt::join(info.micro_batch, ", "),
+          info.grad_accum, samples, spec_.grad_accum));
+    }
+    if (info.micro_batch != sharding_.micro_batch && rank_ == 0) {
+      logInfo(fmt::format(
+          "checkpoint {} was written by {} ranks (micro_batch [{}], sharding: {}); this run "
+          "has {} (micro_batch [{}]): the same samples per step, re-sharded on load, their "
+          "gradients added in another order",
+          reader.path(), info.worldSize(), fmt::join(info.micro_batch, ", "), info.sharding, world_,
+          fmt::join(sharding_.micro_batch, ", ")));
+    }
+  }
+
+  // Loads `reader`'s tensors into the parameters and the optimizer state: unsharded, every
+  // tensor whole; sharded, this rank's blocks (from whichever files hold them: any world
+  // size, sharding or bucket size wrote them), the parameters' then all-gathered.
+  void restoreState(CheckpointReader& reader) {
     at::NoGradGuard no_grad;
-    for (size_t i = 0; i < state.size(); ++i) {
-      const int64_t k = reducer_->shardNumel(std::get<1>(state[i]));
-      std::get<2>(state[i]).copy_(fulls[i].narrow(0, rank_ * k, k));
+    const size_t expected = params_.size() * (1 + stateKinds().size());
+    if (reader.tensors().size() != expected) {
+      throw CheckpointError(fmt::format("checkpoint {}: holds {} tensors, this run has {}",
+                                        reader.path(), reader.tensors().size(), expected));
     }
-    if (shardsParameters()) {
-      reducer_->keepShards();
-      reducer_->endStep();
-    }
-    return step;
+    if (!sharded()) return reader.read(wholeTargets());
+    for (auto& shard : shards_) shard.zero_();  // the padding
+    for (auto& [name, tensor] : optimizer_->state()) tensor.zero_();
+    reader.read(blockTargets());
+    if (!shardsParameters()) reducer_->gatherParameters();  // stage 3 gathers when it computes
   }
 
   // The collectives bucket b takes every step, sizes only: an all-reduce, or sharded a
@@ -375,12 +476,14 @@ class RankTrainer {
           "shared file system, or copy it there)",
           r, verdicts[r][0] == 1 ? "has no" : "holds other bytes in", path, step));
     }
-    if (restoreState(checkpoints, path) != step) {
+    CheckpointReader reader(path);
+    if (reader.info().step != step) {
       throw CheckpointError(
-          fmt::format("checkpoint {}: its header holds another step than its "
-                      "name ({})",
-                      path, step));
+          fmt::format("checkpoint {}: its content holds another step ({}) than its name ({})", path,
+                      reader.info().step, step));
     }
+    checkResumable(reader);
+    restoreState(reader);
     optimizer_->setSteps(step);
     if (rank_ == 0) logInfo(fmt::format("resumed from {} at step {}", path, step));
     return step;
