@@ -15,7 +15,15 @@ namespace {
 
 using patterns::Range;
 
-enum Phase : uint32_t { kFold = 1, kHalving = 2, kDoubling = 3, kUnfold = 4, kBarrier = 5 };
+enum Phase : uint32_t {
+  kFold = 1,
+  kHalving = 2,
+  kDoubling = 3,
+  kUnfold = 4,
+  kBarrier = 5,
+  kScatter = 6,  // reduce_scatter off powers of two: the core's blocks to their owners
+  kGather = 7,   // allgather off powers of two: every rank's block to the core
+};
 
 bool isPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
@@ -29,13 +37,9 @@ class HalvingDoublingScheduler : public Scheduler {
     switch (args.coll) {
       case Collective::kAllReduce:
       case Collective::kBarrier:
-        return Decision::yes();
       case Collective::kReduceScatter:
       case Collective::kAllGather:
-        if (isPowerOfTwo(topology.world_size)) return Decision::yes();
-        return Decision::no(std::string("halving_doubling: ") + collectiveName(args.coll) +
-                            " needs a power-of-two group, this one has " +
-                            std::to_string(topology.world_size) + " ranks");
+        return Decision::yes();
       default:
         return Decision::no("halving_doubling: broadcast is not implemented (use tree)");
     }
@@ -48,19 +52,10 @@ class HalvingDoublingScheduler : public Scheduler {
         return allReduce(args, backend);
       case Collective::kBarrier:
         return barrier(args.seq, backend);
-      case Collective::kReduceScatter: {
-        ScratchBuffer work(args.data, args.data.count);
-        copyInto(work.view(), args.data);
-        halving(work.view(), args.op, backend.rank(), n, args.seq, backend);
-        copyInto(args.output,
-                 elements(work.view(), patterns::block(args.data.count, n, backend.rank())));
-        return finishAverage(args.output, args.op, n);
-      }
-      case Collective::kAllGather: {
-        copyInto(elements(args.output, patterns::block(args.output.count, n, backend.rank())),
-                 args.data);
-        return doubling(args.output, backend.rank(), n, args.seq, backend);
-      }
+      case Collective::kReduceScatter:
+        return reduceScatter(args, backend);
+      case Collective::kAllGather:
+        return allGather(args, backend);
       default:
         throw InternalError("halving_doubling: run() called for a collective it declined");
     }
@@ -85,15 +80,19 @@ class HalvingDoublingScheduler : public Scheduler {
       }
       return t;
     }
-    if (args.coll != Collective::kAllReduce) return kNoPrediction;
+    if (args.coll == Collective::kBroadcast) return kNoPrediction;
+    const bool reduces = args.coll != Collective::kAllGather;
+    const bool gathers = args.coll != Collective::kReduceScatter;
+    // The whole buffer: the input of all-reduce and reduce_scatter, allgather's output.
+    const size_t count = gathers && !reduces ? args.output.count : args.data.count;
     const int p = patterns::powerOfTwoFloor(n);
-    const double m = static_cast<double>(args.data.bytes());
     const double element = static_cast<double>(dtypeSize(args.data.dtype));
+    const double m = element * static_cast<double>(count);
     auto bytes = [&](patterns::BlockSpan span) {
-      return element * static_cast<double>(
-                           patterns::blockSpan(args.data.count, p, span.begin, span.end).count);
+      return element *
+             static_cast<double>(patterns::blockSpan(count, p, span.begin, span.end).count);
     };
-    double t = static_cast<double>(p - 1) / p * m * model.gamma;
+    double t = reduces ? static_cast<double>(p - 1) / p * m * model.gamma : 0;
     for (int k = 0; k < patterns::log2Exact(p); ++k) {
       std::vector<Flow> halving, doubling;
       for (int v = 0; v < p; ++v) {
@@ -104,9 +103,31 @@ class HalvingDoublingScheduler : public Scheduler {
         doubling.push_back(
             {patterns::coreRank(v, n), patterns::coreRank(d.partner, n), bytes(d.keep)});
       }
-      t += stepSeconds(halving, topology, model) + stepSeconds(doubling, topology, model);
+      if (reduces) t += stepSeconds(halving, topology, model);
+      if (gathers) t += stepSeconds(doubling, topology, model);
     }
-    return t + schedules::predictFold(n, m, topology, model);
+    if (p == n) return t;
+    if (args.coll == Collective::kAllReduce)
+      return t + schedules::predictFold(n, m, topology, model);
+    // Off powers of two: reduce_scatter folds in (a whole message, reduced) and scatters the
+    // core's blocks to their owners; allgather gathers the blocks to the core and folds out.
+    std::vector<Flow> fold, moves;
+    for (int r = 0; r < 2 * (n - p); r += 2) fold.push_back({r, r + 1, m});
+    for (int v = 0; v < p; ++v) {
+      for (int r = 0; r < n; ++r) {
+        const int core = patterns::coreRank(v, n);
+        const size_t piece =
+            patterns::intersect(patterns::block(count, p, v), patterns::block(count, n, r)).count;
+        if (piece == 0 || core == r) continue;
+        moves.push_back(reduces ? Flow{core, r, element * static_cast<double>(piece)}
+                                : Flow{r, core, element * static_cast<double>(piece)});
+      }
+    }
+    if (!reduces) {
+      for (Flow& f : fold) std::swap(f.from, f.to);
+    }
+    return t + stepSeconds(fold, topology, model) + (reduces ? m * model.gamma : 0) +
+           stepSeconds(moves, topology, model);
   }
 
  private:
@@ -121,6 +142,101 @@ class HalvingDoublingScheduler : public Scheduler {
                   n);
     doubling(data, f.core_index, f.core_size, args.seq, backend);
     schedules::foldOut(data, f, args.seq, kUnfold, backend);
+  }
+
+  // Off powers of two the core reduces exactly as allReduce() does (so every element is the
+  // same sum, added in the same order) and then sends each rank the part of its block of
+  // the n-way split that lies in the core rank's block of the p-way split.
+  void reduceScatter(const CollectiveArgs& args, Backend& backend) {
+    const int n = backend.size(), rank = backend.rank();
+    const size_t count = args.data.count;
+    const patterns::Range mine = patterns::block(count, n, rank);
+    if (n == 1 || count == 0) {
+      copyInto(args.output, elements(args.data, mine));
+      return finishAverage(args.output, args.op, n);
+    }
+    if (isPowerOfTwo(n)) {
+      ScratchBuffer work(args.data, count);
+      copyInto(work.view(), args.data);
+      halving(work.view(), args.op, rank, n, args.seq, backend);
+      copyInto(args.output, elements(work.view(), mine));
+      return finishAverage(args.output, args.op, n);
+    }
+    const patterns::Fold f = patterns::fold(rank, n);
+    const int p = f.core_size;
+    schedules::Requests requests;
+    // Every rank receives its block's pieces from the core ranks that hold them reduced.
+    for (int v = 0; v < p; ++v) {
+      const patterns::Range piece = patterns::intersect(patterns::block(count, p, v), mine);
+      const int from = patterns::coreRank(v, n);
+      if (piece.count == 0 || from == rank) continue;
+      requests.push_back(
+          backend.irecv(from, elements(args.output, {piece.offset - mine.offset, piece.count}),
+                        makeTag(args.seq, kScatter, 0)));
+    }
+    if (f.core_index < 0) {
+      backend.send(f.partner, args.data, makeTag(args.seq, kFold, 0));
+    } else {
+      ScratchBuffer work(args.data, count);
+      copyInto(work.view(), args.data);
+      if (f.partner >= 0) {
+        ScratchBuffer incoming(args.data, count);
+        backend.recv(f.partner, incoming.view(), makeTag(args.seq, kFold, 0));
+        reduceInto(work.view(), incoming.view(), args.op);
+      }
+      halving(work.view(), args.op, f.core_index, p, args.seq, backend);
+      const patterns::Range held = patterns::block(count, p, f.core_index);
+      for (int r = 0; r < n; ++r) {
+        const patterns::Range piece = patterns::intersect(held, patterns::block(count, n, r));
+        if (piece.count == 0) continue;
+        if (r == rank) {
+          copyInto(elements(args.output, {piece.offset - mine.offset, piece.count}),
+                   elements(work.view(), piece));
+        } else {
+          requests.push_back(
+              backend.isend(r, elements(work.view(), piece), makeTag(args.seq, kScatter, 0)));
+        }
+      }
+      waitAll(requests, backend.timeout());  // before `work` goes
+    }
+    waitAll(requests, backend.timeout());
+    finishAverage(args.output, args.op, n);
+  }
+
+  // Off powers of two every rank sends its block's pieces to the core ranks whose block of
+  // the p-way split holds them, the core doubles, and the folded ranks get the whole result.
+  void allGather(const CollectiveArgs& args, Backend& backend) {
+    const int n = backend.size(), rank = backend.rank();
+    const size_t count = args.output.count;
+    const patterns::Range mine = patterns::block(count, n, rank);
+    copyInto(elements(args.output, mine), args.data);
+    if (n == 1 || count == 0) return;
+    if (isPowerOfTwo(n)) return doubling(args.output, rank, n, args.seq, backend);
+    const patterns::Fold f = patterns::fold(rank, n);
+    const int p = f.core_size;
+    schedules::Requests requests;
+    for (int v = 0; v < p; ++v) {
+      const patterns::Range piece = patterns::intersect(mine, patterns::block(count, p, v));
+      const int to = patterns::coreRank(v, n);
+      if (piece.count == 0 || to == rank) continue;
+      requests.push_back(
+          backend.isend(to, elements(args.output, piece), makeTag(args.seq, kGather, 0)));
+    }
+    if (f.core_index >= 0) {
+      const patterns::Range held = patterns::block(count, p, f.core_index);
+      for (int r = 0; r < n; ++r) {
+        const patterns::Range piece = patterns::intersect(held, patterns::block(count, n, r));
+        if (piece.count == 0 || r == rank) continue;
+        requests.push_back(
+            backend.irecv(r, elements(args.output, piece), makeTag(args.seq, kGather, 0)));
+      }
+    }
+    waitAll(requests, backend.timeout());  // the whole output is overwritten below
+    if (f.core_index < 0) {
+      return backend.recv(f.partner, args.output, makeTag(args.seq, kUnfold, 0));
+    }
+    doubling(args.output, f.core_index, p, args.seq, backend);
+    schedules::foldOut(args.output, f, args.seq, kUnfold, backend);
   }
 
   // Recursive halving among the p core ranks: core index v ends with block v reduced.

@@ -227,11 +227,19 @@ TEST(Auto, BuiltInChoiceIsTheLowestPrediction) {
     chosen.insert(chooser->accepts(allreduceOf(bytes), t).reason);
   }
   EXPECT_GT(chosen.size(), 1u) << "one scheduler for every size";
-  CollectiveArgs gather = allreduceOf(4096);  // bruck is the latency choice for all-gather
+  // bruck is the latency choice for all-gather off powers of two (on them, halving_doubling's
+  // recursive doubling takes as many steps and bytes).
+  CollectiveArgs gather = allreduceOf(4096);
   gather.coll = Collective::kAllGather;
   gather.output = gather.data;
   gather.data.count /= 8;
-  EXPECT_EQ(chooser->accepts(gather, t).reason, "bruck");
+  EXPECT_DOUBLE_EQ(chooser->predictSeconds(gather, t, any),
+                   lowest(candidates, gather, t, any).second);
+  const Topology six = Topology::singleNode(6);
+  gather.output.count = gather.data.count * 6;
+  EXPECT_EQ(chooser->accepts(gather, six).reason, "bruck");
+  EXPECT_DOUBLE_EQ(chooser->predictSeconds(gather, six, any),
+                   lowest(candidates, gather, six, any).second);
 }
 
 TEST(Auto, CandidatesTakeParamsInBraces) {

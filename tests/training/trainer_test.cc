@@ -230,6 +230,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(ShardingCase{"ring", "[5, 3]"}, ShardingCase{"ring", "[4, 3, 2]"},
                       ShardingCase{"ring", "[4, 3, 2, 1]"}, ShardingCase{"ring", "[2, 2, 2]"},
                       ShardingCase{"halving_doubling", "[5, 3]"},
+                      ShardingCase{"halving_doubling", "[4, 3, 2]"},
                       ShardingCase{"halving_doubling", "[4, 3, 2, 1]"},
                       ShardingCase{"halving_doubling", "[3, 3, 3, 3]"}),
     [](const ::testing::TestParamInfo<ShardingCase>& info) { return caseName(info.param); });

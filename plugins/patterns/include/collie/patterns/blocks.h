@@ -24,6 +24,13 @@ inline Range block(size_t count, int parts, int index) {
   return {i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
 }
 
+// The elements two ranges share (count 0 when none), at the later of their offsets.
+inline Range intersect(Range a, Range b) {
+  const size_t begin = std::max(a.offset, b.offset);
+  const size_t end = std::min(a.offset + a.count, b.offset + b.count);
+  return {begin, end > begin ? end - begin : 0};
+}
+
 // A range cut into pieces of at most `piece` elements, computed on demand (no storage):
 // pieces[i] is elements [offset + i * piece, ...). A default Pieces has none.
 class Pieces {
