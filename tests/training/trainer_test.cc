@@ -561,6 +561,37 @@ train:
   }
 }
 
+// Stage 3 needs the model's units: a model without them is refused before training, as is
+// one whose units name a parameter its module lacks (the plugin's bug).
+TEST(ShardingConfig, AModelWithoutUnitsCannotShardItsParameters) {
+  const std::string bigram =
+      std::string(COLLIE_TEST_BINARY_DIR) + "/training/plugins/libcollie_model_bigram.so";
+  auto refusal = [&](const std::string& units) {
+    try {
+      runTraining("no-units",
+                  {"launch.nproc_per_node=2", "train.sharding=parameters",
+                   "model={plugin: " + bigram + ", params: {seq_len: 6, vocab: 48" + units + "}}"});
+      return std::string();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  };
+  std::string error = refusal("");
+  EXPECT_NE(error.find("train.sharding: parameters needs the model's units, and model"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("declares none. HINT: use train.sharding: gradients"), std::string::npos)
+      << error;
+  error = refusal(", units: unknown");
+  EXPECT_NE(error.find("names parameter 'head.weight' in units(), which its module does not have"),
+            std::string::npos)
+      << error;
+  // Without stage 3 it trains.
+  EXPECT_NO_THROW(runTraining("no-units-2",
+                              {"launch.nproc_per_node=2", "train.sharding=gradients",
+                               "model={plugin: " + bigram + ", params: {seq_len: 6, vocab: 48}}"}));
+}
+
 // A scheduler without reduce-scatter cannot shard: said before the first step.
 TEST(ShardingConfig, ASchedulerWithoutReduceScatterIsRefusedByName) {
   try {
