@@ -647,6 +647,11 @@ const Schema& experimentSchema() {
                                 .byDefault("false")
                                 .into(&Experiment::cpu_affinity)
                                 .doc("bind each rank to threads_per_rank CPUs of its own")},
+           {"cpu_share", S::list(S::number(0.01, 1024), 1)
+                             .into(&Experiment::cpu_share)
+                             .doc("limit each rank's process to this share of one CPU (cgroup "
+                                  "cpu controller, root): one for every rank or one per rank, "
+                                  "to emulate unequal machines")},
            {"master_addr",
             S::string()
                 .byDefault("127.0.0.1")

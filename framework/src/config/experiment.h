@@ -159,6 +159,9 @@ struct Experiment {
   std::vector<std::string> node_labels;  // launch.node_labels (empty: none)
   Topology topology;                     // from ranks_per_node or node_labels; one node otherwise
   bool cpu_affinity = false;
+  // launch.cpu_share: each rank's process limited to this share of one CPU (one for every
+  // rank, or one per rank; empty: no limit).
+  std::vector<double> cpu_share;
   bool explicit_topology = false;  // labels or ranks_per_node given (else: host names)
   std::string master_addr;
   int master_port = 0;  // 0: the launcher picks a free port

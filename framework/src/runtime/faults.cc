@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,69 +35,97 @@ bool hasWord(const std::string& list, const std::string& word) {
   return false;
 }
 
-// Where the cgroup v1 hierarchy holding the `cpu` controller is mounted ("" when none is).
-std::string cpuControllerMount() {
+// Where a cgroup hierarchy with the `cpu` controller is mounted ("" when none is): a v1
+// hierarchy holding it, else the v2 (unified) hierarchy when its cgroup.controllers lists it.
+struct CpuController {
+  std::string mount;
+  bool v2 = false;
+};
+CpuController cpuController() {
   std::ifstream in("/proc/self/mountinfo");
+  std::string unified;
   for (std::string line; std::getline(in, line);) {
     // "36 25 0:31 / /sys/fs/cgroup/cpu rw,relatime shared:14 - cgroup cgroup rw,cpu"
+    // "30 23 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate"
     const auto fields = detail::split(line, ' ');
     const auto dash = std::find(fields.begin(), fields.end(), "-");
     if (fields.size() < 5 || dash == fields.end() || fields.end() - dash < 4) continue;
-    if (dash[1] == "cgroup" && hasWord(dash[3], "cpu")) return fields[4];
+    if (dash[1] == "cgroup" && hasWord(dash[3], "cpu")) return {fields[4], false};
+    if (dash[1] == "cgroup2") unified = fields[4];
   }
-  return "";
+  if (!unified.empty()) {
+    std::ifstream controllers(unified + "/cgroup.controllers");
+    for (std::string word; controllers >> word;) {
+      if (word == "cpu") return {unified, true};
+    }
+  }
+  return {};
 }
 
-// This process's cgroup in the hierarchy of the `cpu` controller ("/" at its root).
-std::string currentCpuGroup() {
+// This process's cgroup in the hierarchy of the `cpu` controller ("/" at its root): v1's
+// line naming cpu, v2's "0::" line.
+std::string currentCpuGroup(bool v2) {
   std::ifstream in("/proc/self/cgroup");
   for (std::string line; std::getline(in, line);) {
-    // "4:cpu:/collie/rank-12" or "4:cpu,cpuacct:/"
+    // "4:cpu:/collie/rank-12", "4:cpu,cpuacct:/", "0::/user.slice"
     const auto first = line.find(':'), second = line.find(':', first + 1);
     if (first == std::string::npos || second == std::string::npos) continue;
-    if (hasWord(line.substr(first + 1, second - first - 1), "cpu")) return line.substr(second + 1);
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    if (v2 ? line.rfind("0::", 0) == 0 : hasWord(controllers, "cpu"))
+      return line.substr(second + 1);
   }
   return "/";
 }
 
-void writeControl(const std::string& path, const std::string& value) {
+void writeControl(const std::string& path, const std::string& value, const std::string& who) {
   std::ofstream out(path);
   out << value << std::flush;
   if (!out) {
-    throw ConfigError(fmt::format("cannot write '{}' to {}: {}. HINT: action slow needs root",
+    throw ConfigError(fmt::format("{}: cannot write '{}' to {}: {}. HINT: it needs root", who,
                                   value, path, std::strerror(errno)));
   }
 }
 
 }  // namespace
 
-CpuLimit::CpuLimit(double share) {
-  const std::string mount = cpuControllerMount();
-  if (mount.empty()) {
-    throw ConfigError(
-        "faults: action slow needs the cgroup v1 cpu controller, and this machine has none "
-        "mounted (/proc/self/mountinfo lists no 'cgroup' file system with the cpu option; a "
-        "cgroup2-only machine cannot take it yet). HINT: action delay slows a rank without it");
+CpuLimit::CpuLimit(double share, const std::string& who, const std::string& tag) {
+  const CpuController controller = cpuController();
+  if (controller.mount.empty()) {
+    throw ConfigError(who +
+                      " needs the cgroup cpu controller, and this machine has none (no cgroup "
+                      "v1 hierarchy with the cpu option in /proc/self/mountinfo, and no cgroup2 "
+                      "hierarchy whose cgroup.controllers lists cpu)");
   }
-  const fs::path parent = fs::path(mount) / "collie";
+  v2_ = controller.v2;
+  const fs::path parent = fs::path(controller.mount) / "collie";
   std::error_code ec;
   // Groups of ranks that were killed are left behind empty; a busy one refuses rmdir.
-  for (const auto& entry : fs::directory_iterator(parent, ec)) ::rmdir(entry.path().c_str());
+  for (const auto& entry : fs::directory_iterator(parent, ec)) {
+    if (entry.is_directory()) ::rmdir(entry.path().c_str());
+  }
+  if (v2_) {
+    // cgroup v2 delegates a controller to children only through subtree_control, and only in
+    // groups without processes of their own: collie/ holds none.
+    std::ofstream(controller.mount + "/cgroup.subtree_control") << "+cpu" << std::flush;
+  }
   fs::create_directories(parent, ec);
-  const fs::path group = parent / fmt::format("rank-{}", ::getpid());
+  if (v2_) writeControl(parent.string() + "/cgroup.subtree_control", "+cpu", who);
+  const fs::path group = parent / fmt::format("rank-{}-{}", ::getpid(), tag);
   if (::mkdir(group.c_str(), 0755) != 0 && errno != EEXIST) {
-    throw ConfigError(
-        fmt::format("faults: cannot make the cgroup {}: {}. HINT: action slow needs "
-                    "root",
-                    group.string(), std::strerror(errno)));
+    throw ConfigError(fmt::format("{}: cannot make the cgroup {}: {}. HINT: it needs root", who,
+                                  group.string(), std::strerror(errno)));
   }
   group_ = group.string();
-  previous_ = (fs::path(mount) / currentCpuGroup().substr(1)).string();
+  previous_ = (fs::path(controller.mount) / currentCpuGroup(v2_).substr(1)).string();
   try {
-    writeControl(group_ + "/cpu.cfs_period_us", std::to_string(kCfsPeriodUs));
     const long quota = std::max(1000L, static_cast<long>(share * kCfsPeriodUs));
-    writeControl(group_ + "/cpu.cfs_quota_us", std::to_string(quota));
-    writeControl(group_ + "/cgroup.procs", std::to_string(::getpid()));  // every thread
+    if (v2_) {
+      writeControl(group_ + "/cpu.max", fmt::format("{} {}", quota, kCfsPeriodUs), who);
+    } else {
+      writeControl(group_ + "/cpu.cfs_period_us", std::to_string(kCfsPeriodUs), who);
+      writeControl(group_ + "/cpu.cfs_quota_us", std::to_string(quota), who);
+    }
+    writeControl(group_ + "/cgroup.procs", std::to_string(::getpid()), who);  // every thread
   } catch (...) {
     ::rmdir(group_.c_str());
     throw;
@@ -109,13 +138,6 @@ CpuLimit::~CpuLimit() {
   ::rmdir(fs::path(group_).parent_path().c_str());  // the last rank out removes collie/
 }
 
-Faults::Faults(const std::vector<config::FaultSpec>& all, int rank) : rank_(rank) {
-  for (const auto& f : all) {
-    if (f.rank == rank) mine_.push_back(f);
-  }
-  taken_.assign(mine_.size(), false);
-}
-
 CpuLimit::Throttling CpuLimit::throttling() const {
   Throttling t;
   std::ifstream in(group_ + "/cpu.stat");
@@ -124,9 +146,17 @@ CpuLimit::Throttling CpuLimit::throttling() const {
   while (in >> name >> value) {
     if (name == "nr_periods") t.periods = static_cast<long>(value);
     if (name == "nr_throttled") t.throttled = static_cast<long>(value);
-    if (name == "throttled_time") t.throttled_seconds = static_cast<double>(value) / 1e9;
+    if (name == "throttled_time") t.throttled_seconds = static_cast<double>(value) / 1e9;  // v1
+    if (name == "throttled_usec") t.throttled_seconds = static_cast<double>(value) / 1e6;  // v2
   }
   return t;
+}
+
+Faults::Faults(const std::vector<config::FaultSpec>& all, int rank) : rank_(rank) {
+  for (const auto& f : all) {
+    if (f.rank == rank) mine_.push_back(f);
+  }
+  taken_.assign(mine_.size(), false);
 }
 
 Faults::~Faults() {
@@ -187,11 +217,45 @@ void Faults::take(const config::FaultSpec& f) {
     case Action::kSlow: {
       std::lock_guard<std::mutex> lock(mu_);
       limit_.reset();  // a second slow replaces the first
-      limit_ = std::make_unique<CpuLimit>(f.cpu_share);
+      limit_ = std::make_unique<CpuLimit>(f.cpu_share, "faults: action slow", "slow");
       limit_index_ = f.index;
       break;
     }
   }
+}
+
+double measureCpuShare(std::chrono::milliseconds duration) {
+  auto cpu = [] {
+    timespec t{};
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+  };
+  const auto start = std::chrono::steady_clock::now();
+  const double cpu_start = cpu();
+  volatile uint64_t x = 1;
+  while (std::chrono::steady_clock::now() - start < duration) {
+    for (int i = 0; i < 10000; ++i) x = x * 6364136223846793005ULL + 1;
+  }
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return (cpu() - cpu_start) / wall;
+}
+
+double cpuShareOf(const config::Experiment& e, int rank, int world, bool threads,
+                  const std::string& backend) {
+  if (e.cpu_share.empty()) return 0;
+  if (threads) {
+    throw ConfigError(fmt::format(
+        "{}: launch.cpu_share limits each rank's process, but backend '{}' runs its ranks as "
+        "threads of one process. HINT: use backend gloo or ucx",
+        e.file, backend));
+  }
+  if (e.cpu_share.size() != 1 && static_cast<int>(e.cpu_share.size()) != world) {
+    throw ConfigError(fmt::format(
+        "{}: launch.cpu_share: expected one share for every rank or {} (one per rank), found {}",
+        e.file, world, e.cpu_share.size()));
+  }
+  return e.cpu_share.size() == 1 ? e.cpu_share[0] : e.cpu_share[static_cast<size_t>(rank)];
 }
 
 void checkFaultsFit(const config::Experiment& e, int world, bool threads,

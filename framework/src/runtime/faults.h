@@ -3,6 +3,7 @@
 // it acts. Tests and demos use the same mechanism; `slow` emulates a slower machine.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -13,13 +14,15 @@
 
 namespace collie {
 
-// This process in a cgroup of its own under the cgroup v1 `cpu` controller, limited to a
-// share of one CPU (cfs quota); back in the cgroup it came from on destruction.
+// This process in a cgroup of its own under the `cpu` controller (cgroup v1's cfs quota, or
+// v2's cpu.max), limited to `share` of one CPU; back in the cgroup it came from on
+// destruction. Used by launch.cpu_share and the `slow` fault (`tag` tells their groups
+// apart: a slow fault moves a rank already limited by its share into a second group).
 class CpuLimit {
  public:
-  // Throws ConfigError when the controller is not mounted or the cgroup cannot be made
-  // (not root), naming what is missing.
-  explicit CpuLimit(double share);
+  // Throws ConfigError, starting with `who`, when no controller is available or the cgroup
+  // cannot be made (not root), naming what is missing.
+  CpuLimit(double share, const std::string& who, const std::string& tag);
   ~CpuLimit();
   CpuLimit(const CpuLimit&) = delete;
   CpuLimit& operator=(const CpuLimit&) = delete;
@@ -37,6 +40,7 @@ class CpuLimit {
  private:
   std::string group_;     // the cgroup made for this process
   std::string previous_;  // the cgroup it was in
+  bool v2_ = false;
 };
 
 class Faults {
@@ -63,6 +67,15 @@ class Faults {
   std::unique_ptr<CpuLimit> limit_;
   int limit_index_ = 0;  // the fault that set it
 };
+
+// How much of one CPU this thread gets while it spins for `duration` (CPU time over wall
+// time): what a cpu_share leaves it, less what other processes take.
+double measureCpuShare(std::chrono::milliseconds duration);
+
+// launch.cpu_share for `rank` of `world`: its share (one for every rank, or one per rank), or
+// 0 for none. Throws ConfigError for a list of another length, or ranks that are threads.
+double cpuShareOf(const config::Experiment& e, int rank, int world, bool threads,
+                  const std::string& backend);
 
 // Throws ConfigError for a fault this job cannot take: a rank outside its `world`, or one
 // that ends, freezes or limits a process (kill, stop, exit, slow) when the ranks are threads

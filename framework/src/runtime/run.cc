@@ -12,6 +12,7 @@
 #include "collie/config.h"
 #include "collie/error.h"
 #include "collie/log.h"
+#include "core/strings.h"
 #include "lab/lab_job.h"
 #include "runtime/environment.h"
 #include "runtime/faults.h"
@@ -68,10 +69,50 @@ fs::path resultPath(const fs::path& out, size_t index) {
   return out / fmt::format(".rank0-results-{}.json", index);
 }
 
+// launch.cpu_share: this rank's process limited for the run (nullptr without a share). Every
+// rank then spins at once for a moment, and rank 0 logs the share each one achieved. A rank
+// that cannot take its share tells the others, and every rank stops with its reason.
+std::unique_ptr<CpuLimit> limitCpu(ProcessJob& job, const config::Experiment& e, size_t index) {
+  const double share = cpuShareOf(e, job.rank(), job.world(), false, e.backend.label);
+  if (share == 0) return nullptr;
+  const std::string run = fmt::format("run{}/cpu-share-", index);
+  std::unique_ptr<CpuLimit> limit;
+  std::string failure;
+  try {
+    limit = std::make_unique<CpuLimit>(share, "launch.cpu_share", "share");
+  } catch (const ConfigError& x) {
+    failure = x.what();
+  }
+  const auto taken = job.allGather(run + "taken", failure);
+  for (size_t r = 0; r < taken.size(); ++r) {
+    if (!taken[r].empty()) throw ConfigError(fmt::format("rank {}: {}", r, taken[r]));
+  }
+  const double achieved = measureCpuShare(std::chrono::milliseconds(500));
+  const auto all = job.allGather(run + "achieved", fmt::format("{:.3f}", achieved));
+  if (job.rank() == 0) {
+    std::vector<std::string> parts;
+    std::vector<std::string> short_of;
+    for (size_t r = 0; r < all.size(); ++r) {
+      const double want = e.cpu_share.size() == 1 ? e.cpu_share[0] : e.cpu_share[r];
+      parts.push_back(fmt::format("rank {} {:.2f} (achieved {})", r, want, all[r]));
+      if (std::stod(all[r]) < 0.85 * std::min(want, 1.0)) short_of.push_back(std::to_string(r));
+    }
+    logInfo("launch.cpu_share of one CPU, measured over 0.5 s with every rank spinning: " +
+            detail::join(parts, ", "));
+    if (!short_of.empty()) {
+      logWarn("launch.cpu_share: rank(s) " + detail::join(short_of, ", ") +
+              " achieved less than 85% of their share: the ranks share fewer free CPUs than "
+              "their shares add up to, so the shares are not what sets their speeds");
+    }
+  }
+  return limit;
+}
+
 // This process's rank of run `index`: join it, run it, and explain a failure.
 void runRank(ProcessJob& job, const PluginLoader& loader, const config::Experiment& e, size_t index,
              ExperimentKind& kind, const fs::path& out) {
   job.diagnose([&] {
+    const auto limit = limitCpu(job, e, index);
     WorkerRank rank = joinRun(job, loader, e, static_cast<int>(index));
     kind.runAsRank(loader, e, rank, out);
   });
@@ -254,6 +295,7 @@ int runExperiments(const RunRequest& request, const std::vector<config::Experime
           e.backend.label, ranks));
     }
     checkFaultsFit(e, ranks, threads, e.backend.label);
+    cpuShareOf(e, 0, ranks, threads, e.backend.label);  // its length, and threads refused
     // The workers this launcher starts (here, or on the lab's hosts) share a job token: a
     // fresh one when it starts them all, else launch.token_file's (node 0 writes it).
     if (!job && !threads && (request.nnodes == 1 || !e.token_file.empty()))
