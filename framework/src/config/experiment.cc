@@ -863,6 +863,23 @@ const Schema& experimentSchema() {
                     .into(&TrainSpec::verify_sync_every)
                     .doc("compare every parameter across ranks every N steps (0: at the end "
                          "only)")},
+               {"straggler_every",
+                S::integer(0, 100000000)
+                    .byDefault("10")
+                    .into(&TrainSpec::straggler_every)
+                    .doc("gather every rank's compute and collective times every N steps to "
+                         "score the ranks (0: off)")},
+               {"straggler_threshold",
+                S::number(0.01, 1)
+                    .byDefault("0.8")
+                    .into(&TrainSpec::straggler_threshold)
+                    .doc("warn about a rank whose score (the fastest rank's compute time over "
+                         "its own) stays below this")},
+               {"straggler_window",
+                S::integer(1, 100000000)
+                    .byDefault("20")
+                    .into(&TrainSpec::straggler_window)
+                    .doc("for this many steps")},
                {"on_divergence", S::oneOf({"fail", "warn"})
                                      .byDefault("fail")
                                      .into(&TrainSpec::fail_on_divergence, {true, false})},

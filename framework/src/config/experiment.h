@@ -99,6 +99,12 @@ struct TrainSpec {
   bool overlap = false;
   ShardedState sharding = ShardedState::kNone;
   int verify_sync_every = 0;  // 0: at the end only
+  // Straggler attribution: every straggler_every steps (0: off) the ranks' timings are
+  // gathered; a rank whose score stays below straggler_threshold for straggler_window steps
+  // is named in a warning.
+  int straggler_every = 10;
+  double straggler_threshold = 0.8;
+  int straggler_window = 20;
   bool fail_on_divergence = false;
   uint64_t seed = 0;
   int log_every = 0;

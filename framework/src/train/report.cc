@@ -60,6 +60,11 @@ json toJson(const Result& r) {
           {"link_beta_s_per_byte", r.link_beta},
           {"link_between_nodes", r.between_nodes},
           {"compute_s", r.compute_seconds},
+          {"straggler_score", r.straggler_score},
+          {"straggler_wait_s", r.straggler_wait_seconds},
+          {"arrived_last", r.arrived_last},
+          {"step_at_fastest_s", r.step_at_fastest_seconds},
+          {"straggler_steps", r.straggler_steps},
           {"first_loss", r.first_loss},
           {"last_loss", r.last_loss},
           {"sync",
@@ -108,6 +113,11 @@ Result fromJson(const json& j) {
   r.link_beta = j.at("link_beta_s_per_byte");
   r.between_nodes = j.at("link_between_nodes");
   r.compute_seconds = j.at("compute_s").get<std::vector<double>>();
+  r.straggler_score = j.value("straggler_score", std::vector<double>{});
+  r.straggler_wait_seconds = j.value("straggler_wait_s", std::vector<double>{});
+  r.arrived_last = j.value("arrived_last", std::vector<double>{});
+  r.step_at_fastest_seconds = j.value("step_at_fastest_s", 0.0);
+  r.straggler_steps = j.value("straggler_steps", 0);
   r.first_loss = j.at("first_loss");
   r.last_loss = j.at("last_loss");
   const json& s = j.at("sync");
@@ -202,6 +212,22 @@ void printDetails(std::ostream& out, const Result& r) {
         << "; slowest rank " << slowest << ", "
         << fmt::format("{:.0f}", 100 * r.compute_seconds[slowest] / r.step_seconds) << "% of the "
         << fmt::format("{:.3f}", r.step_seconds) << " s step\n";
+    if (!r.straggler_score.empty()) {
+      std::vector<std::string> score, wait, last;
+      for (size_t i = 0; i < r.straggler_score.size(); ++i) {
+        score.push_back(fmt::format("r{} {:.2f}", i, r.straggler_score[i]));
+        wait.push_back(fmt::format("r{} {:.4f} s", i, r.straggler_wait_seconds[i]));
+        last.push_back(fmt::format("r{} {:.0f}%", i, 100 * r.arrived_last[i]));
+      }
+      out << "# " << tag << "stragglers over " << r.straggler_steps
+          << " steps: score (the fastest rank's compute time / the rank's) "
+          << detail::join(score, ", ") << "; waiting for the others per step "
+          << detail::join(wait, ", ") << "; arrived last at a collective "
+          << detail::join(last, ", ")
+          << fmt::format("; at the fastest rank's speed a step would take {:.3f} s",
+                         r.step_at_fastest_seconds)
+          << "\n";
+    }
     const bool sharded = r.sharding != "none";
     out << "# " << tag << (sharded ? "reduce-scatter + all-gather" : "all-reduce")
         << " per step: " << fmt::format("{:.2f} MB", static_cast<double>(r.allreduce_bytes) / 1e6)

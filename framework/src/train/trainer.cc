@@ -35,6 +35,7 @@
 #include "train/optimizer.h"
 #include "train/reducer.h"
 #include "train/report.h"
+#include "train/stragglers.h"
 #include "train/sync.h"
 
 namespace collie::train {
@@ -154,6 +155,7 @@ class RankTrainer {
       if ((s + 1) % spec_.log_every == 0 || s + 1 == spec_.steps) {
         progress(s, stats.back(), since(started) / static_cast<double>(s - start + 1));
       }
+      watchStragglers(s, start, stats.back());
       if (spec_.verify_sync_every > 0 && (s + 1) % spec_.verify_sync_every == 0 &&
           s + 1 != spec_.steps) {
         withParameters([&] { enforce(verifyWeights(comm_, control_, params_, names_, s + 1)); });
@@ -168,6 +170,14 @@ class RankTrainer {
       ranks.push_back(RankSummary::unpack(packed));
     combineRanks(ranks, sharding_.globalBatch() / spec_.grad_accum, &result);
     result.allreduce_bytes = stats.empty() ? 0 : stats.back().sync.bytes;
+    if (!attributions_.empty()) {
+      const StragglerReport report = summarise(attributions_);
+      result.straggler_score = report.score;
+      result.straggler_wait_seconds = report.wait;
+      result.arrived_last = report.last_share;
+      result.step_at_fastest_seconds = report.step_at_fastest;
+      result.straggler_steps = report.steps;
+    }
     measureHeld(reducer, &result);
     struct rusage usage {};
     ::getrusage(RUSAGE_SELF, &usage);  // ru_maxrss: KiB (of the process: ranks as threads share it)
@@ -697,6 +707,47 @@ class RankTrainer {
     return total;
   }
 
+  // Straggler attribution: this rank's timings of the steps since the last gathering are
+  // all-gathered every straggler_every steps (and after the last step), every rank
+  // attributes them alike, and rank 0 warns about a rank that stays below the threshold.
+  // The run's first step (warm-up) is left out.
+  void watchStragglers(int64_t s, int64_t start, const StepStats& st) {
+    if (spec_.straggler_every == 0 || world_ == 1) return;
+    if (s > start) {
+      StragglerSample sample{st.step, st.forward + st.backward, {}};
+      for (const auto& c : st.sync.collectives) sample.collectives.push_back(c.seconds);
+      pending_.push_back(std::move(sample));
+    }
+    if (static_cast<int>(pending_.size()) < spec_.straggler_every && s + 1 != spec_.steps) return;
+    const auto gathered = control_.allGather(packSamples(pending_));
+    pending_.clear();
+    std::vector<std::vector<StragglerSample>> per_rank;
+    for (const auto& packed : gathered) per_rank.push_back(unpackSamples(packed));
+    std::vector<StepAttribution> window;
+    for (size_t k = 0; k < per_rank.front().size(); ++k) {
+      std::vector<StragglerSample> ranks;
+      for (const auto& samples : per_rank) ranks.push_back(samples.at(k));
+      window.push_back(attributeStep(ranks));
+    }
+    if (window.empty()) return;
+    attributions_.insert(attributions_.end(), window.begin(), window.end());
+    const StragglerReport report = summarise(window);
+    for (const int r : watch_.update(report)) {
+      if (rank_ != 0) continue;
+      const Topology& t = comm_.topology();
+      const std::string host =
+          r < static_cast<int>(t.node_of_rank.size()) ? t.node_names[t.node_of_rank[r]] : "?";
+      logWarn(fmt::format(
+          "straggler: rank {} (host {}) has scored below {} for {} steps (step {}): score {:.2f}, "
+          "its compute takes {:.4f} s against the fastest rank's {:.4f} s; the others waited "
+          "{:.4f} s per step for it",
+          r, host, watch_.threshold(), watch_.window(), s + 1, report.score[r],
+          report.median_compute[r],
+          *std::min_element(report.median_compute.begin(), report.median_compute.end()),
+          report.wait.empty() ? 0.0 : *std::max_element(report.wait.begin(), report.wait.end())));
+    }
+  }
+
   Result describeRun(const Reducer& reducer, const CostModel& cost, double predicted) const {
     Result r;
     r.run = e_.matrix_point;
@@ -756,8 +807,11 @@ class RankTrainer {
   std::vector<std::string> names_;
   std::vector<at::Tensor> params_;
   std::unique_ptr<Optimizer> optimizer_;
-  Reducer* reducer_ = nullptr;      // while run() runs
-  std::vector<at::Tensor> shards_;  // sharded: this rank's block of every bucket's parameters
+  Reducer* reducer_ = nullptr;            // while run() runs
+  std::vector<at::Tensor> shards_;        // sharded: this rank's block of every bucket's parameters
+  std::vector<StragglerSample> pending_;  // this rank's steps not gathered yet
+  std::vector<StepAttribution> attributions_;  // every gathered step, for the summary
+  StragglerWatch watch_{world_, spec_.straggler_threshold, spec_.straggler_window};
   LrSchedule lr_;
 };
 

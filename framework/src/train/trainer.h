@@ -54,6 +54,12 @@ struct Result {
   double link_alpha = 0, link_beta = 0;  // the slowest level: between nodes when there are several
   bool between_nodes = false;
   std::vector<double> compute_seconds;  // per rank: forward + backward per step
+  // Straggler attribution over the gathered steps (empty with one rank or straggler_every 0):
+  // per rank the score, the seconds per step it waited for the others, the share of
+  // collectives it arrived at last; the step at the fastest rank's speed.
+  std::vector<double> straggler_score, straggler_wait_seconds, arrived_last;
+  double step_at_fastest_seconds = 0;
+  int straggler_steps = 0;
   double first_loss = 0, last_loss = 0;
   SyncCheck sync;
   std::vector<double> token_budgets;  // besides Chinchilla's 20 tokens per parameter
