@@ -17,6 +17,20 @@
 
 namespace collie::testing {
 
+// A format-1 file of `header` (JSON text, not checked) and `payload`, sealed with its hash.
+inline std::string sealFormatOne(const std::string& header, const std::string& payload) {
+  std::string file = "COLLIECK";
+  const uint32_t version = 1;
+  const uint64_t header_size = header.size();
+  file.append(reinterpret_cast<const char*>(&version), sizeof(version));
+  file.append(reinterpret_cast<const char*>(&header_size), sizeof(header_size));
+  file += header;
+  file += payload;
+  const uint64_t digest = XXH3_64bits(file.data(), file.size());
+  file.append(reinterpret_cast<const char*>(&digest), sizeof(digest));
+  return file;
+}
+
 // The bytes of a format-1 file holding `tensors` (float32 "f32" or int64 "i64").
 inline std::string formatOneBytes(int64_t step, const std::string& identity,
                                   const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
@@ -33,16 +47,7 @@ inline std::string formatOneBytes(int64_t step, const std::string& identity,
   }
   const std::string header =
       nlohmann::json{{"step", step}, {"identity", identity}, {"tensors", entries}}.dump();
-  std::string file = "COLLIECK";
-  const uint32_t version = 1;
-  const uint64_t header_size = header.size();
-  file.append(reinterpret_cast<const char*>(&version), sizeof(version));
-  file.append(reinterpret_cast<const char*>(&header_size), sizeof(header_size));
-  file += header;
-  file += payload;
-  const uint64_t digest = XXH3_64bits(file.data(), file.size());
-  file.append(reinterpret_cast<const char*>(&digest), sizeof(digest));
-  return file;
+  return sealFormatOne(header, payload);
 }
 
 inline void writeFormatOne(const std::string& path, int64_t step, const std::string& identity,

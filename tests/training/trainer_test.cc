@@ -729,16 +729,7 @@ TEST(Checkpoint, CorruptMissingOrForeignFilesAreRefusedNamingThem) {
 
 // A checkpoint file with `header` and a 4-byte payload, sealed with a valid hash.
 std::string craftedCheckpoint(const std::string& name, const std::string& header) {
-  std::string file = "COLLIECK";
-  const uint32_t version = 1;
-  const uint64_t header_size = header.size();
-  file.append(reinterpret_cast<const char*>(&version), sizeof(version));
-  file.append(reinterpret_cast<const char*>(&header_size), sizeof(header_size));
-  file += header;
-  file.append(4, '\0');  // the payload
-  const uint64_t digest = XXH3_64bits(file.data(), file.size());
-  file.append(reinterpret_cast<const char*>(&digest), sizeof(digest));
-  return testing::writeTempFile(name, file);
+  return testing::writeTempFile(name, testing::sealFormatOne(header, std::string(4, '\0')));
 }
 
 TEST(Checkpoint, AStepOutOfRangeIsRefused) {
