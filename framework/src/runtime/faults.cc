@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -26,7 +27,13 @@ namespace fs = std::filesystem;
 namespace collie {
 namespace {
 
-constexpr long kCfsPeriodUs = 100000;
+// The CFS bandwidth period. The kernel lets a group run its quota and then stops it for the
+// rest of the period, so a long period turns "a fifth of a CPU" into 20 ms of work and 80 ms
+// of nothing: a step shorter than that is either not slowed at all or held for 80 ms. 10 ms
+// slows a rank evenly over a step, as a slower device would; the quota never goes under the
+// kernel's 1 ms minimum, so shares under 0.1 get a longer period.
+constexpr long kCfsPeriodUs = 10000;
+constexpr long kMinQuotaUs = 1000;
 
 bool hasWord(const std::string& list, const std::string& word) {
   for (const auto& w : detail::split(list, ',')) {
@@ -118,11 +125,12 @@ CpuLimit::CpuLimit(double share, const std::string& who, const std::string& tag)
   group_ = group.string();
   previous_ = (fs::path(controller.mount) / currentCpuGroup(v2_).substr(1)).string();
   try {
-    const long quota = std::max(1000L, static_cast<long>(share * kCfsPeriodUs));
+    const long period = std::max(kCfsPeriodUs, static_cast<long>(std::ceil(kMinQuotaUs / share)));
+    const long quota = std::max(kMinQuotaUs, static_cast<long>(share * period));
     if (v2_) {
-      writeControl(group_ + "/cpu.max", fmt::format("{} {}", quota, kCfsPeriodUs), who);
+      writeControl(group_ + "/cpu.max", fmt::format("{} {}", quota, period), who);
     } else {
-      writeControl(group_ + "/cpu.cfs_period_us", std::to_string(kCfsPeriodUs), who);
+      writeControl(group_ + "/cpu.cfs_period_us", std::to_string(period), who);
       writeControl(group_ + "/cpu.cfs_quota_us", std::to_string(quota), who);
     }
     writeControl(group_ + "/cgroup.procs", std::to_string(::getpid()), who);  // every thread
