@@ -214,36 +214,6 @@ TEST(FaultInjection, SlowLimitsTheRanksCpuAndRemovesItsCgroupAfter) {
     ADD_FAILURE() << entry.path() << " was left behind";
 }
 
-// launch.cpu_share: rank 1 keeps a fifth of one CPU for the whole run; the log gives the
-// share each rank achieved while all of them spun at once, and nothing is left behind.
-TEST(CpuShare, EachRankRunsAtItsShareAndTheLogSaysWhatItAchieved) {
-  struct stat st {};
-  if (::geteuid() != 0 || ::stat("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", &st) != 0)
-    GTEST_SKIP() << "needs root and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu";
-  const std::string out = scratch("cpu-share");
-  const std::string config = writeTempFile(
-      "cpu-share.yaml",
-      "name: cpu-share\nlaunch: {nproc_per_node: 2, cpu_share: [1.0, 0.2]}\n"
-      "backend: {plugin: gloo, params: {timeout: 20s}}\n"
-      "model: {plugin: mlp, params: {seq_len: 16, vocab: 64, d_embed: 32, hidden: 512}}\n"
-      "train: {steps: 10, micro_batch: 16, log_every: 1000}\n");
-  const JobRun run = runUnder("collie", config, out, 2);
-  ASSERT_EQ(run.exit_code, 0) << run.log;
-  const std::string line = "rank 1 0.20 (achieved ";
-  const auto at = run.log.find(line);
-  ASSERT_NE(at, std::string::npos) << run.log;
-  const double achieved = std::atof(run.log.c_str() + at + line.size());
-  EXPECT_GT(achieved, 0.1) << run.log.substr(at, 80);
-  EXPECT_LT(achieved, 0.3) << run.log.substr(at, 80);
-  // The limited rank computes its (equal) micro-batch several times slower.
-  const auto summary = nlohmann::json::parse(readText(out + "/summary.json"));
-  const auto& compute = summary.at(0).at("compute_s");
-  EXPECT_GT(compute.at(1).get<double>(), 2 * compute.at(0).get<double>()) << compute.dump();
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator("/sys/fs/cgroup/cpu/collie", ec))
-    ADD_FAILURE() << entry.path() << " was left behind";
-}
-
 // A share list of another length, or ranks that are threads, are bad input (exit 2).
 TEST(CpuShare, ListsOfAnotherLengthAndThreadsAreRefused) {
   const std::string out = scratch("cpu-share-bad");

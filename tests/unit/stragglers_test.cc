@@ -50,19 +50,39 @@ TEST(Stragglers, ARankThatComputesKTimesLongerScoresOneKth) {
   EXPECT_NEAR(report.step_seconds, 0.040 + 0.100, 0.003);
 }
 
-TEST(Stragglers, TheWatchWarnsOnceASpellOutlastsTheWindow) {
+// A step where rank 1 computes `factor` times as long as rank 0.
+StepAttribution stepAt(double factor) {
+  StepAttribution a;
+  a.compute = {0.010, 0.010 * factor};
+  a.wait = {0.010 * (factor - 1), 0};
+  a.last = {0, 1};
+  a.collectives = 1;
+  a.step = 0.010 * factor + 0.001;
+  return a;
+}
+
+TEST(Stragglers, TheWatchWarnsOnceAWindowScoresBelowTheThreshold) {
   StragglerWatch watch(2, 0.8, 20);
-  StragglerReport slow;
-  slow.steps = 10;
-  slow.score = {1.0, 0.5};
-  EXPECT_TRUE(watch.update(slow).empty());             // 10 steps below
-  EXPECT_EQ(watch.update(slow), std::vector<int>{1});  // 20: named
-  EXPECT_TRUE(watch.update(slow).empty());             // once per spell
-  StragglerReport fine = slow;
-  fine.score = {1.0, 0.95};
-  EXPECT_TRUE(watch.update(fine).empty());  // recovered
-  EXPECT_TRUE(watch.update(slow).empty());
-  EXPECT_EQ(watch.update(slow), std::vector<int>{1});  // a new spell
+  const std::vector<StepAttribution> slow(10, stepAt(2.0)), fine(10, stepAt(1.05));
+  EXPECT_TRUE(watch.update(slow).empty());  // 10 steps: no window yet
+  EXPECT_EQ(watch.update(slow), std::vector<int>{1});
+  EXPECT_NEAR(watch.recent().score[1], 0.5, 1e-9);
+  EXPECT_TRUE(watch.update(slow).empty());  // once per spell
+  // Half a window of good steps moves the median only to the boundary: still below.
+  EXPECT_TRUE(watch.update(fine).empty());
+  EXPECT_TRUE(watch.update(fine).empty());  // recovered: a whole window at 0.95
+  EXPECT_GT(watch.recent().score[1], 0.9);
+  // A new spell: half a window of slow steps is the median's boundary, and below it.
+  EXPECT_EQ(watch.update(slow), std::vector<int>{1});
+}
+
+// One slow step in a window is noise, not a straggler: the median ignores it.
+TEST(Stragglers, AFewSlowStepsInAWindowNameNobody) {
+  StragglerWatch watch(2, 0.8, 20);
+  std::vector<StepAttribution> steps(20, stepAt(1.0));
+  for (int k = 0; k < 9; ++k) steps[2 * k].compute[1] = 0.030;
+  EXPECT_TRUE(watch.update(steps).empty());
+  EXPECT_NEAR(watch.recent().score[1], 1.0, 1e-9);
 }
 
 TEST(Stragglers, SamplesSurviveTheirPacking) {

@@ -91,18 +91,20 @@ StragglerReport summarise(const std::vector<StepAttribution>& steps) {
 }
 
 StragglerWatch::StragglerWatch(int world, double threshold, int window)
-    : threshold_(threshold), window_(window), below_(world, 0), warned_(world, false) {}
+    : threshold_(threshold), window_(window), warned_(world, false) {}
 
-std::vector<int> StragglerWatch::update(const StragglerReport& report) {
+std::vector<int> StragglerWatch::update(const std::vector<StepAttribution>& steps) {
+  for (const auto& step : steps) {
+    steps_.push_back(step);
+    if (static_cast<int>(steps_.size()) > window_) steps_.pop_front();
+  }
   std::vector<int> warn;
-  for (size_t rank = 0; rank < below_.size() && rank < report.score.size(); ++rank) {
-    if (report.score[rank] >= threshold_) {
-      below_[rank] = 0;
+  if (static_cast<int>(steps_.size()) < window_) return warn;
+  recent_ = summarise({steps_.begin(), steps_.end()});
+  for (size_t rank = 0; rank < warned_.size() && rank < recent_.score.size(); ++rank) {
+    if (recent_.score[rank] >= threshold_) {
       warned_[rank] = false;
-      continue;
-    }
-    below_[rank] += report.steps;
-    if (below_[rank] >= window_ && !warned_[rank]) {
+    } else if (!warned_[rank]) {
       warned_[rank] = true;
       warn.push_back(static_cast<int>(rank));
     }

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -50,20 +51,24 @@ StepAttribution attributeStep(const std::vector<StragglerSample>& ranks);
 // Over a set of steps (at least one).
 StragglerReport summarise(const std::vector<StepAttribution>& steps);
 
-// When to warn: a rank whose score stays below `threshold` for `window` steps, once per
-// spell (it is named again only after recovering).
+// When to warn: a rank whose score over the last `window` steps (medians over all of them,
+// so one noisy check cannot name a rank) is below `threshold`; once per spell (it is named
+// again only after its score over a window is back at or above the threshold).
 class StragglerWatch {
  public:
   StragglerWatch(int world, double threshold, int window);
-  // Feeds a report over `report.steps` steps; the ranks to warn about now.
-  std::vector<int> update(const StragglerReport& report);
+  // Feeds the steps attributed since the last call; the ranks to warn about now.
+  std::vector<int> update(const std::vector<StepAttribution>& steps);
+  // The report over the last window (empty until a window of steps has been fed).
+  const StragglerReport& recent() const { return recent_; }
   double threshold() const { return threshold_; }
   int window() const { return window_; }
 
  private:
   double threshold_;
   int window_;
-  std::vector<int> below_;  // steps in a row below the threshold, per rank
+  std::deque<StepAttribution> steps_;  // the last `window_` steps
+  StragglerReport recent_;
   std::vector<bool> warned_;
 };
 

@@ -731,14 +731,15 @@ class RankTrainer {
     }
     if (window.empty()) return;
     attributions_.insert(attributions_.end(), window.begin(), window.end());
-    const StragglerReport report = summarise(window);
-    for (const int r : watch_.update(report)) {
+    for (const int r : watch_.update(window)) {
+      const StragglerReport& report = watch_.recent();
       if (rank_ != 0) continue;
       const Topology& t = comm_.topology();
       const std::string host =
           r < static_cast<int>(t.node_of_rank.size()) ? t.node_names[t.node_of_rank[r]] : "?";
       logWarn(fmt::format(
-          "straggler: rank {} (host {}) has scored below {} for {} steps (step {}): score {:.2f}, "
+          "straggler: rank {} (host {}) scored below {} over the last {} steps (step {}): score "
+          "{:.2f}, "
           "its compute takes {:.4f} s against the fastest rank's {:.4f} s; the others waited "
           "{:.4f} s per step for it",
           r, host, watch_.threshold(), watch_.window(), s + 1, report.score[r],

@@ -1,0 +1,108 @@
+// Heterogeneous ranks on equal hardware (launch.cpu_share) and the straggler watch, end to
+// end: ranks are processes under collie's launcher, limited through the cgroup cpu
+// controller. These tests compare the speeds of ranks, so ctest runs them alone (RUN_SERIAL):
+// another test's processes on the same two cores would make an unlimited rank a straggler.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "processes.h"
+#include "run_command.h"
+
+namespace fs = std::filesystem;
+using namespace collie::testing;  // NOLINT: the helpers of run_command.h and processes.h
+
+namespace {
+
+bool haveCpuController() {
+  struct stat st {};
+  return ::geteuid() == 0 && ::stat("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", &st) == 0;
+}
+
+// Two gloo ranks train an MLP whose step is mostly compute (≈ 7 ms of forward and backward
+// on this machine, more than half of the step), so that a share of a CPU slows it.
+std::string heavyMlp(const std::string& name, const std::string& launch, int steps,
+                     const std::string& train_extra) {
+  return writeTempFile(
+      name + ".yaml",
+      "name: " + name + "\nlaunch: {nproc_per_node: 2" + launch +
+          "}\nbackend: {plugin: gloo, params: {timeout: 20s}}\n"
+          "model: {plugin: mlp, params: {seq_len: 16, vocab: 64, d_embed: 32, hidden: 1024}}\n"
+          "train: {steps: " +
+          std::to_string(steps) + ", micro_batch: 32, log_every: 1000" + train_extra + "}\n");
+}
+
+void expectNoCgroupLeft() {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/sys/fs/cgroup/cpu/collie", ec))
+    ADD_FAILURE() << entry.path() << " was left behind";
+}
+
+// launch.cpu_share: rank 1 keeps a fifth of one CPU for the whole run; the log gives the
+// share each rank achieved while all of them spun at once, and nothing is left behind.
+TEST(CpuShare, EachRankRunsAtItsShareAndTheLogSaysWhatItAchieved) {
+  if (!haveCpuController())
+    GTEST_SKIP() << "needs root and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu";
+  const std::string out = scratch("cpu-share");
+  const auto run =
+      runCollie({"run", heavyMlp("cpu-share", ", cpu_share: [1.0, 0.2]", 10, ""), "--out", out});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const std::string line = "rank 1 0.20 (achieved ";
+  const auto at = run.output.find(line);
+  ASSERT_NE(at, std::string::npos) << run.output;
+  const double achieved = std::atof(run.output.c_str() + at + line.size());
+  EXPECT_GT(achieved, 0.1) << run.output.substr(at, 80);
+  EXPECT_LT(achieved, 0.3) << run.output.substr(at, 80);
+  // The limited rank computes its (equal) micro-batch several times slower.
+  const auto summary = nlohmann::json::parse(readText(out + "/summary.json"));
+  const auto& compute = summary.at(0).at("compute_s");
+  EXPECT_GT(compute.at(1).get<double>(), 2 * compute.at(0).get<double>()) << compute.dump();
+  expectNoCgroupLeft();
+}
+
+// Both tests below use the default watch: scored every 10 steps over the last 20 (on this
+// 2-core VM, windows of 15 named equal ranks now and then: a vCPU is a quarter slower for a
+// few dozen steps at a time).
+
+// A rank at half a CPU is named within 20 scored steps (the first step, which allocates, is
+// not scored), with its host; the fast rank never is.
+TEST(Stragglers, AThrottledRankIsNamedWithin20Steps) {
+  if (!haveCpuController())
+    GTEST_SKIP() << "needs root and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu";
+  const std::string out = scratch("straggler-named");
+  const auto run =
+      runCollie({"run", heavyMlp("throttled", ", cpu_share: [1.0, 0.5]", 30, ""), "--out", out});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::smatch m;
+  const std::regex warning(
+      R"(straggler: rank (\d+) \(host [^)]+\) scored below 0\.8 over the last )"
+      R"(20 steps \(step (\d+)\): score ([0-9.]+))");
+  ASSERT_TRUE(std::regex_search(run.output, m, warning)) << run.output;
+  EXPECT_EQ(m[1].str(), "1") << m[0];
+  EXPECT_LE(std::stoi(m[2].str()), 21) << m[0];
+  EXPECT_EQ(run.output.find("straggler: rank 0"), std::string::npos) << run.output;
+  const auto summary = nlohmann::json::parse(readText(out + "/summary.json")).at(0);
+  EXPECT_LT(summary.at("straggler_score").at(1).get<double>(), 0.8) << summary.dump();
+  EXPECT_EQ(summary.at("straggler_score").at(0).get<double>(), 1.0) << summary.dump();
+  EXPECT_GT(summary.at("arrived_last").at(1).get<double>(), 0.5) << summary.dump();
+  expectNoCgroupLeft();
+}
+
+// Equal ranks for 200 steps: nobody is named, and both score near 1.
+TEST(Stragglers, EqualRanksAreNeverNamedIn200Steps) {
+  const std::string out = scratch("straggler-none");
+  const auto run = runCollie({"run", heavyMlp("even", "", 200, ""), "--out", out});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(run.output.find("straggler: rank"), std::string::npos) << run.output;
+  const auto summary = nlohmann::json::parse(readText(out + "/summary.json")).at(0);
+  EXPECT_EQ(summary.at("straggler_steps").get<int>(), 199) << summary.dump();
+  for (const auto& score : summary.at("straggler_score"))
+    EXPECT_GT(score.get<double>(), 0.85) << summary.dump();
+}
+
+}  // namespace
