@@ -105,4 +105,41 @@ TEST(Stragglers, EqualRanksAreNeverNamedIn200Steps) {
     EXPECT_GT(score.get<double>(), 0.85) << summary.dump();
 }
 
+// micro_batch: auto follows a rank that slows down mid-run (the slow fault: half a CPU from
+// step 30): the split moves samples away from it, each change is logged, the weights stay
+// identical (the run fails otherwise), and the losses are those of a fixed even split of
+// the same global batch (the same samples, each weighted by 1/global).
+TEST(Rebalancing, TheSplitFollowsARankThatSlowsDown) {
+  if (!haveCpuController())
+    GTEST_SKIP() << "needs root and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu";
+  const std::string slow = ", faults: [{rank: 1, at_step: 30, action: slow, cpu_share: 0.5}]";
+  auto config = [&](const std::string& name, const std::string& batch) {
+    std::string text = readText(heavyMlp(name, "", 70, ""));
+    text.replace(text.find("micro_batch: 32"), 15, batch);
+    return writeTempFile(name + ".yaml", text + slow.substr(2) + "\n");
+  };
+  const std::string out = scratch("rebalance");
+  const auto run =
+      runCollie({"run", config("rebalance", "micro_batch: auto, global_batch: 64"), "--out", out});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("micro_batch auto after step "), std::string::npos) << run.output;
+  const auto summary = nlohmann::json::parse(readText(out + "/summary.json")).at(0);
+  // The probe at the start may be rebalanced before step 30 too; the last change is after.
+  ASSERT_FALSE(summary.at("rebalances").empty()) << summary.dump();
+  EXPECT_GT(summary.at("rebalances").back().at("after_step").get<int>(), 30) << summary.dump();
+  const auto split = summary.at("micro_batch").get<std::vector<int>>();
+  EXPECT_EQ(split.at(0) + split.at(1), 64);
+  EXPECT_GT(split.at(0), split.at(1) + 10) << summary.dump();
+  EXPECT_TRUE(summary.at("sync").at("identical").get<bool>());
+
+  const std::string even = scratch("rebalance-even");
+  const auto fixed =
+      runCollie({"run", config("even-split", "micro_batch: [32, 32]"), "--out", even});
+  ASSERT_EQ(fixed.exit_code, 0) << fixed.output;
+  const auto reference = nlohmann::json::parse(readText(even + "/summary.json")).at(0);
+  EXPECT_NEAR(summary.at("last_loss").get<double>(), reference.at("last_loss").get<double>(), 1e-4)
+      << "another split of the same samples trained differently";
+  EXPECT_TRUE(reference.at("rebalances").empty());
+}
+
 }  // namespace

@@ -55,6 +55,32 @@ TEST(Sharding, ProportionalSplitGivesEveryRankItsShare) {
   EXPECT_GT(split[2], split[1]);
 }
 
+// micro_batch: auto during a run: a rank that slowed down gives samples away; a split that
+// matches the measured speeds stays (no oscillation); a gain inside the hysteresis is
+// refused; unmeasured ranks keep the split.
+TEST(Sharding, ResplitFollowsTheSpeedsWithHysteresis) {
+  // Rank 1 now takes twice as long per sample: 32/32 -> 42/22 (one each, the rest 2:1).
+  Resplit r = resplit(64, {32, 32}, {0.001, 0.002}, 0.05);
+  EXPECT_TRUE(r.take);
+  EXPECT_EQ(r.split, std::vector<int>({42, 22}));
+  EXPECT_NEAR(r.slowest_now, 0.064, 1e-12);
+  EXPECT_NEAR(r.slowest_next, 0.044, 1e-12);
+  // The same speeds measured again at the new split: nothing to gain.
+  r = resplit(64, {42, 22}, {0.001, 0.002}, 0.05);
+  EXPECT_FALSE(r.take);
+  EXPECT_EQ(r.split, std::vector<int>({42, 22}));
+  // 10 % slower on rank 1: 33/31 would shorten the slowest compute by 3 %, under 5 %.
+  r = resplit(64, {32, 32}, {0.001, 0.0011}, 0.05);
+  EXPECT_FALSE(r.take);
+  EXPECT_EQ(r.split, std::vector<int>({33, 31}));
+  EXPECT_TRUE(resplit(64, {32, 32}, {0.001, 0.0011}, 0.0).take);
+  for (const double bad : {0.0, -1.0, std::nan("")}) {
+    r = resplit(64, {32, 32}, {0.001, bad}, 0.05);
+    EXPECT_FALSE(r.take);
+    EXPECT_EQ(r.split, std::vector<int>({32, 32}));
+  }
+}
+
 TEST(Synthetic, DeterministicInVocabAndLearnable) {
   config::DataSpec spec;
   auto a = openSource(spec, 17, 50), b = openSource(spec, 17, 50);

@@ -802,6 +802,18 @@ const Schema& experimentSchema() {
                     .byDefault("0")
                     .into(&TrainSpec::global_batch)
                     .doc("with micro_batch: auto, the samples of one micro-batch over all ranks")},
+               {"rebalance_every",
+                S::integer(0, 100000000)
+                    .byDefault("20")
+                    .into(&TrainSpec::rebalance_every)
+                    .doc("with micro_batch: auto, split global_batch again every N steps from "
+                         "the measured compute time per sample (0: only at the start)")},
+               {"rebalance_hysteresis",
+                S::number(0, 0.9)
+                    .byDefault("0.05")
+                    .into(&TrainSpec::rebalance_hysteresis)
+                    .doc("take a new split only when it predicts the slowest rank's compute "
+                         "at least this fraction shorter")},
                {"grad_accum", S::integer(1, 1 << 16)
                                   .byDefault("1")
                                   .into(&TrainSpec::grad_accum)
@@ -874,12 +886,12 @@ const Schema& experimentSchema() {
                     .byDefault("0.8")
                     .into(&TrainSpec::straggler_threshold)
                     .doc("warn about a rank whose score (the fastest rank's compute time over "
-                         "its own) stays below this")},
+                         "its own) over the last straggler_window steps is below this")},
                {"straggler_window",
                 S::integer(1, 100000000)
                     .byDefault("20")
                     .into(&TrainSpec::straggler_window)
-                    .doc("for this many steps")},
+                    .doc("the steps a score is taken over (medians)")},
                {"on_divergence", S::oneOf({"fail", "warn"})
                                      .byDefault("fail")
                                      .into(&TrainSpec::fail_on_divergence, {true, false})},

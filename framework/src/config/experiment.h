@@ -84,6 +84,11 @@ struct TrainSpec {
   std::vector<int> micro_batch;   // one entry for every rank, or one per rank (empty: auto)
   bool auto_micro_batch = false;  // split global_batch by each rank's measured speed
   int global_batch = 0;           // samples of one micro-batch over all ranks (auto)
+  // auto: every rebalance_every steps (0: only at the start) the split follows the measured
+  // per-sample compute time, when the new one predicts the slowest rank's compute at least
+  // rebalance_hysteresis shorter.
+  int rebalance_every = 20;
+  double rebalance_hysteresis = 0.05;
   int grad_accum = 0;
   bool tokens_weighting = false;  // false: uniform 1/world mean (plain DDP)
   bool sgd = false;               // else AdamW
@@ -100,8 +105,8 @@ struct TrainSpec {
   ShardedState sharding = ShardedState::kNone;
   int verify_sync_every = 0;  // 0: at the end only
   // Straggler attribution: every straggler_every steps (0: off) the ranks' timings are
-  // gathered; a rank whose score stays below straggler_threshold for straggler_window steps
-  // is named in a warning.
+  // gathered; a rank whose score over the last straggler_window steps is below
+  // straggler_threshold is named in a warning.
   int straggler_every = 10;
   double straggler_threshold = 0.8;
   int straggler_window = 20;

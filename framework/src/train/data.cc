@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -170,6 +171,29 @@ std::vector<int> proportionalSplit(int total, const std::vector<double>& speeds)
                    [](const auto& a, const auto& b) { return a.first > b.first; });
   for (int i = 0; i < rest - given; ++i) ++split[remainders[i].second];
   return split;
+}
+
+Resplit resplit(int total, const std::vector<int>& now, const std::vector<double>& per_sample,
+                double hysteresis) {
+  COLLIE_CHECK(now.size() == per_sample.size(), "a split of ", now.size(), " ranks with ",
+               per_sample.size(), " timings");
+  Resplit out;
+  out.split = now;
+  std::vector<double> speeds;
+  for (const double t : per_sample) {
+    if (!(t > 0) || !std::isfinite(t)) return out;  // nothing measured: keep the split
+    speeds.push_back(1 / t);
+  }
+  out.split = proportionalSplit(total, speeds);
+  auto slowest = [&](const std::vector<int>& split) {
+    double most = 0;
+    for (size_t r = 0; r < split.size(); ++r) most = std::max(most, split[r] * per_sample[r]);
+    return most;
+  };
+  out.slowest_now = slowest(now);
+  out.slowest_next = slowest(out.split);
+  out.take = out.split != now && out.slowest_next < (1 - hysteresis) * out.slowest_now;
+  return out;
 }
 
 }  // namespace collie::train

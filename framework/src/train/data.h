@@ -48,4 +48,17 @@ struct Sharding {
 // least one each. Requires total >= speeds.size() and positive speeds.
 std::vector<int> proportionalSplit(int total, const std::vector<double>& speeds);
 
+// micro_batch: auto during a run. `total` samples are split now as `now`, and rank r took
+// `per_sample[r]` seconds of compute per sample: the split in proportion to the speeds, and
+// whether to take it: only when it predicts the slowest rank's compute (its samples times
+// its time per sample) at least `hysteresis` shorter, so that noise does not move samples
+// back and forth.
+struct Resplit {
+  std::vector<int> split;
+  double slowest_now = 0, slowest_next = 0;  // seconds per micro-batch, predicted
+  bool take = false;
+};
+Resplit resplit(int total, const std::vector<int>& now, const std::vector<double>& per_sample,
+                double hysteresis);
+
 }  // namespace collie::train

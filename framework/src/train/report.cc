@@ -27,6 +27,13 @@ namespace {
 
 using nlohmann::json;
 
+json rebalancesJson(const std::vector<Rebalance>& changes) {
+  json out = json::array();
+  for (const auto& c : changes)
+    out.push_back({{"after_step", c.after_step}, {"micro_batch", c.micro_batch}});
+  return out;
+}
+
 json toJson(const Result& r) {
   return {{"run", r.run},
           {"name", r.name},
@@ -65,6 +72,7 @@ json toJson(const Result& r) {
           {"arrived_last", r.arrived_last},
           {"step_at_fastest_s", r.step_at_fastest_seconds},
           {"straggler_steps", r.straggler_steps},
+          {"rebalances", rebalancesJson(r.rebalances)},
           {"first_loss", r.first_loss},
           {"last_loss", r.last_loss},
           {"sync",
@@ -118,6 +126,8 @@ Result fromJson(const json& j) {
   r.arrived_last = j.value("arrived_last", std::vector<double>{});
   r.step_at_fastest_seconds = j.value("step_at_fastest_s", 0.0);
   r.straggler_steps = j.value("straggler_steps", 0);
+  for (const auto& change : j.value("rebalances", json::array()))
+    r.rebalances.push_back({change.at("after_step"), change.at("micro_batch")});
   r.first_loss = j.at("first_loss");
   r.last_loss = j.at("last_loss");
   const json& s = j.at("sync");
@@ -227,6 +237,14 @@ void printDetails(std::ostream& out, const Result& r) {
           << fmt::format("; at the fastest rank's speed a step would take {:.3f} s",
                          r.step_at_fastest_seconds)
           << "\n";
+    }
+    if (!r.rebalances.empty()) {
+      std::vector<std::string> changes;
+      for (const auto& c : r.rebalances)
+        changes.push_back(
+            fmt::format("after step {} [{}]", c.after_step, fmt::join(c.micro_batch, ", ")));
+      out << "# " << tag << "micro_batch auto rebalanced " << r.rebalances.size()
+          << " time(s): " << detail::join(changes, ", ") << "\n";
     }
     const bool sharded = r.sharding != "none";
     out << "# " << tag << (sharded ? "reduce-scatter + all-gather" : "all-reduce")
@@ -425,7 +443,7 @@ RankSummary RankSummary::unpack(const std::vector<double>& v) {
   return s;
 }
 
-RankSummary summariseSteps(const std::vector<StepStats>& stats, int samples_per_micro_batch) {
+RankSummary summariseSteps(const std::vector<StepStats>& stats) {
   RankSummary s;
   if (stats.empty()) return s;  // resumed after the last step: nothing ran
   const size_t first = stats.size() > 1 ? 1 : 0;
@@ -441,8 +459,8 @@ RankSummary summariseSteps(const std::vector<StepStats>& stats, int samples_per_
   s.compute /= n;
   s.comm /= n;
   s.exposed /= n;
-  s.first_loss_sum = stats.front().loss * samples_per_micro_batch;
-  s.last_loss_sum = stats.back().loss * samples_per_micro_batch;
+  s.first_loss_sum = stats.front().loss * stats.front().micro_batch;
+  s.last_loss_sum = stats.back().loss * stats.back().micro_batch;
   return s;
 }
 

@@ -44,7 +44,7 @@ struct RankSummary {
   std::vector<double> pack() const;
   static RankSummary unpack(const std::vector<double>& values);
 };
-RankSummary summariseSteps(const std::vector<StepStats>& stats, int samples_per_micro_batch);
+RankSummary summariseSteps(const std::vector<StepStats>& stats);
 
 // Fills the timing and loss fields of `r` from every rank's summary (in rank order):
 // step time of the slowest rank, compute per rank, communication as the mean over ranks,

@@ -25,6 +25,7 @@ struct StepStats {
   double step = 0, forward = 0, backward = 0, optimizer = 0;  // seconds
   double loss = 0;  // mean over this rank's samples of the step
   double lr = 0, grad_norm = 0;
+  int micro_batch = 0;  // this rank's samples per micro-batch in this step
   SyncTiming sync;
 };
 

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "bench/bench.h"
 #include "bench/calibrate.h"
 #include "collie/error.h"
 #include "collie/log.h"
@@ -150,12 +151,13 @@ class RankTrainer {
     for (int64_t s = start; s < spec_.steps; ++s) {
       faults_.beforeStep(s + 1);
       stats.push_back(step(s, reducer));
-      const int64_t samples = static_cast<int64_t>(mb_) * spec_.grad_accum;
+      const int64_t samples = static_cast<int64_t>(stats.back().micro_batch) * spec_.grad_accum;
       log.write(s, samples, samples * shape_.seq_len, stats.back());
       if ((s + 1) % spec_.log_every == 0 || s + 1 == spec_.steps) {
         progress(s, stats.back(), since(started) / static_cast<double>(s - start + 1));
       }
       watchStragglers(s, start, stats.back());
+      rebalance(s, start, stats.back());
       if (spec_.verify_sync_every > 0 && (s + 1) % spec_.verify_sync_every == 0 &&
           s + 1 != spec_.steps) {
         withParameters([&] { enforce(verifyWeights(comm_, control_, params_, names_, s + 1)); });
@@ -166,10 +168,12 @@ class RankTrainer {
         [&] { result.sync = verifyWeights(comm_, control_, params_, names_, spec_.steps); });
     enforce(result.sync);
     std::vector<RankSummary> ranks;
-    for (const auto& packed : control_.allGather(summariseSteps(stats, mb_).pack()))
+    for (const auto& packed : control_.allGather(summariseSteps(stats).pack()))
       ranks.push_back(RankSummary::unpack(packed));
     combineRanks(ranks, sharding_.globalBatch() / spec_.grad_accum, &result);
     result.allreduce_bytes = stats.empty() ? 0 : stats.back().sync.bytes;
+    result.micro_batch = sharding_.micro_batch;
+    result.rebalances = rebalances_;
     if (!attributions_.empty()) {
       const StragglerReport report = summarise(attributions_);
       result.straggler_score = report.score;
@@ -579,6 +583,7 @@ class RankTrainer {
     const auto start = Clock::now();
     reseed(s);
     const int mb = mb_;
+    st.micro_batch = mb;
     const double global = static_cast<double>(sharding_.globalBatch());
     // tokens: this micro-batch's share of the step's predictions; uniform: DDP's mean.
     const double scale = spec_.tokens_weighting
@@ -673,7 +678,7 @@ class RankTrainer {
   // step `s` (0-based).
   void progress(int64_t s, const StepStats& last, double seconds_per_step) {
     double loss = 0;
-    for (const auto& r : control_.allGather({last.loss * mb_})) loss += r[0];
+    for (const auto& r : control_.allGather({last.loss * last.micro_batch})) loss += r[0];
     loss /= static_cast<double>(sharding_.globalBatch() / spec_.grad_accum);
     if (rank_ != 0) return;
     const double tokens = static_cast<double>(sharding_.globalBatch() * shape_.seq_len);
@@ -749,6 +754,53 @@ class RankTrainer {
     }
   }
 
+  // micro_batch: auto, during the run: every rebalance_every steps every rank's median
+  // compute time per sample over those steps is all-gathered, and the global batch split
+  // again in proportion to the speeds (the same split on every rank). The new split is
+  // taken only when it predicts the slowest rank's compute (its samples times its time per
+  // sample) at least rebalance_hysteresis shorter than the current one, so measurement noise
+  // does not move samples back and forth. The step reads the same samples whatever the
+  // split and tokens weighting weighs each by 1/global, so the update is the same.
+  void rebalance(int64_t s, int64_t start, const StepStats& st) {
+    if (!spec_.auto_micro_batch || spec_.rebalance_every == 0 || world_ == 1) return;
+    if (s > start) {  // the first step allocates
+      per_sample_.push_back((st.forward + st.backward) /
+                            (static_cast<double>(st.micro_batch) * spec_.grad_accum));
+    }
+    if (static_cast<int>(per_sample_.size()) < spec_.rebalance_every || s + 1 == spec_.steps)
+      return;
+    const double mine = bench::median(per_sample_);
+    per_sample_.clear();
+    std::vector<double> per_sample;
+    for (const auto& r : control_.allGather({mine})) per_sample.push_back(r[0]);
+    const std::vector<int> now = sharding_.micro_batch;
+    const Resplit change = resplit(spec_.global_batch, now, per_sample, spec_.rebalance_hysteresis);
+    if (rank_ == 0) {
+      std::vector<std::string> parts;
+      for (int r = 0; r < world_; ++r) {
+        parts.push_back(fmt::format("rank {} {:.1f} samples/s {}", r, 1 / per_sample[r],
+                                    change.take ? fmt::format("{} -> {}", now[r], change.split[r])
+                                                : std::to_string(now[r])));
+      }
+      const double accum = spec_.grad_accum;
+      const std::string line = fmt::format(
+          "micro_batch auto after step {}: {}; the slowest rank's compute {:.4f} s, {:.4f} s "
+          "with [{}]",
+          s + 1, detail::join(parts, ", "), change.slowest_now * accum, change.slowest_next * accum,
+          fmt::join(change.split, ", "));
+      if (change.take) {
+        logInfo(line);
+      } else {
+        logDebug(line +
+                 fmt::format(" (kept: not {:.0f}% shorter)", 100 * spec_.rebalance_hysteresis));
+      }
+    }
+    if (!change.take) return;
+    sharding_.micro_batch = change.split;
+    mb_ = change.split[rank_];
+    rebalances_.push_back({s + 1, change.split});
+  }
+
   Result describeRun(const Reducer& reducer, const CostModel& cost, double predicted) const {
     Result r;
     r.run = e_.matrix_point;
@@ -804,7 +856,9 @@ class RankTrainer {
   ModelShape shape_;
   std::unique_ptr<TokenSource> source_;
   Sharding sharding_;
-  int mb_ = 0;  // this rank's samples per micro-batch
+  std::vector<double> per_sample_;     // auto: compute seconds per sample since the last split
+  std::vector<Rebalance> rebalances_;  // auto: the splits taken during the run
+  int mb_ = 0;                         // this rank's samples per micro-batch
   std::vector<std::string> names_;
   std::vector<at::Tensor> params_;
   std::unique_ptr<Optimizer> optimizer_;

@@ -29,6 +29,12 @@ struct SyncCheck {
 };
 
 // One run's result, the same on every rank (rank 0's view of the job).
+// micro_batch: auto took a new split after a step.
+struct Rebalance {
+  int64_t after_step = 0;  // 1-based
+  std::vector<int> micro_batch;
+};
+
 struct Result {
   std::string run;  // the matrix point, "" without a matrix
   std::string name;
@@ -38,7 +44,8 @@ struct Result {
   double flops_per_token = 0;
   int64_t steps = 0, timed_steps = 0;
   int64_t world_batch_samples = 0, world_batch_tokens = 0;
-  std::vector<int> micro_batch;  // per rank
+  std::vector<int> micro_batch;  // per rank, at the end (micro_batch: auto rebalances)
+  std::vector<Rebalance> rebalances;
   bool tokens_weighting = true;
   double step_seconds = 0;  // mean over timed steps, slowest rank
   double tokens_per_second = 0;
