@@ -59,12 +59,16 @@ TEST(Sharding, ProportionalSplitGivesEveryRankItsShare) {
 // matches the measured speeds stays (no oscillation); a gain inside the hysteresis is
 // refused; unmeasured ranks keep the split.
 TEST(Sharding, ResplitFollowsTheSpeedsWithHysteresis) {
-  // Rank 1 now takes twice as long per sample: 32/32 -> 42/22 (one each, the rest 2:1).
+  // Rank 1 now takes twice as long per sample: 32/32 moves halfway to 42/22 (one each, the
+  // rest 2:1), to 37/27; then to 40/24, 41/23 and the rest of the way.
   Resplit r = resplit(64, {32, 32}, {0.001, 0.002}, 0.05);
   EXPECT_TRUE(r.take);
-  EXPECT_EQ(r.split, std::vector<int>({42, 22}));
+  EXPECT_EQ(r.split, std::vector<int>({37, 27}));
   EXPECT_NEAR(r.slowest_now, 0.064, 1e-12);
-  EXPECT_NEAR(r.slowest_next, 0.044, 1e-12);
+  EXPECT_NEAR(r.slowest_next, 0.054, 1e-12);
+  EXPECT_EQ(resplit(64, {37, 27}, {0.001, 0.002}, 0.05).split, std::vector<int>({40, 24}));
+  EXPECT_EQ(resplit(64, {40, 24}, {0.001, 0.002}, 0.05).split, std::vector<int>({41, 23}));
+  EXPECT_EQ(resplit(64, {41, 23}, {0.001, 0.002}, 0.0).split, std::vector<int>({42, 22}));
   // The same speeds measured again at the new split: nothing to gain.
   r = resplit(64, {42, 22}, {0.001, 0.002}, 0.05);
   EXPECT_FALSE(r.take);

@@ -184,7 +184,22 @@ Resplit resplit(int total, const std::vector<int>& now, const std::vector<double
     if (!(t > 0) || !std::isfinite(t)) return out;  // nothing measured: keep the split
     speeds.push_back(1 / t);
   }
-  out.split = proportionalSplit(total, speeds);
+  // Halfway from the current split to the proportional one: a rank's time per sample depends
+  // on its batch too (fixed costs, a CPU share that its other threads also draw on), so the
+  // whole way can overshoot and the next measurement swing back.
+  const std::vector<int> target = proportionalSplit(total, speeds);
+  std::vector<std::pair<double, size_t>> remainders;
+  int given = 0;
+  for (size_t r = 0; r < now.size(); ++r) {
+    const double exact = 0.5 * (now[r] + target[r]);
+    out.split[r] = static_cast<int>(exact);
+    given += out.split[r];
+    remainders.emplace_back(exact - out.split[r], r);
+  }
+  std::stable_sort(remainders.begin(), remainders.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (int i = 0; i < total - given; ++i) ++out.split[remainders[i].second];
+  if (out.split == now) out.split = target;  // a sample or two away: the rest of the way
   auto slowest = [&](const std::vector<int>& split) {
     double most = 0;
     for (size_t r = 0; r < split.size(); ++r) most = std::max(most, split[r] * per_sample[r]);

@@ -49,10 +49,10 @@ struct Sharding {
 std::vector<int> proportionalSplit(int total, const std::vector<double>& speeds);
 
 // micro_batch: auto during a run. `total` samples are split now as `now`, and rank r took
-// `per_sample[r]` seconds of compute per sample: the split in proportion to the speeds, and
-// whether to take it: only when it predicts the slowest rank's compute (its samples times
-// its time per sample) at least `hysteresis` shorter, so that noise does not move samples
-// back and forth.
+// `per_sample[r]` seconds of compute per sample: a split halfway to the one in proportion to
+// the speeds (all the way when that is a sample or two), and whether to take it: only when
+// it predicts the slowest rank's compute (its samples times its time per sample) at least
+// `hysteresis` shorter, so that noise does not move samples back and forth.
 struct Resplit {
   std::vector<int> split;
   double slowest_now = 0, slowest_next = 0;  // seconds per micro-batch, predicted
