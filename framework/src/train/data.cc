@@ -152,25 +152,34 @@ uint64_t Sharding::firstSample(int64_t step, int micro, int rank) const {
   return static_cast<uint64_t>(step * globalBatch() + micro * per_micro + before);
 }
 
-std::vector<int> proportionalSplit(int total, const std::vector<double>& speeds) {
-  const int n = static_cast<int>(speeds.size());
-  const double sum = std::accumulate(speeds.begin(), speeds.end(), 0.0);
-  // Everyone gets one; the rest is shared in proportion, floors first, then the largest
-  // remainders.
-  std::vector<int> split(n, 1);
-  const int rest = total - n;
-  std::vector<std::pair<double, int>> remainders;
+namespace {
+
+// `exact` (adding up to `total`) rounded to integers that add up to `total`: floors first,
+// then one more for the largest remainders (ties to the lower rank).
+std::vector<int> roundKeepingTotal(const std::vector<double>& exact, int total) {
+  std::vector<int> out;
+  std::vector<std::pair<double, size_t>> remainders;
   int given = 0;
-  for (int r = 0; r < n; ++r) {
-    const double exact = rest * speeds[r] / sum;
-    split[r] += static_cast<int>(exact);
-    given += static_cast<int>(exact);
-    remainders.emplace_back(exact - static_cast<int>(exact), r);
+  for (size_t r = 0; r < exact.size(); ++r) {
+    out.push_back(static_cast<int>(exact[r]));
+    given += out.back();
+    remainders.emplace_back(exact[r] - out.back(), r);
   }
   std::stable_sort(remainders.begin(), remainders.end(),
                    [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (int i = 0; i < rest - given; ++i) ++split[remainders[i].second];
-  return split;
+  for (int i = 0; i < total - given; ++i) ++out[remainders[i].second];
+  return out;
+}
+
+}  // namespace
+
+std::vector<int> proportionalSplit(int total, const std::vector<double>& speeds) {
+  const int n = static_cast<int>(speeds.size());
+  const double sum = std::accumulate(speeds.begin(), speeds.end(), 0.0);
+  // Everyone gets one; the rest is shared in proportion.
+  std::vector<double> exact;
+  for (const double speed : speeds) exact.push_back(1 + (total - n) * speed / sum);
+  return roundKeepingTotal(exact, total);
 }
 
 Resplit resplit(int total, const std::vector<int>& now, const std::vector<double>& per_sample,
@@ -188,17 +197,9 @@ Resplit resplit(int total, const std::vector<int>& now, const std::vector<double
   // on its batch too (fixed costs, a CPU share that its other threads also draw on), so the
   // whole way can overshoot and the next measurement swing back.
   const std::vector<int> target = proportionalSplit(total, speeds);
-  std::vector<std::pair<double, size_t>> remainders;
-  int given = 0;
-  for (size_t r = 0; r < now.size(); ++r) {
-    const double exact = 0.5 * (now[r] + target[r]);
-    out.split[r] = static_cast<int>(exact);
-    given += out.split[r];
-    remainders.emplace_back(exact - out.split[r], r);
-  }
-  std::stable_sort(remainders.begin(), remainders.end(),
-                   [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (int i = 0; i < total - given; ++i) ++out.split[remainders[i].second];
+  std::vector<double> halfway;
+  for (size_t r = 0; r < now.size(); ++r) halfway.push_back(0.5 * (now[r] + target[r]));
+  out.split = roundKeepingTotal(halfway, total);
   if (out.split == now) out.split = target;  // a sample or two away: the rest of the way
   auto slowest = [&](const std::vector<int>& split) {
     double most = 0;
