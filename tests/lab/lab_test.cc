@@ -229,7 +229,7 @@ TEST(Lab, KillingOneHostsRanksFailsTheJobOnTheOtherNamingThem) {
     // A short rendezvous timeout: on a loaded machine the kill may come before every rank
     // has met, and host 0's ranks must still give up (naming the missing ranks) before the
     // lab's launcher stops them.
-    r = runCollie({"run", config, "--out", "/tmp/collie-lab-kill", "--set", "bench.iters=200",
+    r = runCollie({"run", config, "--out", "/tmp/collie-lab-kill", "--set", "bench.iters=2000",
                    "--set", "bench.schedulers=[ring]", "--set", "launch.rendezvous_timeout=5s"});
   });
   // Wait for host 1's ranks, then kill them (not its launcher).
