@@ -883,7 +883,7 @@ const Schema& experimentSchema() {
                          "score the ranks (0: off)")},
                {"straggler_threshold",
                 S::number(0.01, 1)
-                    .byDefault("0.8")
+                    .byDefault("0.7")
                     .into(&TrainSpec::straggler_threshold)
                     .doc("warn about a rank whose score (the fastest rank's compute time over "
                          "its own) over the last straggler_window steps is below this")},

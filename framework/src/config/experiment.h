@@ -108,7 +108,7 @@ struct TrainSpec {
   // gathered; a rank whose score over the last straggler_window steps is below
   // straggler_threshold is named in a warning.
   int straggler_every = 10;
-  double straggler_threshold = 0.8;
+  double straggler_threshold = 0.7;
   int straggler_window = 20;
   bool fail_on_divergence = false;
   uint64_t seed = 0;
