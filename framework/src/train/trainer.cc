@@ -757,10 +757,10 @@ class RankTrainer {
   // micro_batch: auto, during the run: every rebalance_every steps every rank's median
   // compute time per sample over those steps is all-gathered, and the global batch split
   // again, halfway towards the proportion of the speeds (data.cc resplit; the same split on
-  // every rank). The new split is taken only when it predicts the slowest rank's compute (its samples times its time per
-  // sample) at least rebalance_hysteresis shorter than the current one, so measurement noise
-  // does not move samples back and forth. The step reads the same samples whatever the
-  // split and tokens weighting weighs each by 1/global, so the update is the same.
+  // every rank). The new split is taken only when it predicts the slowest rank's compute (its
+  // samples times its time per sample) at least rebalance_hysteresis shorter than the current one,
+  // so measurement noise does not move samples back and forth. The step reads the same samples
+  // whatever the split and tokens weighting weighs each by 1/global, so the update is the same.
   void rebalance(int64_t s, int64_t start, const StepStats& st) {
     if (!spec_.auto_micro_batch || spec_.rebalance_every == 0 || world_ == 1) return;
     if (s > start) {  // the first step allocates
