@@ -892,6 +892,11 @@ const Schema& experimentSchema() {
                     .byDefault("20")
                     .into(&TrainSpec::straggler_window)
                     .doc("the steps a score is taken over (medians)")},
+               {"trace", S::boolean()
+                             .byDefault("false")
+                             .into(&TrainSpec::trace)
+                             .doc("write the job's timeline to trace.json in the run's folder "
+                                  "(Chrome trace-event JSON: ui.perfetto.dev)")},
                {"on_divergence", S::oneOf({"fail", "warn"})
                                      .byDefault("fail")
                                      .into(&TrainSpec::fail_on_divergence, {true, false})},

@@ -110,6 +110,8 @@ struct TrainSpec {
   int straggler_every = 10;
   double straggler_threshold = 0.7;
   int straggler_window = 20;
+  // Writes the job's timeline, trace.json in the run's folder (runtime/trace.h).
+  bool trace = false;
   bool fail_on_divergence = false;
   uint64_t seed = 0;
   int log_every = 0;

@@ -16,6 +16,7 @@
 #include "plugin/loader.h"
 #include "runtime/faults.h"
 #include "runtime/flight_recorder.h"
+#include "runtime/trace.h"
 
 namespace collie {
 
@@ -77,6 +78,7 @@ Provenance Communicator::runRule(const Rule& rule, CollectiveArgs args, std::str
     entry = recorder_->begin({args.seq, args.coll, bytes, args.data.count, args.data.dtype, args.op,
                               args.root, std::string(ran)});
   }
+  const int64_t traced_from = tracer_ != nullptr ? tracer_->now() : 0;
   auto start = std::chrono::steady_clock::now();
   try {
     if (debug_.consistency) checkConsistent(args);
@@ -95,7 +97,10 @@ Provenance Communicator::runRule(const Rule& rule, CollectiveArgs args, std::str
   }
   if (recorder_) recorder_->end(entry, FlightEntry::State::kCompleted);
   std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-  return {internName(label), backend_interned_, args.coll, bytes, args.seq, took.count(), ran};
+  const Provenance done{internName(label), backend_interned_, args.coll, bytes,
+                        args.seq,          took.count(),      ran};
+  if (tracer_ != nullptr) tracer_->collective(done, args.op, traced_from, tracer_->now());
+  return done;
 }
 
 namespace {

@@ -17,6 +17,7 @@ namespace collie {
 
 class Faults;
 class FlightRecorder;
+class Tracer;
 class PluginLoader;
 namespace config {
 struct Experiment;
@@ -87,6 +88,8 @@ class Communicator {
 
   // Faults to take before each collective (faults: at_collective); null: none. Not owned.
   void setFaults(Faults* faults) { faults_ = faults; }
+  // Records every collective it runs (DESIGN §5 "Traces"); null: none. Not owned.
+  void setTracer(Tracer* tracer) { tracer_ = tracer; }
 
   const std::vector<Rule>& rules() const { return rules_; }
   Backend& backend() { return *backend_; }
@@ -105,6 +108,7 @@ class Communicator {
   std::vector<Rule> rules_;
   uint64_t next_seq_ = 1;
   Faults* faults_ = nullptr;
+  Tracer* tracer_ = nullptr;
   CommDebug debug_;
   std::unique_ptr<FlightRecorder> recorder_;
   std::atomic<bool> dumped_{false};

@@ -14,6 +14,7 @@
 #include <chrono>
 
 #include "collie/error.h"
+#include "runtime/trace.h"
 
 namespace collie::train {
 namespace {
@@ -263,6 +264,7 @@ at::Tensor Reducer::allGather(size_t b, const at::Tensor& shard) {
 }
 
 Provenance Reducer::allGatherInto(size_t b, const at::Tensor& shard, const at::Tensor& full) {
+  const Tracer::BucketScope traced(static_cast<int>(b));
   const Bucket& bucket = buckets_[b];
   COLLIE_CHECK(shard.numel() == bucket.values.numel() / group_, "bucket ", b, ": a block of ",
                shard.numel(), " elements, expected ", bucket.values.numel() / group_);
@@ -314,6 +316,7 @@ void Reducer::reduce(Bucket& bucket) {
 }
 
 void Reducer::communicationLoop() {
+  Tracer::setThreadTrack(TraceTrack::kCommunication);
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
@@ -326,6 +329,7 @@ void Reducer::communicationLoop() {
     lock.unlock();
     if (!skip) {
       try {
+        const Tracer::BucketScope traced(static_cast<int>(work.bucket));
         const auto start = Clock::now();
         if (work.gather) {
           const Provenance gathered = gatherNow(work.bucket);
@@ -521,7 +525,9 @@ HeldBytes Reducer::held() const {
 void Reducer::broadcastParameters() {
   at::NoGradGuard no_grad;
   const bool root = comm_.backend().rank() == 0;
-  for (auto& b : buckets_) {
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    Bucket& b = buckets_[k];
+    const Tracer::BucketScope traced(static_cast<int>(k));
     CollectiveArgs args;
     args.coll = Collective::kBroadcast;
     args.data = floats(b.values);

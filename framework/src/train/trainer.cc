@@ -30,6 +30,7 @@
 #include "runtime/control.h"
 #include "runtime/faults.h"
 #include "runtime/in_process.h"
+#include "runtime/trace.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/lr_schedule.h"
@@ -89,6 +90,10 @@ class RankTrainer {
         control_(*backend),
         out_dir_(out_dir) {
     comm_.setFaults(&faults_);
+    if (spec_.trace) {
+      tracer_ = std::make_unique<Tracer>();
+      comm_.setTracer(tracer_.get());
+    }
     comm_.setDebug(commDebugOf(e, out_dir, rank_));
     checkMicroBatches();
     sharding_.grad_accum = spec_.grad_accum;
@@ -183,6 +188,7 @@ class RankTrainer {
       result.straggler_steps = report.steps;
     }
     measureHeld(reducer, &result);
+    if (tracer_) writeTrace();
     struct rusage usage {};
     ::getrusage(RUSAGE_SELF, &usage);  // ru_maxrss: KiB (of the process: ranks as threads share it)
     for (const auto& r : control_.allGather({static_cast<double>(usage.ru_maxrss) * 1024}))
@@ -580,6 +586,8 @@ class RankTrainer {
 
   StepStats step(int64_t s, Reducer& reducer) {
     StepStats st;
+    if (tracer_) tracer_->setStep(s + 1);
+    const TraceSpan traced(tracer_.get(), "step");
     const auto start = Clock::now();
     reseed(s);
     const int mb = mb_;
@@ -595,8 +603,12 @@ class RankTrainer {
                                 shape_.seq_len + 1);  // (mb, T + 1)
       if (k + 1 == spec_.grad_accum) reducer.arm();
       auto t = Clock::now();
-      if (shardsParameters()) reducer.gatherRoot();
-      at::Tensor loss = lossOf(tokens);
+      at::Tensor loss;
+      {
+        const TraceSpan forward(tracer_.get(), "forward", k);
+        if (shardsParameters()) reducer.gatherRoot();
+        loss = lossOf(tokens);
+      }
       st.forward += since(t);
       const double value = loss.item<double>();
       if (!std::isfinite(value)) {  // stop before its gradients can reach the weights
@@ -607,21 +619,31 @@ class RankTrainer {
             rank_, value, s + 1, k + 1, spec_.grad_accum, s));
       }
       t = Clock::now();
-      (loss * scale).backward();
-      if (shardsParameters()) reducer.afterBackward();
+      {
+        const TraceSpan backward(tracer_.get(), "backward", k);
+        (loss * scale).backward();
+        if (shardsParameters()) reducer.afterBackward();
+      }
       st.backward += since(t);
       loss_sum += value;
     }
     st.loss = loss_sum / spec_.grad_accum;
-    st.sync = reducer.finish();
-    auto t = Clock::now();
-    if (sharded()) {
-      for (size_t b = 0; b < shards_.size(); ++b) shards_[b].mutable_grad() = reducer.gradShard(b);
+    {
+      const TraceSpan waited(tracer_.get(), "gradient sync");
+      st.sync = reducer.finish();
     }
-    st.grad_norm = clipGradients();
-    st.lr = lr_.at(s);
-    optimizer_->step(st.lr);
-    reducer.endStep();  // the next step starts afresh
+    auto t = Clock::now();
+    {
+      const TraceSpan optimizer(tracer_.get(), "optimizer");
+      if (sharded()) {
+        for (size_t b = 0; b < shards_.size(); ++b)
+          shards_[b].mutable_grad() = reducer.gradShard(b);
+      }
+      st.grad_norm = clipGradients();
+      st.lr = lr_.at(s);
+      optimizer_->step(st.lr);
+      reducer.endStep();  // the next step starts afresh
+    }
     st.optimizer = since(t);
     if (sharded() && !shardsParameters()) {  // stage 3 gathers in the next forward
       // Timed as communication, all of it exposed; sync.bytes stays the gradient's bytes.
@@ -840,6 +862,32 @@ class RankTrainer {
       r->optimizer_bytes += static_cast<uint64_t>(tensor.numel()) * 4;
   }
 
+  // train.trace: every rank's events to rank 0, which writes the job's trace.json
+  // (trace-POINT.json for a matrix point, whose runs share the folder).
+  void writeTrace() {
+    TraceInfo info;
+    info.experiment = e_.name;
+    const Topology& t = comm_.topology();
+    for (int r = 0; r < world_; ++r) {
+      info.hosts.push_back(
+          r < static_cast<int>(t.node_of_rank.size()) ? t.node_names[t.node_of_rank[r]] : "?");
+    }
+    std::string file = "trace.json";
+    if (!e_.matrix_point.empty()) {
+      std::string point = e_.matrix_point;
+      for (char& c : point) {
+        if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') c = '_';
+      }
+      file = "trace-" + point + ".json";
+    }
+    const std::string path = (std::filesystem::path(out_dir_) / file).string();
+    const size_t events = writeJobTrace(*tracer_, comm_.backend(), control_, info, path);
+    if (rank_ == 0) {
+      logInfo(fmt::format("trace: {} ({} events of {} ranks; open it in ui.perfetto.dev)", path,
+                          events, world_));
+    }
+  }
+
   std::string microBatchText() const {
     return fmt::format("[{}]", fmt::join(sharding_.micro_batch, ", "));
   }
@@ -847,7 +895,8 @@ class RankTrainer {
   const config::Experiment& e_;
   const config::TrainSpec& spec_;
   int rank_, world_;
-  Faults faults_;  // outlives comm_, which takes them
+  Faults faults_;                   // outlives comm_, which takes them
+  std::unique_ptr<Tracer> tracer_;  // train.trace; outlives comm_, which records into it
   Communicator comm_;
   Control control_;
   std::string out_dir_;
