@@ -13,6 +13,7 @@
 
 #include "processes.h"
 #include "run_command.h"
+#include "trace_schema.h"
 
 namespace fs = std::filesystem;
 using namespace collie::testing;  // NOLINT: the helpers of run_command.h and processes.h
@@ -140,6 +141,45 @@ TEST(Rebalancing, TheSplitFollowsARankThatSlowsDown) {
   EXPECT_NEAR(summary.at("last_loss").get<double>(), reference.at("last_loss").get<double>(), 1e-4)
       << "another split of the same samples trained differently";
   EXPECT_TRUE(reference.at("rebalances").empty());
+}
+
+// train.trace with a rank at half a CPU: one file for the job that passes the format's
+// checks, every collective joined across the ranks, and the timeline shows what the
+// straggler report says: the slow rank computes longer and the fast one waits for it in the
+// gradient sync. Both ranks read one machine's monotonic clock, so the estimated offset must
+// hold the true one, 0, within its uncertainty.
+TEST(Trace, AThrottledRanksTimelineShowsItsLongerCompute) {
+  if (!haveCpuController())
+    GTEST_SKIP() << "needs root and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu";
+  const std::string out = scratch("trace-throttled");
+  const auto run = runCollie(
+      {"run",
+       heavyMlp("traced", ", cpu_share: [1.0, 0.5]", 20, ", trace: true, bucket_bytes: 64KB"),
+       "--out", out});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("trace: " + out + "/trace.json"), std::string::npos) << run.output;
+  const auto trace = nlohmann::json::parse(readText(out + "/trace.json"));
+  for (const auto& error : jobTraceErrors(trace, 2)) ADD_FAILURE() << error;
+  std::map<int, std::map<std::string, std::vector<double>>> spans;  // rank -> name -> durations
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.at("ph") == "X") spans[e.at("pid")][e.at("name")].push_back(e.at("dur"));
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(spans[r]["step"].size(), 20u) << "rank " << r;
+    EXPECT_EQ(spans[r]["forward"].size(), 20u) << "rank " << r;
+    EXPECT_GT(spans[r]["allreduce"].size(), 20u) << "rank " << r;  // several buckets a step
+  }
+  EXPECT_GT(median(spans[1]["backward"]), 1.5 * median(spans[0]["backward"]));
+  EXPECT_GT(median(spans[0]["gradient sync"]), median(spans[1]["gradient sync"]));
+  const auto& rank1 = trace.at("otherData").at("ranks").at(1);
+  EXPECT_LE(std::abs(rank1.at("offset_us").get<double>()),
+            rank1.at("uncertainty_us").get<double>() + 1e-3)
+      << rank1.dump();
+  expectNoCgroupLeft();
 }
 
 }  // namespace

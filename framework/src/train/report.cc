@@ -35,56 +35,57 @@ json rebalancesJson(const std::vector<Rebalance>& changes) {
 }
 
 json toJson(const Result& r) {
-  return {{"run", r.run},
-          {"name", r.name},
-          {"model", r.model},
-          {"scheduler", r.scheduler},
-          {"backend", r.backend},
-          {"ranks", r.ranks},
-          {"parameters", r.parameters},
-          {"flops_per_token", r.flops_per_token},
-          {"steps", r.steps},
-          {"timed_steps", r.timed_steps},
-          {"world_batch_samples", r.world_batch_samples},
-          {"world_batch_tokens", r.world_batch_tokens},
-          {"micro_batch", r.micro_batch},
-          {"grad_weighting", r.tokens_weighting ? "tokens" : "uniform"},
-          {"step_s", r.step_seconds},
-          {"tokens_per_s", r.tokens_per_second},
-          {"comm_s", r.comm_seconds},
-          {"exposed_comm_s", r.exposed_seconds},
-          {"allreduce_bytes", r.allreduce_bytes},
-          {"buckets", r.buckets},
-          {"sharding", r.sharding},
-          {"parameter_bytes", r.parameter_bytes},
-          {"gradient_bytes", r.gradient_bytes},
-          {"gathered_peak_bytes", r.gathered_peak_bytes},
-          {"optimizer_bytes", r.optimizer_bytes},
-          {"peak_rss_bytes", r.peak_rss_bytes},
-          {"predicted_comm_s",
-           std::isnan(r.predicted_comm_seconds) ? json(nullptr) : json(r.predicted_comm_seconds)},
-          {"link_alpha_s", r.link_alpha},
-          {"link_beta_s_per_byte", r.link_beta},
-          {"link_between_nodes", r.between_nodes},
-          {"compute_s", r.compute_seconds},
-          {"straggler_score", r.straggler_score},
-          {"straggler_wait_s", r.straggler_wait_seconds},
-          {"arrived_last", r.arrived_last},
-          {"step_at_fastest_s", r.step_at_fastest_seconds},
-          {"straggler_steps", r.straggler_steps},
-          {"rebalances", rebalancesJson(r.rebalances)},
-          {"first_loss", r.first_loss},
-          {"last_loss", r.last_loss},
-          {"sync",
-           {{"step", r.sync.step},
-            {"parameters", r.sync.parameters},
-            {"identical", r.sync.identical},
-            {"max_spread", r.sync.max_spread},
-            {"first_parameter", r.sync.first_parameter},
-            {"ranks", r.sync.ranks},
-            {"differing", r.sync.differing}}},
-          {"token_budgets", r.token_budgets},
-          {"peak_flops", r.peak_flops}};
+  json j = {{"run", r.run},
+            {"name", r.name},
+            {"model", r.model},
+            {"scheduler", r.scheduler},
+            {"backend", r.backend},
+            {"ranks", r.ranks},
+            {"parameters", r.parameters},
+            {"flops_per_token", r.flops_per_token},
+            {"steps", r.steps},
+            {"timed_steps", r.timed_steps},
+            {"world_batch_samples", r.world_batch_samples},
+            {"world_batch_tokens", r.world_batch_tokens},
+            {"micro_batch", r.micro_batch},
+            {"grad_weighting", r.tokens_weighting ? "tokens" : "uniform"},
+            {"step_s", r.step_seconds},
+            {"tokens_per_s", r.tokens_per_second},
+            {"comm_s", r.comm_seconds},
+            {"exposed_comm_s", r.exposed_seconds},
+            {"allreduce_bytes", r.allreduce_bytes},
+            {"buckets", r.buckets},
+            {"sharding", r.sharding},
+            {"parameter_bytes", r.parameter_bytes},
+            {"gradient_bytes", r.gradient_bytes},
+            {"gathered_peak_bytes", r.gathered_peak_bytes},
+            {"optimizer_bytes", r.optimizer_bytes},
+            {"peak_rss_bytes", r.peak_rss_bytes},
+            {"predicted_comm_s",
+             std::isnan(r.predicted_comm_seconds) ? json(nullptr) : json(r.predicted_comm_seconds)},
+            {"link_alpha_s", r.link_alpha},
+            {"link_beta_s_per_byte", r.link_beta},
+            {"link_between_nodes", r.between_nodes},
+            {"compute_s", r.compute_seconds},
+            {"straggler_score", r.straggler_score},
+            {"straggler_wait_s", r.straggler_wait_seconds},
+            {"arrived_last", r.arrived_last},
+            {"step_at_fastest_s", r.step_at_fastest_seconds},
+            {"straggler_steps", r.straggler_steps},
+            {"rebalances", rebalancesJson(r.rebalances)},
+            {"first_loss", r.first_loss},
+            {"last_loss", r.last_loss},
+            {"sync",
+             {{"step", r.sync.step},
+              {"parameters", r.sync.parameters},
+              {"identical", r.sync.identical},
+              {"max_spread", r.sync.max_spread},
+              {"first_parameter", r.sync.first_parameter},
+              {"ranks", r.sync.ranks},
+              {"differing", r.sync.differing}}},
+            {"token_budgets", r.token_budgets},
+            {"peak_flops", r.peak_flops}};
+  return j;
 }
 
 Result fromJson(const json& j) {
@@ -140,6 +141,7 @@ Result fromJson(const json& j) {
   r.sync.differing = s.at("differing");
   r.token_budgets = j.at("token_budgets").get<std::vector<double>>();
   r.peak_flops = j.at("peak_flops");
+  r.weight_sample = j.value("weight_sample", std::vector<double>{});
   return r;
 }
 
@@ -187,6 +189,26 @@ const Result* soloRun(const std::vector<Result>& results, const Result& r) {
   }
   return nullptr;
 }
+
+}  // namespace
+
+WeightSpread weightSpread(const std::vector<Result>& results, const Result& r) {
+  for (const auto& other : results) {
+    if (!other.tokens_weighting || other.model != r.model || other.parameters != r.parameters ||
+        other.steps != r.steps || other.world_batch_samples != r.world_batch_samples ||
+        other.weight_sample.empty() || other.weight_sample.size() != r.weight_sample.size()) {
+      continue;
+    }
+    WeightSpread out{&other, 0};
+    for (size_t i = 0; i < r.weight_sample.size(); ++i)
+      out.max_abs_diff =
+          std::max(out.max_abs_diff, std::abs(r.weight_sample[i] - other.weight_sample[i]));
+    return out;
+  }
+  return {};
+}
+
+namespace {
 
 // With unequal micro-batches: how much one sample of each rank counts in the update,
 // against one process on the concatenated batch (1.00x).
@@ -321,6 +343,17 @@ void printSummary(std::ostream& out, const std::vector<Result>& results) {
   const bool any_sharded = std::any_of(results.begin(), results.end(),
                                        [](const Result& r) { return r.sharding != "none"; });
   if (any_sharded) table << std::setw(17) << "state/rank (MB)";
+  table << std::setw(15) << "20 tok/param";
+  // max |w - w_ref| at the end against the first run that took the exact same steps, when
+  // some run has another run to compare with.
+  const bool any_compared = std::any_of(results.begin(), results.end(), [&](const Result& r) {
+    const WeightSpread spread = weightSpread(results, r);
+    return spread.reference != nullptr && spread.reference != &r;
+  });
+  if (any_compared) table << std::setw(14) << "|dw| vs ref";
+  const bool any_scored = std::any_of(results.begin(), results.end(),
+                                      [](const Result& r) { return !r.straggler_score.empty(); });
+  if (any_scored) table << "  straggler score per rank";
   table << "\n";
   for (const auto& r : results) {
     const Result* solo = soloRun(results, r);
@@ -341,6 +374,23 @@ void printSummary(std::ostream& out, const std::vector<Result>& results) {
       const uint64_t state = r.parameter_bytes + r.gradient_bytes + r.optimizer_bytes;
       table << std::setw(17) << fmt::format("{:.2f}", static_cast<double>(state) / 1e6);
     }
+    table << std::setw(15) << duration(20.0 * r.parameters / r.tokens_per_second);
+    if (any_compared) {
+      const WeightSpread spread = weightSpread(results, r);
+      // A run that is its own reference is "ref" when another run is compared with it.
+      const bool referenced = std::any_of(results.begin(), results.end(), [&](const Result& o) {
+        return &o != &r && weightSpread(results, o).reference == &r;
+      });
+      std::string text = "-";
+      if (spread.reference == &r) {
+        if (referenced) text = "ref";
+      } else if (spread.reference != nullptr) {
+        text = fmt::format("{:.2e}", spread.max_abs_diff);
+      }
+      table << std::setw(14) << text;
+    }
+    if (any_scored && !r.straggler_score.empty())
+      table << "  " << fmt::format("{:.2f}", fmt::join(r.straggler_score, " "));
     table << "\n";
   }
   out << table.str();
@@ -349,14 +399,25 @@ void printSummary(std::ostream& out, const std::vector<Result>& results) {
 
 void writeSummaryJson(const std::string& path, const std::vector<Result>& results) {
   json all = json::array();
-  for (const auto& r : results) all.push_back(toJson(r));
+  for (const auto& r : results) {
+    json j = toJson(r);
+    const WeightSpread spread = weightSpread(results, r);
+    if (spread.reference != nullptr) {
+      j["weights_vs"] = {{"run", spread.reference->run},
+                         {"max_abs_diff", spread.max_abs_diff},
+                         {"sampled", r.weight_sample.size()}};
+    }
+    all.push_back(std::move(j));
+  }
   std::ofstream out(path);
   out << all.dump(2) << "\n";
   if (!out) throw InternalError("cannot write " + path);
 }
 
 void saveResult(const std::string& path, const Result& result) {
-  detail::writeFileAtomically(path, toJson(result).dump() + "\n");
+  json j = toJson(result);
+  j["weight_sample"] = result.weight_sample;
+  detail::writeFileAtomically(path, j.dump() + "\n");
 }
 
 Result loadResult(const std::string& path) {

@@ -55,6 +55,16 @@ void combineRanks(const std::vector<RankSummary>& ranks, int64_t world_micro_bat
 // then per run the straggler line, the all-reduce against its prediction, the weight-sync
 // verdict and the time to each token budget.
 void printSummary(std::ostream& out, const std::vector<Result>& results);
+
+// How far a run's weights ended from those of the first run in `results` that took the same
+// steps exactly (tokens weighting, the same model, steps and samples per step: one process on
+// the concatenated batch would take them too), over the runs' weight samples. No reference:
+// null (a reference run is its own, at 0).
+struct WeightSpread {
+  const Result* reference = nullptr;
+  double max_abs_diff = 0;
+};
+WeightSpread weightSpread(const std::vector<Result>& results, const Result& r);
 void writeSummaryJson(const std::string& path, const std::vector<Result>& results);
 
 // A Result as JSON, for rank 0's worker to hand to the launcher (written atomically).

@@ -169,8 +169,10 @@ class RankTrainer {
       }
       if (checkpoints.dueAfter(s + 1)) saveState(checkpoints, s + 1);
     }
-    withParameters(
-        [&] { result.sync = verifyWeights(comm_, control_, params_, names_, spec_.steps); });
+    withParameters([&] {
+      result.sync = verifyWeights(comm_, control_, params_, names_, spec_.steps);
+      result.weight_sample = sampleWeights();
+    });
     enforce(result.sync);
     std::vector<RankSummary> ranks;
     for (const auto& packed : control_.allGather(summariseSteps(stats).pack()))
@@ -860,6 +862,26 @@ class RankTrainer {
     r->optimizer_bytes = 0;
     for (auto& [name, tensor] : optimizer_->state())
       r->optimizer_bytes += static_cast<uint64_t>(tensor.numel()) * 4;
+  }
+
+  // kWeightSamples of the weights, evenly spaced over all parameters in named order.
+  std::vector<double> sampleWeights() const {
+    int64_t total = 0;
+    for (const auto& p : params_) total += p.numel();
+    std::vector<double> out;
+    if (total == 0) return out;
+    const int64_t n = std::min<int64_t>(kWeightSamples, total);
+    int64_t begin = 0, i = 0;
+    for (const auto& p : params_) {
+      const int64_t end = begin + p.numel();
+      if (i < n && i * total / n < end) {
+        const at::Tensor flat = p.detach().reshape({-1}).to(at::kDouble).contiguous();
+        const double* values = flat.data_ptr<double>();
+        for (; i < n && i * total / n < end; ++i) out.push_back(values[i * total / n - begin]);
+      }
+      begin = end;
+    }
+    return out;
   }
 
   // train.trace: every rank's events to rank 0, which writes the job's trace.json

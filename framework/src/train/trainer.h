@@ -35,6 +35,8 @@ struct Rebalance {
   std::vector<int> micro_batch;
 };
 
+constexpr int kWeightSamples = 4096;
+
 struct Result {
   std::string run;  // the matrix point, "" without a matrix
   std::string name;
@@ -69,6 +71,10 @@ struct Result {
   int straggler_steps = 0;
   double first_loss = 0, last_loss = 0;
   SyncCheck sync;
+  // Rank 0's weights at the end at kWeightSamples evenly spaced positions of all parameters
+  // in named order, to compare runs (report.h weightSpread); only between processes, not in
+  // summary.json.
+  std::vector<double> weight_sample;
   std::vector<double> token_budgets;  // besides Chinchilla's 20 tokens per parameter
   double peak_flops = 0;              // per rank, from the config (0: unknown)
 };
