@@ -4,6 +4,7 @@
 // another test's processes on the same two cores would make an unlimited rank a straggler.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -13,6 +14,7 @@
 
 #include "processes.h"
 #include "run_command.h"
+#include "runtime/faults.h"
 #include "trace_schema.h"
 
 namespace fs = std::filesystem;
@@ -63,6 +65,31 @@ TEST(CpuShare, EachRankRunsAtItsShareAndTheLogSaysWhatItAchieved) {
   const auto summary = nlohmann::json::parse(readText(out + "/summary.json"));
   const auto& compute = summary.at(0).at("compute_s");
   EXPECT_GT(compute.at(1).get<double>(), 2 * compute.at(0).get<double>()) << compute.dump();
+  expectNoCgroupLeft();
+}
+
+// A rank sweeps the groups that killed ranks left behind, and only those: another rank's
+// group is empty too between its mkdir and its move into it (sweeping those made a rank's
+// first write fail with ENODEV when three ranks started at once).
+TEST(CpuShare, OnlyTheGroupsOfRanksThatAreGoneAreSwept) {
+  if (!haveCpuController())
+    GTEST_SKIP() << "needs root and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu";
+  const fs::path parent = "/sys/fs/cgroup/cpu/collie";
+  fs::create_directories(parent);
+  const pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  ASSERT_GT(gone, 0);
+  ::waitpid(gone, nullptr, 0);
+  const fs::path live = parent / "rank-1-starting",
+                 dead = parent / ("rank-" + std::to_string(gone) + "-x");
+  ASSERT_EQ(::mkdir(live.c_str(), 0755), 0) << live;
+  ASSERT_EQ(::mkdir(dead.c_str(), 0755), 0) << dead;
+  {
+    const collie::CpuLimit limit(1.0, "test", "sweep");
+    EXPECT_TRUE(fs::exists(live)) << "the group of a live process (pid 1) was removed";
+    EXPECT_FALSE(fs::exists(dead)) << "the group of a process that is gone was left";
+    ::rmdir(live.c_str());
+  }
   expectNoCgroupLeft();
 }
 

@@ -573,6 +573,7 @@ std::vector<Experiment> loadExperiments(const std::string& path,
       experimentSchema().fill(point, &e, path);
       derive(point, path, &e);
       e.matrix_point = label;
+      e.matrix_index = static_cast<int>(runs.size());
       checkConsistency(e, &issues);
       if (issues.empty()) runs.push_back(std::move(e));
     }

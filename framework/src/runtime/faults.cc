@@ -106,19 +106,32 @@ CpuLimit::CpuLimit(double share, const std::string& who, const std::string& tag)
   v2_ = controller.v2;
   const fs::path parent = fs::path(controller.mount) / "collie";
   std::error_code ec;
-  // Groups of ranks that were killed are left behind empty; a busy one refuses rmdir.
+  // Groups of ranks that were killed are left behind empty. Only those of processes that are
+  // gone: another rank's group is empty too between its mkdir and its move into it.
   for (const auto& entry : fs::directory_iterator(parent, ec)) {
-    if (entry.is_directory()) ::rmdir(entry.path().c_str());
+    const std::string name = entry.path().filename().string();
+    long pid = 0;
+    if (entry.is_directory() && std::sscanf(name.c_str(), "rank-%ld-", &pid) == 1 && pid > 0 &&
+        ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      ::rmdir(entry.path().c_str());
+    }
   }
   if (v2_) {
     // cgroup v2 delegates a controller to children only through subtree_control, and only in
     // groups without processes of their own: collie/ holds none.
     std::ofstream(controller.mount + "/cgroup.subtree_control") << "+cpu" << std::flush;
   }
-  fs::create_directories(parent, ec);
-  if (v2_) writeControl(parent.string() + "/cgroup.subtree_control", "+cpu", who);
   const fs::path group = parent / fmt::format("rank-{}-{}", ::getpid(), tag);
-  if (::mkdir(group.c_str(), 0755) != 0 && errno != EEXIST) {
+  // The last rank out of another job removes collie/: make it again when it went between.
+  int made = -1;
+  for (int attempt = 0; attempt < 5 && made != 0; ++attempt) {
+    fs::create_directories(parent, ec);
+    if (v2_) writeControl(parent.string() + "/cgroup.subtree_control", "+cpu", who);
+    made = ::mkdir(group.c_str(), 0755);
+    if (made != 0 && errno == EEXIST) made = 0;
+    if (made != 0 && errno != ENOENT) break;
+  }
+  if (made != 0) {
     throw ConfigError(fmt::format("{}: cannot make the cgroup {}: {}. HINT: it needs root", who,
                                   group.string(), std::strerror(errno)));
   }

@@ -885,7 +885,7 @@ class RankTrainer {
   }
 
   // train.trace: every rank's events to rank 0, which writes the job's trace.json
-  // (trace-POINT.json for a matrix point, whose runs share the folder).
+  // (trace-N.json for matrix point N, beside its config-N.yaml).
   void writeTrace() {
     TraceInfo info;
     info.experiment = e_.name;
@@ -894,14 +894,9 @@ class RankTrainer {
       info.hosts.push_back(
           r < static_cast<int>(t.node_of_rank.size()) ? t.node_names[t.node_of_rank[r]] : "?");
     }
-    std::string file = "trace.json";
-    if (!e_.matrix_point.empty()) {
-      std::string point = e_.matrix_point;
-      for (char& c : point) {
-        if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') c = '_';
-      }
-      file = "trace-" + point + ".json";
-    }
+    const std::string file = e_.matrix_point.empty() || e_.matrix_index < 0
+                                 ? "trace.json"
+                                 : fmt::format("trace-{}.json", e_.matrix_index);
     const std::string path = (std::filesystem::path(out_dir_) / file).string();
     const size_t events = writeJobTrace(*tracer_, comm_.backend(), control_, info, path);
     if (rank_ == 0) {
