@@ -9,6 +9,9 @@
 //              scratch buffer and the reduction
 //   dispatch   Communicator::run(): rule selection, sequence number, provenance, then the
 //              scheduler
+//   traced     dispatch recording every collective into a trace (train.trace)
+//   attribution  the straggler attribution's all-gather of 10 steps' samples (every 10 steps)
+//   trace/span (no communication) one compute span recorded (forward, backward, ...)
 //   reduce     (no communication) reduceInto of 1024 floats, and the same through ATen (the
 //              path host memory took before, and device memory still takes)
 //
@@ -43,8 +46,11 @@
 #include "count_allocations.h"
 #include "plugin/loader.h"
 #include "runtime/communicator.h"
+#include "runtime/control.h"
 #include "runtime/job.h"
 #include "runtime/launcher.h"
+#include "runtime/trace.h"
+#include "train/stragglers.h"
 
 namespace {
 
@@ -195,6 +201,38 @@ void dispatchOver(collie::Communicator& comm, benchmark::State& state) {
   for (auto _ : state) comm.run(args);
 }
 
+// Communicator::run() recording into a trace (train.trace, bench.trace): the same loop
+// as dispatch, plus two clock reads and an event appended under the tracer's lock.
+void tracedOver(collie::Communicator& comm, benchmark::State& state) {
+  collie::CollectiveArgs args = allreduceArgs();
+  collie::Tracer tracer({}, static_cast<size_t>(state.max_iterations) + 1);
+  comm.setTracer(&tracer);
+  {
+    CountAllocations count(state);
+    for (auto _ : state) comm.run(args);
+  }
+  comm.setTracer(nullptr);
+}
+
+// The straggler attribution's gathering every straggler_every (10) steps: each rank's
+// samples of 10 steps with 6 collectives each, all-gathered over the control plane.
+void attributionOver(collie::Backend& b, benchmark::State& state) {
+  collie::Control control(b);
+  std::vector<collie::train::StragglerSample> samples(10,
+                                                      {0.1, 0.08, std::vector<double>(6, 0.01)});
+  CountAllocations count(state);
+  for (auto _ : state) {
+    auto gathered = control.allGather(collie::train::packSamples(samples));
+    benchmark::DoNotOptimize(gathered);
+  }
+}
+
+void BM_trace_span(benchmark::State& s) {
+  collie::Tracer tracer({}, static_cast<size_t>(s.max_iterations) + 1);
+  CountAllocations count(s);
+  for (auto _ : s) collie::TraceSpan span(&tracer, "forward", 0);
+}
+
 void BM_ucx_raw(benchmark::State& s) {
   CountAllocations count(s);
   for (auto _ : s) g_rank->raw_ucx->exchange(g_rank->send.data(), g_rank->recv.data(), g_bytes);
@@ -202,6 +240,8 @@ void BM_ucx_raw(benchmark::State& s) {
 void BM_ucx_backend(benchmark::State& s) { exchangeOver(*g_rank->ucx.backend, s); }
 void BM_ucx_scheduler(benchmark::State& s) { schedulerOver(g_rank->ucx, s); }
 void BM_ucx_dispatch(benchmark::State& s) { dispatchOver(*g_rank->ucx_comm, s); }
+void BM_ucx_traced(benchmark::State& s) { tracedOver(*g_rank->ucx_comm, s); }
+void BM_ucx_attribution(benchmark::State& s) { attributionOver(*g_rank->ucx.backend, s); }
 void BM_gloo_raw(benchmark::State& s) {
   CountAllocations count(s);
   for (auto _ : s) g_rank->raw_gloo->exchange(1 - g_rank->rank);
@@ -209,6 +249,8 @@ void BM_gloo_raw(benchmark::State& s) {
 void BM_gloo_backend(benchmark::State& s) { exchangeOver(*g_rank->gloo.backend, s); }
 void BM_gloo_scheduler(benchmark::State& s) { schedulerOver(g_rank->gloo, s); }
 void BM_gloo_dispatch(benchmark::State& s) { dispatchOver(*g_rank->gloo_comm, s); }
+void BM_gloo_traced(benchmark::State& s) { tracedOver(*g_rank->gloo_comm, s); }
+void BM_gloo_attribution(benchmark::State& s) { attributionOver(*g_rank->gloo.backend, s); }
 
 void BM_reduce_reduceInto(benchmark::State& s) {
   Buffer dst = floats(g_rank->send), src = floats(g_rank->recv);
@@ -265,10 +307,15 @@ int runRank(int rank, uint16_t port, const std::string& gloo_dir, int argc, char
            {"ucx/2_backend", BM_ucx_backend},
            {"ucx/3_scheduler", BM_ucx_scheduler},
            {"ucx/4_dispatch", BM_ucx_dispatch},
+           {"ucx/5_traced", BM_ucx_traced},
+           {"ucx/6_attribution", BM_ucx_attribution},
            {"gloo/1_raw", BM_gloo_raw},
            {"gloo/2_backend", BM_gloo_backend},
            {"gloo/3_scheduler", BM_gloo_scheduler},
            {"gloo/4_dispatch", BM_gloo_dispatch},
+           {"gloo/5_traced", BM_gloo_traced},
+           {"gloo/6_attribution", BM_gloo_attribution},
+           {"trace/span", BM_trace_span},
            {"reduce/reduceInto", BM_reduce_reduceInto},
            {"reduce/aten", BM_reduce_aten}}) {
     benchmark::RegisterBenchmark(name, fn)->Iterations(g_iterations)->Unit(benchmark::kMicrosecond);

@@ -69,7 +69,8 @@ def main():
         w = max(e["dur"] * scale, 0.5)
         tip = html.escape(f"{e['name']} {json.dumps(e.get('args', {}))} {e['dur'] / 1e3:.2f} ms")
         out.append(f'<rect x="{x(e["ts"]):.1f}" y="{y[(e["pid"], e["tid"])] + inset}" '
-                   f'width="{w:.1f}" height="{row_h - 2 * inset}" fill="{colour}">'
+                   f'width="{w:.1f}" height="{row_h - 2 * inset}" fill="{colour}" stroke="white" '
+                   f'stroke-width="0.4">'
                    f"<title>{tip}</title></rect>")
     ends = {}
     for e in events:

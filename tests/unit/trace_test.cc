@@ -15,6 +15,7 @@
 
 #include "collie/error.h"
 #include "loopback_job.h"
+#include "run_command.h"
 #include "trace_schema.h"
 
 namespace collie {
@@ -160,6 +161,45 @@ TEST(JobTrace, APeerThatSendsGarbageIsRefused) {
   });
   EXPECT_NE(error.find("trace: rank 1 sent events that do not parse"), std::string::npos) << error;
   EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+// bench.trace on a matrix of 2 and 3 loopback ranks: trace-N.json per point, each a job
+// trace of its ranks, with one span per timed loop (scheduler and size) and every collective
+// inside them.
+TEST(BenchTrace, EveryTimedLoopAndCollectiveOfEachMatrixPoint) {
+  const auto out =
+      std::filesystem::temp_directory_path() / ("collie-bench-trace-" + std::to_string(::getpid()));
+  const std::string config = testing::writeTempFile("bench-trace.yaml", R"(backend: loopback
+bench: {schedulers: [ring, tree], min_bytes: 1KiB, max_bytes: 4KiB, iters: 3, warmup_iters: 1,
+        repeats: 2, trace: true}
+matrix:
+  launch.nproc_per_node: [2, 3]
+)");
+  const auto run = testing::runCollie({"run", config, "--out", out.string()});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  for (int point = 0; point < 2; ++point) {
+    const int world = point + 2;
+    const auto path = out / ("trace-" + std::to_string(point) + ".json");
+    EXPECT_NE(run.output.find("trace: " + path.string()), std::string::npos) << run.output;
+    std::ifstream in(path);
+    ASSERT_TRUE(in) << path;
+    const auto trace = nlohmann::json::parse(in);
+    for (const auto& error : jobTraceErrors(trace, world)) ADD_FAILURE() << error;
+    std::map<int, int> loops, collectives;
+    for (const auto& e : trace["traceEvents"]) {
+      if (e["ph"] != "X") continue;
+      const std::string name = e["name"];
+      if (name.rfind("ring ", 0) == 0 || name.rfind("tree ", 0) == 0) ++loops[e["pid"]];
+      if (e["cat"] == "collective") ++collectives[e["pid"]];
+    }
+    for (int r = 0; r < world; ++r) {
+      // 3 sizes x 2 schedulers x 2 repeats loops of 3 calls, each after a warm-up call, and
+      // one checked call per size and scheduler.
+      EXPECT_EQ(loops[r], 3 * 2 * 2) << "rank " << r << " of " << world;
+      EXPECT_EQ(collectives[r], 3 * 2 * (2 * (3 + 1) + 1)) << "rank " << r << " of " << world;
+    }
+  }
+  std::filesystem::remove_all(out);
 }
 
 TEST(Tracer, KeepsItsCapacityAndCountsTheRest) {

@@ -18,6 +18,7 @@
 #include "runtime/control.h"
 #include "runtime/faults.h"
 #include "runtime/in_process.h"
+#include "runtime/trace.h"
 #include "util/system.h"
 
 namespace collie::bench {
@@ -61,8 +62,13 @@ class RankBench {
         rank_(backend->rank()),
         faults_(e.faults, rank_),
         comm_(backend, e.backend.label, topology),
-        control_(*backend) {
+        control_(*backend),
+        out_dir_(out_dir) {
     comm_.setFaults(&faults_);
+    if (spec_.trace) {
+      tracer_ = std::make_unique<Tracer>();
+      comm_.setTracer(tracer_.get());
+    }
     comm_.setDebug(commDebugOf(e, out_dir, rank_));
     if (e.debug.consistency && rank_ == 0) {
       logWarn(
@@ -120,6 +126,7 @@ class RankBench {
       }
       for (size_t i = 0; i < k; ++i) result.rows.push_back(summarise(size_rows[i], seconds[i]));
     }
+    if (tracer_) writeExperimentTrace(*tracer_, comm_, control_, e_, out_dir_);
     return result;
   }
 
@@ -213,7 +220,12 @@ class RankBench {
     control_.barrier();
     auto start = std::chrono::steady_clock::now();
     Provenance last;
-    for (int i = 0; i < iters; ++i) last = comm_.run(args, s.rules);
+    {
+      const TraceSpan loop(tracer_.get(), tracer_ ? internName(fmt::format("{} {}", s.label,
+                                                                           formatBytes(row->bytes)))
+                                                  : std::string_view());
+      for (int i = 0; i < iters; ++i) last = comm_.run(args, s.rules);
+    }
     std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
     row->ran = last.ran;
     row->iters = std::max(row->iters, iters);
@@ -256,9 +268,11 @@ class RankBench {
   const config::Experiment& e_;
   const config::BenchSpec& spec_;
   int n_, rank_;
-  Faults faults_;  // outlives comm_, which takes them
+  Faults faults_;                   // outlives comm_, which takes them
+  std::unique_ptr<Tracer> tracer_;  // bench.trace; outlives comm_, which records into it
   Communicator comm_;
   Control control_;
+  std::string out_dir_;
   CostModel model_;
   std::vector<Scheduled> schedulers_;
 };

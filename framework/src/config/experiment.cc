@@ -754,6 +754,11 @@ const Schema& experimentSchema() {
                              .byDefault("true")
                              .into(&BenchSpec::plots)
                              .doc("busbw/time plots with gnuplot")},
+               {"trace", S::boolean()
+                             .byDefault("false")
+                             .into(&BenchSpec::trace)
+                             .doc("write the job's timeline to trace.json in the run's folder: "
+                                  "every timed loop and collective of every rank")},
                {"emit_rules", S::string()
                                   .into(&BenchSpec::emit_rules)
                                   .doc("write the best scheduler per size range (for auto)")},

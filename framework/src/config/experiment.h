@@ -51,6 +51,7 @@ struct BenchSpec {
   bool calibrate = false;  // fit the α-β-γ model first and print predictions
   std::string emit_rules;  // write the measured best scheduler per size range here
   bool plots = false;      // busbw and time plots (gnuplot) beside the CSV
+  bool trace = false;      // the job's timeline, trace.json (runtime/trace.h)
 };
 
 // Where training samples come from (DESIGN §3): each rank's share is a deterministic

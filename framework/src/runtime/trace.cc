@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 
 #include "collie/error.h"
 #include "collie/log.h"
+#include "config/experiment.h"
 #include "util/files.h"
 
 namespace collie {
@@ -201,6 +203,27 @@ size_t writeJobTrace(const Tracer& tracer, Backend& backend, Control& control,
                         Tracer::kDefaultCapacity));
   }
   return events;
+}
+
+void writeExperimentTrace(const Tracer& tracer, Communicator& comm, Control& control,
+                          const config::Experiment& e, const std::string& out_dir) {
+  TraceInfo info;
+  info.experiment = e.name;
+  const Topology& t = comm.topology();
+  const int n = comm.backend().size();
+  for (int r = 0; r < n; ++r) {
+    info.hosts.push_back(
+        r < static_cast<int>(t.node_of_rank.size()) ? t.node_names[t.node_of_rank[r]] : "?");
+  }
+  const std::string file = e.matrix_point.empty() || e.matrix_index < 0
+                               ? "trace.json"
+                               : fmt::format("trace-{}.json", e.matrix_index);
+  const std::string path = (std::filesystem::path(out_dir) / file).string();
+  const size_t events = writeJobTrace(tracer, comm.backend(), control, info, path);
+  if (comm.backend().rank() == 0) {
+    logInfo(fmt::format("trace: {} ({} events of {} ranks; open it in ui.perfetto.dev)", path,
+                        events, n));
+  }
 }
 
 std::string chromeTrace(const std::vector<std::vector<TraceEvent>>& ranks,

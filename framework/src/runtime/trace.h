@@ -131,6 +131,12 @@ struct TraceInfo {
 size_t writeJobTrace(const Tracer& tracer, Backend& backend, Control& control,
                      const TraceInfo& info, const std::string& path);
 
+// train.trace / bench.trace: writeJobTrace to OUT/trace.json (OUT/trace-N.json for matrix
+// point N, beside its config-N.yaml) with the ranks' hosts from `comm`'s topology; rank 0
+// logs where. Every rank calls it.
+void writeExperimentTrace(const Tracer& tracer, Communicator& comm, Control& control,
+                          const config::Experiment& e, const std::string& out_dir);
+
 // The Chrome trace-event JSON of the job from every rank's events and offsets, with
 // timestamps in microseconds of rank 0's clock from the job's first event. `offsets` and
 // `ranks` are indexed by rank. Flow events join the same collective (seq) across ranks.

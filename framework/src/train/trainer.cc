@@ -190,7 +190,7 @@ class RankTrainer {
       result.straggler_steps = report.steps;
     }
     measureHeld(reducer, &result);
-    if (tracer_) writeTrace();
+    if (tracer_) writeExperimentTrace(*tracer_, comm_, control_, e_, out_dir_);
     struct rusage usage {};
     ::getrusage(RUSAGE_SELF, &usage);  // ru_maxrss: KiB (of the process: ranks as threads share it)
     for (const auto& r : control_.allGather({static_cast<double>(usage.ru_maxrss) * 1024}))
@@ -882,27 +882,6 @@ class RankTrainer {
       begin = end;
     }
     return out;
-  }
-
-  // train.trace: every rank's events to rank 0, which writes the job's trace.json
-  // (trace-N.json for matrix point N, beside its config-N.yaml).
-  void writeTrace() {
-    TraceInfo info;
-    info.experiment = e_.name;
-    const Topology& t = comm_.topology();
-    for (int r = 0; r < world_; ++r) {
-      info.hosts.push_back(
-          r < static_cast<int>(t.node_of_rank.size()) ? t.node_names[t.node_of_rank[r]] : "?");
-    }
-    const std::string file = e_.matrix_point.empty() || e_.matrix_index < 0
-                                 ? "trace.json"
-                                 : fmt::format("trace-{}.json", e_.matrix_index);
-    const std::string path = (std::filesystem::path(out_dir_) / file).string();
-    const size_t events = writeJobTrace(*tracer_, comm_.backend(), control_, info, path);
-    if (rank_ == 0) {
-      logInfo(fmt::format("trace: {} ({} events of {} ranks; open it in ui.perfetto.dev)", path,
-                          events, world_));
-    }
   }
 
   std::string microBatchText() const {
