@@ -130,10 +130,9 @@ TEST(JobTrace, OneFileForTheJobWithAlignedClocksAndFlows) {
   EXPECT_EQ(trace["traceEvents"][0]["args"]["name"], "rank 0 (a)");
 }
 
-// Rank 1 answers the clock probe, then sends text that is not a list of events: rank 0
-// refuses it naming the rank, and writes nothing.
-TEST(JobTrace, APeerThatSendsGarbageIsRefused) {
-  const std::string path = tempPath("collie-trace-garbage");
+// Rank 1 answers the clock probe, then sends a header announcing `bytes` and, when that is
+// a few, text that is not a list of events: rank 0's error (it writes nothing).
+std::string hostilePeer(const std::string& path, int64_t bytes) {
   std::string error;
   runLoopback(2, [&](std::shared_ptr<Backend> backend) {
     Tracer tracer;
@@ -148,18 +147,30 @@ TEST(JobTrace, APeerThatSendsGarbageIsRefused) {
     }
     estimateClockOffsets(*backend, control, tracer);
     const Tag tag = control.nextTag();
-    int64_t header[2] = {5, 0};
+    int64_t header[2] = {bytes, 0};
     char text[8] = {'[', '[', '"', 'x', ',', ' ', ' ', ' '};
     Buffer b;
     b.dtype = DType::kI64;
     b.data = header;
     b.count = 2;
     backend->send(0, b, tag);
+    if (bytes > 8) return;  // rank 0 stops at the header
     b.data = text;
     b.count = 1;
     backend->send(0, b, tag);
   });
-  EXPECT_NE(error.find("trace: rank 1 sent events that do not parse"), std::string::npos) << error;
+  return error;
+}
+
+TEST(JobTrace, APeerThatSendsGarbageIsRefused) {
+  const std::string path = tempPath("collie-trace-garbage");
+  EXPECT_NE(hostilePeer(path, 5).find("trace: rank 1 sent events that do not parse"),
+            std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(path));
+  const std::string error = hostilePeer(path, int64_t{1} << 50);
+  EXPECT_NE(error.find("trace: rank 1 announced 1125899906842624 bytes of events"),
+            std::string::npos)
+      << error;
   EXPECT_FALSE(std::filesystem::exists(path));
 }
 

@@ -184,8 +184,13 @@ size_t writeJobTrace(const Tracer& tracer, Backend& backend, Control& control,
   for (int r = 1; r < n; ++r) {
     int64_t header[2] = {0, 0};
     backend.recv(r, int64View(header, 2), tag);
-    if (header[0] < 0 || header[1] < 0) {
-      throw CommError(fmt::format("trace: rank {} announced {} bytes of events", r, header[0]));
+    // A rank keeps at most kDefaultCapacity events of a few hundred bytes each.
+    constexpr int64_t kMostBytes = int64_t{1} << 30;
+    if (header[0] < 0 || header[0] > kMostBytes || header[1] < 0) {
+      throw CommError(
+          fmt::format("trace: rank {} announced {} bytes of events ({} dropped), "
+                      "more than a trace holds",
+                      r, header[0], header[1]));
     }
     std::string text((static_cast<size_t>(header[0]) + 7) / 8 * 8, ' ');
     backend.recv(r, int64View(reinterpret_cast<int64_t*>(text.data()), text.size() / 8), tag);
