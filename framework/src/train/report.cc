@@ -14,6 +14,7 @@
 #include <iomanip>
 #include <numeric>
 #include <ostream>
+#include <set>
 #include <sstream>
 
 #include "collie/error.h"
@@ -346,16 +347,21 @@ void printSummary(std::ostream& out, const std::vector<Result>& results) {
   table << std::setw(15) << "20 tok/param";
   // max |w - w_ref| at the end against the first run that took the exact same steps, when
   // some run has another run to compare with.
-  const bool any_compared = std::any_of(results.begin(), results.end(), [&](const Result& r) {
-    const WeightSpread spread = weightSpread(results, r);
-    return spread.reference != nullptr && spread.reference != &r;
-  });
+  std::vector<WeightSpread> spreads;
+  std::set<const Result*> referenced;  // reference runs another run is compared with
+  for (const auto& r : results) {
+    spreads.push_back(weightSpread(results, r));
+    if (spreads.back().reference != nullptr && spreads.back().reference != &r)
+      referenced.insert(spreads.back().reference);
+  }
+  const bool any_compared = !referenced.empty();
   if (any_compared) table << std::setw(14) << "|dw| vs ref";
   const bool any_scored = std::any_of(results.begin(), results.end(),
                                       [](const Result& r) { return !r.straggler_score.empty(); });
   if (any_scored) table << "  straggler score per rank";
   table << "\n";
-  for (const auto& r : results) {
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
     const Result* solo = soloRun(results, r);
     const double speedup = solo ? r.tokens_per_second / solo->tokens_per_second : NAN;
     std::string label = r.run.empty() ? r.name : shortRun(r.run);
@@ -376,14 +382,10 @@ void printSummary(std::ostream& out, const std::vector<Result>& results) {
     }
     table << std::setw(15) << duration(20.0 * r.parameters / r.tokens_per_second);
     if (any_compared) {
-      const WeightSpread spread = weightSpread(results, r);
-      // A run that is its own reference is "ref" when another run is compared with it.
-      const bool referenced = std::any_of(results.begin(), results.end(), [&](const Result& o) {
-        return &o != &r && weightSpread(results, o).reference == &r;
-      });
+      const WeightSpread& spread = spreads[i];
       std::string text = "-";
       if (spread.reference == &r) {
-        if (referenced) text = "ref";
+        if (referenced.count(&r)) text = "ref";  // its own, and another run's
       } else if (spread.reference != nullptr) {
         text = fmt::format("{:.2e}", spread.max_abs_diff);
       }
