@@ -165,7 +165,7 @@ struct Experiment {
   std::string file;
   std::string name;
   std::string matrix_point;  // "bench.dtype=bf16, launch.nproc_per_node=2", or ""
-  int matrix_index = -1;      // the point's place in the matrix (config-N.yaml), or -1
+  int matrix_index = -1;     // the point's place in the matrix (config-N.yaml), or -1
   YAML::Node resolved;       // defaults filled in, overrides applied: saved with results
   LogLevel log_level{};
   int nproc_per_node = 0;
