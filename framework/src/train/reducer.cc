@@ -238,10 +238,17 @@ int Reducer::launchReady() {
 }
 
 at::Tensor Reducer::gradShard(size_t b) const {
+  if (!keepsGradients()) return buckets_[b].shard;
+  return gradBlock(b, rank_);
+}
+
+at::Tensor Reducer::gradBlock(size_t b, int64_t r) const {
   const Bucket& bucket = buckets_[b];
-  if (!keepsGradients()) return bucket.shard;
+  if (!keepsGradients()) {
+    throw std::logic_error("Reducer::gradBlock: this stage keeps no whole gradient buffer");
+  }
   const int64_t k = bucket.grads.numel() / group_;
-  return bucket.grads.narrow(0, rank_ * k, k);
+  return bucket.grads.narrow(0, r * k, k);
 }
 
 std::vector<at::Tensor> Reducer::parameterShards() const {
@@ -289,6 +296,8 @@ SyncTiming Reducer::gatherParameters() {
     timing.comm_seconds += gathered.seconds;
   }
   timing.exposed_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  timing.gather_seconds = timing.comm_seconds;
+  timing.gather_exposed_seconds = timing.exposed_seconds;
   return timing;
 }
 
@@ -385,6 +394,8 @@ SyncTiming Reducer::finish() {
   // Stage 3: the step's gathers, and the time compute waited for them.
   timing.comm_seconds += gather_seconds_;
   timing.exposed_seconds += gather_wait_seconds_;
+  timing.gather_seconds = gather_seconds_;
+  timing.gather_exposed_seconds = gather_wait_seconds_;
   timing.collectives = std::move(gathers_);
   gathers_.clear();
   gather_seconds_ = gather_wait_seconds_ = 0;

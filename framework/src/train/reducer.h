@@ -98,6 +98,9 @@ class Reducer {
   // Sharded only. Bucket b's reduced gradient block on this rank (shardNumel(b)), valid
   // after finish() until the next step's last backward.
   at::Tensor gradShard(size_t b) const;
+  // Unsharded and stage 1: block r of bucket b's gradient buffer (the block rank r owns when
+  // sharded), so that an unsharded run can add what a sharded one adds, in the same order.
+  at::Tensor gradBlock(size_t b, int64_t r) const;
   // This rank's block of every bucket's parameter values: views, which an update of them
   // changes in place (the module's parameters see it after gatherParameters()); stage 3:
   // the kept blocks, which the next gathers deliver.

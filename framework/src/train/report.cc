@@ -54,6 +54,8 @@ json toJson(const Result& r) {
             {"tokens_per_s", r.tokens_per_second},
             {"comm_s", r.comm_seconds},
             {"exposed_comm_s", r.exposed_seconds},
+            {"allgather_s", r.gather_seconds},
+            {"exposed_allgather_s", r.gather_exposed_seconds},
             {"allreduce_bytes", r.allreduce_bytes},
             {"buckets", r.buckets},
             {"sharding", r.sharding},
@@ -109,6 +111,8 @@ Result fromJson(const json& j) {
   r.tokens_per_second = j.at("tokens_per_s");
   r.comm_seconds = j.at("comm_s");
   r.exposed_seconds = j.at("exposed_comm_s");
+  r.gather_seconds = j.value("allgather_s", 0.0);
+  r.gather_exposed_seconds = j.value("exposed_allgather_s", 0.0);
   r.allreduce_bytes = j.at("allreduce_bytes");
   r.buckets = j.at("buckets");
   r.sharding = j.value("sharding", "none");
@@ -273,7 +277,14 @@ void printDetails(std::ostream& out, const Result& r) {
     out << "# " << tag << (sharded ? "reduce-scatter + all-gather" : "all-reduce")
         << " per step: " << fmt::format("{:.2f} MB", static_cast<double>(r.allreduce_bytes) / 1e6)
         << " in " << r.buckets << " bucket(s): measured " << fmt::format("{:.4f}", r.comm_seconds)
-        << " s (" << fmt::format("{:.4f}", r.exposed_seconds) << " s exposed), predicted "
+        << " s (" << fmt::format("{:.4f}", r.exposed_seconds) << " s exposed)"
+        << (sharded ? fmt::format(": reduce-scatter {:.4f} s ({:.4f} s exposed), all-gather "
+                                  "{:.4f} s ({:.4f} s exposed)",
+                                  r.comm_seconds - r.gather_seconds,
+                                  r.exposed_seconds - r.gather_exposed_seconds, r.gather_seconds,
+                                  r.gather_exposed_seconds)
+                    : std::string())
+        << ", predicted "
         << (std::isnan(r.predicted_comm_seconds) ? std::string("-")
                                                  : fmt::format("{:.4f}", r.predicted_comm_seconds))
         << " s from the measured link " << (r.between_nodes ? "between nodes" : "inside a node")
@@ -387,7 +398,7 @@ void printSummary(std::ostream& out, const std::vector<Result>& results) {
       if (spread.reference == &r) {
         if (referenced.count(&r)) text = "ref";  // its own, and another run's
       } else if (spread.reference != nullptr) {
-        text = fmt::format("{:.2e}", spread.max_abs_diff);
+        text = spread.max_abs_diff == 0 ? "0" : fmt::format("{:.2e}", spread.max_abs_diff);
       }
       table << std::setw(14) << text;
     }
@@ -448,6 +459,8 @@ void StepLog::write(int64_t step, int64_t samples, int64_t tokens, const StepSta
       {"backward_s", st.backward},
       {"comm_s", st.sync.comm_seconds},
       {"exposed_comm_s", st.sync.exposed_seconds},
+      {"allgather_s", st.sync.gather_seconds},
+      {"exposed_allgather_s", st.sync.gather_exposed_seconds},
       {"optimizer_s", st.optimizer},
       {"samples", samples},
       {"tokens", tokens},
@@ -484,25 +497,23 @@ std::string progressLine(int64_t step, int64_t steps, double loss, const StepSta
 }
 
 std::vector<double> RankSummary::pack() const {
-  return {step,
-          compute,
-          comm,
-          exposed,
-          first_loss_sum,
-          last_loss_sum,
-          static_cast<double>(timed_steps)};
+  return {step,           compute,       comm,
+          exposed,        gather,        gather_exposed,
+          first_loss_sum, last_loss_sum, static_cast<double>(timed_steps)};
 }
 
 RankSummary RankSummary::unpack(const std::vector<double>& v) {
-  COLLIE_CHECK(v.size() == 7, "a rank summary has 7 values, found ", v.size());
+  COLLIE_CHECK(v.size() == 9, "a rank summary has 9 values, found ", v.size());
   RankSummary s;
   s.step = v[0];
   s.compute = v[1];
   s.comm = v[2];
   s.exposed = v[3];
-  s.first_loss_sum = v[4];
-  s.last_loss_sum = v[5];
-  s.timed_steps = static_cast<int64_t>(v[6]);
+  s.gather = v[4];
+  s.gather_exposed = v[5];
+  s.first_loss_sum = v[6];
+  s.last_loss_sum = v[7];
+  s.timed_steps = static_cast<int64_t>(v[8]);
   return s;
 }
 
@@ -515,6 +526,8 @@ RankSummary summariseSteps(const std::vector<StepStats>& stats) {
     s.compute += stats[i].forward + stats[i].backward;
     s.comm += stats[i].sync.comm_seconds;
     s.exposed += stats[i].sync.exposed_seconds;
+    s.gather += stats[i].sync.gather_seconds;
+    s.gather_exposed += stats[i].sync.gather_exposed_seconds;
   }
   s.timed_steps = static_cast<int64_t>(stats.size() - first);
   const double n = static_cast<double>(s.timed_steps);
@@ -522,6 +535,8 @@ RankSummary summariseSteps(const std::vector<StepStats>& stats) {
   s.compute /= n;
   s.comm /= n;
   s.exposed /= n;
+  s.gather /= n;
+  s.gather_exposed /= n;
   s.first_loss_sum = stats.front().loss * stats.front().micro_batch;
   s.last_loss_sum = stats.back().loss * stats.back().micro_batch;
   return s;
@@ -536,6 +551,8 @@ void combineRanks(const std::vector<RankSummary>& ranks, int64_t world_micro_bat
     r->compute_seconds.push_back(rank.compute);
     r->comm_seconds += rank.comm / world;
     r->exposed_seconds += rank.exposed / world;
+    r->gather_seconds += rank.gather / world;
+    r->gather_exposed_seconds += rank.gather_exposed / world;
     r->first_loss += rank.first_loss_sum / per_micro;
     r->last_loss += rank.last_loss_sum / per_micro;
   }

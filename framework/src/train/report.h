@@ -38,6 +38,7 @@ std::string progressLine(int64_t step, int64_t steps, double loss, const StepSta
 // allocation; the one step when there is only one), as the control plane carries them.
 struct RankSummary {
   double step = 0, compute = 0, comm = 0, exposed = 0;
+  double gather = 0, gather_exposed = 0;         // sharded: the all-gathers' part of comm, exposed
   double first_loss_sum = 0, last_loss_sum = 0;  // loss x this rank's samples per micro-batch
   int64_t timed_steps = 0;
 

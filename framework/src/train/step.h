@@ -13,7 +13,9 @@ namespace collie::train {
 struct SyncTiming {
   double comm_seconds = 0;     // sum of the buckets' all-reduce times
   double exposed_seconds = 0;  // how long the step waited for them after backward
-  uint64_t bytes = 0;          // gradient bytes all-reduced
+  // Sharded: the all-gathers' part of those two (the rest is the reduce-scatters).
+  double gather_seconds = 0, gather_exposed_seconds = 0;
+  uint64_t bytes = 0;  // gradient bytes all-reduced
   int buckets = 0;
   int launched_in_backward = 0;  // buckets handed to the communication thread by backward's
                                  // hooks (overlap), not after it

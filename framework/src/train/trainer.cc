@@ -641,7 +641,7 @@ class RankTrainer {
         for (size_t b = 0; b < shards_.size(); ++b)
           shards_[b].mutable_grad() = reducer.gradShard(b);
       }
-      st.grad_norm = clipGradients();
+      st.grad_norm = clipGradients(reducer);
       st.lr = lr_.at(s);
       optimizer_->step(st.lr);
       reducer.endStep();  // the next step starts afresh
@@ -652,6 +652,8 @@ class RankTrainer {
       const SyncTiming gathered = reducer.gatherParameters();
       st.sync.comm_seconds += gathered.comm_seconds;
       st.sync.exposed_seconds += gathered.exposed_seconds;
+      st.sync.gather_seconds += gathered.gather_seconds;
+      st.sync.gather_exposed_seconds += gathered.gather_exposed_seconds;
       st.sync.collectives.insert(st.sync.collectives.end(), gathered.collectives.begin(),
                                  gathered.collectives.end());
     }
@@ -671,28 +673,34 @@ class RankTrainer {
   // The global L2 norm of the (already all-reduced, identical) gradients; scaled down to
   // train.grad_clip when it is larger. Sharded, each rank holds the reduced gradient of its
   // blocks only: the squares of every rank's blocks are gathered and added in rank order,
-  // the same sum on every rank (its last bits may differ from the unsharded norm's, which
-  // adds per parameter).
-  double clipGradients() {
-    std::vector<at::Tensor>& held = sharded() ? shards_ : params_;
+  // the same sum on every rank. Unsharded, the rank adds the same blocks' squares in the same
+  // order itself, so that the norm, and so the clipped weights, are the sharded run's bit
+  // for bit.
+  double clipGradients(const Reducer& reducer) {
     double squares = 0;
+    std::vector<at::Tensor> grads;
     if (sharded()) {
-      for (const auto& r : control_.allGather({localSquares(held)})) squares += r[0];
+      for (const auto& shard : shards_) grads.push_back(shard.grad());
+      for (const auto& r : control_.allGather({localSquares(grads)})) squares += r[0];
     } else {
-      squares = localSquares(held);
+      for (int64_t r = 0; r < world_; ++r) {
+        grads.clear();
+        for (size_t b = 0; b < reducer.bucketCount(); ++b) grads.push_back(reducer.gradBlock(b, r));
+        squares += localSquares(grads);
+      }
     }
     const double norm = std::sqrt(squares);
     if (spec_.grad_clip > 0 && norm > spec_.grad_clip) {
       const double factor = spec_.grad_clip / (norm + 1e-6);
-      for (auto& p : held) p.mutable_grad().mul_(factor);
+      for (auto& p : sharded() ? shards_ : params_) p.mutable_grad().mul_(factor);
     }
     return norm;
   }
 
-  static double localSquares(const std::vector<at::Tensor>& tensors) {
+  static double localSquares(const std::vector<at::Tensor>& grads) {
     double squares = 0;
-    for (const auto& p : tensors) {
-      const double n = p.grad().norm().item().toDouble();
+    for (const auto& g : grads) {
+      const double n = g.norm().item().toDouble();
       squares += n * n;
     }
     return squares;

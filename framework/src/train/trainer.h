@@ -52,8 +52,10 @@ struct Result {
   double step_seconds = 0;  // mean over timed steps, slowest rank
   double tokens_per_second = 0;
   double comm_seconds = 0, exposed_seconds = 0;  // per step, mean over ranks
-  uint64_t allreduce_bytes = 0;                  // gradient bytes per step
-  std::string sharding = "none";                 // train.sharding
+  // Sharded: the all-gathers' part of those (the rest is the reduce-scatters').
+  double gather_seconds = 0, gather_exposed_seconds = 0;
+  uint64_t allreduce_bytes = 0;   // gradient bytes per step
+  std::string sharding = "none";  // train.sharding
   // Held by rank 0 between steps: parameter values, gradients, optimizer state.
   uint64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;
   uint64_t gathered_peak_bytes = 0;    // stage 3: most values gathered at once in a step
