@@ -14,7 +14,7 @@ using Clock = std::chrono::steady_clock;
 // slow link makes long: 4 MiB is 0.34 s at 100 Mbit/s). Each level probes up to its own
 // largest size (calibrate()).
 constexpr std::pair<uint64_t, int> kProbes[] = {{8, 30},      {4096, 30},   {65536, 20},
-                                                {262144, 10}, {1 << 20, 6}, {4 << 20, 3}};
+                                                {262144, 10}, {1 << 20, 6}, {4 << 20, 6}};
 
 // Whom a rank exchanges with in one probe: it sends to `to` and receives from `from` at
 // once; -1 for both: it sits this probe out.
@@ -84,6 +84,7 @@ LinkCost probeLevel(Backend& backend, Control& control, Partners mine, uint64_t 
   }
   fit->probed = !points.empty();
   fit->sizes = static_cast<int>(points.size());
+  fit->points = points;
   if (!fit->probed) return {};
   return fitLine(points, &fit->residual);
 }

@@ -5,6 +5,9 @@
 // over several sizes and fitted (fitLine); γ times a local reduction on every rank at once.
 #pragma once
 
+#include <utility>
+#include <vector>
+
 #include "collie/backend.h"
 #include "collie/cost_model.h"
 #include "collie/topology.h"
@@ -17,6 +20,8 @@ struct LinkFit {
   bool probed = false;  // false: the level has no pair of ranks (it copies the other level)
   int sizes = 0;        // probe sizes fitted
   double residual = 0;  // RMS of (fit - measured) / measured over them
+  // The probes: (bytes, seconds of the slowest probing rank's median exchange), by size.
+  std::vector<std::pair<double, double>> points;
 };
 
 struct Calibration {

@@ -295,11 +295,20 @@ nlohmann::json linkJson(const LinkCost& link) {
 }
 
 nlohmann::json fitJson(const LinkFit& fit) {
-  return {{"probed", fit.probed}, {"sizes", fit.sizes}, {"residual", fit.residual}};
+  nlohmann::json points = nlohmann::json::array();
+  for (const auto& [bytes, seconds] : fit.points) points.push_back({bytes, seconds});
+  return {
+      {"probed", fit.probed}, {"sizes", fit.sizes}, {"residual", fit.residual}, {"points", points}};
 }
 
 LinkFit fitOf(const nlohmann::json& j) {
-  return {j.at("probed").get<bool>(), j.at("sizes").get<int>(), j.at("residual").get<double>()};
+  LinkFit fit{
+      j.at("probed").get<bool>(), j.at("sizes").get<int>(), j.at("residual").get<double>(), {}};
+  if (j.contains("points")) {
+    for (const auto& p : j.at("points"))
+      fit.points.emplace_back(p.at(0).get<double>(), p.at(1).get<double>());
+  }
+  return fit;
 }
 
 LinkCost linkOf(const nlohmann::json& j) {
