@@ -11,8 +11,21 @@ out=${1:-$here/../runs/lab-cost-model-$(date +%Y%m%d-%H%M%S)}
 python3 - "$out/results.csv" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
+def size(b):
+    return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
 for run in dict.fromkeys(r["run"] for r in rows):
     mine = [r for r in rows if r["run"] == run]
+    sizes = sorted({int(r["bytes"]) for r in mine})
+    print(f"[{run}] prediction error per size (predicted / measured median - 1):")
+    print(f"  {'scheduler':>18}" + "".join(f"{size(b):>9}" for b in sizes))
+    for sched in dict.fromkeys(r["scheduler"] for r in mine):
+        cells = []
+        for b in sizes:
+            r = next((r for r in mine if r["scheduler"] == sched and int(r["bytes"]) == b), None)
+            ok = r and r["predicted_us"] not in ("", "nan") and float(r["time_us"]) > 0
+            cells.append(f"{float(r['predicted_us']) / float(r['time_us']) - 1:+9.0%}" if ok
+                         else f"{'-':>9}")
+        print(f"  {sched[:18]:>18}" + "".join(cells))
     largest = max(int(r["bytes"]) for r in mine)
     at = {r["scheduler"]: r for r in mine if int(r["bytes"]) == largest}
     ring, hier = at["ring"], at["hierarchical"]

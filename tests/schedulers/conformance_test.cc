@@ -74,7 +74,9 @@ class TinyChunks : public ::testing::TestWithParam<std::tuple<std::string, int>>
 TEST_P(TinyChunks, ReachEveryMultiSegmentPath) {
   auto [scheduler, world] = GetParam();
   const char* param =
-      scheduler == "ring" || scheduler == "bidirectional_ring" ? "chunk_bytes" : "segment_bytes";
+      scheduler == "ring" || scheduler == "bidirectional_ring" || scheduler == "hierarchical"
+          ? "chunk_bytes"
+          : "segment_bytes";
   auto report = runMatrix(
       pluginRef(scheduler, param, scheduler == "double_binary_tree" ? "64" : "8"), world, 0);
   EXPECT_TRUE(report.ok()) << check::describe(scheduler, report);
@@ -84,6 +86,16 @@ INSTANTIATE_TEST_SUITE_P(Schedulers, TinyChunks,
                          ::testing::Combine(::testing::Values("ring", "tree", "bidirectional_ring",
                                                               "double_binary_tree", "knomial"),
                                             ::testing::Values(2, 3, 5, 8)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_w" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+// hierarchical's pipeline (up to 64 chunks, the last shorter) on 2, 3 and 4 emulated nodes
+// of 2 and 3 ranks: the node's steps on one thread, the column's on another.
+INSTANTIATE_TEST_SUITE_P(Pipelined, TinyChunks,
+                         ::testing::Combine(::testing::Values("hierarchical"),
+                                            ::testing::Values(4, 6, 8, 9)),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_w" +
                                   std::to_string(std::get<1>(info.param));

@@ -92,6 +92,24 @@ TEST(CostModel, HierarchicalColumnsShareTheNodesLink) {
   EXPECT_NEAR(ratio, 1.5, 0.1);
 }
 
+TEST(CostModel, HierarchicalPipelineHidesTheFasterLevel) {
+  // Inside the nodes as slow as between them: without the pipeline the two levels add up;
+  // with 16 chunks of 4 MiB the slower level sets the pace and the other is hidden but for
+  // one chunk, (K - 1)·max(I, A) + I + A = 17/16 of one level's time.
+  Params piped, whole;
+  whole.set("chunk_bytes", "0");
+  auto pipeline = loadScheduler("hierarchical", piped),
+       sequential = loadScheduler("hierarchical", whole);
+  Topology two_nodes = Topology::fromLabels({"a", "a", "b", "b"});
+  CostModel cm = model(0, 1.0, 1e6);  // the intra ring of one chunk: the same bytes per β
+  cm.inter = {0, 1.0 / 1e9};
+  const auto args = allreduceOf(64 << 20);
+  const double ratio = sequential->predictSeconds(args, two_nodes, cm) /
+                       pipeline->predictSeconds(args, two_nodes, cm);
+  EXPECT_GT(ratio, 1.5);
+  EXPECT_LT(ratio, 2.0);
+}
+
 TEST(CostModel, FlowsLeavingOneNodeShareItsLink) {
   Topology two_nodes = Topology::fromLabels({"a", "a", "b", "b"});
   CostModel cm = model(0, 100.0, 1e6);
