@@ -136,11 +136,12 @@ class HierarchicalScheduler : public Scheduler {
     CostModel local = model;
     local.inter = model.intra;
     CollectiveArgs whole = args;
-    whole.data.count = chunks.per_rank * static_cast<size_t>(per_node);
+    // One chunk: the whole message, the tail of fewer than L elements included.
+    if (chunks.count > 1) whole.data.count = chunks.per_rank * static_cast<size_t>(per_node);
     // An intra all-reduce costs one reduce-scatter plus one all-gather.
     const double intra = intra_->predictSeconds(whole, subTopology(topology, per_node), local);
     CollectiveArgs part = args;
-    part.data.count = chunks.per_rank;
+    part.data.count = chunks.count > 1 ? chunks.per_rank : block;
     // The per_node column all-reduces run at once and share each node's link: each flow
     // gets 1/per_node of the link the calibration measured with one flow alone.
     CostModel remote = model;

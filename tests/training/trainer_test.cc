@@ -253,9 +253,9 @@ TEST(ShardingClipping, ClipsByTheGlobalNormOfTheShards) {
     sharded_sets.push_back("train.sharding=" + stage);
     runTraining("zero-clip-" + stage, sharded_sets);
     EXPECT_EQ(maxDifference(finalWeights("zero0-clip"), finalWeights("zero-clip-" + stage)), 0.0);
-    runTraining("zero-noclip-" + stage,
-                {"launch.nproc_per_node=3", "train.micro_batch=[5, 3, 2]", "train.bucket_bytes=1KiB",
-                 "train.grad_clip=0", "train.steps=10", "train.sharding=" + stage});
+    runTraining("zero-noclip-" + stage, {"launch.nproc_per_node=3", "train.micro_batch=[5, 3, 2]",
+                                         "train.bucket_bytes=1KiB", "train.grad_clip=0",
+                                         "train.steps=10", "train.sharding=" + stage});
     EXPECT_GT(
         maxDifference(finalWeights("zero-clip-" + stage), finalWeights("zero-noclip-" + stage)),
         1e-4)

@@ -98,9 +98,8 @@ std::vector<std::vector<int>> parseCpus(const std::string& text, int hosts) {
 // rate. 100 ms of queue, then drops: TCP backs off.
 std::vector<std::string> tbfArgs(uint64_t rate_bits) {
   const uint64_t bytes_per_second = rate_bits / 8;
-  const uint64_t burst =
-      std::max({uint64_t{16 * 1024}, bytes_per_second / 1000,
-                std::min<uint64_t>(bytes_per_second / 250, 128000)});
+  const uint64_t burst = std::max({uint64_t{16 * 1024}, bytes_per_second / 1000,
+                                   std::min<uint64_t>(bytes_per_second / 250, 128000)});
   return {
       "root",    "tbf",  "rate", fmt::format("{}bit", rate_bits), "burst", fmt::format("{}", burst),
       "latency", "100ms"};
