@@ -10,6 +10,8 @@ packages=(
   libgtest-dev gnuplot-nox libxxhash-dev
   # backends (gloo, ucx) and the peers their tests and benchmarks launch or compare against
   libgloo-dev libucx-dev ucx-utils libopenmpi-dev openmpi-bin python3-torch
+  # the simgrid backend: ranks as actors on a simulated platform
+  libsimgrid-dev
   # a test reads checkpoint shards (safetensors) with Python and NumPy alone
   python3-numpy
   # the lab: network namespaces, veth, bridge, tbf (ip, tc); unshare, setpriv

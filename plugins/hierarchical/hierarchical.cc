@@ -79,7 +79,8 @@ class HierarchicalScheduler : public Scheduler {
 
     if (main.count > 0) {
       ScratchBuffer mine(data, block);
-      const Chunks chunks = chunksOf(block, per_node, dtypeSize(data.dtype));
+      const Chunks chunks =
+          chunksOf(block, per_node, dtypeSize(data.dtype), backend.capabilities());
       // Chunk c: elements [c·k·L, ...) of the message, and [c·k, ...) of this rank's block.
       auto step = [&](Collective coll, int part, size_t c) {
         const size_t first = c * chunks.per_rank;
@@ -132,7 +133,8 @@ class HierarchicalScheduler : public Scheduler {
     if (args.coll != Collective::kAllReduce) return kNoPrediction;
     const int per_node = static_cast<int>(topology.ranksOnNode(0).size());
     const size_t block = args.data.count / static_cast<size_t>(per_node);
-    const Chunks chunks = chunksOf(block, per_node, dtypeSize(args.data.dtype));
+    const Chunks chunks =
+        chunksOf(block, per_node, dtypeSize(args.data.dtype), topology.capabilities);
     CostModel local = model;
     local.inter = model.intra;
     CollectiveArgs whole = args;
@@ -154,14 +156,18 @@ class HierarchicalScheduler : public Scheduler {
  private:
   // How a rank's block of `block` elements is cut: `count` chunks of `per_rank` elements
   // (the last may be shorter), each chunk_bytes of the message or more; at most kMaxChunks.
+  // One chunk where the backend cannot be used from a second thread (a simulator's actors):
+  // the levels then run one after the other.
   struct Chunks {
     size_t count = 1, per_rank = 0;
   };
   static constexpr size_t kMaxChunks = 64;
 
-  Chunks chunksOf(size_t block, int per_node, size_t element) const {
+  Chunks chunksOf(size_t block, int per_node, size_t element, const Capabilities& caps) const {
     const double message = static_cast<double>(block) * per_node * element;
-    if (chunk_bytes_ == 0 || message < 2.0 * static_cast<double>(chunk_bytes_)) return {1, block};
+    if (chunk_bytes_ == 0 || !caps.concurrent_groups ||
+        message < 2.0 * static_cast<double>(chunk_bytes_))
+      return {1, block};
     size_t count = std::min<size_t>(
         kMaxChunks, static_cast<size_t>(message / static_cast<double>(chunk_bytes_)));
     count = std::min(count, block);

@@ -58,6 +58,10 @@ struct Capabilities {
   bool native_allgather = false;
   bool native_broadcast = false;
   bool native_barrier = false;
+  // A rank's group and its sub-groups may be used from several threads at once, one thread
+  // per group (docs/writing-a-backend.md). A simulator whose ranks are its actors cannot:
+  // schedulers then keep to the calling thread (hierarchical runs its levels unpipelined).
+  bool concurrent_groups = true;
   // The dtypes its native collectives handle: bit (1 << DType); every dtype by default.
   uint32_t native_dtypes = 0x3F;
   bool nativeHandles(DType dtype) const {
@@ -110,6 +114,19 @@ class Backend {
 
   // Makes every pending and future request of this group fail with `reason`. Never blocks.
   virtual void abort(const std::string& reason) = 0;
+
+  // Time as this backend's ranks live it (ABI 6.0). By default the host's: seconds of
+  // std::chrono::steady_clock and a sleep of the calling thread. A simulator gives its
+  // simulated clock, so that the bench, the calibration, the Communicator and the fault
+  // injector measure and wait in simulated time.
+  virtual double clockSeconds() const;
+  virtual void sleepSeconds(double seconds);
+  // True when clockSeconds() is not the host's time (reports say "simulated").
+  virtual bool simulatedTime() const { return false; }
+
+  // The node of every rank of this group, when the backend knows where its ranks run (a
+  // simulator's platform); empty otherwise, and the runtime finds the nodes itself.
+  virtual std::vector<std::string> nodeLabels() const { return {}; }
 
   // Blocking helpers built on the two primitives above, with the group's timeout.
   void send(int peer, const Buffer& buf, Tag tag) { isend(peer, buf, tag)->wait(timeout()); }

@@ -44,6 +44,15 @@ struct Buffer {
 // dtype and memory kind. kAvg reduces like kSum; call finishAverage once at the end.
 void reduceInto(const Buffer& dst, const Buffer& src, ReduceOp op);
 
+// A simulator prices the reductions its ranks do in simulated time (ABI 6.0): while a hook
+// is set on a thread, every reduceInto on that thread calls hook(bytes of dst, user) after
+// it has reduced. Null clears it. The thread's previous hook is returned.
+struct ReductionHook {
+  void (*call)(size_t bytes, void* user) = nullptr;
+  void* user = nullptr;
+};
+ReductionHook setReductionHook(ReductionHook hook);
+
 // For kAvg: divides every element by `group_size` (no-op for every other op).
 void finishAverage(const Buffer& data, ReduceOp op, int group_size);
 

@@ -79,11 +79,21 @@ struct collie_plugin_descriptor_v1 {
   // Destroys an object returned by create. Never throws.
   void (*destroy)(void* object) noexcept;
   uint32_t flags;  // COLLIE_FLAG_* bits
+  // ABI 6.0, with COLLIE_FLAG_RUNS_RANKS (null otherwise): runs body(user, r) for every rank
+  // r of a group of `world` where the backend's ranks live (a simulator: as its actors, in
+  // simulated time), and returns when every body has returned. `context` is a
+  // collie::PluginContext (the backend's params, job id and size). A body never throws; the
+  // return value and `error` report what stopped the runner itself (a bad platform file).
+  int32_t (*run_ranks)(const void* context, int32_t world, void (*body)(void* user, int32_t rank),
+                       void* user, char* error, size_t error_len) noexcept;
 };
 
 // The backend runs every rank as a thread of one process (the loopback backend); without
 // it, collie starts one process per rank.
 #define COLLIE_FLAG_IN_PROCESS 1u
+// With COLLIE_FLAG_IN_PROCESS: the backend runs its ranks itself (run_ranks); collie does
+// not start a thread per rank.
+#define COLLIE_FLAG_RUNS_RANKS 2u
 
 }  // extern "C"
 
@@ -137,22 +147,53 @@ void destroyPlugin(void* object) noexcept {
   delete static_cast<Base*>(object);
 }
 
+// run_ranks for a backend whose RUNNER is a function
+// void RUNNER(const collie::PluginContext&, int world, const std::function<void(int)>& body).
+template <void (*Runner)(const PluginContext&, int, const std::function<void(int)>&)>
+int32_t runRanks(const void* context, int32_t world, void (*body)(void*, int32_t), void* user,
+                 char* error, size_t error_len) noexcept {
+  auto fail = [&](int32_t status, const char* what) {
+    if (error_len > 0) {
+      std::strncpy(error, what, error_len - 1);
+      error[error_len - 1] = '\0';
+    }
+    return status;
+  };
+  try {
+    Runner(*static_cast<const PluginContext*>(context), world,
+           [body, user](int rank) { body(user, rank); });
+    return COLLIE_OK;
+  } catch (const ConfigError& e) {
+    return fail(COLLIE_BAD_PARAMS, e.what());
+  } catch (const std::exception& e) {
+    return fail(COLLIE_FAILED, e.what());
+  } catch (...) {
+    return fail(COLLIE_FAILED, "unknown exception");
+  }
+}
+
 }  // namespace detail
 }  // namespace collie
 
-#define COLLIE_DEFINE_PLUGIN_DETAIL(KIND, BASE, NAME, VERSION, DESCRIPTION, TYPE, FLAGS) \
-  extern "C" COLLIE_EXPORT const collie_plugin_descriptor_v1 collie_plugin_v1 = {        \
-      COLLIE_PLUGIN_MAGIC,                                                               \
-      COLLIE_ABI_MAJOR,                                                                  \
-      COLLIE_ABI_MINOR,                                                                  \
-      KIND,                                                                              \
-      NAME,                                                                              \
-      VERSION,                                                                           \
-      DESCRIPTION,                                                                       \
-      COLLIE_BUILD_FINGERPRINT,                                                          \
-      &::collie::detail::createPlugin<BASE, TYPE>,                                       \
-      &::collie::detail::destroyPlugin<BASE>,                                            \
-      FLAGS,                                                                             \
+#define COLLIE_DEFINE_PLUGIN_DETAIL(KIND, BASE, NAME, VERSION, DESCRIPTION, TYPE, FLAGS)       \
+  COLLIE_DEFINE_PLUGIN_WITH_RUNNER_DETAIL(KIND, BASE, NAME, VERSION, DESCRIPTION, TYPE, FLAGS, \
+                                          nullptr)
+
+#define COLLIE_DEFINE_PLUGIN_WITH_RUNNER_DETAIL(KIND, BASE, NAME, VERSION, DESCRIPTION, TYPE, \
+                                                FLAGS, RUN_RANKS)                             \
+  extern "C" COLLIE_EXPORT const collie_plugin_descriptor_v1 collie_plugin_v1 = {             \
+      COLLIE_PLUGIN_MAGIC,                                                                    \
+      COLLIE_ABI_MAJOR,                                                                       \
+      COLLIE_ABI_MINOR,                                                                       \
+      KIND,                                                                                   \
+      NAME,                                                                                   \
+      VERSION,                                                                                \
+      DESCRIPTION,                                                                            \
+      COLLIE_BUILD_FINGERPRINT,                                                               \
+      &::collie::detail::createPlugin<BASE, TYPE>,                                            \
+      &::collie::detail::destroyPlugin<BASE>,                                                 \
+      FLAGS,                                                                                  \
+      RUN_RANKS,                                                                              \
   }
 
 // TYPE derives from collie::Backend and has a constructor TYPE(const collie::PluginContext&).
@@ -164,6 +205,15 @@ void destroyPlugin(void* object) noexcept {
 #define COLLIE_IN_PROCESS_BACKEND_PLUGIN(NAME, VERSION, DESCRIPTION, TYPE)                        \
   COLLIE_DEFINE_PLUGIN_DETAIL(COLLIE_KIND_BACKEND, ::collie::Backend, NAME, VERSION, DESCRIPTION, \
                               TYPE, COLLIE_FLAG_IN_PROCESS)
+
+// The same for a backend that runs its ranks itself (a simulator, COLLIE_FLAG_RUNS_RANKS):
+// RUNNER is a function void RUNNER(const collie::PluginContext&, int world,
+// const std::function<void(int rank)>& body) that calls body(r) for every rank where the
+// backend's ranks live; TYPE's constructor runs inside body, on the rank it is made for.
+#define COLLIE_SIMULATED_BACKEND_PLUGIN(NAME, VERSION, DESCRIPTION, TYPE, RUNNER) \
+  COLLIE_DEFINE_PLUGIN_WITH_RUNNER_DETAIL(                                        \
+      COLLIE_KIND_BACKEND, ::collie::Backend, NAME, VERSION, DESCRIPTION, TYPE,   \
+      COLLIE_FLAG_IN_PROCESS | COLLIE_FLAG_RUNS_RANKS, &::collie::detail::runRanks<&RUNNER>)
 
 // TYPE derives from collie::Scheduler and has a constructor TYPE(const collie::PluginContext&).
 #define COLLIE_SCHEDULER_PLUGIN(NAME, VERSION, DESCRIPTION, TYPE)                        \

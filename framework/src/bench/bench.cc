@@ -205,12 +205,12 @@ class RankBench {
   double timeOnce(Scheduled& s, const CollectiveArgs& args, Row* row) {
     const bool sized = spec_.min_time.count() > 0;
     const int warmups = sized ? std::max(1, spec_.warmup_iters) : spec_.warmup_iters;
-    auto warm = std::chrono::steady_clock::now();
+    Backend& clock = comm_.backend();  // simulated time on a simulator
+    const double warm = clock.clockSeconds();
     for (int i = 0; i < warmups; ++i) comm_.run(args, s.rules);
     int iters = spec_.iters;
     if (sized) {
-      const double per_call =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - warm).count() / warmups;
+      const double per_call = (clock.clockSeconds() - warm) / warmups;
       double slowest = 0;
       for (const auto& r : control_.allGather({per_call})) slowest = std::max(slowest, r[0]);
       const double needed =
@@ -218,7 +218,7 @@ class RankBench {
       iters = static_cast<int>(std::clamp(std::ceil(needed), static_cast<double>(iters), 1e6));
     }
     control_.barrier();
-    auto start = std::chrono::steady_clock::now();
+    const double start = clock.clockSeconds();
     Provenance last;
     {
       const TraceSpan loop(tracer_.get(), tracer_ ? internName(fmt::format("{} {}", s.label,
@@ -226,12 +226,11 @@ class RankBench {
                                                   : std::string_view());
       for (int i = 0; i < iters; ++i) last = comm_.run(args, s.rules);
     }
-    std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    const double took = clock.clockSeconds() - start;
     row->ran = last.ran;
     row->iters = std::max(row->iters, iters);
     double slowest = 0;
-    for (const auto& r : control_.allGather({took.count() / iters}))
-      slowest = std::max(slowest, r[0]);
+    for (const auto& r : control_.allGather({took / iters})) slowest = std::max(slowest, r[0]);
     return slowest;
   }
 
@@ -305,8 +304,8 @@ Result run(const PluginLoader& loader, const config::Experiment& experiment,
   at::set_num_threads(experiment.threads_per_rank);
   return runInProcessForRank0<Result>(
       loader, experiment.backend, experiment.nproc_per_node, [&](std::shared_ptr<Backend> backend) {
-        return RankBench(loader, experiment, std::move(backend), experiment.topology, out_dir)
-            .run();
+        const Topology topology = topologyOf(*backend, experiment.topology);
+        return RankBench(loader, experiment, std::move(backend), topology, out_dir).run();
       });
 }
 

@@ -8,8 +8,6 @@
 namespace collie::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 // Probe sizes, and how many timed exchanges each gets (fewer for the large ones, which a
 // slow link makes long: 4 MiB is 0.34 s at 100 Mbit/s). Each level probes up to its own
 // largest size (calibrate()).
@@ -55,12 +53,12 @@ double exchange(Backend& backend, Control& control, uint64_t bytes, int iters, P
   control.barrier();
   if (p.to >= 0) {
     for (Tag tag : tags) {
-      auto start = Clock::now();
+      const double start = backend.clockSeconds();
       std::vector<std::unique_ptr<Request>> requests;
       requests.push_back(backend.irecv(p.from, in.view(), tag));
       requests.push_back(backend.isend(p.to, out.view(), tag));
       waitAll(requests, backend.timeout());
-      times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+      times.push_back(backend.clockSeconds() - start);
     }
   }
   control.barrier();
@@ -91,7 +89,7 @@ LinkCost probeLevel(Backend& backend, Control& control, Partners mine, uint64_t 
 
 // Seconds per byte of reduceInto, on every rank at once (they share the cores), over buffers
 // larger than the caches.
-double probeReduction(Control& control, DType dtype) {
+double probeReduction(Backend& backend, Control& control, DType dtype) {
   Buffer like;
   like.dtype = dtype;
   const size_t count = (16 << 20) / dtypeSize(dtype);
@@ -100,9 +98,9 @@ double probeReduction(Control& control, DType dtype) {
   double best = 1e30;
   for (int i = 0; i < 3; ++i) {
     control.barrier();
-    auto start = Clock::now();
+    const double start = backend.clockSeconds();
     reduceInto(a.view(), b.view(), ReduceOp::kSum);
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
+    best = std::min(best, backend.clockSeconds() - start);
   }
   return best / static_cast<double>(a.view().bytes());
 }
@@ -144,7 +142,7 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
     if (!c.intra.probed) c.model.intra = c.model.inter;
     if (!c.inter.probed) c.model.inter = c.model.intra;
   }
-  c.model.gamma = probeReduction(control, dtype);
+  c.model.gamma = probeReduction(backend, control, dtype);
   auto all =
       control.allGather({c.model.intra.alpha, c.model.intra.beta, c.model.inter.alpha,
                          c.model.inter.beta, c.model.gamma, c.intra.residual, c.inter.residual});

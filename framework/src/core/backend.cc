@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "collie/error.h"
 
@@ -25,6 +27,14 @@ void requireInterface(const std::string& owner, const std::string& name) {
   ::gethostname(host, sizeof(host) - 1);
   throw ConfigError(fmt::format("{}: params.interface '{}' does not exist on host {}; it has: {}",
                                 owner, name, host, fmt::join(names, ", ")));
+}
+
+double Backend::clockSeconds() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void Backend::sleepSeconds(double seconds) {
+  if (seconds > 0) std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
 }
 
 void checkTransfer(const std::string& backend, int rank, int size, int peer, const Buffer& buf,

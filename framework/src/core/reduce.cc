@@ -74,9 +74,19 @@ Buffer Buffer::slice(size_t offset, size_t n) const {
   return out;
 }
 
-void reduceInto(const Buffer& dst, const Buffer& src, ReduceOp op) {
-  checkSameShape(dst, src, "reduceInto");
-  if (dst.count == 0) return;
+namespace {
+thread_local ReductionHook t_reduction_hook;
+}  // namespace
+
+ReductionHook setReductionHook(ReductionHook hook) {
+  ReductionHook previous = t_reduction_hook;
+  t_reduction_hook = hook;
+  return previous;
+}
+
+namespace {
+// dst = op(dst, src) on the buffers' device.
+void reduceOnce(const Buffer& dst, const Buffer& src, ReduceOp op) {
   if (dst.memory == MemoryKind::kHost) return detail::reduceHost(dst, src, op);
   at::Tensor d = wrap(dst);
   at::Tensor s = wrap(src);
@@ -95,6 +105,15 @@ void reduceInto(const Buffer& dst, const Buffer& src, ReduceOp op) {
       at::maximum_out(d, d, s);
       break;
   }
+}
+
+}  // namespace
+
+void reduceInto(const Buffer& dst, const Buffer& src, ReduceOp op) {
+  checkSameShape(dst, src, "reduceInto");
+  if (dst.count == 0) return;
+  reduceOnce(dst, src, op);
+  if (t_reduction_hook.call != nullptr) t_reduction_hook.call(dst.bytes(), t_reduction_hook.user);
 }
 
 void finishAverage(const Buffer& data, ReduceOp op, int group_size) {

@@ -134,6 +134,10 @@ PluginInfo validate(const std::string& path, const collie_plugin_descriptor_v1& 
   info.abi_major = d.abi_major;
   info.abi_minor = d.abi_minor;
   info.in_process = (d.flags & COLLIE_FLAG_IN_PROCESS) != 0;
+  info.runs_ranks = info.in_process && (d.flags & COLLIE_FLAG_RUNS_RANKS) != 0;
+  if (info.runs_ranks && d.run_ranks == nullptr) {
+    reject(path, "declares that it runs its ranks but has no run_ranks", "");
+  }
   return info;
 }
 
@@ -307,6 +311,33 @@ std::shared_ptr<Backend> PluginLoader::createBackend(const std::string& name, Pa
   auto backend = create<Backend>(library, plugin_context);
   rejectUnreadParams(params, *library);
   return backend;
+}
+
+void PluginLoader::runRanks(const std::string& name, Params params, const BackendContext& context,
+                            int world, const std::function<void(int rank)>& body) const {
+  auto library = open(PluginKind::kBackend, name);
+  const auto& d = *library->descriptor;
+  if (!library->info.runs_ranks) {
+    throw PluginError("backend '" + library->info.name +
+                      "' does not run its ranks itself (internal: the caller should start them)");
+  }
+  PluginContext plugin_context;
+  plugin_context.params = &params;
+  plugin_context.backend = context;
+  struct Trampoline {
+    static void call(void* user, int32_t rank) {
+      (*static_cast<const std::function<void(int)>*>(user))(rank);
+    }
+  };
+  char error[1024] = {};
+  int32_t status = d.run_ranks(&plugin_context, world, &Trampoline::call,
+                               const_cast<std::function<void(int)>*>(&body), error, sizeof(error));
+  if (status == COLLIE_BAD_PARAMS) throw ConfigError(error);
+  if (status != COLLIE_OK) {
+    throw PluginError("backend '" + library->info.name +
+                      "' could not run its ranks: " + (error[0] ? error : "run_ranks failed") +
+                      " (plugin " + library->info.path + ")");
+  }
 }
 
 std::shared_ptr<Scheduler> PluginLoader::createScheduler(const std::string& name,

@@ -2,6 +2,7 @@
 // cannot be loaded is always a PluginError: there is no silent fallback.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -29,6 +30,7 @@ struct PluginInfo {
   int abi_major = 0;
   int abi_minor = 0;
   bool in_process = false;  // COLLIE_FLAG_IN_PROCESS: a backend whose ranks are threads
+  bool runs_ranks = false;  // COLLIE_FLAG_RUNS_RANKS: it runs them itself (a simulator)
 };
 
 // A file that looked like a plugin and was refused, with the one-line reason.
@@ -65,6 +67,11 @@ class PluginLoader {
                                          const BackendContext& context) const;
   std::shared_ptr<Scheduler> createScheduler(const std::string& name, Params& params) const;
   std::shared_ptr<Model> createModel(const std::string& name, Params& params) const;
+  // For a backend with COLLIE_FLAG_RUNS_RANKS: its run_ranks with `params` (a copy of the
+  // backend's: each rank's createBackend reads and checks them again) and `context`.
+  // Throws PluginError (or ConfigError for what the runner refused in its params).
+  void runRanks(const std::string& name, Params params, const BackendContext& context, int world,
+                const std::function<void(int rank)>& body) const;
 
   // Every file this loader has opened so far, each once: plugin files (open(), also for the
   // schedulers plugins create from others) and the rules files plugins read through

@@ -79,7 +79,7 @@ Provenance Communicator::runRule(const Rule& rule, CollectiveArgs args, std::str
                               args.root, std::string(ran)});
   }
   const int64_t traced_from = tracer_ != nullptr ? tracer_->now() : 0;
-  auto start = std::chrono::steady_clock::now();
+  const double start = backend_->clockSeconds();  // simulated time on a simulator
   try {
     if (debug_.consistency) checkConsistent(args);
     rule.choice.scheduler->run(args, *backend_, topology_);
@@ -96,9 +96,9 @@ Provenance Communicator::runRule(const Rule& rule, CollectiveArgs args, std::str
     throw;
   }
   if (recorder_) recorder_->end(entry, FlightEntry::State::kCompleted);
-  std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-  const Provenance done{internName(label), backend_interned_, args.coll, bytes,
-                        args.seq,          took.count(),      ran};
+  const double took = backend_->clockSeconds() - start;
+  const Provenance done{
+      internName(label), backend_interned_, args.coll, bytes, args.seq, took, ran};
   if (tracer_ != nullptr) tracer_->collective(done, args.op, traced_from, tracer_->now());
   return done;
 }

@@ -12,6 +12,10 @@
 
 namespace collie {
 
+// The topology a rank of an in-process run works with: the backend's own, when it knows
+// where its ranks run (a simulator's platform), else `configured` (the experiment's labels).
+Topology topologyOf(const Backend& backend, const Topology& configured);
+
 // Calls body(backend) on `world` threads. Rethrows the first failure (its original type, so
 // the exit code stays right) after every thread has finished.
 void runInProcess(const PluginLoader& loader, const config::PluginRef& backend, int world,

@@ -277,11 +277,23 @@ int runExperiments(const RunRequest& request, const std::vector<config::Experime
                  e.resolved);
     }
     const bool threads = runsInProcess(loader, e.backend.plugin);
+    const bool simulated =
+        threads && pluginInfo(*loader.open(PluginKind::kBackend, e.backend.plugin)).runs_ranks;
+    if (simulated && e.kind == config::Experiment::Kind::kTrain) {
+      throw ConfigError(fmt::format(
+          "backend '{}' simulates its ranks (SimGrid actors in simulated time), which the bench "
+          "and plugin-check use; training runs on a real backend. HINT: use gloo, ucx, nccl or "
+          "loopback for train experiments",
+          e.backend.label));
+    }
     const int ranks =
         job ? job->world() : e.nproc_per_node * (on_lab ? e.lab.hosts : request.nnodes);
     logInfo(fmt::format("run {}/{}: {}{}, {} ranks on {} ({})", i + 1, runs.size(), e.name,
                         e.matrix_point.empty() ? "" : " [" + e.matrix_point + "]", ranks,
-                        e.backend.label, threads ? "threads" : "processes"));
+                        e.backend.label,
+                        simulated ? "simulated"
+                        : threads ? "threads"
+                                  : "processes"));
     if (threads && on_lab) {
       throw ConfigError(fmt::format(
           "launch.lab runs ranks on emulated hosts, but backend '{}' runs its ranks as threads of "
