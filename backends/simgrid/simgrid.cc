@@ -233,8 +233,10 @@ void runRanks(const PluginContext& context, int world_size, const std::function<
   world.settings = Settings::read(params, context.backend.timeout);
   const Settings& s = world.settings;
   if (!s.platform.empty() && !std::filesystem::is_regular_file(s.platform)) {
-    throw ConfigError("simgrid: params.platform '" + s.platform +
-                      "' is not a file. HINT: the shipped platforms are in configs/platforms/");
+    throw ConfigError(
+        "simgrid: params.platform '" + s.platform +
+        "' is not a file. HINT: give a SimGrid platform file (backends/simgrid/README.md), or "
+        "leave params.platform out for the built-in one-switch cluster");
   }
   std::unique_lock<std::mutex> one_simulation(g_registry_mu, std::try_to_lock);
   if (!one_simulation.owns_lock() || !g_worlds.empty()) {

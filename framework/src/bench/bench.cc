@@ -149,6 +149,14 @@ class RankBench {
       params += fmt::format("{}{}: {}", params.empty() ? "" : ", ", key, value);
     if (!params.empty()) f.backend += " {" + params + "}";
     const Topology& t = comm_.topology();
+    if (comm_.backend().simulatedTime()) {
+      // The machine that ran the simulation says nothing about the numbers: the platform does.
+      f.cpu_model.clear();
+      f.simulated = fmt::format(
+          "{} ranks on {} simulated host(s) in {} node(s); every time below is simulated time", n_,
+          n_, t.nodeCount());
+      return f;
+    }
     for (int node = 0; node < t.nodeCount(); ++node) {
       const auto ranks = t.ranksOnNode(node);
       if (ranks.empty()) continue;

@@ -50,9 +50,12 @@ struct HostFacts {
   std::string link;  // "1000 Mbit/s", the lab's cap or the interface's speed ("": unknown)
 };
 struct Facts {
-  std::string cpu_model;  // rank 0's
-  std::string backend;    // "gloo {interface: eth0}"
-  std::vector<HostFacts> hosts;
+  std::string cpu_model;         // rank 0's
+  std::string backend;           // "gloo {interface: eth0}"
+  std::vector<HostFacts> hosts;  // none for a simulation
+  // A simulation's platform instead of hosts: "64 simulated hosts in 64 nodes; times are
+  // simulated" ("": the ranks ran on real hosts).
+  std::string simulated;
 };
 
 // One experiment's results: its rows and the cost model the bench calibrated for it.

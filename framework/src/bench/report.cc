@@ -30,6 +30,7 @@ void header(std::ostream& out, const Row& first, const Result& result) {
   out << fmt::format("# collective {} on {} ranks, backend {}{}\n", first.collective, first.ranks,
                      result.facts.backend.empty() ? first.backend : result.facts.backend,
                      barrier ? "" : fmt::format(", {} {}", first.dtype, first.op));
+  if (!result.facts.simulated.empty()) out << "# simulated: " << result.facts.simulated << "\n";
   for (const HostFacts& h : result.facts.hosts) {
     out << fmt::format("# host {}: {} rank(s), {} CPUs, load {} at start{}\n", h.name, h.ranks,
                        h.cpus, fixed(h.load, 2), h.link.empty() ? "" : ", link " + h.link);
@@ -346,6 +347,7 @@ void saveResult(const std::string& path, const Result& result) {
       {"facts",
        {{"cpu_model", result.facts.cpu_model},
         {"backend", result.facts.backend},
+        {"simulated", result.facts.simulated},
         {"hosts", hosts}}},
       {"rows", rowsJson(result.rows)},
       {"calibrated", result.calibrated},
@@ -367,6 +369,7 @@ Result loadResult(const std::string& path) {
     const auto& facts = doc.at("facts");
     result.facts.cpu_model = facts.at("cpu_model").get<std::string>();
     result.facts.backend = facts.at("backend").get<std::string>();
+    result.facts.simulated = facts.value("simulated", "");
     for (const auto& h : facts.at("hosts")) {
       result.facts.hosts.push_back({h.at("name").get<std::string>(), h.at("ranks").get<int>(),
                                     h.at("cpus").get<int>(),

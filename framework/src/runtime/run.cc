@@ -6,8 +6,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
 #include <ctime>
 #include <fstream>
+#include <iostream>
 
 #include "collie/config.h"
 #include "collie/error.h"
@@ -116,6 +123,73 @@ void runRank(ProcessJob& job, const PluginLoader& loader, const config::Experime
     WorkerRank rank = joinRun(job, loader, e, static_cast<int>(index));
     kind.runAsRank(loader, e, rank, out);
   });
+}
+
+// A simulated run (a backend that runs its ranks itself: SimGrid) in a child process of its
+// own: SimGrid runs one simulation per process (its engine and models cannot be set up
+// again), so every run of a file, and every matrix point, gets a fresh one. The child hands
+// its result over in `result_path` as a worker does; a failure comes back with its kind
+// (exit code, message) and is thrown here again.
+void runSimulationInChild(ExperimentKind& kind, const PluginLoader& loader,
+                          const config::Experiment& e, const fs::path& out,
+                          const fs::path& result_path) {
+  int pipe_fds[2];
+  if (::pipe(pipe_fds) != 0) throw Error(ErrorKind::kInternal, "pipe() failed for a simulation");
+  std::cout.flush();
+  std::cerr.flush();
+  const pid_t child = ::fork();
+  if (child < 0) throw Error(ErrorKind::kInternal, "fork() failed for a simulation");
+  if (child == 0) {
+    ::close(pipe_fds[0]);
+    int code = 0;
+    std::string message;
+    try {
+      kind.runInThreads(loader, e, out);
+      kind.saveLast(result_path.string());
+    } catch (const Error& x) {
+      code = x.kind() == ErrorKind::kConfig ? 2 : x.kind() == ErrorKind::kPlugin ? 3 : 1;
+      message = x.what();
+    } catch (const std::exception& x) {
+      code = 4;
+      message = x.what();
+    }
+    size_t done = 0;
+    while (done < message.size()) {
+      const ssize_t n = ::write(pipe_fds[1], message.data() + done, message.size() - done);
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    std::cout.flush();
+    std::cerr.flush();
+    ::_exit(code);
+  }
+  ::close(pipe_fds[1]);
+  std::string message;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(pipe_fds[0], buf, sizeof(buf))) > 0;) message.append(buf, n);
+  ::close(pipe_fds[0]);
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    kind.load(result_path.string());
+    fs::remove(result_path);
+    return;
+  }
+  if (WIFSIGNALED(status)) {
+    throw CommError(fmt::format("the simulation of {} stopped with signal {} ({})", e.name,
+                                WTERMSIG(status), ::strsignal(WTERMSIG(status))));
+  }
+  switch (WEXITSTATUS(status)) {
+    case 2:
+      throw ConfigError(message);
+    case 3:
+      throw PluginError(message);
+    case 4:
+      throw Error(ErrorKind::kInternal, message);
+    default:
+      throw CommError(message);
+  }
 }
 
 // A worker collie's launcher started: one run of the file; rank 0 hands its result over.
@@ -323,6 +397,8 @@ int runExperiments(const RunRequest& request, const std::vector<config::Experime
     }
     if (job) {
       runRank(*job, loader, e, i, *kind, out);
+    } else if (simulated) {
+      runSimulationInChild(*kind, loader, e, out, resultPath(out, i));
     } else if (threads) {
       kind->runInThreads(loader, e, out);
     } else {

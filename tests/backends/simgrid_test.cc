@@ -1,0 +1,223 @@
+// The simgrid backend against closed forms: on its built-in platform (one switch, a host per
+// rank, equal full-duplex links, no other contention) the simulated time of one all-reduce
+// matches the α-β-γ formulas of Thakur, Rabenseifner and Gropp (2005) within 5 %, with α
+// the route's latency (two links), β the link's time per byte and γ the simulated price of a
+// reduction. Also: simulated time is the backend's clock, the platform's nodes reach the
+// topology, and bad params are refused.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <vector>
+
+#include "collie/error.h"
+#include "loopback_job.h"
+#include "run_command.h"
+
+namespace collie {
+namespace {
+
+using testing::buildTreeLoader;
+using testing::loadScheduler;
+using testing::runCollie;
+using testing::writeTempFile;
+
+constexpr double kGbps = 10, kLatencyUs = 5, kReduceGbps = 20;
+constexpr double kAlpha = 2 * kLatencyUs * 1e-6;    // a route is two links
+constexpr double kBeta = 8 / (kGbps * 1e9);         // seconds per byte on a link
+constexpr double kGamma = 1 / (kReduceGbps * 1e9);  // seconds per byte reduced
+
+config::PluginRef simgrid(Params extra = Params()) {
+  config::PluginRef ref;
+  ref.plugin = "simgrid";
+  ref.label = "simgrid";
+  ref.params = extra;
+  for (const auto& [key, value] : {std::pair<const char*, double>{"link_gbps", kGbps},
+                                   {"latency_us", kLatencyUs},
+                                   {"reduce_gbps", kReduceGbps}}) {
+    if (!ref.params.has(key)) ref.params.set(key, std::to_string(value));
+  }
+  return ref;
+}
+
+// The simulated seconds of one f32 sum all-reduce of `bytes` on `world` ranks (the slowest
+// rank's end; every rank starts at the same simulated instant), its result checked.
+double simulate(const std::string& scheduler, Params params, int world, size_t bytes) {
+  auto sched = loadScheduler(scheduler, params);
+  std::mutex mu;
+  double slowest = 0;
+  size_t wrong = 0;
+  runInProcess(buildTreeLoader(), simgrid(), world, [&](std::shared_ptr<Backend> b) {
+    std::vector<float> v(bytes / 4, static_cast<float>(b->rank() + 1));
+    CollectiveArgs args;
+    args.coll = Collective::kAllReduce;
+    args.data.data = v.data();
+    args.data.count = v.size();
+    args.seq = 1;
+    const Topology topology = topologyOf(*b, Topology::singleNode(world));
+    const double start = b->clockSeconds();
+    sched->run(args, *b, topology);
+    const double took = b->clockSeconds() - start;
+    const float expect = world * (world + 1) / 2.0f;
+    const size_t bad = std::count_if(v.begin(), v.end(), [&](float x) { return x != expect; });
+    std::lock_guard<std::mutex> lock(mu);
+    slowest = std::max(slowest, took);
+    wrong += bad;
+  });
+  EXPECT_EQ(wrong, 0u) << scheduler << " on " << world << " ranks, " << bytes << " B";
+  return slowest;
+}
+
+struct Case {
+  int world;
+  size_t bytes;
+};
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> all{{8, 64 << 10},  {8, 1 << 20},  {8, 16 << 20},
+                                     {64, 64 << 10}, {64, 1 << 20}, {64, 16 << 20}};
+  return all;
+}
+
+void expectWithin5Percent(double simulated, double formula, const std::string& what) {
+  EXPECT_NEAR(simulated, formula, 0.05 * formula)
+      << what << ": simulated " << simulated * 1e6 << " us, formula " << formula * 1e6 << " us";
+}
+
+TEST(SimgridClosedForm, RingMatchesReduceScatterPlusAllGather) {
+  Params params;
+  params.set("chunk_bytes", "1GiB");  // one message per step, as the formula counts them
+  for (const auto& [p, m] : cases()) {
+    const double n = static_cast<double>(m);
+    const double formula =
+        2 * (p - 1) * kAlpha + 2.0 * (p - 1) / p * n * kBeta + 1.0 * (p - 1) / p * n * kGamma;
+    expectWithin5Percent(simulate("ring", params, p, m), formula,
+                         "ring, " + std::to_string(p) + " ranks, " + std::to_string(m) + " B");
+  }
+}
+
+TEST(SimgridClosedForm, HalvingDoublingMatchesRabenseifner) {
+  for (const auto& [p, m] : cases()) {
+    const double n = static_cast<double>(m);
+    const double formula =
+        2 * std::log2(p) * kAlpha + 2.0 * (p - 1) / p * n * kBeta + 1.0 * (p - 1) / p * n * kGamma;
+    expectWithin5Percent(
+        simulate("halving_doubling", Params(), p, m), formula,
+        "halving_doubling, " + std::to_string(p) + " ranks, " + std::to_string(m) + " B");
+  }
+}
+
+// A binary tree reduce then broadcast, unsegmented, on full trees (2^k - 1 ranks, depth d):
+// each level up, two children share the parent's way in and the parent reduces both; each
+// level down, the parent sends to two children on its way out: 2·d·(α + 2·m·β) + 2·d·m·γ.
+TEST(SimgridClosedForm, TreeMatchesReduceThenBroadcast) {
+  Params params;
+  params.set("segment_bytes", "1GiB");  // one segment: no pipeline
+  for (int p : {7, 63}) {
+    for (size_t m : {size_t{64} << 10, size_t{1} << 20, size_t{16} << 20}) {
+      const double d = std::log2(p + 1) - 1, n = static_cast<double>(m);
+      const double formula = 2 * d * (kAlpha + 2 * n * kBeta) + 2 * d * n * kGamma;
+      expectWithin5Percent(simulate("tree", params, p, m), formula,
+                           "tree, " + std::to_string(p) + " ranks, " + std::to_string(m) + " B");
+    }
+  }
+}
+
+TEST(Simgrid, TimeIsTheSimulatedClock) {
+  runInProcess(buildTreeLoader(), simgrid(), 2, [&](std::shared_ptr<Backend> b) {
+    EXPECT_TRUE(b->simulatedTime());
+    const double start = b->clockSeconds();
+    b->sleepSeconds(3600);  // an hour of simulated time, no wall time
+    EXPECT_NEAR(b->clockSeconds() - start, 3600, 1e-6);
+  });
+}
+
+// A platform file names the hosts and, through each host's "node" property, the nodes: the
+// topology has them, in the hosts' natural order (host2 before host10).
+TEST(Simgrid, NodesComeFromThePlatformFile) {
+  const auto dir = std::filesystem::temp_directory_path() / "collie-simgrid-test";
+  std::filesystem::create_directories(dir);
+  const auto file = dir / "two-nodes.xml";
+  std::ofstream out(file);
+  out << "<?xml version='1.0'?>\n<!DOCTYPE platform SYSTEM "
+         "\"https://simgrid.org/simgrid.dtd\">\n<platform version=\"4.1\">\n"
+         "<zone id=\"world\" routing=\"Full\">\n";
+  const char* names[] = {"host2", "host10", "host1", "host11"};
+  for (const char* name : names) {
+    const std::string n = name;
+    const char* node = (n == "host1" || n == "host2") ? "a" : "b";
+    out << "<host id=\"" << n << "\" speed=\"1Gf\"><prop id=\"node\" value=\"" << node
+        << "\"/></host>\n";
+  }
+  out << "<link id=\"l\" bandwidth=\"1GBps\" latency=\"1us\"/>\n";
+  for (int i = 0; i < 4; ++i) {
+    for (int j = i + 1; j < 4; ++j) {
+      out << "<route src=\"" << names[i] << "\" dst=\"" << names[j]
+          << "\"><link_ctn id=\"l\"/></route>\n";
+    }
+  }
+  out << "</zone>\n</platform>\n";
+  out.close();
+  Params params;
+  params.set("platform", file.string());
+  std::mutex mu;
+  std::vector<std::string> labels;
+  runInProcess(buildTreeLoader(), simgrid(params), 4, [&](std::shared_ptr<Backend> b) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (b->rank() == 0) labels = b->nodeLabels();
+  });
+  // Natural order: host1, host2, host10, host11.
+  EXPECT_EQ(labels, (std::vector<std::string>{"a", "a", "b", "b"}));
+  const Topology t = Topology::fromLabels(labels);
+  EXPECT_EQ(t.nodeCount(), 2);
+}
+
+TEST(Simgrid, BadParamsAreConfigErrorsNamingThem) {
+  Params missing;
+  missing.set("platform", "/nonexistent/platform.xml");
+  try {
+    runInProcess(buildTreeLoader(), simgrid(missing), 2, [](std::shared_ptr<Backend>) {});
+    ADD_FAILURE() << "a missing platform file was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/platform.xml"), std::string::npos)
+        << e.what();
+  }
+  try {
+    Params small;
+    small.set("link_gbps", "0");
+    runInProcess(buildTreeLoader(), simgrid(small), 2, [](std::shared_ptr<Backend>) {});
+    ADD_FAILURE() << "link_gbps 0 was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("link_gbps"), std::string::npos) << e.what();
+  }
+}
+
+// A user who points a training config at the simulator gets exit 2 and one line saying why;
+// a simulated bench on a platform too small for the job names both numbers.
+TEST(Simgrid, TrainingAndTooFewHostsAreRefusedWithExitTwo) {
+  auto train = runCollie({"run", std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/quickstart.yaml",
+                          "--out", std::string(COLLIE_TEST_BINARY_DIR) + "/runs/simgrid-train",
+                          "--set", "backend=simgrid"});
+  EXPECT_EQ(train.exit_code, 2) << train.output;
+  EXPECT_NE(train.output.find("training runs on a real backend"), std::string::npos)
+      << train.output;
+  const std::string platform = writeTempFile(
+      "one-host.xml",
+      "<?xml version='1.0'?>\n<!DOCTYPE platform SYSTEM \"https://simgrid.org/simgrid.dtd\">\n"
+      "<platform version=\"4.1\">\n"
+      "<zone id=\"z\" routing=\"Full\">\n"
+      "<host id=\"only\" speed=\"1Gf\"/>\n"
+      "</zone>\n</platform>\n");
+  auto bench = runCollie({"run", std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/simulate.yaml",
+                          "--out", std::string(COLLIE_TEST_BINARY_DIR) + "/runs/simgrid-small",
+                          "--set", "backend.params.platform=" + platform});
+  EXPECT_EQ(bench.exit_code, 2) << bench.output;
+  EXPECT_NE(bench.output.find("has 1 host(s) and the job 8 ranks"), std::string::npos)
+      << bench.output;
+}
+
+}  // namespace
+}  // namespace collie
