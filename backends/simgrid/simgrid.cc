@@ -61,6 +61,12 @@ struct Settings {
     s.link_latency = latency_us * 1e-6;
     s.reduce_rate = reduce_gbps * 1e9;
     s.network_model = params.getString("network_model", "CM02");
+    const std::vector<std::string> models{"CM02", "LV08", "Constant", "SMPI", "IB"};
+    if (std::find(models.begin(), models.end(), s.network_model) == models.end()) {
+      throw ConfigError(params.where("network_model") + "simgrid: params.network_model '" +
+                        s.network_model + "' is not one of SimGrid's: CM02, LV08, Constant, " +
+                        "SMPI, IB");
+    }
     s.config = params.getString("config", "");
     s.timeout = params.getDuration("timeout", default_timeout);
     return s;
@@ -221,7 +227,11 @@ void applyOptions(sg4::Engine& engine, const std::vector<std::string>& options) 
             "for '{}'. HINT: run the experiments that need '{}' in a collie run of their own",
             key, it->second, value, value));
       }
-      throw ConfigError("simgrid: SimGrid refused option '" + option + "': " + e.what());
+      const std::string why = e.what();  // SimGrid lists every key after the first line
+      throw ConfigError("simgrid: SimGrid refused option '" + option +
+                        "': " + why.substr(0, why.find('\n')) +
+                        ". HINT: SimGrid's options are listed in its documentation, "
+                        "\"Configuring SimGrid\"");
     }
     applied[key] = value;
   }

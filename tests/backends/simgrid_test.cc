@@ -193,6 +193,15 @@ TEST(Simgrid, BadParamsAreConfigErrorsNamingThem) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("link_gbps"), std::string::npos) << e.what();
   }
+  try {
+    Params model;
+    model.set("network_model", "XX");  // SimGrid itself would abort the process
+    runInProcess(buildTreeLoader(), simgrid(model), 2, [](std::shared_ptr<Backend>) {});
+    ADD_FAILURE() << "network_model XX was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'XX' is not one of SimGrid's"), std::string::npos)
+        << e.what();
+  }
 }
 
 // A user who points a training config at the simulator gets exit 2 and one line saying why;
