@@ -9,7 +9,9 @@
 #include <limits>
 #include <random>
 
+#include "collie/backend.h"
 #include "collie/buffer.h"
+#include "collie/error.h"
 #include "core/aten.h"
 
 namespace collie {
@@ -107,6 +109,40 @@ TEST(HostReduce, ScratchBuffersAreAlignedAndCopiesExact) {
   std::vector<int64_t> from{1, 2, 3}, to(3);
   copyInto(Buffer{to.data(), 3, DType::kI64}, Buffer{from.data(), 3, DType::kI64});
   EXPECT_EQ(to, from);
+}
+
+// Size-only buffers (a simulation without payload): every operation prices, none touches a
+// byte. The reduction hook still sees the bytes reduced; a scratch buffer like one allocates
+// nothing; the range they point into faults when read; a backend that moves bytes refuses
+// one.
+namespace {
+size_t g_hooked = 0;
+}
+
+TEST(SizeOnly, OperationsTouchNothingAndTheRangeFaults) {
+  const Buffer a = sizeOnlyBuffer(DType::kF32, size_t{1} << 30);
+  const Buffer b = sizeOnlyBuffer(DType::kF32, size_t{1} << 30);
+  EXPECT_EQ(a.memory, MemoryKind::kNone);
+  EXPECT_EQ(a.bytes(), size_t{4} << 30);
+  const ReductionHook previous =
+      setReductionHook({[](size_t bytes, void*) { g_hooked += bytes; }, nullptr});
+  reduceInto(a, b, ReduceOp::kSum);  // 4 GiB: would fault (or take seconds) if it ran
+  copyInto(a.slice(1, 100), b.slice(200, 100));
+  finishAverage(a, ReduceOp::kAvg, 3);
+  setReductionHook(previous);
+  EXPECT_EQ(g_hooked, size_t{4} << 30);
+  const ScratchBuffer scratch(a, size_t{1} << 28);
+  EXPECT_EQ(scratch.view().memory, MemoryKind::kNone);
+  EXPECT_EQ(scratch.view().count, size_t{1} << 28);
+  EXPECT_THROW(sizeOnlyBuffer(DType::kF64, size_t{1} << 40), InternalError);
+  EXPECT_DEATH(
+      { [[maybe_unused]] volatile char c = *static_cast<volatile char*>(a.slice(7, 1).data); }, "");
+  try {
+    checkTransfer("loopback", 0, 2, 1, a, true, MemoryKind::kHost);
+    ADD_FAILURE() << "a size-only buffer was accepted by a backend that moves bytes";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("size-only"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

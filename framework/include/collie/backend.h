@@ -62,6 +62,10 @@ struct Capabilities {
   // per group (docs/writing-a-backend.md). A simulator whose ranks are its actors cannot:
   // schedulers then keep to the calling thread (hierarchical runs its levels unpipelined).
   bool concurrent_groups = true;
+  // False for a simulator that moves sizes, not bytes (its payload-free mode): the bench then
+  // hands schedulers size-only buffers (MemoryKind::kNone), does not check results, and the
+  // backend still moves the bytes of host buffers (the control plane's).
+  bool payload = true;
   // The dtypes its native collectives handle: bit (1 << DType); every dtype by default.
   uint32_t native_dtypes = 0x3F;
   bool nativeHandles(DType dtype) const {

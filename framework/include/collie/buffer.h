@@ -16,7 +16,13 @@ enum class DType : uint8_t { kF32, kF64, kF16, kBF16, kI32, kI64 };
 enum class ReduceOp : uint8_t { kSum, kAvg, kMin, kMax, kProd };
 
 // Where a buffer's bytes live. Backends declare which kinds they can move.
-enum class MemoryKind : uint8_t { kHost, kCuda };
+// kNone (ABI 6.0): a buffer with a size and no bytes, for a simulator that runs without
+// payload (backends/simgrid, `payload: false`). Its views point into an address range that is
+// reserved and never readable, so a stray access faults instead of reading garbage;
+// reduceInto, finishAverage and copyInto do nothing to it (reduceInto still calls the
+// thread's reduction hook, which prices the work), and a ScratchBuffer like it allocates
+// nothing. A backend that moves bytes refuses it in checkTransfer.
+enum class MemoryKind : uint8_t { kHost, kCuda, kNone };
 
 size_t dtypeSize(DType dtype);
 const char* dtypeName(DType dtype);     // "f32", "bf16", ...
@@ -58,6 +64,11 @@ void finishAverage(const Buffer& data, ReduceOp op, int group_size);
 
 // Copies src into dst (same count and dtype; host or device memory).
 void copyInto(const Buffer& dst, const Buffer& src);
+
+// A view of `count` elements of kind MemoryKind::kNone, all at the start of the reserved
+// range (size-only buffers hold nothing, so they may share it). Throws InternalError when
+// count * dtypeSize(dtype) exceeds the range (1 TiB).
+Buffer sizeOnlyBuffer(DType dtype, size_t count);
 
 // Storage for temporaries of the same dtype and memory kind as `like` (scratch chunks).
 // Host memory up to 4 MiB comes from blocks that earlier scratch buffers gave back (at most

@@ -43,6 +43,11 @@ void checkTransfer(const std::string& backend, int rank, int size, int peer, con
     throw CommError(fmt::format("{}: rank {} cannot {} rank {} in a group of {}", backend, rank,
                                 sending ? "send to" : "receive from", peer, size));
   }
+  if (buf.memory == MemoryKind::kNone && moves != MemoryKind::kNone) {
+    throw CommError(backend +
+                    ": a size-only buffer (MemoryKind::kNone) has no bytes to move. HINT: only "
+                    "a simulator without payload (simgrid, payload: false) takes one");
+  }
   if (buf.memory != moves) {
     throw CommError(backend +
                     (moves == MemoryKind::kHost

@@ -8,6 +8,7 @@
 #include <ATen/ops/maximum.h>
 #include <ATen/ops/minimum.h>
 
+#include <sys/mman.h>
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -112,12 +113,13 @@ void reduceOnce(const Buffer& dst, const Buffer& src, ReduceOp op) {
 void reduceInto(const Buffer& dst, const Buffer& src, ReduceOp op) {
   checkSameShape(dst, src, "reduceInto");
   if (dst.count == 0) return;
-  reduceOnce(dst, src, op);
+  if (dst.memory != MemoryKind::kNone) reduceOnce(dst, src, op);
   if (t_reduction_hook.call != nullptr) t_reduction_hook.call(dst.bytes(), t_reduction_hook.user);
 }
 
 void finishAverage(const Buffer& data, ReduceOp op, int group_size) {
   if (op != ReduceOp::kAvg || data.count == 0 || group_size == 1) return;
+  if (data.memory == MemoryKind::kNone) return;
   if (data.memory == MemoryKind::kHost) return detail::divideHost(data, group_size);
   at::Tensor d = wrap(data);
   if (at::isIntegralType(d.scalar_type(), /*includeBool=*/false)) {
@@ -129,7 +131,7 @@ void finishAverage(const Buffer& data, ReduceOp op, int group_size) {
 
 void copyInto(const Buffer& dst, const Buffer& src) {
   checkSameShape(dst, src, "copyInto");
-  if (dst.count == 0 || dst.data == src.data) return;
+  if (dst.count == 0 || dst.data == src.data || dst.memory == MemoryKind::kNone) return;
   if (dst.memory == MemoryKind::kHost) {
     std::memmove(dst.data, src.data, dst.bytes());
     return;
@@ -205,9 +207,42 @@ ScratchCache& scratchCache() {
 
 }  // namespace
 
+namespace {
+
+// The range size-only buffers point into: reserved once (PROT_NONE, no swap or memory
+// committed), never mapped readable, never released.
+constexpr size_t kSizeOnlyRange = size_t{1} << 40;
+
+char* sizeOnlyRange() {
+  static char* const base = [] {
+    void* p = ::mmap(nullptr, kSizeOnlyRange, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    return static_cast<char*>(p);
+  }();
+  return base;
+}
+
+}  // namespace
+
+Buffer sizeOnlyBuffer(DType dtype, size_t count) {
+  COLLIE_CHECK(count <= kSizeOnlyRange / dtypeSize(dtype), "a size-only buffer of ", count, " x ",
+               dtypeName(dtype), " is larger than the reserved range (1 TiB)");
+  Buffer b;
+  b.data = sizeOnlyRange();
+  b.count = count;
+  b.dtype = dtype;
+  b.memory = MemoryKind::kNone;
+  return b;
+}
+
 ScratchBuffer::ScratchBuffer(const Buffer& like, size_t count) {
   view_ = like;
   view_.count = count;
+  if (like.memory == MemoryKind::kNone) {
+    view_ = sizeOnlyBuffer(like.dtype, count);  // nothing to allocate, nothing to release
+    return;
+  }
   if (like.memory == MemoryKind::kHost) {
     // Plain aligned memory (holder_ stays null): a tensor's construction costs more than the
     // small collectives a scratch buffer feeds.
@@ -250,7 +285,9 @@ ScratchBuffer& ScratchBuffer::operator=(ScratchBuffer&& other) noexcept {
 ScratchBuffer::~ScratchBuffer() { release(); }
 
 void ScratchBuffer::release() {
-  if (holder_ != nullptr) {
+  if (view_.memory == MemoryKind::kNone) {
+    // Size-only: it points into the reserved range and owns nothing.
+  } else if (holder_ != nullptr) {
     delete static_cast<at::Tensor*>(holder_);
   } else if (view_.data != nullptr && block_ != 0) {
     scratchCache().give(view_.data, block_);
