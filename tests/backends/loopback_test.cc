@@ -12,6 +12,7 @@
 #include "collie/error.h"
 #include "desync.h"
 #include "loopback_job.h"
+#include "runtime/control.h"
 #include "soak.h"
 
 namespace collie {
@@ -26,6 +27,23 @@ Buffer view(std::vector<int32_t>& v) {
   b.count = v.size();
   b.dtype = DType::kI32;
   return b;
+}
+
+// The control plane's folds over 5 ranks: max and sum element-wise, rank 0's values, and the
+// whole table, each the same on every rank.
+TEST(Control, MaxSumFromRootAndAllGatherAgreeOnEveryRank) {
+  runLoopback(5, [](std::shared_ptr<Backend> b) {
+    Control control(*b);
+    const double r = b->rank();
+    EXPECT_EQ(control.max({r, -r, 7}), (std::vector<double>{4, 0, 7}));
+    EXPECT_EQ(control.sum({r, 1}), (std::vector<double>{10, 5}));
+    EXPECT_EQ(control.fromRoot({r + 3, r * 2}), (std::vector<double>{3, 0}));
+    control.barrier();
+    const auto all = control.allGather({r, r * r});
+    ASSERT_EQ(all.size(), 5u);
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(all[i], (std::vector<double>{1.0 * i, 1.0 * i * i}));
+    EXPECT_TRUE(control.max({}).empty());
+  });
 }
 
 TEST(Loopback, MessagesMatchByTagInPostedOrder) {

@@ -93,6 +93,7 @@ class Communicator {
 
   const std::vector<Rule>& rules() const { return rules_; }
   Backend& backend() { return *backend_; }
+  const Backend& backend() const { return *backend_; }
   const Topology& topology() const { return topology_; }
 
  private:

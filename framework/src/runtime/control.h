@@ -15,12 +15,23 @@ class Control {
   // Every rank returns once every rank has called it.
   void barrier();
   // Every rank's `values` (the same length on every rank), indexed [rank][i], on every rank.
+  // It builds a table of every rank's values on every rank: for what needs them all; a max,
+  // a sum or rank 0's values cost less (below), which matters at thousands of simulated ranks.
   std::vector<std::vector<double>> allGather(const std::vector<double>& values);
+  // The element-wise maximum, or sum, of every rank's `values`, on every rank.
+  std::vector<double> max(const std::vector<double>& values);
+  std::vector<double> sum(const std::vector<double>& values);
+  // Rank 0's `values` on every rank (the same length on every rank).
+  std::vector<double> fromRoot(const std::vector<double>& values);
   // A fresh control-plane tag, for probes that exchange their own messages (every rank
   // must draw the same number of tags).
   Tag nextTag();
 
  private:
+  enum class Fold { kMax, kSum, kRoot };
+  // Rank 0 folds every rank's values as they arrive and sends the result back.
+  std::vector<double> combine(const std::vector<double>& values, Fold fold);
+
   Backend& backend_;
   uint64_t seq_ = 0;
 };
