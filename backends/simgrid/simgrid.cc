@@ -39,10 +39,16 @@ struct Settings {
   std::string platform;       // a SimGrid platform file; empty: a one-switch cluster built here
   double link_bandwidth = 0;  // bytes/s of each host's link in the built-in cluster
   double link_latency = 0;    // seconds of each host's link in the built-in cluster
+  int ranks_per_node = 1;     // built-in cluster: hosts per node (1: one switch, no nodes)
+  double node_bandwidth = 0;  // bytes/s of each node's uplink to the spine (ranks_per_node > 1)
+  double node_latency = 0;    // seconds of each node's uplink
   double reduce_rate = 0;     // bytes/s of a local reduction, charged in simulated time; 0: free
   std::string network_model;
   std::string config;  // more SimGrid options, "key:value" separated by spaces
   std::chrono::milliseconds timeout{30000};
+  // false: the bench's buffers are size-only (MemoryKind::kNone) and messages carry their
+  // size alone; host buffers (the control plane's) still carry their bytes.
+  bool payload = true;
 
   static Settings read(Params& params, std::chrono::milliseconds default_timeout) {
     Settings s;
@@ -59,6 +65,16 @@ struct Settings {
                         "simgrid: params.reduce_gbps must be >= 0 (0: reductions are free)");
     s.link_bandwidth = gbps * 1e9 / 8;
     s.link_latency = latency_us * 1e-6;
+    s.ranks_per_node = static_cast<int>(params.getInt("ranks_per_node", 1, 1, 1 << 16));
+    const double node_gbps = params.getDouble("node_gbps", gbps);
+    const double node_latency_us = params.getDouble("node_latency_us", latency_us);
+    if (!(node_gbps > 0))
+      throw ConfigError(params.where("node_gbps") + "simgrid: params.node_gbps must be > 0");
+    if (!(node_latency_us >= 0))
+      throw ConfigError(params.where("node_latency_us") +
+                        "simgrid: params.node_latency_us must be >= 0");
+    s.node_bandwidth = node_gbps * 1e9 / 8;
+    s.node_latency = node_latency_us * 1e-6;
     s.reduce_rate = reduce_gbps * 1e9;
     s.network_model = params.getString("network_model", "CM02");
     const std::vector<std::string> models{"CM02", "LV08", "Constant", "SMPI", "IB"};
@@ -69,6 +85,7 @@ struct Settings {
     }
     s.config = params.getString("config", "");
     s.timeout = params.getDuration("timeout", default_timeout);
+    s.payload = params.getBool("payload", true);
     return s;
   }
 };
@@ -180,19 +197,49 @@ bool naturalLess(const std::string& a, const std::string& b) {
   return a.size() - i < b.size() - j;
 }
 
-// The built-in platform: one switch, every rank on its own host with a full-duplex link of
-// link_gbps and latency_us to it, and no other limit (a route is the sender's link up and
-// the receiver's link down: 2 latencies, the link's bandwidth).
-void buildCluster(int world, const Settings& s) {
-  auto* zone = sg4::create_star_zone("collie-cluster");
-  for (int r = 0; r < world; ++r) {
+// Hosts `first`..`first + count - 1` in a star zone: each with a full-duplex link of the
+// built-in cluster's rate and latency to the zone's centre, and the node property `node`
+// when it is not empty.
+void addHosts(sg4::NetZone* zone, int first, int count, const Settings& s,
+              const std::string& node) {
+  for (int r = first; r < first + count; ++r) {
     auto* host = zone->create_host(fmt::format("rank{}", r), 1e9);
+    if (!node.empty()) host->set_property("node", node);
     auto* link = zone->create_split_duplex_link(fmt::format("link{}", r), s.link_bandwidth)
                      ->set_latency(s.link_latency);
     zone->add_route(host->get_netpoint(), nullptr, nullptr, nullptr,
                     {{link, sg4::LinkInRoute::Direction::UP}}, true);
   }
-  zone->seal();
+}
+
+// The built-in platform. With ranks_per_node 1: one switch, every rank on its own host with a
+// full-duplex link of link_gbps and latency_us to it, and no other limit (a route is the
+// sender's link up and the receiver's link down: 2 latencies, the link's bandwidth). With
+// ranks_per_node k > 1, two levels: nodes of k hosts, each node a switch of its own with
+// those links, and every node's switch joined to one spine by a full-duplex uplink of
+// node_gbps and node_latency_us (a route between nodes: host link, uplink, uplink, host
+// link). SimGrid 3.32's XML cannot say this compactly (docs/architecture.md), so it is built
+// here.
+void buildCluster(int world, const Settings& s) {
+  auto* root = sg4::create_star_zone("collie-cluster");
+  if (s.ranks_per_node == 1) {
+    addHosts(root, 0, world, s, "");
+    root->seal();
+    return;
+  }
+  for (int first = 0, n = 0; first < world; first += s.ranks_per_node, ++n) {
+    const std::string name = fmt::format("node{}", n);
+    auto* node = sg4::create_star_zone(name);
+    node->set_parent(root);
+    auto* gateway = node->create_router(name + "-switch");
+    addHosts(node, first, std::min(s.ranks_per_node, world - first), s, name);
+    node->seal();
+    auto* uplink = root->create_split_duplex_link(name + "-uplink", s.node_bandwidth)
+                       ->set_latency(s.node_latency);
+    root->add_route(node->get_netpoint(), nullptr, gateway, nullptr,
+                    {{uplink, sg4::LinkInRoute::Direction::UP}}, true);
+  }
+  root->seal();
 }
 
 // Every actor's reduction, priced at reduce_rate in simulated time.
@@ -355,6 +402,7 @@ class SimgridBackend : public Backend {
   Capabilities capabilities() const override {
     Capabilities caps;
     caps.concurrent_groups = false;  // a rank is one actor
+    caps.payload = settings_.payload;
     return caps;
   }
 
@@ -534,7 +582,9 @@ void postHalf(World& world, Pending& p, bool sending) {
 }
 
 std::unique_ptr<Request> SimgridBackend::post(int peer, const Buffer& buf, Tag tag, bool sending) {
-  checkTransfer("simgrid", rank_, size(), peer, buf, sending, MemoryKind::kHost);
+  const bool size_only = !settings_.payload && buf.memory == MemoryKind::kNone;
+  checkTransfer("simgrid", rank_, size(), peer, buf, sending,
+                size_only ? MemoryKind::kNone : MemoryKind::kHost);
   const TransferInfo t{rank_, peer, sending, tag};
   for (int r : {rank_, peer}) {
     const auto& box = group_->boxes[r];
@@ -570,10 +620,12 @@ std::unique_ptr<Request> SimgridBackend::post(int peer, const Buffer& buf, Tag t
   if (it->second.empty()) other_side.erase(it);
   const Buffer& from = sending ? buf : other->buffer;
   const Buffer& to = sending ? other->buffer : buf;
-  if (from.bytes() != to.bytes()) {
-    other->error = "simgrid: " + t.describe() + ": the message has " +
-                   std::to_string(from.bytes()) + " bytes, the receive expects " +
-                   std::to_string(to.bytes());
+  if (from.bytes() != to.bytes() || from.memory != to.memory) {
+    other->error = "simgrid: " + t.describe() +
+                   (from.memory != to.memory
+                        ? ": one side's buffer is size-only and the other's holds bytes"
+                        : ": the message has " + std::to_string(from.bytes()) +
+                              " bytes, the receive expects " + std::to_string(to.bytes()));
     other->failed = true;
     other->meeting->spoiled = true;
     const std::string error = other->error;
@@ -586,7 +638,9 @@ std::unique_ptr<Request> SimgridBackend::post(int peer, const Buffer& buf, Tag t
     }
     throw CommError(error);
   }
-  if (from.bytes() > 0) std::memcpy(to.data, from.data, from.bytes());
+  if (from.bytes() > 0 && from.memory == MemoryKind::kHost) {
+    std::memcpy(to.data, from.data, from.bytes());
+  }
   // Second here: post the matching half where the partner's is (or is about to be).
   mine->meeting = other->meeting;
   auto request = std::make_unique<SimRequest>(world_, group_, mine, &my_side, key, t);

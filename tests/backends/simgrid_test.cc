@@ -5,6 +5,7 @@
 // reduction. Also: simulated time is the backend's clock, the platform's nodes reach the
 // topology, and bad params are refused.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cmath>
@@ -44,18 +45,22 @@ config::PluginRef simgrid(Params extra = Params()) {
 }
 
 // The simulated seconds of one f32 sum all-reduce of `bytes` on `world` ranks (the slowest
-// rank's end; every rank starts at the same simulated instant), its result checked.
-double simulate(const std::string& scheduler, Params params, int world, size_t bytes) {
+// rank's end; every rank starts at the same simulated instant), its result checked. With
+// `backend` params payload: false the buffer is size-only and nothing is checked.
+double simulate(const std::string& scheduler, Params params, int world, size_t bytes,
+                Params backend = Params()) {
   auto sched = loadScheduler(scheduler, params);
+  const bool payload = !backend.has("payload") || backend.getBool("payload", true);
   std::mutex mu;
   double slowest = 0;
   size_t wrong = 0;
-  runInProcess(buildTreeLoader(), simgrid(), world, [&](std::shared_ptr<Backend> b) {
-    std::vector<float> v(bytes / 4, static_cast<float>(b->rank() + 1));
+  runInProcess(buildTreeLoader(), simgrid(backend), world, [&](std::shared_ptr<Backend> b) {
+    std::vector<float> v(payload ? bytes / 4 : 0, static_cast<float>(b->rank() + 1));
     CollectiveArgs args;
     args.coll = Collective::kAllReduce;
     args.data.data = v.data();
     args.data.count = v.size();
+    if (!payload) args.data = sizeOnlyBuffer(DType::kF32, bytes / 4);
     args.seq = 1;
     const Topology topology = topologyOf(*b, Topology::singleNode(world));
     const double start = b->clockSeconds();
@@ -124,6 +129,72 @@ TEST(SimgridClosedForm, TreeMatchesReduceThenBroadcast) {
                            "tree, " + std::to_string(p) + " ranks, " + std::to_string(m) + " B");
     }
   }
+}
+
+// payload: false prices every schedule exactly as with payload (the same simulated seconds),
+// while no buffer holds a byte: 64 ranks all-reduce 256 MiB each (16 GiB of buffers with
+// payload) and this process grows by less than 256 MiB.
+TEST(SimgridPayloadFree, PricesEveryScheduleAsWithPayloadAndAllocatesNothing) {
+  Params size_only;
+  size_only.set("payload", "false");
+  for (const std::string scheduler : {"ring", "tree", "halving_doubling", "swing"}) {
+    for (int world : {5, 8}) {
+      const double with = simulate(scheduler, Params(), world, 1 << 20);
+      const double without = simulate(scheduler, Params(), world, 1 << 20, size_only);
+      EXPECT_GT(with, 0) << scheduler;
+      EXPECT_NEAR(without, with, 1e-12) << scheduler << " on " << world << " ranks";
+    }
+  }
+  rusage before{}, after{};
+  ::getrusage(RUSAGE_SELF, &before);
+  const double seconds = simulate("halving_doubling", Params(), 64, size_t{256} << 20, size_only);
+  ::getrusage(RUSAGE_SELF, &after);
+  const double n = 256.0 * (1 << 20);
+  EXPECT_NEAR(seconds, 12 * kAlpha + 2 * 63.0 / 64 * n * kBeta + 63.0 / 64 * n * kGamma,
+              0.05 * seconds);
+  EXPECT_LT((after.ru_maxrss - before.ru_maxrss) * 1024.0, 256.0 * (1 << 20))
+      << "payload: false allocated the buffers it should only price";
+}
+
+// ranks_per_node builds two levels: nodes of that many ranks, each node's switch joined to a
+// spine by an uplink of node_gbps and node_latency_us. A message between nodes crosses the
+// sender's link, both uplinks and the receiver's link; one inside a node only the two links.
+TEST(SimgridTwoLevel, NodesOfRanksJoinedByUplinks) {
+  Params params;
+  params.set("ranks_per_node", "4");
+  params.set("node_gbps", "2.5");  // a quarter of the 10 Gbit/s host links
+  params.set("node_latency_us", "20");
+  const size_t bytes = 4 << 20;
+  std::mutex mu;
+  std::vector<std::string> labels;
+  std::vector<double> took(2);
+  runInProcess(buildTreeLoader(), simgrid(params), 8, [&](std::shared_ptr<Backend> b) {
+    std::vector<char> buf(bytes);
+    Buffer view;
+    view.data = buf.data();
+    view.count = bytes / 4;
+    for (int i = 0; i < 2; ++i) {
+      const int peer = i == 0 ? 1 : 4;  // inside node 0, then to node 1
+      // One simulated clock: from rank 0's send to the peer's receipt.
+      if (b->rank() == 0) {
+        const double start = b->clockSeconds();
+        b->send(peer, view, i);
+        std::lock_guard<std::mutex> lock(mu);
+        took[i] -= start;
+      }
+      if (b->rank() == peer) {
+        b->recv(0, view, i);
+        std::lock_guard<std::mutex> lock(mu);
+        took[i] += b->clockSeconds();
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (b->rank() == 0) labels = b->nodeLabels();
+  });
+  EXPECT_EQ(labels, (std::vector<std::string>{"node0", "node0", "node0", "node0", "node1", "node1",
+                                              "node1", "node1"}));
+  EXPECT_NEAR(took[0], kAlpha + bytes * kBeta, 0.01 * took[0]);
+  EXPECT_NEAR(took[1], kAlpha + 40e-6 + bytes * 8 / 2.5e9, 0.01 * took[1]);
 }
 
 TEST(Simgrid, TimeIsTheSimulatedClock) {

@@ -103,6 +103,8 @@ class RankBench {
     Shape largest = shapeFor(spec_.collective, sizes.back(), spec_.dtype, n_);
     Buffer like;
     like.dtype = spec_.dtype;
+    // Without payload (a simulator at scale) the buffers are sizes only: nothing allocated.
+    if (!payload()) like.memory = MemoryKind::kNone;
     ScratchBuffer data(like, largest.data), output(like, largest.output);
     for (uint64_t bytes : sizes) {
       Shape shape = shapeFor(spec_.collective, bytes, spec_.dtype, n_);
@@ -139,8 +141,6 @@ class RankBench {
     const std::string nic = interface == e_.backend.params.values().end() ? "" : interface->second;
     const char* lab = std::getenv("COLLIE_LAB_LINK_MBIT");
     const double mbit = lab != nullptr ? std::atof(lab) : detail::linkSpeedMbps(nic);
-    auto all = control_.allGather({static_cast<double>(detail::onlineCpus()), detail::loadAverage(),
-                                   mbit, lab != nullptr ? 1.0 : 0.0, nic.empty() ? 0.0 : 1.0});
     Facts f;
     f.cpu_model = detail::cpuModel();
     f.backend = e_.backend.label;
@@ -157,6 +157,8 @@ class RankBench {
           n_, t.nodeCount());
       return f;
     }
+    auto all = control_.allGather({static_cast<double>(detail::onlineCpus()), detail::loadAverage(),
+                                   mbit, lab != nullptr ? 1.0 : 0.0, nic.empty() ? 0.0 : 1.0});
     for (int node = 0; node < t.nodeCount(); ++node) {
       const auto ranks = t.ranksOnNode(node);
       if (ranks.empty()) continue;
@@ -182,7 +184,8 @@ class RankBench {
   Row check(Scheduled& s, const CollectiveArgs& args, const Shape& shape) {
     Scheduler* chosen = choose(s, args);
     uint64_t wrong = 0;
-    if (spec_.check) {
+    const bool checked = spec_.check && payload();
+    if (checked) {
       pattern::fillInput(args, rank_, n_);
       comm_.run(args, s.rules);
       wrong = pattern::countWrong(args, rank_, n_);
@@ -191,7 +194,9 @@ class RankBench {
     row.run = e_.matrix_point;
     row.scheduler = s.label;
     row.plugin = std::filesystem::path(s.plugin).filename().string();
-    row.predicted_us = spec_.calibrate
+    // Rank 0's rows are the result; a prediction walks the whole schedule, which thousands of
+    // simulated ranks would each walk again for nothing.
+    row.predicted_us = spec_.calibrate && rank_ == 0
                            ? chosen->predictSeconds(args, comm_.topology(), model_) * 1e6
                            : kNoPrediction;
     row.backend = e_.backend.label;
@@ -201,8 +206,8 @@ class RankBench {
     row.bytes = shape.total * dtypeSize(spec_.dtype);
     row.dtype = dtypeName(spec_.dtype);
     row.op = reduceOpName(spec_.op);
-    for (const auto& r : control_.allGather({static_cast<double>(wrong)}))
-      row.wrong += static_cast<uint64_t>(r[0]);
+    row.checked = checked;
+    row.wrong = static_cast<uint64_t>(control_.sum({static_cast<double>(wrong)})[0]);
     return row;
   }
 
@@ -219,8 +224,7 @@ class RankBench {
     int iters = spec_.iters;
     if (sized) {
       const double per_call = (clock.clockSeconds() - warm) / warmups;
-      double slowest = 0;
-      for (const auto& r : control_.allGather({per_call})) slowest = std::max(slowest, r[0]);
+      const double slowest = control_.max({per_call})[0];
       const double needed =
           std::chrono::duration<double>(spec_.min_time).count() / std::max(slowest, 1e-9);
       iters = static_cast<int>(std::clamp(std::ceil(needed), static_cast<double>(iters), 1e6));
@@ -237,9 +241,7 @@ class RankBench {
     const double took = clock.clockSeconds() - start;
     row->ran = last.ran;
     row->iters = std::max(row->iters, iters);
-    double slowest = 0;
-    for (const auto& r : control_.allGather({took / iters})) slowest = std::max(slowest, r[0]);
-    return slowest;
+    return control_.max({took / iters})[0];
   }
 
   // The row with its times: the median of the repeats, and their min and max.
@@ -255,6 +257,8 @@ class RankBench {
                          row.time_us, row.time_min_us, row.time_max_us));
     return row;
   }
+
+  bool payload() const { return comm_.backend().capabilities().payload; }
 
   // The scheduler the entry's rules pick for `args` (what Communicator::run will run), or a
   // ConfigError naming why none can.

@@ -37,6 +37,7 @@ struct Row {
   double algbw = 0;         // GB/s: bytes / time
   double busbw = 0;         // GB/s: algbw times the collective's bus factor
   uint64_t wrong = 0;       // elements that differ from the closed form, summed over ranks
+  bool checked = true;      // false: not checked (bench.check: false, or no payload)
   double predicted_us = 0;  // the scheduler's α-β-γ prediction (NaN: it has no model)
 };
 
@@ -127,9 +128,11 @@ Result loadResult(const std::string& path);
 // The table, one block per matrix point (with its calibrated model), the average bus
 // bandwidth and the prediction error per scheduler, and the crossovers.
 void printTable(std::ostream& out, const std::vector<Result>& results);
-// Writes busbw.{png,svg} and time.{png,svg} into `dir` with gnuplot. Returns false (and
-// says why in `why`) when gnuplot is missing or fails.
-bool writePlots(const std::string& dir, const std::vector<Row>& rows, std::string* why);
+// Writes busbw.{png,svg} and time.{png,svg} into `dir` with gnuplot; rows of several world
+// sizes get a pair per size, busbw-<N>ranks.png and so on. Returns the suffixes written ("",
+// or "-<N>ranks" each), or none (and says why in `why`) when gnuplot is missing or fails.
+std::vector<std::string> writePlots(const std::string& dir, const std::vector<Row>& rows,
+                                    std::string* why);
 void writeCsv(const std::string& path, const std::vector<Row>& rows);
 void writeJson(const std::string& path, const std::vector<Row>& rows);
 // The calibrated model as JSON (alpha, beta per level, gamma, the fits), which `auto` reads

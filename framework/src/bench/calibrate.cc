@@ -14,6 +14,14 @@ namespace {
 constexpr std::pair<uint64_t, int> kProbes[] = {{8, 30},      {4096, 30},   {65536, 20},
                                                 {262144, 10}, {1 << 20, 6}, {4 << 20, 6}};
 
+// What the probes' buffers are like: host memory, or size-only where the backend carries no
+// payload (a simulator pricing sizes: thousands of ranks cannot each hold 32 MiB of probes).
+Buffer probeLike(const Backend& backend) {
+  Buffer like;
+  if (!backend.capabilities().payload) like.memory = MemoryKind::kNone;
+  return like;
+}
+
 // Whom a rank exchanges with in one probe: it sends to `to` and receives from `from` at
 // once; -1 for both: it sits this probe out.
 struct Partners {
@@ -43,7 +51,7 @@ Partners interPartners(const Topology& t, int rank) {
 // The median time of one exchange of `bytes` for this rank (0 when it sits out); barriers
 // around it, so every probing rank starts together.
 double exchange(Backend& backend, Control& control, uint64_t bytes, int iters, Partners p) {
-  Buffer like;
+  Buffer like = probeLike(backend);
   like.dtype = DType::kF64;  // the probe moves raw bytes; any dtype of the right size will do
   const size_t count = std::max<uint64_t>(1, bytes / 8);
   ScratchBuffer out(like, count), in(like, count);
@@ -75,8 +83,7 @@ LinkCost probeLevel(Backend& backend, Control& control, Partners mine, uint64_t 
   for (const auto& [bytes, iters] : kProbes) {
     if (bytes > largest) break;
     const double t = exchange(backend, control, bytes, iters, mine);
-    double slowest = 0;
-    for (const auto& r : control.allGather({t})) slowest = std::max(slowest, r[0]);
+    const double slowest = control.max({t})[0];
     if (slowest > 0)
       points.emplace_back(static_cast<double>(std::max<uint64_t>(bytes, 8)), slowest);
   }
@@ -90,7 +97,7 @@ LinkCost probeLevel(Backend& backend, Control& control, Partners mine, uint64_t 
 // Seconds per byte of reduceInto, on every rank at once (they share the cores), over buffers
 // larger than the caches.
 double probeReduction(Backend& backend, Control& control, DType dtype) {
-  Buffer like;
+  Buffer like = probeLike(backend);
   like.dtype = dtype;
   const size_t count = (16 << 20) / dtypeSize(dtype);
   ScratchBuffer a(like, count), b(like, count);
@@ -143,10 +150,9 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
     if (!c.inter.probed) c.model.inter = c.model.intra;
   }
   c.model.gamma = probeReduction(backend, control, dtype);
-  auto all =
-      control.allGather({c.model.intra.alpha, c.model.intra.beta, c.model.inter.alpha,
-                         c.model.inter.beta, c.model.gamma, c.intra.residual, c.inter.residual});
-  const auto& root = all[0];
+  const auto root =
+      control.fromRoot({c.model.intra.alpha, c.model.intra.beta, c.model.inter.alpha,
+                        c.model.inter.beta, c.model.gamma, c.intra.residual, c.inter.residual});
   c.model = {{root[0], root[1]}, {root[2], root[3]}, root[4]};
   c.intra.residual = root[5];
   c.inter.residual = root[6];

@@ -91,9 +91,15 @@ class BenchKind : public ExperimentKind {
       logInfo("plots skipped: a barrier has no message sizes to plot");
     } else if (first.bench.plots && !rows.empty()) {
       std::string why;
-      if (writePlots(out.string(), rows, &why)) {
-        std::cout << "# Plots: " << (out / "busbw.png").string() << ", "
-                  << (out / "time.png").string() << " (and .svg)" << std::endl;
+      const auto suffixes = writePlots(out.string(), rows, &why);
+      if (!suffixes.empty()) {
+        std::cout << "# Plots:";
+        for (const auto& suffix : suffixes) {
+          std::cout << (&suffix == &suffixes.front() ? " " : "; ")
+                    << (out / ("busbw" + suffix + ".png")).string() << ", "
+                    << (out / ("time" + suffix + ".png")).string();
+        }
+        std::cout << " (and .svg)" << std::endl;
       } else {
         logWarn("plots skipped: " + why);
       }

@@ -226,6 +226,7 @@ std::string csvField(const std::string& text) {
 
 void printTable(std::ostream& out, const std::vector<Result>& results) {
   uint64_t wrong = 0;
+  size_t unchecked = 0, rows_in_all = 0;
   for (size_t i = 0; i < results.size(); ++i) {
     const auto& rows = results[i].rows;
     if (rows.empty()) continue;
@@ -236,13 +237,23 @@ void printTable(std::ostream& out, const std::vector<Result>& results) {
       double error = (r.predicted_us - r.time_us) / r.time_us * 100;
       out << fmt::format(kRowFormat, r.bytes, r.count, r.dtype, r.op, r.scheduler,
                          fixed(r.time_us, 2), fixed(r.time_min_us, 2), fixed(r.time_max_us, 2),
-                         fixed(r.algbw, 3), fixed(r.busbw, 3), r.wrong, fixed(r.predicted_us, 2),
-                         fixed(error, 0));
+                         fixed(r.algbw, 3), fixed(r.busbw, 3),
+                         r.checked ? std::to_string(r.wrong) : std::string("N/A"),
+                         fixed(r.predicted_us, 2), fixed(error, 0));
       wrong += r.wrong;
+      unchecked += r.checked ? 0 : 1;
+      ++rows_in_all;
     }
     summary(out, rows);
   }
-  out << "# Wrong elements: " << wrong << (wrong == 0 ? " (all results correct)" : " (FAILED)")
+  if (unchecked == rows_in_all && rows_in_all > 0) {
+    out << "# Wrong elements: not checked (bench.check: false, or a simulation without payload)\n";
+    return;
+  }
+  out << "# Wrong elements: " << wrong
+      << (wrong > 0        ? " (FAILED)"
+          : unchecked == 0 ? " (all results correct)"
+                           : fmt::format(" (in the {} checked rows)", rows_in_all - unchecked))
       << "\n";
 }
 
@@ -256,7 +267,7 @@ void writeCsv(const std::string& path, const std::vector<Row>& rows) {
         csvField(r.run), csvField(r.collective), csvField(r.backend), r.ranks,
         csvField(r.scheduler), csvField(r.plugin), csvField(r.ran), r.bytes, r.count,
         csvField(r.dtype), csvField(r.op), r.repeats, r.iters, r.time_us, r.time_min_us,
-        r.time_max_us, r.algbw, r.busbw, r.wrong,
+        r.time_max_us, r.algbw, r.busbw, r.checked ? std::to_string(r.wrong) : "",
         std::isfinite(r.predicted_us) ? fmt::format("{:.3f}", r.predicted_us) : "");
   }
 }
@@ -284,7 +295,7 @@ nlohmann::json rowsJson(const std::vector<Row>& rows) {
                           {"time_max_us", r.time_max_us},
                           {"algbw_gbps", r.algbw},
                           {"busbw_gbps", r.busbw},
-                          {"wrong", r.wrong}};
+                          {"wrong", r.checked ? nlohmann::json(r.wrong) : nullptr}};
     row["predicted_us"] = std::isfinite(r.predicted_us) ? nlohmann::json(r.predicted_us) : nullptr;
     doc.push_back(row);
   }
@@ -401,7 +412,8 @@ Result loadResult(const std::string& path) {
       r.time_max_us = j.at("time_max_us").get<double>();
       r.algbw = j.at("algbw_gbps").get<double>();
       r.busbw = j.at("busbw_gbps").get<double>();
-      r.wrong = j.at("wrong").get<uint64_t>();
+      r.checked = !j.at("wrong").is_null();
+      r.wrong = r.checked ? j.at("wrong").get<uint64_t>() : 0;
       r.predicted_us =
           j.at("predicted_us").is_null() ? kNoPrediction : j.at("predicted_us").get<double>();
       result.rows.push_back(r);
@@ -412,11 +424,13 @@ Result loadResult(const std::string& path) {
   }
 }
 
-bool writePlots(const std::string& dir, const std::vector<Row>& rows, std::string* why) {
-  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
-    *why = "gnuplot is not installed (scripts/setup.sh installs gnuplot-nox)";
-    return false;
-  }
+namespace {
+
+// One pair of plots (busbw and time against size, a line per run and scheduler) of `rows`,
+// as busbw<suffix>.png/.svg and time<suffix>.png/.svg, from plot-data<suffix>.txt and
+// plot<suffix>.gp in `dir`. False, with why, when gnuplot fails.
+bool plotPair(const std::string& dir, const std::string& suffix, const std::vector<Row>& rows,
+              std::string* why) {
   namespace fs = std::filesystem;
   // One data block per line (run + scheduler), separated by two blank lines for `index`.
   std::vector<std::string> lines;
@@ -426,9 +440,9 @@ bool writePlots(const std::string& dir, const std::vector<Row>& rows, std::strin
     if (!series.count(name)) lines.push_back(name);
     series[name].push_back(&r);
   }
-  const fs::path data = fs::path(dir) / "plot-data.txt";
+  const std::string data_file = "plot-data" + suffix + ".txt";
   {
-    auto out = openOutput(data.string());
+    auto out = openOutput((fs::path(dir) / data_file).string());
     for (const auto& name : lines) {
       out << "# " << gnuplotString(name) << "\n";
       for (const Row* r : series[name])
@@ -436,9 +450,9 @@ bool writePlots(const std::string& dir, const std::vector<Row>& rows, std::strin
       out << "\n\n";
     }
   }
-  const fs::path script = fs::path(dir) / "plot.gp";
+  const std::string script = "plot" + suffix + ".gp";
   {
-    auto out = openOutput(script.string());
+    auto out = openOutput((fs::path(dir) / script).string());
     const Row& first = rows.front();
     std::string title = fmt::format("{} on {} ranks, {} ({} {})", first.collective, first.ranks,
                                     first.backend, first.dtype, first.op);
@@ -451,22 +465,49 @@ bool writePlots(const std::string& dir, const std::vector<Row>& rows, std::strin
           << (logy ? "set logscale y 10\n" : "unset logscale y\n");
       for (const auto& [terminal, ext] : {std::pair{"pngcairo noenhanced size 1000,600", "png"},
                                           std::pair{"svg noenhanced size 1000,600", "svg"}}) {
-        out << "set terminal " << terminal << "\nset output '" << what << "." << ext << "'\nplot ";
+        out << "set terminal " << terminal << "\nset output '" << what << suffix << "." << ext
+            << "'\nplot ";
         for (size_t i = 0; i < lines.size(); ++i) {
-          out << (i ? ", " : "") << "'plot-data.txt' index " << i << " using 1:" << column
+          out << (i ? ", " : "") << "'" << data_file << "' index " << i << " using 1:" << column
               << " with linespoints title " << gnuplotString(lines[i]);
         }
         out << "\n";
       }
     }
   }
-  std::string command = "cd " + quoteForShell(dir) + " && gnuplot plot.gp 2>gnuplot.log";
-  int status = std::system(command.c_str());
-  if (status != 0) {
-    *why = "gnuplot failed; see " + (fs::path(dir) / "gnuplot.log").string();
+  std::string command =
+      "cd " + quoteForShell(dir) + " && gnuplot " + script + " 2>gnuplot" + suffix + ".log";
+  if (std::system(command.c_str()) != 0) {
+    *why = "gnuplot failed; see " + (fs::path(dir) / ("gnuplot" + suffix + ".log")).string();
     return false;
   }
   return true;
+}
+
+}  // namespace
+
+std::vector<std::string> writePlots(const std::string& dir, const std::vector<Row>& rows,
+                                    std::string* why) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    *why = "gnuplot is not installed (scripts/setup.sh installs gnuplot-nox)";
+    return {};
+  }
+  // Runs of several world sizes (a matrix over launch.nproc_per_node) get a pair of plots per
+  // world size, as nccl-tests users compare them; otherwise one pair holds every run.
+  std::map<int, std::vector<Row>> by_ranks;
+  for (const Row& r : rows) by_ranks[r.ranks].push_back(r);
+  std::vector<std::string> suffixes;
+  if (by_ranks.size() == 1) {
+    if (!plotPair(dir, "", rows, why)) return {};
+    suffixes.push_back("");
+  } else {
+    for (const auto& [ranks, of_size] : by_ranks) {
+      const std::string suffix = fmt::format("-{}ranks", ranks);
+      if (!plotPair(dir, suffix, of_size, why)) return {};
+      suffixes.push_back(suffix);
+    }
+  }
+  return suffixes;
 }
 
 }  // namespace collie::bench

@@ -629,10 +629,11 @@ const Schema& experimentSchema() {
                                           LogLevel::kWarn, LogLevel::kError, LogLevel::kOff})},
       {"launch",
        S::map({
-           {"nproc_per_node", S::integer(1, 1024)
+           {"nproc_per_node", S::integer(1, kMostSimulatedRanks)
                                   .byDefault("1")
                                   .into(&Experiment::nproc_per_node)
-                                  .doc("ranks on this node")},
+                                  .doc("ranks on this node: at most 1,024, or 65,536 on a "
+                                       "simulated backend (simgrid)")},
            {"threads_per_rank", S::integer(1, 1024)
                                     .byDefault("1")
                                     .into(&Experiment::threads_per_rank)

@@ -21,6 +21,10 @@ namespace collie::config {
 constexpr size_t kMaxConfigBytes = 1 << 20;
 // A file's matrix makes at most this many runs.
 constexpr uint64_t kMaxRuns = 4096;
+// launch.nproc_per_node: ranks on one machine as processes or threads, and ranks a simulated
+// backend (simgrid) runs as actors in one process.
+constexpr int kMostLocalRanks = 1024;
+constexpr int kMostSimulatedRanks = 65536;
 
 // A plugin slot of the config: a name or path, its params and a display label. A scheduler
 // slot may hold scheduler rules instead (`rules`): the first whose max_bytes admits the

@@ -360,6 +360,12 @@ int runExperiments(const RunRequest& request, const std::vector<config::Experime
           "loopback for train experiments",
           e.backend.label));
     }
+    if (!simulated && e.nproc_per_node > config::kMostLocalRanks) {
+      throw ConfigError(fmt::format(
+          "launch.nproc_per_node {} is more ranks than one machine runs ({} at most); only a "
+          "simulated backend takes up to {}. HINT: use backend simgrid to simulate a larger job",
+          e.nproc_per_node, config::kMostLocalRanks, config::kMostSimulatedRanks));
+    }
     const int ranks =
         job ? job->world() : e.nproc_per_node * (on_lab ? e.lab.hosts : request.nnodes);
     logInfo(fmt::format("run {}/{}: {}{}, {} ranks on {} ({})", i + 1, runs.size(), e.name,
