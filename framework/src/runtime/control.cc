@@ -3,6 +3,7 @@
 #include "runtime/control.h"
 
 #include <algorithm>
+#include <functional>
 
 namespace collie {
 namespace {
@@ -31,48 +32,46 @@ std::vector<double> Control::fromRoot(const std::vector<double>& values) {
   return combine(values, Fold::kRoot);
 }
 
-std::vector<double> Control::combine(const std::vector<double>& values, Fold fold) {
-  const int n = backend_.size(), rank = backend_.rank();
+void Control::gatherThenSend(const std::vector<double>& mine, std::vector<double>& back,
+                             const std::function<void(int, const double*)>& take) {
+  const int n = backend_.size();
   const Tag tag = nextTag();
-  std::vector<double> result = values;
-  if (rank == 0) {
-    std::vector<double> theirs(values.size());
+  if (backend_.rank() == 0) {
+    std::vector<double> theirs(mine.size());
     for (int r = 1; r < n; ++r) {
       backend_.recv(r, view(theirs.data(), theirs.size()), tag);
-      for (size_t i = 0; i < values.size() && fold != Fold::kRoot; ++i)
-        result[i] = fold == Fold::kMax ? std::max(result[i], theirs[i]) : result[i] + theirs[i];
+      take(r, theirs.data());
     }
     std::vector<std::unique_ptr<Request>> sends;
     for (int r = 1; r < n; ++r)
-      sends.push_back(backend_.isend(r, view(result.data(), result.size()), tag));
+      sends.push_back(backend_.isend(r, view(back.data(), back.size()), tag));
     waitAll(sends, backend_.timeout());
   } else {
-    backend_.send(0, view(const_cast<double*>(values.data()), values.size()), tag);
-    backend_.recv(0, view(result.data(), result.size()), tag);
+    backend_.send(0, view(const_cast<double*>(mine.data()), mine.size()), tag);
+    backend_.recv(0, view(back.data(), back.size()), tag);
   }
+}
+
+std::vector<double> Control::combine(const std::vector<double>& values, Fold fold) {
+  std::vector<double> result = values;
+  gatherThenSend(values, result, [&](int, const double* theirs) {
+    for (size_t i = 0; i < values.size() && fold != Fold::kRoot; ++i)
+      result[i] = fold == Fold::kMax ? std::max(result[i], theirs[i]) : result[i] + theirs[i];
+  });
   return result;
 }
 
 std::vector<std::vector<double>> Control::allGather(const std::vector<double>& values) {
-  const int n = backend_.size(), rank = backend_.rank();
-  const Tag tag = nextTag();
-  std::vector<double> table(values.size() * n);
-  std::copy(values.begin(), values.end(), table.begin() + rank * values.size());
-  if (rank == 0) {
-    for (int r = 1; r < n; ++r) {
-      backend_.recv(r, view(table.data() + r * values.size(), values.size()), tag);
-    }
-    std::vector<std::unique_ptr<Request>> sends;
-    for (int r = 1; r < n; ++r)
-      sends.push_back(backend_.isend(r, view(table.data(), table.size()), tag));
-    waitAll(sends, backend_.timeout());
-  } else {
-    backend_.send(0, view(const_cast<double*>(values.data()), values.size()), tag);
-    backend_.recv(0, view(table.data(), table.size()), tag);
-  }
+  const int n = backend_.size();
+  const size_t k = values.size();
+  std::vector<double> table(k * n);
+  std::copy(values.begin(), values.end(), table.begin() + backend_.rank() * k);
+  gatherThenSend(values, table, [&](int r, const double* theirs) {
+    std::copy(theirs, theirs + k, table.begin() + r * k);
+  });
   std::vector<std::vector<double>> out(n);
   for (int r = 0; r < n; ++r) {
-    out[r].assign(table.begin() + r * values.size(), table.begin() + (r + 1) * values.size());
+    out[r].assign(table.begin() + r * k, table.begin() + (r + 1) * k);
   }
   return out;
 }

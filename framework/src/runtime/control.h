@@ -3,6 +3,7 @@
 // the measurements that judge it.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "collie/backend.h"
@@ -31,6 +32,10 @@ class Control {
   enum class Fold { kMax, kSum, kRoot };
   // Rank 0 folds every rank's values as they arrive and sends the result back.
   std::vector<double> combine(const std::vector<double>& values, Fold fold);
+  // Rank 0 hands every other rank's `mine` to take(rank, values) in rank order, then sends
+  // `back` to every rank; the others send `mine` and receive `back` (its size on every rank).
+  void gatherThenSend(const std::vector<double>& mine, std::vector<double>& back,
+                      const std::function<void(int, const double*)>& take);
 
   Backend& backend_;
   uint64_t seq_ = 0;
