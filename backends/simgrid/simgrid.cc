@@ -5,7 +5,9 @@
 //
 // Matching is collie's own (as the loopback backend's): messages between two ranks with one
 // tag meet in posting order, whichever side arrives second. When they meet, the bytes are
-// copied (the payload is real) and a SimGrid communication of the message's size starts
+// copied (the payload is real; with payload: false the bench's buffers are size-only and
+// only host buffers, the control plane's, carry bytes) and a SimGrid communication of the
+// message's size starts
 // between the two hosts; both requests complete when it does. The simulation runs its actors
 // one at a time on the thread that called run_ranks (SimGrid's default contexts), switching
 // only inside SimGrid calls, so the matching state needs no lock: no SimGrid call is made

@@ -157,7 +157,7 @@ void autoAgainstFastest(std::ostream& out, const std::vector<Row>& rows) {
   }
 }
 
-void summary(std::ostream& out, const std::vector<Row>& rows) {
+void summary(std::ostream& out, const std::vector<Row>& rows, bool simulated) {
   std::vector<std::string> order;
   std::map<std::string, std::pair<double, int>> busbw;
   for (const Row& r : rows) {
@@ -179,7 +179,9 @@ void summary(std::ostream& out, const std::vector<Row>& rows) {
   }
   if (!errors.empty()) out << "# Median prediction error:" << errors << "\n";
   autoAgainstFastest(out, rows);
-  if (rows.front().repeats < 2) {
+  if (simulated) {
+    out << "# Simulated time has no noise: one repeat is exact, and every difference counts\n";
+  } else if (rows.front().repeats < 2) {
     out << "# 1 repeat: no spread was measured, so any difference counts (bench.repeats >= 3 "
            "tells noise from a real difference)\n";
   }
@@ -244,7 +246,7 @@ void printTable(std::ostream& out, const std::vector<Result>& results) {
       unchecked += r.checked ? 0 : 1;
       ++rows_in_all;
     }
-    summary(out, rows);
+    summary(out, rows, !results[i].facts.simulated.empty());
   }
   if (unchecked == rows_in_all && rows_in_all > 0) {
     out << "# Wrong elements: not checked (bench.check: false, or a simulation without payload)\n";
