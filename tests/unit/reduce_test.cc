@@ -134,6 +134,7 @@ TEST(SizeOnly, OperationsTouchNothingAndTheRangeFaults) {
   const ScratchBuffer scratch(a, size_t{1} << 28);
   EXPECT_EQ(scratch.view().memory, MemoryKind::kNone);
   EXPECT_EQ(scratch.view().count, size_t{1} << 28);
+  EXPECT_EQ(scratch.view().data, a.data) << "a size-only scratch buffer allocated memory";
   EXPECT_THROW(sizeOnlyBuffer(DType::kF64, size_t{1} << 40), InternalError);
   EXPECT_DEATH(
       { [[maybe_unused]] volatile char c = *static_cast<volatile char*>(a.slice(7, 1).data); }, "");
