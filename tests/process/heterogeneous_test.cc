@@ -182,18 +182,19 @@ TEST(Rebalancing, TheSplitFollowsARankThatSlowsDown) {
   EXPECT_TRUE(reference.at("rebalances").empty());
 }
 
-// train.trace with a rank at half a CPU: one file for the job that passes the format's
-// checks, every collective joined across the ranks, and the timeline shows what the
+// train.trace with a rank at a quarter of a CPU: one file for the job that passes the
+// format's checks, every collective joined across the ranks, and the timeline shows what the
 // straggler report says: the slow rank computes longer and the fast one waits for it in the
 // gradient sync. Both ranks read one machine's monotonic clock, so the estimated offset must
-// hold the true one, 0, within its uncertainty.
+// hold the true one, 0, within its uncertainty. (At half a CPU a full ctest run measured the
+// slow rank's backward only 1.43x the fast one's: the quota bites little on this small step.)
 TEST(Trace, AThrottledRanksTimelineShowsItsLongerCompute) {
   if (!haveCpuController())
     GTEST_SKIP() << "needs root and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu";
   const std::string out = scratch("trace-throttled");
   const auto run = runCollie(
       {"run",
-       heavyMlp("traced", ", cpu_share: [1.0, 0.5]", 20, ", trace: true, bucket_bytes: 64KB"),
+       heavyMlp("traced", ", cpu_share: [1.0, 0.25]", 20, ", trace: true, bucket_bytes: 64KB"),
        "--out", out});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("trace: " + out + "/trace.json"), std::string::npos) << run.output;

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -437,8 +438,10 @@ bool plotPair(const std::string& dir, const std::string& suffix, const std::vect
   // One data block per line (run + scheduler), separated by two blank lines for `index`.
   std::vector<std::string> lines;
   std::map<std::string, std::vector<const Row*>> series;
+  const bool one_run = std::all_of(rows.begin(), rows.end(),
+                                   [&](const Row& r) { return r.run == rows.front().run; });
   for (const Row& r : rows) {
-    std::string name = r.run.empty() ? r.scheduler : r.scheduler + " (" + r.run + ")";
+    std::string name = one_run ? r.scheduler : r.scheduler + " (" + r.run + ")";
     if (!series.count(name)) lines.push_back(name);
     series[name].push_back(&r);
   }
