@@ -9,13 +9,8 @@ namespace collie {
 namespace {
 constexpr uint32_t kControlPhase = 0xF;  // tags no scheduler uses
 
-Buffer view(double* data, size_t count) {
-  Buffer b;
-  b.data = data;
-  b.count = count;
-  b.dtype = DType::kF64;
-  return b;
-}
+// A host view of `count` doubles.
+Buffer view(double* data, size_t count) { return Buffer{data, count, DType::kF64}; }
 }  // namespace
 
 void Control::barrier() { combine({}, Fold::kRoot); }
