@@ -55,28 +55,23 @@ struct Settings {
   static Settings read(Params& params, std::chrono::milliseconds default_timeout) {
     Settings s;
     s.platform = params.getString("platform", "");
-    const double gbps = params.getDouble("link_gbps", 10.0);
-    const double latency_us = params.getDouble("latency_us", 5.0);
-    const double reduce_gbps = params.getDouble("reduce_gbps", 20.0);
-    if (!(gbps > 0))
-      throw ConfigError(params.where("link_gbps") + "simgrid: params.link_gbps must be > 0");
-    if (!(latency_us >= 0))
-      throw ConfigError(params.where("latency_us") + "simgrid: params.latency_us must be >= 0");
-    if (!(reduce_gbps >= 0))
-      throw ConfigError(params.where("reduce_gbps") +
-                        "simgrid: params.reduce_gbps must be >= 0 (0: reductions are free)");
+    // A number param: > 0, or >= 0 where `zero` says what 0 means.
+    auto number = [&](const char* key, double fallback, const char* zero) {
+      const double v = params.getDouble(key, fallback);
+      if (zero == nullptr ? !(v > 0) : !(v >= 0)) {
+        throw ConfigError(params.where(key) + "simgrid: params." + key + " must be " +
+                          (zero == nullptr ? std::string("> 0") : std::string(">= 0") + zero));
+      }
+      return v;
+    };
+    const double gbps = number("link_gbps", 10.0, nullptr);
+    const double latency_us = number("latency_us", 5.0, "");
+    const double reduce_gbps = number("reduce_gbps", 20.0, " (0: reductions are free)");
     s.link_bandwidth = gbps * 1e9 / 8;
     s.link_latency = latency_us * 1e-6;
     s.ranks_per_node = static_cast<int>(params.getInt("ranks_per_node", 1, 1, 1 << 16));
-    const double node_gbps = params.getDouble("node_gbps", gbps);
-    const double node_latency_us = params.getDouble("node_latency_us", latency_us);
-    if (!(node_gbps > 0))
-      throw ConfigError(params.where("node_gbps") + "simgrid: params.node_gbps must be > 0");
-    if (!(node_latency_us >= 0))
-      throw ConfigError(params.where("node_latency_us") +
-                        "simgrid: params.node_latency_us must be >= 0");
-    s.node_bandwidth = node_gbps * 1e9 / 8;
-    s.node_latency = node_latency_us * 1e-6;
+    s.node_bandwidth = number("node_gbps", gbps, nullptr) * 1e9 / 8;
+    s.node_latency = number("node_latency_us", latency_us, "") * 1e-6;
     s.reduce_rate = reduce_gbps * 1e9;
     s.network_model = params.getString("network_model", "CM02");
     const std::vector<std::string> models{"CM02", "LV08", "Constant", "SMPI", "IB"};

@@ -101,10 +101,8 @@ class RankBench {
                      ? std::vector<uint64_t>{0}
                      : sweepSizes(spec_.min_bytes, spec_.max_bytes, spec_.step_factor);
     Shape largest = shapeFor(spec_.collective, sizes.back(), spec_.dtype, n_);
-    Buffer like;
-    like.dtype = spec_.dtype;
     // Without payload (a simulator at scale) the buffers are sizes only: nothing allocated.
-    if (!payload()) like.memory = MemoryKind::kNone;
+    const Buffer like = measurementLike(comm_.backend(), spec_.dtype);
     ScratchBuffer data(like, largest.data), output(like, largest.output);
     for (uint64_t bytes : sizes) {
       Shape shape = shapeFor(spec_.collective, bytes, spec_.dtype, n_);
@@ -137,12 +135,7 @@ class RankBench {
   // the lab's cap (COLLIE_LAB_LINK_MBIT, set on its hosts) or the speed the kernel reports
   // for backend.params.interface.
   Facts facts() {
-    const auto interface = e_.backend.params.values().find("interface");
-    const std::string nic = interface == e_.backend.params.values().end() ? "" : interface->second;
-    const char* lab = std::getenv("COLLIE_LAB_LINK_MBIT");
-    const double mbit = lab != nullptr ? std::atof(lab) : detail::linkSpeedMbps(nic);
     Facts f;
-    f.cpu_model = detail::cpuModel();
     f.backend = e_.backend.label;
     std::string params;
     for (const auto& [key, value] : e_.backend.params.values())
@@ -151,12 +144,16 @@ class RankBench {
     const Topology& t = comm_.topology();
     if (comm_.backend().simulatedTime()) {
       // The machine that ran the simulation says nothing about the numbers: the platform does.
-      f.cpu_model.clear();
       f.simulated = fmt::format(
           "{} ranks on {} simulated host(s) in {} node(s); every time below is simulated time", n_,
           n_, t.nodeCount());
       return f;
     }
+    f.cpu_model = detail::cpuModel();
+    const auto interface = e_.backend.params.values().find("interface");
+    const std::string nic = interface == e_.backend.params.values().end() ? "" : interface->second;
+    const char* lab = std::getenv("COLLIE_LAB_LINK_MBIT");
+    const double mbit = lab != nullptr ? std::atof(lab) : detail::linkSpeedMbps(nic);
     auto all = control_.allGather({static_cast<double>(detail::onlineCpus()), detail::loadAverage(),
                                    mbit, lab != nullptr ? 1.0 : 0.0, nic.empty() ? 0.0 : 1.0});
     for (int node = 0; node < t.nodeCount(); ++node) {

@@ -14,14 +14,6 @@ namespace {
 constexpr std::pair<uint64_t, int> kProbes[] = {{8, 30},      {4096, 30},   {65536, 20},
                                                 {262144, 10}, {1 << 20, 6}, {4 << 20, 6}};
 
-// What the probes' buffers are like: host memory, or size-only where the backend carries no
-// payload (a simulator pricing sizes: thousands of ranks cannot each hold 32 MiB of probes).
-Buffer probeLike(const Backend& backend) {
-  Buffer like;
-  if (!backend.capabilities().payload) like.memory = MemoryKind::kNone;
-  return like;
-}
-
 // Whom a rank exchanges with in one probe: it sends to `to` and receives from `from` at
 // once; -1 for both: it sits this probe out.
 struct Partners {
@@ -51,8 +43,8 @@ Partners interPartners(const Topology& t, int rank) {
 // The median time of one exchange of `bytes` for this rank (0 when it sits out); barriers
 // around it, so every probing rank starts together.
 double exchange(Backend& backend, Control& control, uint64_t bytes, int iters, Partners p) {
-  Buffer like = probeLike(backend);
-  like.dtype = DType::kF64;  // the probe moves raw bytes; any dtype of the right size will do
+  // The probe moves raw bytes; any dtype of the right size will do.
+  const Buffer like = measurementLike(backend, DType::kF64);
   const size_t count = std::max<uint64_t>(1, bytes / 8);
   ScratchBuffer out(like, count), in(like, count);
   std::vector<Tag> tags;  // drawn on every rank, so that the control sequence stays in step
@@ -97,8 +89,7 @@ LinkCost probeLevel(Backend& backend, Control& control, Partners mine, uint64_t 
 // Seconds per byte of reduceInto, on every rank at once (they share the cores), over buffers
 // larger than the caches.
 double probeReduction(Backend& backend, Control& control, DType dtype) {
-  Buffer like = probeLike(backend);
-  like.dtype = dtype;
+  const Buffer like = measurementLike(backend, dtype);
   const size_t count = (16 << 20) / dtypeSize(dtype);
   ScratchBuffer a(like, count), b(like, count);
   copyInto(a.view(), b.view());
@@ -113,6 +104,13 @@ double probeReduction(Backend& backend, Control& control, DType dtype) {
 }
 
 }  // namespace
+
+Buffer measurementLike(const Backend& backend, DType dtype) {
+  Buffer like;
+  like.dtype = dtype;
+  if (!backend.capabilities().payload) like.memory = MemoryKind::kNone;
+  return like;
+}
 
 LinkCost fitLine(const std::vector<std::pair<double, double>>& points, double* residual) {
   // The line passes through the smallest message (a latency, as a collective's small steps

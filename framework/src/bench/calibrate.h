@@ -29,6 +29,11 @@ struct Calibration {
   LinkFit intra, inter;
 };
 
+// What the buffers of a measurement on `backend` are like: host memory of `dtype`, or
+// size-only where the backend carries no payload (a simulator pricing sizes: thousands of
+// ranks cannot each hold a message, nor 32 MiB of probes).
+Buffer measurementLike(const Backend& backend, DType dtype);
+
 // Collective over the group: every rank calls it and gets rank 0's calibration.
 Calibration calibrate(Backend& backend, Control& control, const Topology& topology, DType dtype);
 
