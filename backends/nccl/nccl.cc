@@ -6,6 +6,11 @@
 // event behind them. Messages between two ranks therefore match in the order they were
 // posted (every collie scheduler posts in the same order on both sides); tags are not checked.
 //
+// Stream order: the communicator's stream waits for an event on the caller's stream
+// (collie::deviceStreamHooks: LibTorch's current stream) before every group of operations
+// and every native collective, and the caller's stream waits for the event behind them
+// before anything after the call runs there; wait() still blocks the host until that event.
+//
 // Natively: all-reduce, reduce-scatter, all-gather and broadcast. The communicator is
 // created non-blocking with the unique id from the job's store; every wait polls the stream
 // event and ncclCommGetAsyncError against the timeout, and aborts the communicator
@@ -88,6 +93,7 @@ struct Comm {
         ncclCommDestroy(comm);
       }
     }
+    if (legacy_event != nullptr) cudaEventDestroy(legacy_event);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
 
@@ -140,6 +146,41 @@ struct Comm {
   void abortComm(const std::string& reason) {
     if (aborted.set(reason)) ncclCommAbort(comm);
   }
+
+  // Makes this communicator's stream wait for the work the caller queued on its stream.
+  // Called first in every flush and native call: it also makes `device` the calling thread's
+  // current device (each thread has its own), where the events below are created.
+  void orderAfterCaller() {
+    checkCuda(cudaSetDevice(device), "selecting device " + std::to_string(device));
+    const DeviceStreamHooks hooks = deviceStreamHooks();
+    cudaEvent_t produced = nullptr;
+    if (hooks.producer_event != nullptr) {
+      produced = static_cast<cudaEvent_t>(hooks.producer_event(device));
+    } else {  // nobody speaks for the caller: LibTorch's default, the legacy stream
+      if (legacy_event == nullptr) {
+        checkCuda(cudaEventCreateWithFlags(&legacy_event, cudaEventDisableTiming),
+                  "creating an event");
+      }
+      checkCuda(cudaEventRecord(legacy_event, cudaStreamLegacy), "recording an event");
+      produced = legacy_event;
+    }
+    if (produced != nullptr) {
+      checkCuda(cudaStreamWaitEvent(stream, produced, 0), "ordering after the caller's stream");
+    }
+  }
+
+  // Makes the caller's stream wait for `done`, recorded behind this communicator's work.
+  void orderCallerAfter(cudaEvent_t done) {
+    const DeviceStreamHooks hooks = deviceStreamHooks();
+    if (hooks.consumer_wait != nullptr) {
+      hooks.consumer_wait(device, done);
+    } else {
+      checkCuda(cudaStreamWaitEvent(cudaStreamLegacy, done, 0),
+                "ordering the caller's stream after nccl");
+    }
+  }
+
+  cudaEvent_t legacy_event = nullptr;  // without hooks: recorded on the legacy stream
 };
 
 struct Op {
@@ -239,6 +280,7 @@ class NcclBackend : public Backend {
       return Decision::no("nccl reduces device memory only");
     }
     flush();
+    comm_->orderAfterCaller();
     const auto type = ncclType(args.data.dtype);
     ncclResult_t result = ncclSuccess;
     ncclComm_t c = comm_->comm;
@@ -272,6 +314,7 @@ class NcclBackend : public Backend {
     checkCuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "creating an event");
     checkCuda(cudaEventRecord(event, comm_->stream), "recording an event");
     try {
+      comm_->orderCallerAfter(event);
       comm_->waitEvent(event, what, comm_->timeout);
     } catch (...) {
       cudaEventDestroy(event);
@@ -288,6 +331,7 @@ class NcclBackend : public Backend {
     if (!batch_ || batch_->ops.empty()) return;
     auto batch = std::move(batch_);
     batch_.reset();
+    comm_->orderAfterCaller();
     ncclResult_t result = ncclGroupStart();
     for (const Op& op : batch->ops) {
       if (result != ncclSuccess) break;
@@ -306,6 +350,7 @@ class NcclBackend : public Backend {
     comm_->waitReady(what);
     checkCuda(cudaEventCreateWithFlags(&batch->event, cudaEventDisableTiming), "creating an event");
     checkCuda(cudaEventRecord(batch->event, comm_->stream), "recording an event");
+    comm_->orderCallerAfter(batch->event);
     batch->flushed = true;
   }
 

@@ -73,6 +73,25 @@ struct Capabilities {
   }
 };
 
+// The order of device work (ABI 6.0). Device memory is written and read by the caller's
+// stream (LibTorch's current stream of the calling thread). A backend that moves device
+// memory on a stream of its own (nccl) makes that stream wait for what the caller queued
+// before each call, and makes the caller's stream wait for its own work before the result
+// is used, through these hooks. The framework installs hooks that speak for LibTorch's
+// current stream; with none installed, a backend orders against the device's legacy default
+// stream, which is LibTorch's current stream where nothing set another.
+struct DeviceStreamHooks {
+  // Records an event on the calling thread's current stream of CUDA device `device` and
+  // returns it (a cudaEvent_t that the hooks own; valid until this thread's next call).
+  void* (*producer_event)(int device) = nullptr;
+  // Makes the calling thread's current stream of `device` wait for `event` (a cudaEvent_t
+  // recorded behind the backend's work; the backend may destroy it after this returns).
+  void (*consumer_wait)(int device, void* event) = nullptr;
+};
+// Process-wide; installed once before any backend moves device memory. Never throws.
+void setDeviceStreamHooks(DeviceStreamHooks hooks);
+DeviceStreamHooks deviceStreamHooks();
+
 class Store;
 
 // Everything a backend needs to join its group.

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -27,6 +28,23 @@ void requireInterface(const std::string& owner, const std::string& name) {
   ::gethostname(host, sizeof(host) - 1);
   throw ConfigError(fmt::format("{}: params.interface '{}' does not exist on host {}; it has: {}",
                                 owner, name, host, fmt::join(names, ", ")));
+}
+
+namespace {
+std::atomic<void* (*)(int)> g_producer_event{nullptr};
+std::atomic<void (*)(int, void*)> g_consumer_wait{nullptr};
+}  // namespace
+
+void setDeviceStreamHooks(DeviceStreamHooks hooks) {
+  g_producer_event.store(hooks.producer_event, std::memory_order_release);
+  g_consumer_wait.store(hooks.consumer_wait, std::memory_order_release);
+}
+
+DeviceStreamHooks deviceStreamHooks() {
+  DeviceStreamHooks hooks;
+  hooks.producer_event = g_producer_event.load(std::memory_order_acquire);
+  hooks.consumer_wait = g_consumer_wait.load(std::memory_order_acquire);
+  return hooks;
 }
 
 double Backend::clockSeconds() const {
