@@ -11,13 +11,14 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
-#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 
 #include <cmath>
 #include <limits>
 #include <mutex>
 
+#include "collie/autocast.h"
 #include "collie/model.h"
 
 namespace collie {
@@ -83,20 +84,20 @@ struct BlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
-// The CPU autocast state of the forward, put back while backward replays it (as PyTorch's
-// torch.utils.checkpoint does): a replay in another precision computes another function.
+// The autocast state of the forward on the block's device type, put back while backward
+// replays it (as PyTorch's torch.utils.checkpoint does): a replay in another precision
+// computes another function.
 class ReplayAutocast {
  public:
-  ReplayAutocast(bool enabled, at::ScalarType dtype)
-      : was_enabled_(at::autocast::is_cpu_enabled()),
-        was_dtype_(at::autocast::get_autocast_cpu_dtype()),
+  ReplayAutocast(at::DeviceType type, bool enabled, at::ScalarType dtype)
+      : type_(type),
+        was_enabled_(autocast::enabled(type)),
+        was_dtype_(autocast::dtype(type)),
         enabled_(enabled) {
-    at::autocast::set_autocast_cpu_dtype(dtype);
-    at::autocast::set_cpu_enabled(enabled);
+    autocast::set(type_, enabled, dtype);
   }
   ~ReplayAutocast() {
-    at::autocast::set_cpu_enabled(was_enabled_);
-    at::autocast::set_autocast_cpu_dtype(was_dtype_);
+    autocast::set(type_, was_enabled_, was_dtype_);
     // Casts cached during the replay are of this step's weights: never reuse them later.
     if (enabled_ && !was_enabled_) at::autocast::clear_cache();
   }
@@ -104,6 +105,7 @@ class ReplayAutocast {
   ReplayAutocast& operator=(const ReplayAutocast&) = delete;
 
  private:
+  at::DeviceType type_;
   bool was_enabled_;
   at::ScalarType was_dtype_;
   bool enabled_;
@@ -117,10 +119,10 @@ class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor x,
                             int64_t block_address) {
     ctx->saved_data["block"] = block_address;
-    ctx->saved_data["rng"] = generatorState();
-    ctx->saved_data["autocast"] = at::autocast::is_cpu_enabled();
-    ctx->saved_data["autocast_dtype"] =
-        static_cast<int64_t>(at::autocast::get_autocast_cpu_dtype());
+    const at::DeviceType type = x.device().type();
+    ctx->saved_data["rng"] = generatorState(x.device());
+    ctx->saved_data["autocast"] = autocast::enabled(type);
+    ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(autocast::dtype(type));
     ctx->save_for_backward({x});
     torch::NoGradGuard no_grad;
     return blockAt(block_address)->forward(x);
@@ -129,30 +131,30 @@ class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_out) {
     at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
-    const at::Tensor resume = generatorState();
-    setGeneratorState(ctx->saved_data["rng"].toTensor());
+    const at::Tensor resume = generatorState(x.device());
+    setGeneratorState(x.device(), ctx->saved_data["rng"].toTensor());
     at::Tensor y;
     {
       torch::AutoGradMode grad_on(true);
-      ReplayAutocast autocast(
-          ctx->saved_data["autocast"].toBool(),
-          static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
+      ReplayAutocast replay(x.device().type(), ctx->saved_data["autocast"].toBool(),
+                            static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
       y = blockAt(ctx->saved_data["block"].toInt())->forward(x);
     }
-    setGeneratorState(resume);
+    setGeneratorState(x.device(), resume);
     torch::autograd::backward({y}, {grad_out[0]});
     return {x.grad(), at::Tensor()};
   }
 
  private:
   static BlockImpl* blockAt(int64_t address) { return reinterpret_cast<BlockImpl*>(address); }
-  static at::Tensor generatorState() {
-    auto generator = at::detail::getDefaultCPUGenerator();
+  // The state of the generator dropout draws from on `device` (the CPU's or the GPU's).
+  static at::Tensor generatorState(const at::Device& device) {
+    at::Generator generator = at::globalContext().defaultGenerator(device);
     std::lock_guard<std::mutex> lock(generator.mutex());
     return generator.get_state();
   }
-  static void setGeneratorState(const at::Tensor& state) {
-    auto generator = at::detail::getDefaultCPUGenerator();
+  static void setGeneratorState(const at::Device& device, const at::Tensor& state) {
+    at::Generator generator = at::globalContext().defaultGenerator(device);
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(state);
   }

@@ -854,6 +854,11 @@ const Schema& experimentSchema() {
                     .byDefault("1.0")
                     .into(&TrainSpec::grad_clip)
                     .doc("max global norm (0: off)")},
+               {"device",
+                S::oneOf({"cpu", "cuda"})
+                    .byDefault("cpu")
+                    .into(&TrainSpec::cuda, {false, true})
+                    .doc("cuda: the local rank's GPU (LOCAL_RANK modulo the GPUs visible)")},
                {"precision",
                 S::oneOf({"fp32", "bf16"}).byDefault("fp32").into(&TrainSpec::bf16, {false, true})},
                {"grad_checkpointing",

@@ -103,6 +103,7 @@ struct TrainSpec {
   int linear_scaling_batch = 0;  // 0: off
   double weight_decay = 0, beta1 = 0, beta2 = 0, momentum = 0;
   double grad_clip = 0;  // 0: off
+  bool cuda = false;     // train.device: cuda (the local rank's GPU), else the CPU
   bool bf16 = false;
   bool grad_checkpointing = false;
   uint64_t bucket_bytes = 0;

@@ -14,6 +14,7 @@
 #include "collie/params.h"
 #include "config/experiment.h"
 #include "plugin/loader.h"
+#include "runtime/device.h"
 #include "runtime/faults.h"
 #include "runtime/flight_recorder.h"
 #include "runtime/trace.h"
@@ -79,10 +80,11 @@ Provenance Communicator::runRule(const Rule& rule, CollectiveArgs args, std::str
                               args.root, std::string(ran)});
   }
   const int64_t traced_from = tracer_ != nullptr ? tracer_->now() : 0;
+  bool staged = false;
   const double start = backend_->clockSeconds();  // simulated time on a simulator
   try {
     if (debug_.consistency) checkConsistent(args);
-    rule.choice.scheduler->run(args, *backend_, topology_);
+    staged = runScheduler(*rule.choice.scheduler, args);
   } catch (const CommError& e) {
     CommError wrapped(fmt::format("{} seq {} ({}, scheduler {}, backend {}) failed on rank {}: {}",
                                   collectiveName(args.coll), args.seq, formatBytes(bytes), label,
@@ -98,9 +100,21 @@ Provenance Communicator::runRule(const Rule& rule, CollectiveArgs args, std::str
   if (recorder_) recorder_->end(entry, FlightEntry::State::kCompleted);
   const double took = backend_->clockSeconds() - start;
   const Provenance done{
-      internName(label), backend_interned_, args.coll, bytes, args.seq, took, ran};
+      internName(label), backend_interned_, args.coll, bytes, args.seq, took, ran, staged};
   if (tracer_ != nullptr) tracer_->collective(done, args.op, traced_from, tracer_->now());
   return done;
+}
+
+bool Communicator::runScheduler(Scheduler& scheduler, const CollectiveArgs& args) {
+  if (!HostStaging::needed(args, topology_.capabilities, stage_always_)) {
+    scheduler.run(args, *backend_, topology_);
+    return false;
+  }
+  if (!staging_) staging_ = std::make_unique<HostStaging>();
+  const CollectiveArgs staged = staging_->stageIn(args);
+  scheduler.run(staged, *backend_, topology_);
+  staging_->stageOut(args, staged);
+  return true;
 }
 
 namespace {

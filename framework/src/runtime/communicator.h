@@ -17,6 +17,7 @@ namespace collie {
 
 class Faults;
 class FlightRecorder;
+class HostStaging;
 class Tracer;
 class PluginLoader;
 namespace config {
@@ -39,6 +40,7 @@ struct Provenance {
   uint64_t seq = 0;
   double seconds = 0;
   std::string_view ran;  // what ran: the label, or the choice of a delegating scheduler (auto)
+  bool staged = false;   // device buffers passed through host memory (runtime/device.h)
 };
 
 // What a Communicator does besides running collectives (debug: of the config).
@@ -86,6 +88,11 @@ class Communicator {
   const Rule* select(const CollectiveArgs& args, const std::vector<Rule>& rules,
                      std::string* refusals, std::string_view* ran = nullptr) const;
 
+  // Collectives of device buffers on a backend without device memory pass through pinned
+  // host buffers (HostStaging). `always` stages host buffers too: tests, with CPU tensors
+  // standing in for device memory.
+  void stageAlways(bool always) { stage_always_ = always; }
+
   // Faults to take before each collective (faults: at_collective); null: none. Not owned.
   void setFaults(Faults* faults) { faults_ = faults; }
   // Records every collective it runs (DESIGN §5 "Traces"); null: none. Not owned.
@@ -102,7 +109,12 @@ class Communicator {
   void checkConsistent(const CollectiveArgs& args);
   void dumpFlightRecord(const std::string& reason);
 
+  // The scheduler's run, through host staging when the buffers need it; whether they did.
+  bool runScheduler(Scheduler& scheduler, const CollectiveArgs& args);
+
   std::shared_ptr<Backend> backend_;
+  std::unique_ptr<HostStaging> staging_;  // made on first need
+  bool stage_always_ = false;
   std::string backend_name_;
   std::string_view backend_interned_;  // internName(backend_name_)
   Topology topology_;

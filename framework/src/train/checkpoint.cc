@@ -146,7 +146,7 @@ ShardFile writeShard(const std::string& step_dir, int index, int count, const Ch
                      !header.contains(piece.key),
                  "checkpoint piece ", piece.key, " has ", values.numel(), " elements of ",
                  values.scalar_type(), " for ", piece.numel, ", or twice");
-    contiguous.push_back(values.detach().contiguous());
+    contiguous.push_back(values.detach().to(at::kCPU).contiguous());  // a GPU's: copied once
     const uint64_t bytes = contiguous.back().nbytes();
     // A whole tensor keeps its shape, so that any safetensors reader loads it as it is.
     header[piece.key] = {{"dtype", "F32"},
@@ -432,9 +432,11 @@ const CheckpointReader::Opened& CheckpointReader::open(size_t f) {
 }
 
 void CheckpointReader::read(const std::vector<std::pair<Piece, at::Tensor>>& into) {
-  for (const auto& [want, target] : into) {
-    COLLIE_CHECK(target.scalar_type() == at::kFloat && target.is_contiguous() &&
-                     target.numel() == want.numel,
+  for (const auto& [want, destination] : into) {
+    // A target in device memory is read into host memory and copied there once.
+    const at::Tensor target = destination.is_cpu() ? destination : destination.to(at::kCPU);
+    COLLIE_CHECK(destination.scalar_type() == at::kFloat && destination.is_contiguous() &&
+                     destination.numel() == want.numel,
                  "checkpoint target for ", want.key, " is not ", want.numel,
                  " contiguous float32 elements");
     const auto known = std::find_if(tensors_.begin(), tensors_.end(),
@@ -448,17 +450,18 @@ void CheckpointReader::read(const std::vector<std::pair<Piece, at::Tensor>>& int
     if (format_one_) {
       std::memcpy(out, format_one_->at(want.key).contiguous().data_ptr<float>() + want.start,
                   static_cast<size_t>(want.numel) * 4);
-      continue;
+    } else {
+      for (const Located& l : where_.at(want.key)) {
+        const int64_t lo = std::max(l.start, want.start);
+        const int64_t hi = std::min(l.start + l.numel, want.start + want.numel);
+        if (lo >= hi) continue;
+        const Opened& file = open(l.file);
+        const uint8_t* base = file.data + file.at.at(want.key).first;
+        std::memcpy(out + (lo - want.start), base + (lo - l.start) * 4,
+                    static_cast<size_t>(hi - lo) * 4);
+      }
     }
-    for (const Located& l : where_.at(want.key)) {
-      const int64_t lo = std::max(l.start, want.start);
-      const int64_t hi = std::min(l.start + l.numel, want.start + want.numel);
-      if (lo >= hi) continue;
-      const Opened& file = open(l.file);
-      const uint8_t* base = file.data + file.at.at(want.key).first;
-      std::memcpy(out + (lo - want.start), base + (lo - l.start) * 4,
-                  static_cast<size_t>(hi - lo) * 4);
-    }
+    if (!destination.is_cpu()) destination.copy_(target);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "collie/error.h"
+#include "runtime/device.h"
 #include "train/report.h"
 
 namespace fs = std::filesystem;
@@ -14,12 +15,14 @@ namespace {
 
 class TrainKind : public ExperimentKind {
  public:
-  void checkRequest(const RunRequest& request, const config::Experiment&) const override {
+  void checkRequest(const RunRequest& request, const config::Experiment& first) const override {
     if (!request.emit_rules.empty()) {
       throw ConfigError(
           fmt::format("--emit-rules: {} is a train experiment; rules come from a bench: experiment",
                       request.config));
     }
+    // Said once here, before any rank starts, rather than by every rank (they check too).
+    if (first.train.cuda) rankDevice("cuda", 0);
   }
 
   void runInThreads(const PluginLoader& loader, const config::Experiment& e,

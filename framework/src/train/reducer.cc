@@ -2,7 +2,6 @@
 #include "train/reducer.h"
 
 #include <ATen/core/grad_mode.h>
-#include <ATen/native/Resize.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <fmt/format.h>
@@ -14,29 +13,31 @@
 #include <chrono>
 
 #include "collie/error.h"
+#include "runtime/device.h"
 #include "runtime/trace.h"
 
 namespace collie::train {
 namespace {
 using Clock = std::chrono::steady_clock;
 
-// A float32 tensor's elements as a collective's buffer.
+// A float32 tensor's elements (host or device memory) as a collective's buffer.
 Buffer floats(const at::Tensor& t) {
-  Buffer b;
-  b.data = t.data_ptr();
-  b.count = static_cast<size_t>(t.numel());
-  b.dtype = DType::kF32;
-  return b;
+  COLLIE_CHECK(t.scalar_type() == at::kFloat, "a bucket tensor of ", t.scalar_type());
+  return bufferOf(t);
 }
 
 uint64_t bytesOf(const at::Tensor& t) {
   return t.defined() ? static_cast<uint64_t>(t.numel()) * 4 : 0;
 }
 
-// A tensor's memory, released and allocated again in place: its views (the module's
-// parameters, and what autograd saved of them) see the new memory.
+// A tensor's memory, released and allocated again in place from its own allocator (host
+// or device): its views (the module's parameters, and what autograd saved of them) see the
+// new memory. The content is not kept: a freed bucket is gathered again before use.
 void resizeStorage(const at::Tensor& t, size_t bytes) {
-  at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), bytes);
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(bytes == 0 ? at::DataPtr(nullptr, storage->device())
+                                          : storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
 }
 }  // namespace
 
@@ -50,6 +51,8 @@ Reducer::Reducer(std::vector<at::Tensor> params, uint64_t bucket_bytes, Communic
       sharding_(sharding),
       group_(comm.backend().size()),
       rank_(comm.backend().rank()) {
+  // Buckets live where the parameters do (train.device), float32.
+  if (!params_.empty()) options_ = params_.front().options().dtype(at::kFloat);
   constexpr size_t kRoot = SIZE_MAX;
   std::vector<size_t> unit_of(params_.size(), units.empty() ? 0 : kRoot);
   for (size_t u = 0; u < units.size(); ++u) {
@@ -70,6 +73,8 @@ Reducer::Reducer(std::vector<at::Tensor> params, uint64_t bucket_bytes, Communic
                  "; the trainer keeps float32 master weights");
     COLLIE_CHECK(p.is_leaf() && p.requires_grad(), "parameter ", k,
                  " is not a leaf that requires grad");
+    COLLIE_CHECK(p.device() == options_.device(), "parameter ", k, " is on ", p.device(),
+                 ", the first on ", options_.device());
     const uint64_t bytes = static_cast<uint64_t>(p.numel()) * 4;
     const bool root = unit_of[k] == kRoot;
     if (buckets_.empty() || (used > 0 && used + bytes > bucket_bytes) ||
@@ -100,7 +105,7 @@ Reducer::Reducer(std::vector<at::Tensor> params, uint64_t bucket_bytes, Communic
     // every element in the same order (bit-identical updates). The padding stays zero.
     numel = (numel + group_ - 1) / group_ * group_;
     largest = std::max(largest, numel);
-    b.values = at::zeros({numel}, at::kFloat);  // (numel)
+    b.values = at::zeros({numel}, options_);  // (numel)
     gathered_bytes_ += bytesOf(b.values);
     for (size_t k : b.params) {
       at::Tensor view = b.values.narrow(0, slots_[k].offset, slots_[k].numel);
@@ -109,12 +114,12 @@ Reducer::Reducer(std::vector<at::Tensor> params, uint64_t bucket_bytes, Communic
       // identity; its old storage is released).
       params_[k].set_data(view.view(params_[k].sizes()));
     }
-    if (keepsGradients()) b.grads = at::zeros({numel}, at::kFloat);
-    if (!keepsGradients()) b.shard = at::zeros({numel / group_}, at::kFloat);
-    if (shardsParameters()) b.kept = at::zeros({numel / group_}, at::kFloat);
+    if (keepsGradients()) b.grads = at::zeros({numel}, options_);
+    if (!keepsGradients()) b.shard = at::zeros({numel / group_}, options_);
+    if (shardsParameters()) b.kept = at::zeros({numel / group_}, options_);
     b.pending = b.params.size();
   }
-  if (sharded() && !shardsParameters()) block_scratch_ = at::empty({largest / group_}, at::kFloat);
+  if (sharded() && !shardsParameters()) block_scratch_ = at::empty({largest / group_}, options_);
   for (size_t k = 0; k < params_.size(); ++k) {
     params_[k].mutable_grad() = keepsGradients() ? gradView(k) : at::Tensor();
   }
@@ -206,7 +211,7 @@ void Reducer::collect(size_t param) {
     return;
   }
   if (!grad.defined()) return;
-  if (!bucket.grads.defined()) bucket.grads = at::zeros({bucket.values.numel()}, at::kFloat);
+  if (!bucket.grads.defined()) bucket.grads = at::zeros({bucket.values.numel()}, options_);
   // A second gradient within the last backward adds to what the first one put there.
   at::Tensor view = gradView(param);
   if (slots_[param].filled) {
@@ -221,7 +226,7 @@ void Reducer::fill(size_t param) {
   Slot& slot = slots_[param];
   Bucket& bucket = buckets_[slot.bucket];
   // Stages 2 and 3: a bucket none of whose parameters had a gradient still reduces (zeros).
-  if (!bucket.grads.defined()) bucket.grads = at::zeros({bucket.values.numel()}, at::kFloat);
+  if (!bucket.grads.defined()) bucket.grads = at::zeros({bucket.values.numel()}, options_);
   slot.filled = true;
   --bucket.pending;
 }
@@ -265,7 +270,7 @@ std::vector<at::Tensor> Reducer::parameterShards() const {
 }
 
 at::Tensor Reducer::allGather(size_t b, const at::Tensor& shard) {
-  at::Tensor full = at::empty({buckets_[b].values.numel()}, at::kFloat);
+  at::Tensor full = at::empty({buckets_[b].values.numel()}, options_);
   allGatherInto(b, shard, full);
   return full;
 }
@@ -326,6 +331,7 @@ void Reducer::reduce(Bucket& bucket) {
 
 void Reducer::communicationLoop() {
   Tracer::setThreadTrack(TraceTrack::kCommunication);
+  useDevice(options_.device());  // the thread's current device: where its copies queue
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });

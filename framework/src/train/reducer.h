@@ -200,6 +200,7 @@ class Reducer {
   bool overlap_;
   config::ShardedState sharding_;
   int64_t group_ = 1, rank_ = 0;  // the group's size and this rank, for padding and blocks
+  at::TensorOptions options_ = at::TensorOptions().dtype(at::kFloat);  // the buckets' device
   // One block of the largest bucket: a collective's output or input may not alias the
   // other buffer, so stage 1's reduced block and every all-gather's input pass through it.
   at::Tensor block_scratch_;

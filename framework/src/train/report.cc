@@ -56,6 +56,8 @@ json toJson(const Result& r) {
             {"exposed_comm_s", r.exposed_seconds},
             {"allgather_s", r.gather_seconds},
             {"exposed_allgather_s", r.gather_exposed_seconds},
+            {"device", r.device},
+            {"comm_memory", r.comm_memory},
             {"allreduce_bytes", r.allreduce_bytes},
             {"buckets", r.buckets},
             {"sharding", r.sharding},
@@ -113,6 +115,8 @@ Result fromJson(const json& j) {
   r.exposed_seconds = j.at("exposed_comm_s");
   r.gather_seconds = j.value("allgather_s", 0.0);
   r.gather_exposed_seconds = j.value("exposed_allgather_s", 0.0);
+  r.device = j.value("device", "cpu");
+  r.comm_memory = j.value("comm_memory", "host memory");
   r.allreduce_bytes = j.at("allreduce_bytes");
   r.buckets = j.at("buckets");
   r.sharding = j.value("sharding", "none");
@@ -238,6 +242,15 @@ void printWeighting(std::ostream& out, const std::string& tag, const Result& r) 
 
 void printDetails(std::ostream& out, const Result& r) {
   const std::string tag = r.run.empty() ? "" : "[" + shortRun(r.run) + "] ";
+  if (r.device != "cpu") {
+    out << "# " << tag << "device " << r.device << "; gradients reach " << r.backend << " in "
+        << r.comm_memory
+        << (r.comm_memory == "host-staged"
+                ? " (device buckets copied to pinned host buffers and back: " + r.backend +
+                      " moves host memory only)"
+                : std::string())
+        << "\n";
+  }
   if (r.ranks > 1) {
     std::vector<std::string> per_rank;
     int slowest = 0;

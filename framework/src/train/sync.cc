@@ -10,12 +10,14 @@
 #include <algorithm>
 
 #include "core/strings.h"
+#include "runtime/device.h"
 
 namespace collie::train {
 namespace {
 
+// Of the parameter's bytes, copied to host memory once when it lives on a GPU.
 uint64_t hashOf(const at::Tensor& param) {
-  at::Tensor contiguous = param.detach().contiguous();
+  at::Tensor contiguous = param.detach().to(at::kCPU).contiguous();
   return XXH3_64bits(contiguous.data_ptr(), contiguous.nbytes());
 }
 
@@ -26,9 +28,7 @@ double spreadOf(Communicator& comm, const at::Tensor& param) {
   for (auto [tensor, op] :
        {std::make_pair(high, ReduceOp::kMax), std::make_pair(low, ReduceOp::kMin)}) {
     CollectiveArgs args;
-    args.data.data = tensor.data_ptr();
-    args.data.count = static_cast<size_t>(tensor.numel());
-    args.data.dtype = DType::kF32;
+    args.data = bufferOf(tensor);
     args.op = op;
     comm.run(args);
   }

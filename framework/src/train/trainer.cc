@@ -2,7 +2,7 @@
 // metrics, weight-sync checks.
 #include "train/trainer.h"
 
-#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/zeros.h>
@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -22,12 +23,14 @@
 
 #include "bench/bench.h"
 #include "bench/calibrate.h"
+#include "collie/autocast.h"
 #include "collie/error.h"
 #include "collie/log.h"
 #include "collie/model.h"
 #include "core/strings.h"
 #include "runtime/communicator.h"
 #include "runtime/control.h"
+#include "runtime/device.h"
 #include "runtime/faults.h"
 #include "runtime/in_process.h"
 #include "runtime/trace.h"
@@ -49,17 +52,16 @@ double since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// bf16 autocast of the forward pass on CPU; off again (and its cast cache dropped) after.
+// bf16 autocast of the forward pass on the device's type; off again (and its cast cache
+// dropped) after.
 class Autocast {
  public:
-  explicit Autocast(bool on) : on_(on) {
-    if (!on_) return;
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-    at::autocast::set_cpu_enabled(true);
+  Autocast(bool on, at::DeviceType type) : on_(on), type_(type) {
+    if (on_) autocast::set(type_, true, at::kBFloat16);
   }
   ~Autocast() {
     if (!on_) return;
-    at::autocast::set_cpu_enabled(false);
+    autocast::set(type_, false, at::kBFloat16);
     at::autocast::clear_cache();
   }
   Autocast(const Autocast&) = delete;
@@ -67,7 +69,19 @@ class Autocast {
 
  private:
   bool on_;
+  at::DeviceType type_;
 };
+
+// The local rank a GPU is chosen by: LOCAL_RANK where a launcher set it (torchrun, collie
+// launch), else the rank's position among the ranks of its node.
+int localRankOf(const Topology& topology, int rank) {
+  if (const char* local = std::getenv("LOCAL_RANK")) {
+    char* end = nullptr;
+    const long value = std::strtol(local, &end, 10);
+    if (end != local && *end == '\0' && value >= 0) return static_cast<int>(value);
+  }
+  return topology.localRank(rank);
+}
 
 // Model construction draws the initial weights from LibTorch's global generator; ranks that
 // are threads of one process take turns so that each gets the same, repeatable draw.
@@ -86,10 +100,12 @@ class RankTrainer {
         rank_(backend->rank()),
         world_(backend->size()),
         faults_(e.faults, rank_),
+        device_(rankDevice(spec_.cuda ? "cuda" : "cpu", localRankOf(topology, rank_))),
         comm_(backend, e.backend.label, topology),
         control_(*backend),
         out_dir_(out_dir) {
     comm_.setFaults(&faults_);
+    if (device_.is_cuda()) installDeviceStreamHooks();
     if (spec_.trace) {
       tracer_ = std::make_unique<Tracer>();
       comm_.setTracer(tracer_.get());
@@ -179,6 +195,7 @@ class RankTrainer {
       ranks.push_back(RankSummary::unpack(packed));
     combineRanks(ranks, sharding_.globalBatch() / spec_.grad_accum, &result);
     result.allreduce_bytes = stats.empty() ? 0 : stats.back().sync.bytes;
+    result.comm_memory = commMemory(stats);
     result.micro_batch = sharding_.micro_batch;
     result.rebalances = rebalances_;
     if (!attributions_.empty()) {
@@ -511,9 +528,15 @@ class RankTrainer {
     return step;
   }
 
+  // `count` samples from sample `first` on, as (count, T + 1) tokens on the rank's device.
+  at::Tensor deviceBatch(uint64_t first, int64_t count) const {
+    at::Tensor tokens = batch(*source_, first, count, shape_.seq_len + 1);  // (count, T + 1)
+    return device_.is_cuda() ? tokens.to(device_) : tokens;
+  }
+
   // The model's loss of `tokens` (B, T + 1), under bf16 autocast when configured.
   at::Tensor lossOf(const at::Tensor& tokens) {
-    Autocast autocast(spec_.bf16);
+    Autocast autocast(spec_.bf16, device_.type());
     return model_->loss(tokens);
   }
 
@@ -526,7 +549,7 @@ class RankTrainer {
           world_, spec_.global_batch));
     }
     const int probe = std::max(1, spec_.global_batch / world_);
-    at::Tensor tokens = batch(*source_, 0, probe, shape_.seq_len + 1);  // (probe, T + 1)
+    at::Tensor tokens = deviceBatch(0, probe);  // (probe, T + 1)
     double best = std::numeric_limits<double>::infinity();
     for (int i = 0; i < 3; ++i) {  // the first pays for allocation; keep the best
       const auto start = Clock::now();
@@ -569,6 +592,7 @@ class RankTrainer {
     torch::manual_seed(spec_.seed);
     Params params = e_.model.params;
     model_ = loader.createModel(e_.model.plugin, params);
+    model_->module().to(device_);  // drawn on the CPU (the same draw on every device), moved
     if (spec_.grad_checkpointing && !model_->setGradCheckpointing(true)) {
       throw ConfigError("train.grad_checkpointing: model '" + e_.model.label +
                         "' cannot recompute activations. HINT: set it to false");
@@ -601,8 +625,7 @@ class RankTrainer {
                              : 1.0 / (static_cast<double>(spec_.grad_accum) * world_);
     double loss_sum = 0;
     for (int k = 0; k < spec_.grad_accum; ++k) {
-      at::Tensor tokens = batch(*source_, sharding_.firstSample(s, k, rank_), mb,
-                                shape_.seq_len + 1);  // (mb, T + 1)
+      at::Tensor tokens = deviceBatch(sharding_.firstSample(s, k, rank_), mb);  // (mb, T + 1)
       if (k + 1 == spec_.grad_accum) reducer.arm();
       auto t = Clock::now();
       at::Tensor loss;
@@ -664,10 +687,13 @@ class RankTrainer {
   // Dropout's randomness is a function of (seed, rank, step), so a resumed run draws what
   // the uninterrupted one would have.
   void reseed(int64_t s) const {
-    auto generator = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_current_seed(spec_.seed + 1 + static_cast<uint64_t>(rank_) +
-                               static_cast<uint64_t>(s) * 0x9E3779B9ull);
+    const uint64_t seed =
+        spec_.seed + 1 + static_cast<uint64_t>(rank_) + static_cast<uint64_t>(s) * 0x9E3779B9ull;
+    for (const at::Device& device : {at::Device(at::kCPU), device_}) {
+      at::Generator generator = at::globalContext().defaultGenerator(device);
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_current_seed(seed);
+    }
   }
 
   // The global L2 norm of the (already all-reduced, identical) gradients; scaled down to
@@ -858,7 +884,18 @@ class RankTrainer {
     r.token_budgets = spec_.token_budgets;
     r.peak_flops = spec_.peak_flops;
     r.sharding = config::shardedStateName(spec_.sharding);
+    if (device_.is_cuda()) r.device = fmt::format("{} ({})", device_.str(), torchDescription());
     return r;
+  }
+
+  // Which memory the last step's collectives ran on (Result::comm_memory).
+  std::string commMemory(const std::vector<StepStats>& stats) const {
+    if (!device_.is_cuda()) return "host memory";
+    if (stats.empty()) return "device memory";
+    for (const Provenance& p : stats.back().sync.collectives) {
+      if (p.staged) return "host-staged";
+    }
+    return "device memory";
   }
 
   // What rank 0 holds between steps, by kind: the buffers themselves, not a formula.
@@ -883,7 +920,7 @@ class RankTrainer {
     for (const auto& p : params_) {
       const int64_t end = begin + p.numel();
       if (i < n && i * total / n < end) {
-        const at::Tensor flat = p.detach().reshape({-1}).to(at::kDouble).contiguous();
+        const at::Tensor flat = p.detach().reshape({-1}).to(at::kCPU, at::kDouble).contiguous();
         const double* values = flat.data_ptr<double>();
         for (; i < n && i * total / n < end; ++i) out.push_back(values[i * total / n - begin]);
       }
@@ -900,6 +937,7 @@ class RankTrainer {
   const config::TrainSpec& spec_;
   int rank_, world_;
   Faults faults_;                   // outlives comm_, which takes them
+  at::Device device_;               // train.device: where the model and its state live
   std::unique_ptr<Tracer> tracer_;  // train.trace; outlives comm_, which records into it
   Communicator comm_;
   Control control_;

@@ -54,6 +54,10 @@ struct Result {
   double comm_seconds = 0, exposed_seconds = 0;  // per step, mean over ranks
   // Sharded: the all-gathers' part of those (the rest is the reduce-scatters').
   double gather_seconds = 0, gather_exposed_seconds = 0;
+  std::string device = "cpu";  // train.device as it ran: "cpu", "cuda:0 (LibTorch 2.11.0 ...)"
+  // How gradients met the backend: "host memory", "device memory" (a backend that moves it)
+  // or "host-staged" (device buckets through pinned host buffers).
+  std::string comm_memory = "host memory";
   uint64_t allreduce_bytes = 0;   // gradient bytes per step
   std::string sharding = "none";  // train.sharding
   // Held by rank 0 between steps: parameter values, gradients, optimizer state.
