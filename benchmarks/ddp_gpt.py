@@ -9,6 +9,10 @@ collie's train.sharding: optimizer; benchmarks/zero_peers.sh).
 Run it the way DESIGN §10 says Debian's torchrun works:
   OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 --redirects 2 --tee 1 \
       benchmarks/ddp_gpt.py --steps 30
+
+Started without torchrun (no WORLD_SIZE), it is one process in plain eager PyTorch: the peer
+of a one-rank collie run. With --device cuda --bf16 --checkpointing it is the GPU peer of
+scripts/gpu-check.sh (bf16 autocast, each block's activations recomputed in backward).
 """
 
 import argparse
@@ -22,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 
 class Attention(nn.Module):
@@ -75,11 +80,16 @@ class Gpt(nn.Module):
             else:
                 nn.init.normal_(p, 0.0, 0.02)
 
+    checkpointing = False
+
     def forward(self, idx):  # (B, T) -> (B, T, V)
-        positions = torch.arange(idx.shape[1])
+        positions = torch.arange(idx.shape[1], device=idx.device)
         x = self.wte(idx) + self.wpe(positions)
         for block in self.blocks:
-            x = block(x)
+            if self.checkpointing and x.requires_grad:
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
         return self.ln_f(x) @ self.wte.weight.t()
 
 
@@ -110,15 +120,30 @@ def main():
                         help="ZeroRedundancyOptimizer (optimizer state sharded over the ranks)")
     parser.add_argument("--bucket-view", action="store_true",
                         help="DDP's gradient_as_bucket_view (no second copy of the gradients)")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (the local rank's GPU)")
+    parser.add_argument("--bf16", action="store_true", help="forward under bf16 autocast")
+    parser.add_argument("--checkpointing", action="store_true",
+                        help="recompute each block's activations in backward")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    distributed = "WORLD_SIZE" in os.environ
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    if distributed:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     torch.manual_seed(1234)
     model = Gpt(args.layers, args.d_model, args.heads, args.seq_len, args.vocab, args.mlp_ratio)
-    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb,
-                                              gradient_as_bucket_view=args.bucket_view)
+    model.checkpointing = args.checkpointing
+    model.to(device)
+    for block in model.blocks:
+        block.attn.future = block.attn.future.to(device)
+    ddp = (nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb,
+                                               gradient_as_bucket_view=args.bucket_view)
+           if distributed else model)
     if args.zero:
         from torch.distributed.optim import ZeroRedundancyOptimizer
         optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW,
@@ -131,26 +156,34 @@ def main():
     times, losses = [], []
     for step in range(args.steps):
         tokens = torch.randint(0, args.vocab, (args.micro_batch, args.seq_len + 1), generator=generator)
+        tokens = tokens.to(device)
         start = time.perf_counter()
-        logits = ddp(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+            logits = ddp(tokens[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, args.vocab).float(),
+                                   tokens[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
         optimizer.step()
+        losses.append(loss.item())  # waits for the step's kernels on a GPU
         times.append(time.perf_counter() - start)
-        losses.append(loss.item())
 
     timed = times[1:] if len(times) > 1 else times
-    step_s = torch.tensor([sum(timed) / len(timed)])
-    dist.all_reduce(step_s, op=dist.ReduceOp.MAX)  # the slowest rank, as collie reports
-    rss = torch.zeros(world, dtype=torch.float64)  # ru_maxrss: KiB on Linux
+    step_s = torch.tensor([sum(timed) / len(timed)], device=device)
+    rss = torch.zeros(world, dtype=torch.float64, device=device)  # ru_maxrss: KiB on Linux
     rss[rank] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
-    dist.all_reduce(rss)
+    if distributed:
+        dist.all_reduce(step_s, op=dist.ReduceOp.MAX)  # the slowest rank, as collie reports
+        dist.all_reduce(rss)
     if rank == 0:
         world_tokens = world * args.micro_batch * args.seq_len
+        peer = "pytorch-zero" if args.zero else "pytorch-ddp" if distributed else "pytorch-eager"
         print(json.dumps({
-            "peer": "pytorch-zero" if args.zero else "pytorch-ddp",
+            "peer": peer,
+            "device": str(device),
+            "bf16": args.bf16,
+            "checkpointing": args.checkpointing,
             "torch": torch.__version__,
             "blas": blas_in_use(),
             "ranks": world,
@@ -161,7 +194,8 @@ def main():
             "last_loss": losses[-1],
             "peak_rss_bytes": rss.tolist(),
         }), flush=True)
-    dist.destroy_process_group()
+    if distributed:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
