@@ -214,8 +214,11 @@ Provenance Communicator::run(CollectiveArgs args) { return run(args, rules_); }
 const Communicator::Rule* Communicator::select(const CollectiveArgs& args,
                                                const std::vector<Rule>& rules,
                                                std::string* refusals, std::string_view* ran) const {
+  // A collective that will be staged is judged as it will run: on host memory.
+  const bool staged = HostStaging::needed(args, topology_.capabilities, stage_always_);
+  const CollectiveArgs judged = staged ? HostStaging::asStaged(args) : args;
   return firstAdmitting(rules, bytesOf(args), [&](const Rule& rule) {
-    Decision decision = rule.choice.scheduler->accepts(args, topology_);
+    Decision decision = rule.choice.scheduler->accepts(judged, topology_);
     if (!decision.accepted) {
       // A refusal names its plugin ("tree: ..."); the label is added only when it differs.
       const std::string prefix = rule.choice.label + ": ";

@@ -155,6 +155,13 @@ bool HostStaging::needed(const CollectiveArgs& args, const Capabilities& caps, b
   return !caps.cuda_memory && (device(args.data) || device(args.output));
 }
 
+CollectiveArgs HostStaging::asStaged(const CollectiveArgs& args) {
+  CollectiveArgs staged = args;
+  staged.data.memory = staged.output.memory = MemoryKind::kHost;
+  staged.data.device = staged.output.device = 0;
+  return staged;
+}
+
 HostStaging::Slot& HostStaging::acquire(size_t index, size_t bytes, const Buffer& like) {
   if (slots_.size() <= index) slots_.resize(index + 1);
   if (!slots_[index]) slots_[index] = std::make_unique<Slot>();

@@ -55,6 +55,9 @@ class HostStaging {
   // device memory that the backend cannot move. `force` stages host buffers too (tests: CPU
   // tensors standing in for device memory).
   static bool needed(const CollectiveArgs& args, const Capabilities& caps, bool force = false);
+  // `args` as they will run once staged: every buffer in host memory (same pointers), for
+  // a scheduler's accepts(), which may look at the memory kind.
+  static CollectiveArgs asStaged(const CollectiveArgs& args);
   // Host copies of args' buffers (data and output), the input's bytes copied in.
   CollectiveArgs stageIn(const CollectiveArgs& args);
   // Copies the results (the buffer a collective writes) from `staged` back into `original`.
