@@ -14,7 +14,7 @@ mkdir -p "$scratch"
 
 if [[ ! -d $scratch/root/usr/include/torch ]]; then
   file=$(curl -fsS "$mirror/dists/trixie/contrib/binary-amd64/Packages.xz" | xz -dc |
-    awk '/^Package: libtorch-cuda-dev$/ {p = 1} p && /^Filename:/ {print $2; exit}')
+    awk '/^Package: libtorch-cuda-dev$/ {p = 1} p && /^Filename:/ && !seen {print $2; seen = 1}')
   [[ -n $file ]] || { echo "check-torch2: trixie/contrib has no libtorch-cuda-dev" >&2; exit 1; }
   curl -fsS -o "$scratch/libtorch-cuda-dev.deb" "$mirror/$file"
   dpkg-deb -x "$scratch/libtorch-cuda-dev.deb" "$scratch/root"
