@@ -2,11 +2,13 @@
 # The cost model on the lab: runs benchmarks/lab-cost-model.yaml (root: it sets the lab up)
 # and prints, per backend, each scheduler's median |prediction error| and the measured
 # hierarchical : ring ratio at the largest size beside the predicted one.
-#   benchmarks/lab_cost_model.sh [OUT]
+#   benchmarks/lab_cost_model.sh [OUT [collie run options...]]
+# e.g. one backend only: benchmarks/lab_cost_model.sh /tmp/lcm --set 'matrix=[{}]' (gloo)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$here/../runs/lab-cost-model-$(date +%Y%m%d-%H%M%S)}
-"$here/../build/bin/collie" run "$here/lab-cost-model.yaml" --out "$out" | tee "$out.txt" |
+shift $(($# > 0 ? 1 : 0))
+"$here/../build/bin/collie" run "$here/lab-cost-model.yaml" --out "$out" "$@" | tee "$out.txt" |
   grep -E '^# (run|collective|cost model|Median prediction|auto against)'
 python3 - "$out/results.csv" <<'PY'
 import csv, sys

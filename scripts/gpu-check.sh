@@ -77,16 +77,18 @@ cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; fail "cmake (log: $out/configure.log)"; }
 grep -E "collie: LibTorch" "$out/configure.log" | sed 's/^-- /# gpu-check: /' | tee -a "$out/gpu-check.txt"
 targets=(collie collie_backend_loopback collie_backend_nccl collie_model_gpt collie_model_mlp
-         collie_scheduler_ring collie_scheduler_native collie_scheduler_tree nccl_test device_test)
+         collie_scheduler_ring collie_scheduler_native collie_scheduler_tree nccl_test device_test
+         trainer_test)
 cmake --build "$build" -j "$jobs" --target "${targets[@]}" >"$out/build.log" 2>&1 ||
   { grep -E "error" "$out/build.log" | head -20; fail "build (log: $out/build.log)"; }
 say "built in $((SECONDS - start)) s"
 
 # ---- the GPU tests -----------------------------------------------------------------------
-for t in nccl_test device_test; do
-  "$build/bin/$t" 2>&1 | tee "$out/$t.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[ +(OK|FAILED|SKIPPED) \]" |
+for t in nccl_test device_test "trainer_test --gtest_filter=GpuTraining.*"; do
+  read -r -a test <<<"$t"
+  "$build/bin/${test[0]}" "${test[@]:1}" 2>&1 | tee "$out/${test[0]}.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[ +(OK|FAILED|SKIPPED) \]" |
     sed 's/^/# gpu-check: /' | tee -a "$out/gpu-check.txt"
-  [[ ${PIPESTATUS[0]} == 0 ]] || fail "$t (log: $out/$t.log)"
+  [[ ${PIPESTATUS[0]} == 0 ]] || fail "$t (log: $out/${test[0]}.log)"
 done
 
 # ---- collie and PyTorch eager on the same GPU, the same model ----------------------------

@@ -24,6 +24,7 @@
 #include "run_command.h"
 #include "runtime/communicator.h"
 #include "runtime/control.h"
+#include "runtime/device.h"
 #include "train/checkpoint.h"
 #include "train/sync.h"
 #include "train/trainer.h"
@@ -878,6 +879,27 @@ TEST(Gpt, Bf16AutocastTrainsAndDiffersFromFp32) {
   EXPECT_LT(result.last_loss, result.first_loss);
   EXPECT_GT(maxDifference(finalWeights("gpt-fp32"), finalWeights("gpt-bf16")), 1e-6)
       << "bf16 autocast must change the arithmetic";
+}
+
+// On a GPU (scripts/gpu-check.sh): two loopback ranks train on the GPU, their buckets staged
+// through host memory (loopback moves host memory only), and end where the CPU run ends.
+TEST(GpuTraining, TwoRanksOnTheGpuEndWhereTheCpuRunEnds) {
+  if (cudaDeviceCount() == 0) GTEST_SKIP() << "no GPU: " << torchDescription();
+  const std::vector<std::string> gpt = {
+      "model.plugin=gpt",
+      "model.params={layers: 2, d_model: 32, heads: 4, seq_len: 16, vocab: 64}",
+      "launch.nproc_per_node=2",
+      "train.micro_batch=2",
+      "train.steps=3",
+      "train.grad_checkpointing=true"};
+  auto on_gpu = gpt;
+  on_gpu.push_back("train.device=cuda");
+  runTraining("gpu-cpu", gpt);
+  const train::Result result = runTraining("gpu-cuda", on_gpu);
+  EXPECT_TRUE(result.sync.identical);
+  EXPECT_EQ(result.device.rfind("cuda:", 0), 0u) << result.device;
+  EXPECT_EQ(result.comm_memory, "host-staged");
+  EXPECT_LT(maxDifference(finalWeights("gpu-cpu"), finalWeights("gpu-cuda")), 1e-4);
 }
 
 TEST(MicroBatch, AutoSplitsTheGlobalBatchByMeasuredSpeed) {
