@@ -13,7 +13,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -31,6 +30,7 @@
 #include "runtime/communicator.h"
 #include "runtime/control.h"
 #include "runtime/device.h"
+#include "runtime/environment.h"
 #include "runtime/faults.h"
 #include "runtime/in_process.h"
 #include "runtime/trace.h"
@@ -72,15 +72,12 @@ class Autocast {
   at::DeviceType type_;
 };
 
-// The local rank a GPU is chosen by: LOCAL_RANK where a launcher set it (torchrun, collie
-// launch), else the rank's position among the ranks of its node.
+// The local rank a GPU is chosen by: the launcher's (collie, torchrun, Open MPI, Slurm)
+// where one started this process, else the rank's position among the ranks of its node
+// (ranks as threads).
 int localRankOf(const Topology& topology, int rank) {
-  if (const char* local = std::getenv("LOCAL_RANK")) {
-    char* end = nullptr;
-    const long value = std::strtol(local, &end, 10);
-    if (end != local && *end == '\0' && value >= 0) return static_cast<int>(value);
-  }
-  return topology.localRank(rank);
+  const WorkerEnv env = detectWorkerEnv();
+  return env.present ? env.local_rank : topology.localRank(rank);
 }
 
 // Model construction draws the initial weights from LibTorch's global generator; ranks that
