@@ -858,7 +858,7 @@ const Schema& experimentSchema() {
                 S::oneOf({"cpu", "cuda"})
                     .byDefault("cpu")
                     .into(&TrainSpec::cuda, {false, true})
-                    .doc("cuda: the local rank's GPU (LOCAL_RANK modulo the GPUs visible)")},
+                    .doc("cuda: the local rank's GPU (local rank modulo the GPUs visible)")},
                {"precision",
                 S::oneOf({"fp32", "bf16"}).byDefault("fp32").into(&TrainSpec::bf16, {false, true})},
                {"grad_checkpointing",
