@@ -686,11 +686,13 @@ class RankTrainer {
   void reseed(int64_t s) const {
     const uint64_t seed =
         spec_.seed + 1 + static_cast<uint64_t>(rank_) + static_cast<uint64_t>(s) * 0x9E3779B9ull;
-    for (const at::Device& device : {at::Device(at::kCPU), device_}) {
+    auto reseedOn = [seed](const at::Device& device) {
       at::Generator generator = at::globalContext().defaultGenerator(device);
       std::lock_guard<std::mutex> lock(generator.mutex());
       generator.set_current_seed(seed);
-    }
+    };
+    reseedOn(at::Device(at::kCPU));  // the data's and the CPU's dropout
+    if (device_.is_cuda()) reseedOn(device_);
   }
 
   // The global L2 norm of the (already all-reduced, identical) gradients; scaled down to
