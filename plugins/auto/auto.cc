@@ -37,11 +37,13 @@ CostModel readCalibration(const std::string& path) {
     const auto doc = nlohmann::json::parse(in);
     auto link = [&](const char* level) {
       const auto& l = doc.at(level);
-      return LinkCost{l.at("alpha").get<double>(), l.at("beta").get<double>()};
+      // beta_one_way: absent from calibrations written before it was measured (0: as beta)
+      return LinkCost{l.at("alpha").get<double>(), l.at("beta").get<double>(),
+                      l.value("beta_one_way", 0.0)};
     };
     CostModel model{link("intra"), link("inter"), doc.at("gamma").get<double>()};
-    for (double v :
-         {model.intra.alpha, model.intra.beta, model.inter.alpha, model.inter.beta, model.gamma}) {
+    for (double v : {model.intra.alpha, model.intra.beta, model.intra.beta_one_way,
+                     model.inter.alpha, model.inter.beta, model.inter.beta_one_way, model.gamma}) {
       if (!std::isfinite(v) || v < 0) throw std::invalid_argument("a negative or infinite value");
     }
     return model;

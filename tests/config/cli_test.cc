@@ -403,8 +403,15 @@ TEST(CliBench, EmittedRulesKeepEachSchedulersParams) {
     EXPECT_EQ(rule.choice.params.at("intra"), "ring") << rule.choice.name();
     EXPECT_NE(rule.choice.params.at("inter"), "ring") << rule.choice.name();
   }
-  // And the calibration the bench made is saved for auto.
-  EXPECT_TRUE(std::filesystem::exists(dir / "calibration.json")) << r.output;
+  // And the calibration the bench made is saved for auto, between the emulated nodes with
+  // the one-way stream's β beside the exchange's.
+  std::ifstream saved(dir / "calibration.json");
+  ASSERT_TRUE(saved) << r.output;
+  const auto calibration = nlohmann::json::parse(saved);
+  EXPECT_GT(calibration.at("inter").at("beta").get<double>(), 0);
+  EXPECT_GT(calibration.at("inter").at("beta_one_way").get<double>(), 0);
+  EXPECT_EQ(calibration.at("fits").at("inter_one_way").at("sizes"), 2);
+  EXPECT_NE(r.output.find(" GB/s (streamed, 2 sizes)"), std::string::npos) << r.output;
   std::filesystem::remove_all(dir);
 }
 

@@ -130,6 +130,44 @@ TEST(CostModel, FlowsLeavingOneNodeShareItsLink) {
   EXPECT_EQ(stepSeconds({}, two_nodes, cm), 0);
 }
 
+TEST(CostModel, AFlowWhoseWayBackIsIdlePaysTheOneWayBeta) {
+  // Between nodes 1 GB/s each way of an exchange, 1.25 GB/s one way (the calibration's
+  // stream): a flow pays the one-way β unless its way back (the sender's way in, the
+  // receiver's way out) carries data.
+  Topology two_nodes = Topology::fromLabels({"a", "a", "b", "b"});
+  CostModel cm = model(0, 100.0, 1e6);
+  cm.inter = {0, 1.0 / 1e9, 1.0 / 1.25e9};
+  const double m = 1e9;
+  EXPECT_NEAR(stepSeconds({{0, 2, m}}, two_nodes, cm), 0.8, 1e-9);
+  // Two flows one way share the link at the one-way rate: a tree's phase.
+  EXPECT_NEAR(stepSeconds({{0, 2, m}, {1, 3, m}}, two_nodes, cm), 1.6, 1e-9);
+  // Both ways at once, from different ranks too: a ring's step across two hosts.
+  for (double t : flowSeconds({{1, 2, m}, {3, 0, m}}, two_nodes, cm)) EXPECT_NEAR(t, 1.0, 1e-9);
+  // Traffic inside a node is not the link's way back.
+  EXPECT_NEAR(stepSeconds({{0, 2, m}, {3, 2, 1}}, two_nodes, cm), 0.8, 1e-9);
+  // Not measured (0): as β.
+  cm.inter.beta_one_way = 0;
+  EXPECT_NEAR(stepSeconds({{0, 2, m}}, two_nodes, cm), 1.0, 1e-9);
+}
+
+TEST(CostModel, OnlyTheTreesPhasesRunOneWay) {
+  // 2 nodes x 2 ranks, the link far slower than inside: with a one-way β 25 % faster than
+  // an exchange's, the tree (whose phases each cross the link one way) is predicted 1.25x
+  // faster; the ring and halving-doubling, which cross both ways at once, are not.
+  Topology two_nodes = Topology::fromLabels({"a", "a", "b", "b"});
+  CostModel both = model(0, 1000.0, 1e6);
+  both.inter = {0, 1.0 / 1e9};
+  CostModel one_way = both;
+  one_way.inter.beta_one_way = 1.0 / 1.25e9;
+  const auto args = allreduceOf(64 << 20);
+  for (const char* name : {"ring", "halving_doubling", "tree"}) {
+    auto s = loadScheduler(name);
+    const double ratio =
+        s->predictSeconds(args, two_nodes, both) / s->predictSeconds(args, two_nodes, one_way);
+    EXPECT_NEAR(ratio, std::string(name) == "tree" ? 1.25 : 1.0, 0.02) << name;
+  }
+}
+
 TEST(CostModel, FlatSchedulesOverTwoNodesPayForTheFlowsThatShareTheLink) {
   // 2 nodes x 2 ranks, a link between nodes far slower than inside, large messages. A
   // host-ordered ring: one flow of m/4 per node per step, 6 steps, 1.5 m. Halving-doubling
@@ -379,6 +417,17 @@ TEST(Auto, ACalibrationFileReplacesTheBuiltInModel) {
     FAIL() << "accepted";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("is not a calibration the bench wrote"), std::string::npos)
+        << e.what();
+  }
+  // Nor a one-way β below zero.
+  bad.set("calibration",
+          testing::writeTempFile("bad-one-way.json", R"({"intra": {"alpha": 1e-9, "beta": 1e-6},
+ "inter": {"alpha": 1e-9, "beta": 1e-6, "beta_one_way": -1e-6}, "gamma": 1e-12})"));
+  try {
+    loadScheduler("auto", bad);
+    FAIL() << "accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("a negative or infinite value"), std::string::npos)
         << e.what();
   }
 }

@@ -12,12 +12,20 @@
 
 namespace collie {
 
-// One level of the network: α seconds per message, β seconds per byte on the wire.
+// One level of the network: α seconds per message, β seconds per byte on the wire while
+// the opposite direction carries data too (both ends send, as in an exchange: the
+// acknowledgements of each direction queue behind the other's data), and `beta_one_way`
+// while the opposite direction is idle (0: not measured, the same as β).
 struct LinkCost {
   double alpha = 0;
   double beta = 0;
+  double beta_one_way = 0;
   // Time of one message of `bytes`.
   double message(double bytes) const { return alpha + beta * bytes; }
+  // β of a direction whose opposite direction is busy (`both_ways`) or idle.
+  double betaFor(bool both_ways) const {
+    return both_ways || beta_one_way <= 0 ? beta : beta_one_way;
+  }
 };
 
 struct CostModel {
@@ -48,6 +56,9 @@ struct Flow {
 //   every flow leaving or entering that node shares (the calibration measured one flow
 //   alone on it): two ranks of a host that send to another host at once get half the
 //   link each.
+// The β is the level's one-way β (LinkCost::betaFor) unless the flow's way back carries
+// data too: the sender's way in or the receiver's way out (its acknowledgements travel
+// there).
 inline std::vector<double> flowSeconds(const std::vector<Flow>& flows, const Topology& topology,
                                        const CostModel& model) {
   const int ranks = topology.world_size;
@@ -71,7 +82,9 @@ inline std::vector<double> flowSeconds(const std::vector<Flow>& flows, const Top
     const LinkCost& link = local ? model.intra : model.inter;
     const double load = local ? std::max(out[f.from], in[f.to])
                               : std::max(egress[node(f.from)], ingress[node(f.to)]);
-    seconds.push_back(f.messages * link.alpha + load * link.beta);
+    const bool both_ways = local ? in[f.from] > 0 || out[f.to] > 0
+                                 : ingress[node(f.from)] > 0 || egress[node(f.to)] > 0;
+    seconds.push_back(f.messages * link.alpha + load * link.betaFor(both_ways));
   }
   return seconds;
 }

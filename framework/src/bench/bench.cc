@@ -90,6 +90,7 @@ class RankBench {
       result.model = c.model;
       result.fit_intra = c.intra;
       result.fit_inter = c.inter;
+      result.fit_inter_one_way = c.inter_one_way;
       result.calibrated = true;
       for (auto& s : schedulers_) {
         for (auto& rule : s.rules) rule.choice.scheduler->useCostModel(c.model);

@@ -66,6 +66,7 @@ struct Result {
   CostModel model;
   bool calibrated = false;
   LinkFit fit_intra, fit_inter;  // how each level's probes fit the model
+  LinkFit fit_inter_one_way;     // and the one-way stream between nodes
 };
 
 // Which scheduler is fastest at one size of one run. Measured times are ranges (min–max

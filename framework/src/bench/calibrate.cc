@@ -14,6 +14,10 @@ namespace {
 constexpr std::pair<uint64_t, int> kProbes[] = {{8, 30},      {4096, 30},   {65536, 20},
                                                 {262144, 10}, {1 << 20, 6}, {4 << 20, 6}};
 
+// The one-way probe between nodes streams the sizes from here up: smaller streams are
+// passed at once by a lab link's token bucket.
+constexpr uint64_t kOneWayFrom = 1 << 20;
+
 // Whom a rank exchanges with in one probe: it sends to `to` and receives from `from` at
 // once; -1 for both: it sits this probe out.
 struct Partners {
@@ -65,6 +69,55 @@ double exchange(Backend& backend, Control& control, uint64_t bytes, int iters, P
   if (times.empty()) return 0;
   std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
   return times[times.size() / 2];
+}
+
+// One way between nodes: rank 0 streams `iters` messages of `bytes` to the first rank of
+// another node, which only receives, so the way back stays idle. The seconds per message
+// from the first message's arrival to the last's (0 for ranks that sit out; the stream's
+// start, which the first message pays, is the exchange's to measure).
+double stream(Backend& backend, Control& control, uint64_t bytes, int iters, Partners p) {
+  const Buffer like = measurementLike(backend, DType::kF64);
+  const size_t count = std::max<uint64_t>(1, bytes / 8);
+  ScratchBuffer data(like, count);
+  std::vector<Tag> tags;
+  for (int i = 0; i < iters; ++i) tags.push_back(control.nextTag());
+  double seconds = 0;
+  control.barrier();
+  if (p.to >= 0) {
+    std::vector<std::unique_ptr<Request>> sends;
+    for (Tag tag : tags) sends.push_back(backend.isend(p.to, data.view(), tag));
+    waitAll(sends, backend.timeout());
+  } else if (p.from >= 0) {
+    std::vector<std::unique_ptr<Request>> recvs;
+    for (Tag tag : tags) recvs.push_back(backend.irecv(p.from, data.view(), tag));
+    recvs.front()->wait(backend.timeout());
+    const double first = backend.clockSeconds();
+    for (size_t i = 1; i < recvs.size(); ++i) recvs[i]->wait(backend.timeout());
+    seconds = (backend.clockSeconds() - first) / static_cast<double>(iters - 1);
+  }
+  control.barrier();
+  return seconds;
+}
+
+// The one-way β between nodes (LinkCost::beta_one_way): the slope of the stream's seconds
+// per message over the largest probe sizes, where the bandwidth decides; 0 without a pair
+// of nodes.
+double probeOneWay(Backend& backend, Control& control, Partners exchange_partners, int rank,
+                   LinkFit* fit) {
+  Partners mine;  // rank 0 sends, its partner receives
+  if (exchange_partners.to >= 0) (rank == 0 ? mine.to : mine.from) = exchange_partners.to;
+  std::vector<std::pair<double, double>> points;
+  for (const auto& [bytes, iters] : kProbes) {
+    if (bytes < kOneWayFrom) continue;
+    const double t = stream(backend, control, bytes, iters, mine);
+    const double slowest = control.max({t})[0];
+    if (slowest > 0) points.emplace_back(static_cast<double>(bytes), slowest);
+  }
+  fit->probed = points.size() > 1;
+  fit->sizes = static_cast<int>(points.size());
+  fit->points = points;
+  if (!fit->probed) return 0;
+  return fitLine(points, &fit->residual).beta;
 }
 
 // One level: every size probed with the same partners, the slowest probing rank's median per
@@ -142,7 +195,10 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
     // rank at once measure the memory bus's contention rather than the link; between nodes
     // the probes go past a lab link's token bucket (500 KB at 1 Gbit/s).
     c.model.intra = probeLevel(backend, control, intraPartners(topology, rank), 1 << 20, &c.intra);
-    c.model.inter = probeLevel(backend, control, interPartners(topology, rank), 4 << 20, &c.inter);
+    const Partners across = interPartners(topology, rank);
+    c.model.inter = probeLevel(backend, control, across, 4 << 20, &c.inter);
+    if (c.inter.probed)
+      c.model.inter.beta_one_way = probeOneWay(backend, control, across, rank, &c.inter_one_way);
     // A level without a pair of ranks (one rank per node; one node) is the other level.
     if (!c.intra.probed) c.model.intra = c.model.inter;
     if (!c.inter.probed) c.model.inter = c.model.intra;
@@ -150,10 +206,12 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
   c.model.gamma = probeReduction(backend, control, dtype);
   const auto root =
       control.fromRoot({c.model.intra.alpha, c.model.intra.beta, c.model.inter.alpha,
-                        c.model.inter.beta, c.model.gamma, c.intra.residual, c.inter.residual});
-  c.model = {{root[0], root[1]}, {root[2], root[3]}, root[4]};
-  c.intra.residual = root[5];
-  c.inter.residual = root[6];
+                        c.model.inter.beta, c.model.inter.beta_one_way, c.model.gamma,
+                        c.intra.residual, c.inter.residual, c.inter_one_way.residual});
+  c.model = {{root[0], root[1]}, {root[2], root[3], root[4]}, root[5]};
+  c.intra.residual = root[6];
+  c.inter.residual = root[7];
+  c.inter_one_way.residual = root[8];
   return c;
 }
 

@@ -47,8 +47,13 @@ void header(std::ostream& out, const Row& first, const Result& result) {
     out << "# cost model (calibrated):";
     if (result.fit_intra.probed)
       out << " " << level("inside a node", m.intra, result.fit_intra) << ";";
-    if (result.fit_inter.probed)
-      out << " " << level("between nodes", m.inter, result.fit_inter) << ";";
+    if (result.fit_inter.probed) {
+      out << " " << level("between nodes", m.inter, result.fit_inter);
+      if (result.fit_inter_one_way.probed && m.inter.beta_one_way > 0)
+        out << fmt::format(", one way {:.3f} GB/s (streamed, {} sizes)",
+                           1e-9 / m.inter.beta_one_way, result.fit_inter_one_way.sizes);
+      out << ";";
+    }
     out << fmt::format(" gamma {:.3f} GB/s\n", m.gamma > 0 ? 1e-9 / m.gamma : INFINITY);
   }
   int fewest = first.iters, most = first.iters;
@@ -306,7 +311,7 @@ nlohmann::json rowsJson(const std::vector<Row>& rows) {
 }
 
 nlohmann::json linkJson(const LinkCost& link) {
-  return {{"alpha", link.alpha}, {"beta", link.beta}};
+  return {{"alpha", link.alpha}, {"beta", link.beta}, {"beta_one_way", link.beta_one_way}};
 }
 
 nlohmann::json fitJson(const LinkFit& fit) {
@@ -327,7 +332,14 @@ LinkFit fitOf(const nlohmann::json& j) {
 }
 
 LinkCost linkOf(const nlohmann::json& j) {
-  return {j.at("alpha").get<double>(), j.at("beta").get<double>()};
+  return {j.at("alpha").get<double>(), j.at("beta").get<double>(),
+          j.at("beta_one_way").get<double>()};
+}
+
+nlohmann::json fitsJson(const Result& result) {
+  return {{"intra", fitJson(result.fit_intra)},
+          {"inter", fitJson(result.fit_inter)},
+          {"inter_one_way", fitJson(result.fit_inter_one_way)}};
 }
 
 }  // namespace
@@ -338,13 +350,12 @@ void writeJson(const std::string& path, const std::vector<Row>& rows) {
 
 void writeCalibration(const std::string& path, const Result& result) {
   const std::string backend = result.rows.empty() ? "" : result.rows.front().backend;
-  nlohmann::json doc = {
-      {"backend", backend},
-      {"ranks", result.rows.empty() ? 0 : result.rows.front().ranks},
-      {"intra", linkJson(result.model.intra)},
-      {"inter", linkJson(result.model.inter)},
-      {"gamma", result.model.gamma},
-      {"fits", {{"intra", fitJson(result.fit_intra)}, {"inter", fitJson(result.fit_inter)}}}};
+  nlohmann::json doc = {{"backend", backend},
+                        {"ranks", result.rows.empty() ? 0 : result.rows.front().ranks},
+                        {"intra", linkJson(result.model.intra)},
+                        {"inter", linkJson(result.model.inter)},
+                        {"gamma", result.model.gamma},
+                        {"fits", fitsJson(result)}};
   detail::writeFileAtomically(path, doc.dump(2) + "\n");
 }
 
@@ -357,19 +368,18 @@ void saveResult(const std::string& path, const Result& result) {
                      {"load", std::isfinite(h.load) ? nlohmann::json(h.load) : nullptr},
                      {"link", h.link}});
   }
-  nlohmann::json doc = {
-      {"facts",
-       {{"cpu_model", result.facts.cpu_model},
-        {"backend", result.facts.backend},
-        {"simulated", result.facts.simulated},
-        {"hosts", hosts}}},
-      {"rows", rowsJson(result.rows)},
-      {"calibrated", result.calibrated},
-      {"fits", {{"intra", fitJson(result.fit_intra)}, {"inter", fitJson(result.fit_inter)}}},
-      {"model",
-       {{"intra", linkJson(result.model.intra)},
-        {"inter", linkJson(result.model.inter)},
-        {"gamma", result.model.gamma}}}};
+  nlohmann::json doc = {{"facts",
+                         {{"cpu_model", result.facts.cpu_model},
+                          {"backend", result.facts.backend},
+                          {"simulated", result.facts.simulated},
+                          {"hosts", hosts}}},
+                        {"rows", rowsJson(result.rows)},
+                        {"calibrated", result.calibrated},
+                        {"fits", fitsJson(result)},
+                        {"model",
+                         {{"intra", linkJson(result.model.intra)},
+                          {"inter", linkJson(result.model.inter)},
+                          {"gamma", result.model.gamma}}}};
   detail::writeFileAtomically(path, doc.dump() + "\n");
 }
 
@@ -392,6 +402,7 @@ Result loadResult(const std::string& path) {
     }
     result.fit_intra = fitOf(doc.at("fits").at("intra"));
     result.fit_inter = fitOf(doc.at("fits").at("inter"));
+    result.fit_inter_one_way = fitOf(doc.at("fits").at("inter_one_way"));
     result.model.intra = linkOf(doc.at("model").at("intra"));
     result.model.inter = linkOf(doc.at("model").at("inter"));
     result.model.gamma = doc.at("model").at("gamma").get<double>();
