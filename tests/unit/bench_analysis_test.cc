@@ -97,6 +97,36 @@ TEST(BenchAnalysis, RunsOfAMatrixAreJudgedApart) {
   EXPECT_EQ(verdicts({a, b, c, d}, false).size(), 2u);
 }
 
+TEST(BenchAnalysis, AutoIsAsFastWithinFivePerCentOrWithinTheSpread) {
+  auto chooser = [](uint64_t bytes, double low, double median, double high) {
+    Row r = row("auto", bytes, low, median, high);
+    r.ran = "tree";
+    return r;
+  };
+  const std::vector<Row> rows = {
+      // 4 KiB: tree is fastest; auto ran it, 8 % slower by the medians, but in its range.
+      row("ring", 4096, 90, 100, 110), row("tree", 4096, 45, 50, 56), chooser(4096, 50, 54, 58),
+      // 8 KiB: 8 % slower and apart: not as fast.
+      row("ring", 8192, 90, 100, 110), row("tree", 8192, 49, 50, 51), chooser(8192, 53, 54, 55),
+      // 16 KiB: 4 % slower and apart: within 5 %.
+      row("ring", 16384, 90, 100, 110), row("tree", 16384, 49, 50, 51),
+      chooser(16384, 51.5, 52, 53),
+      // 32 KiB: no scheduler is fastest: not judged.
+      row("ring", 32768, 40, 50, 60), row("tree", 32768, 45, 50, 55), chooser(32768, 1, 1, 1)};
+  const auto v = autoVerdicts(rows);
+  ASSERT_EQ(v.size(), 4u);
+  EXPECT_EQ(v[0].fastest, "tree");
+  EXPECT_EQ(v[0].ran, "tree");
+  EXPECT_NEAR(v[0].off_percent, 8, 1e-9);
+  EXPECT_TRUE(v[0].overlaps);
+  EXPECT_TRUE(v[0].asFast());
+  EXPECT_FALSE(v[1].overlaps);
+  EXPECT_FALSE(v[1].asFast());
+  EXPECT_FALSE(v[2].overlaps);
+  EXPECT_TRUE(v[2].asFast());
+  EXPECT_FALSE(v[3].judged());
+}
+
 TEST(BenchAnalysis, Median) {
   EXPECT_TRUE(std::isnan(median({})));
   EXPECT_EQ(median({3}), 3);

@@ -94,6 +94,34 @@ std::vector<Crossover> crossovers(const std::vector<Row>& rows, bool predicted) 
   return found;
 }
 
+std::vector<AutoVerdict> autoVerdicts(const std::vector<Row>& rows) {
+  std::vector<AutoVerdict> found;
+  const auto judged = verdicts(rows, false);
+  for (const Row& r : rows) {
+    if (r.plugin != "auto" || r.wrong != 0) continue;
+    const auto v = std::find_if(judged.begin(), judged.end(), [&](const SizeVerdict& v) {
+      return v.run == r.run && v.bytes == r.bytes;
+    });
+    if (v == judged.end()) continue;
+    AutoVerdict a;
+    a.run = r.run;
+    a.label = r.scheduler;
+    a.bytes = r.bytes;
+    a.ran = r.ran;
+    const auto best = std::find_if(rows.begin(), rows.end(), [&](const Row& b) {
+      return comparable(b) && b.run == r.run && b.bytes == r.bytes && b.scheduler == v->fastest;
+    });
+    if (v->distinguishable() && best != rows.end() && best->time_us > 0) {
+      const Range mine = rangeOf(r, false), fast = rangeOf(*best, false);
+      a.fastest = v->fastest;
+      a.off_percent = (r.time_us / best->time_us - 1) * 100;
+      a.overlaps = mine.low <= fast.high && fast.low <= mine.high;
+    }
+    found.push_back(std::move(a));
+  }
+  return found;
+}
+
 RulesFile bestRules(const std::vector<Row>& rows,
                     const std::vector<config::PluginRef>& schedulers) {
   RulesFile file;

@@ -94,6 +94,25 @@ struct Crossover {
 };
 std::vector<Crossover> crossovers(const std::vector<Row>& rows, bool predicted);
 
+// How an `auto` entry did at one size of one run: what it ran and, where one scheduler is
+// distinguishably fastest (verdicts()), how its median compares with that one's. It is as
+// fast when within 5 % of it, or when the two ranges overlap: the spread over repeats then
+// cannot tell them apart (auto running the fastest scheduler itself, timed in calls of its
+// own, comes out a few per cent either side of it).
+struct AutoVerdict {
+  std::string run, label;  // the auto entry's label
+  uint64_t bytes = 0;
+  std::string ran;
+  std::string fastest;     // "": no scheduler is distinguishably fastest at this size
+  double off_percent = 0;  // auto's median against the fastest's, in per cent
+  bool overlaps = false;   // their min-max ranges overlap
+  bool judged() const { return !fastest.empty(); }
+  bool asFast() const { return off_percent <= 5 || overlaps; }
+};
+// In row order; auto rows with wrong results, or at sizes without a comparable time, are
+// left out.
+std::vector<AutoVerdict> autoVerdicts(const std::vector<Row>& rows);
+
 // The median of `values` (NaN when empty).
 double median(std::vector<double> values);
 

@@ -118,47 +118,38 @@ void fastest(std::ostream& out, const std::vector<Row>& rows) {
 // What `auto` ran at each size and how far its median is from the fastest measured
 // scheduler's, at the sizes where one is fastest (its range apart from every other's).
 void autoAgainstFastest(std::ostream& out, const std::vector<Row>& rows) {
-  const auto judged = verdicts(rows, false);
-  for (const Row& a : rows) {
-    if (a.plugin != "auto" || a.wrong != 0) continue;
-    if (&a != &*std::find_if(rows.begin(), rows.end(), [&](const Row& r) {
-          return r.plugin == "auto" && r.wrong == 0 && r.run == a.run && r.scheduler == a.scheduler;
-        }))
-      continue;  // once per auto label and run
+  const auto judged = autoVerdicts(rows);
+  std::vector<std::pair<std::string, std::string>> entries;  // (run, label), in row order
+  for (const AutoVerdict& v : judged) {
+    if (std::find(entries.begin(), entries.end(), std::pair{v.run, v.label}) == entries.end())
+      entries.emplace_back(v.run, v.label);
+  }
+  for (const auto& [run, label] : entries) {
     std::string sizes;
-    int judged_sizes = 0, within = 0, tied = 0;
-    for (const Row& r : rows) {
-      if (r.run != a.run || r.scheduler != a.scheduler || r.wrong != 0) continue;
-      const auto v = std::find_if(judged.begin(), judged.end(), [&](const SizeVerdict& v) {
-        return v.run == r.run && v.bytes == r.bytes;
-      });
-      if (v == judged.end()) continue;
-      if (!v->distinguishable()) {
+    int judged_sizes = 0, as_fast = 0, tied = 0;
+    for (const AutoVerdict& v : judged) {
+      if (v.run != run || v.label != label) continue;
+      if (!v.judged()) {
         ++tied;
         continue;
       }
-      const auto best = std::find_if(rows.begin(), rows.end(), [&](const Row& b) {
-        return b.run == r.run && b.bytes == r.bytes && b.scheduler == v->fastest;
-      });
-      if (best == rows.end() || !(best->time_us > 0)) continue;
-      const double off = (r.time_us / best->time_us - 1) * 100;
       ++judged_sizes;
-      within += off <= 5 ? 1 : 0;
-      sizes += fmt::format("{}{} ran {} ({:+.0f}% against {})", sizes.empty() ? "" : ", ",
-                           formatBytes(r.bytes), r.ran, off, v->fastest);
+      as_fast += v.asFast() ? 1 : 0;
+      sizes += fmt::format("{}{} ran {} ({:+.0f}% against {}{})", sizes.empty() ? "" : ", ",
+                           formatBytes(v.bytes), v.ran, v.off_percent, v.fastest,
+                           v.off_percent > 5 && v.overlaps ? ", ranges overlap" : "");
     }
-    if (judged_sizes == 0 && tied == 0) continue;
     if (judged_sizes == 0) {
       out << fmt::format(
           "# {} against the fastest: no size has one fastest scheduler ({} "
           "indistinguishable)\n",
-          a.scheduler, tied);
+          label, tied);
       continue;
     }
     out << fmt::format(
-        "# {} against the fastest: {}{}within 5% at {} of {} size(s) where one is "
-        "fastest{}\n",
-        a.scheduler, sizes, sizes.empty() ? "" : "; ", within, judged_sizes,
+        "# {} against the fastest: {}; as fast (within 5%, or ranges overlap) at {} of {} "
+        "size(s) where one is fastest{}\n",
+        label, sizes, as_fast, judged_sizes,
         tied > 0 ? fmt::format(" ({} more indistinguishable)", tied) : "");
   }
 }
