@@ -78,18 +78,21 @@ double exchange(Backend& backend, Control& control, uint64_t bytes, int iters, P
 double stream(Backend& backend, Control& control, uint64_t bytes, int iters, Partners p) {
   const Buffer like = measurementLike(backend, DType::kF64);
   const size_t count = std::max<uint64_t>(1, bytes / 8);
-  ScratchBuffer data(like, count);
   std::vector<Tag> tags;
   for (int i = 0; i < iters; ++i) tags.push_back(control.nextTag());
   double seconds = 0;
   control.barrier();
   if (p.to >= 0) {
+    ScratchBuffer data(like, count);  // only read, by every send at once
     std::vector<std::unique_ptr<Request>> sends;
     for (Tag tag : tags) sends.push_back(backend.isend(p.to, data.view(), tag));
     waitAll(sends, backend.timeout());
   } else if (p.from >= 0) {
+    std::vector<ScratchBuffer> into;  // a buffer per message: they arrive while others land
+    into.reserve(iters);
+    for (int i = 0; i < iters; ++i) into.emplace_back(like, count);
     std::vector<std::unique_ptr<Request>> recvs;
-    for (Tag tag : tags) recvs.push_back(backend.irecv(p.from, data.view(), tag));
+    for (int i = 0; i < iters; ++i) recvs.push_back(backend.irecv(p.from, into[i].view(), tags[i]));
     recvs.front()->wait(backend.timeout());
     const double first = backend.clockSeconds();
     for (size_t i = 1; i < recvs.size(); ++i) recvs[i]->wait(backend.timeout());
