@@ -96,19 +96,22 @@ std::vector<std::vector<int>> parseCpus(const std::string& text, int hosts) {
 // reaches the rate: rate / HZ (4 ms; HZ is 250 on Debian's kernels), but at most 128 KB,
 // which still reached 96-98 % of 1 Gbit/s here (64 KB: 70 %), and never under 1 ms of the
 // rate.
-// The queue: 10 ms of the rate (1.25 MB at 1 Gbit/s), then drops: TCP backs off. With
-// 100 ms TCP filled the queue, and each direction's acknowledgements waited behind the
-// other's data, so gloo's exchange between two hosts moved 0.097-0.112 GB/s each way (three
-// calibrations) while one way streamed 0.119. With 2 ms (a switch port's buffer) the
-// exchange moved 0.114-0.120, but the lab dropped packets when four flows met, and a
-// retransmission timeout (200 ms) made a 1 MiB all-reduce up to 3x slower now and then.
+// The queue: 1.25 MB, as a switch port buffers bytes whatever its rate (10 ms at 1 Gbit/s,
+// 100 ms at 100 Mbit/s), then drops: TCP backs off. With 100 ms at 1 Gbit/s TCP filled the
+// queue, and each direction's acknowledgements waited behind the other's data, so gloo's
+// exchange between two hosts moved 0.097-0.112 GB/s each way (three calibrations) while one
+// way streamed 0.119. With 2 ms the exchange moved 0.114-0.120, but the lab dropped packets
+// when four flows met, and a retransmission timeout (200 ms) made a 1 MiB all-reduce up to
+// 3x slower now and then. With 10 ms at 100 Mbit/s (125 KB), in one of 14 runs of the lab's
+// kill test the other host's ranks waited past the job's 10 s grace for the killed ones.
 std::vector<std::string> tbfArgs(uint64_t rate_bits) {
   const uint64_t bytes_per_second = rate_bits / 8;
   const uint64_t burst = std::max({uint64_t{16 * 1024}, bytes_per_second / 1000,
                                    std::min<uint64_t>(bytes_per_second / 250, 128000)});
-  return {
-      "root",    "tbf", "rate", fmt::format("{}bit", rate_bits), "burst", fmt::format("{}", burst),
-      "latency", "10ms"};
+  return {"root",  "tbf",
+          "rate",  fmt::format("{}bit", rate_bits),
+          "burst", fmt::format("{}", burst),
+          "limit", fmt::format("{}", 1250000 + burst)};
 }
 
 void writeState(const Lab& lab) {
