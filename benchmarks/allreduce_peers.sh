@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# All-reduce busbw per size, side by side in one run on this machine (DESIGN §9):
+# All-reduce busbw per size, side by side in one run on this machine:
 #   collie's schedulers over gloo (TCP) and over ucx (shared memory: sysv + cma),
 #   Gloo's own all-reduce algorithms called directly (TCP),
 #   Open MPI's MPI_Allreduce over shared memory (vader) and over TCP,

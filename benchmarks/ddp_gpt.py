@@ -6,7 +6,7 @@ with the measured throughput and every rank's peak RSS (rank 0). With --zero the
 is torch.distributed.optim.ZeroRedundancyOptimizer over AdamW (ZeRO stage 1, the peer of
 collie's train.sharding: optimizer; benchmarks/zero_peers.sh).
 
-Run it the way DESIGN §10 says Debian's torchrun works:
+Run it the way Debian's torchrun works:
   OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 --redirects 2 --tee 1 \
       benchmarks/ddp_gpt.py --steps 30
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # collie's DDP trainer against PyTorch DDP (Python, torchrun, Gloo; Debian's python3-torch)
 # on the same GPT, 1 and 2 processes, 1 thread each, in one run: tokens/s side by side and
-# the ratio collie / PyTorch. Both load the same OpenBLAS (DESIGN §10).
+# the ratio collie / PyTorch. Both load the same OpenBLAS.
 #   benchmarks/ddp_peers.sh [OUT]        (STEPS=30 ROUNDS=2 RANKS="1 2" to change)
 set -euo pipefail
 cd "$(dirname "$0")/.."

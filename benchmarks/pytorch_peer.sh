@@ -1,6 +1,6 @@
 # Sourced by the benchmarks that run a PyTorch peer beside collie (ddp_peers.sh,
 # zero_peers.sh): checks what both need and sets `python`, `collie` and `openblas` (the
-# library both load, DESIGN §10), then prints what runs.
+# library both load), then prints what runs.
 python=/usr/bin/python3
 collie=build/bin/collie
 [[ -x "$collie" ]] || { echo "build collie first: scripts/build.sh" >&2; exit 2; }

@@ -2,7 +2,7 @@
 #                   [LIBRARIES <targets...>] [NO_INSTALL])
 #
 # Builds libcollie_<kind>_<name>.so: a MODULE library with hidden visibility that exports only
-# the collie_plugin_v1 descriptor (DESIGN §2). Used in the collie tree and, through
+# the collie_plugin_v1 descriptor. Used in the collie tree and, through
 # find_package(collie), by out-of-tree plugins.
 function(collie_add_plugin)
   cmake_parse_arguments(ARG "NO_INSTALL" "NAME;KIND" "SOURCES;LIBRARIES" ${ARGN})

@@ -2,9 +2,14 @@
 // in-memory mailboxes. Full backend contract (tags, timeouts, split, abort), for tests.
 //
 // Rendezvous protocol: whichever side of a transfer arrives second copies the bytes straight
-// from the send buffer into the receive buffer (one memcpy, no staging copy), and completes
+// from the send buffer into the receive buffer (one copy, no staging copy), and completes
 // the waiting side. A send therefore completes once its receive is posted, as the contract
 // allows ("the buffer stays untouched until the request completes").
+//
+// Memory (params.memory): host memory by default, copied by memcpy; with `device`, device
+// memory only, as nccl moves it, copied through the framework's device memory table
+// (copyInto), so that on a GPU it moves device buffers and on the emulated device every
+// pointer it is handed is checked.
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
@@ -12,6 +17,7 @@
 #include <map>
 #include <mutex>
 
+#include "collie/device_memory.h"
 #include "collie/plugin.h"
 
 namespace collie::loopback {
@@ -153,10 +159,12 @@ class LoopbackBackend : public Backend {
  public:
   explicit LoopbackBackend(const PluginContext& context)
       : LoopbackBackend(context.backend.job_id, context.backend.rank, context.backend.size,
-                        context.params->getDuration("timeout", context.backend.timeout)) {}
+                        context.params->getDuration("timeout", context.backend.timeout),
+                        memoryOf(*context.params)) {}
 
-  LoopbackBackend(const std::string& key, int rank, int size, std::chrono::milliseconds timeout)
-      : key_(key), rank_(rank), size_(size), timeout_(timeout) {
+  LoopbackBackend(const std::string& key, int rank, int size, std::chrono::milliseconds timeout,
+                  MemoryKind moves)
+      : key_(key), rank_(rank), size_(size), timeout_(timeout), moves_(moves) {
     if (size < 1 || rank < 0 || rank >= size) {
       throw CommError("loopback: rank " + std::to_string(rank) + " is outside a group of " +
                       std::to_string(size));
@@ -169,6 +177,8 @@ class LoopbackBackend : public Backend {
   std::chrono::milliseconds timeout() const override { return timeout_; }
   Capabilities capabilities() const override {
     Capabilities caps;
+    caps.host_memory = moves_ == MemoryKind::kHost;
+    caps.cuda_memory = moves_ == MemoryKind::kCuda;
     return caps;
   }
 
@@ -183,7 +193,7 @@ class LoopbackBackend : public Backend {
   std::unique_ptr<Backend> split(const std::vector<int>& ranks) override {
     const int me = splitPosition(ranks, rank_, "loopback");
     return std::make_unique<LoopbackBackend>(key_ + "/" + splitName(splits_++, ranks), me,
-                                             static_cast<int>(ranks.size()), timeout_);
+                                             static_cast<int>(ranks.size()), timeout_, moves_);
   }
 
   void abort(const std::string& reason) override {
@@ -200,7 +210,7 @@ class LoopbackBackend : public Backend {
   // it. A send waits in the peer's mailbox under (this rank, tag), a receive in ours under
   // (peer, tag), so both sides look in the same place.
   std::unique_ptr<Request> post(int peer, const Buffer& buf, Tag tag, bool sending) {
-    checkTransfer("loopback", rank_, size_, peer, buf, sending, MemoryKind::kHost);
+    checkTransfer("loopback", rank_, size_, peer, buf, sending, moves_);
     const Transfer t{rank_, peer, sending, tag};
     auto& box = world_->boxes[sending ? peer : rank_];
     const World::Key key{sending ? rank_ : peer, tag};
@@ -250,8 +260,31 @@ class LoopbackBackend : public Backend {
       return "loopback: " + t.describe() + ": the message has " + std::to_string(from.bytes()) +
              " bytes, the receive expects " + std::to_string(to.bytes());
     }
-    if (from.bytes() > 0) std::memcpy(to.data, from.data, from.bytes());
+    if (from.bytes() == 0) return "";
+    if (from.memory == MemoryKind::kHost) {
+      std::memcpy(to.data, from.data, from.bytes());
+      return "";
+    }
+    try {
+      Buffer dst = to;  // the same bytes, viewed as the sender's elements
+      dst.dtype = from.dtype;
+      dst.count = from.count;
+      copyInto(dst, from);
+    } catch (const std::exception& e) {
+      return "loopback: " + t.describe() + ": " + e.what();
+    }
     return "";
+  }
+
+  // params.memory: "host" (the default) or "device".
+  static MemoryKind memoryOf(const Params& params) {
+    const std::string memory = params.getString("memory", "host");
+    if (memory == "host") return MemoryKind::kHost;
+    if (memory == "device") return MemoryKind::kCuda;
+    throw ConfigError("loopback: params.memory '" + memory +
+                      "' is not a memory it moves; expected host or device. HINT: device moves "
+                      "device memory only (as nccl does); without a GPU set "
+                      "COLLIE_EMULATED_DEVICE=1");
   }
 
   void complete(Pending& pending, const std::string& error) {
@@ -264,6 +297,7 @@ class LoopbackBackend : public Backend {
   std::string key_;
   int rank_, size_;
   std::chrono::milliseconds timeout_;
+  MemoryKind moves_;
   std::shared_ptr<World> world_;
   int splits_ = 0;
 };

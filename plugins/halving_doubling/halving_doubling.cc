@@ -51,7 +51,7 @@ class HalvingDoublingScheduler : public Scheduler {
       case Collective::kAllReduce:
         return allReduce(args, backend);
       case Collective::kBarrier:
-        return barrier(args.seq, backend);
+        return barrier(args, backend);
       case Collective::kReduceScatter:
         return reduceScatter(args, backend);
       case Collective::kAllGather:
@@ -272,10 +272,12 @@ class HalvingDoublingScheduler : public Scheduler {
     }
   }
 
-  // Dissemination barrier: ceil(log2 n) rounds of empty messages at distances 1, 2, 4, ...
-  void barrier(uint64_t seq, Backend& backend) {
+  // Dissemination barrier: ceil(log2 n) rounds of empty messages at distances 1, 2, 4, ...,
+  // in the memory of the caller's (empty) buffer, which the backend moves.
+  void barrier(const CollectiveArgs& args, Backend& backend) {
+    const uint64_t seq = args.seq;
     const int n = backend.size(), rank = backend.rank();
-    Buffer empty;
+    const Buffer empty = args.data.slice(0, 0);
     for (int k = 0, d = 1; d < n; ++k, d *= 2) {
       schedules::Requests requests;
       requests.push_back(

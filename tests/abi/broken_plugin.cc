@@ -50,7 +50,7 @@ class EchoScheduler : public collie::Scheduler {
 #if defined(BROKEN_FINGERPRINT)
 #define FINGERPRINT "othercc-1.0;cxx11abi=0;torch=0.0;collie=0.0.1"
 #else
-#define FINGERPRINT COLLIE_BUILD_FINGERPRINT
+#define FINGERPRINT COLLIE_FINGERPRINT_OF(KIND)
 #endif
 
 extern "C" COLLIE_EXPORT const collie_plugin_descriptor_v1 collie_plugin_v1 = {

@@ -1,4 +1,4 @@
-// The loopback backend against the backend contract (DESIGN §3).
+// The loopback backend against the backend contract.
 #include <gtest/gtest.h>
 
 #include <unistd.h>

@@ -4,6 +4,8 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -188,6 +190,28 @@ TEST(Cli, LogLevelFlagAndEnvironment) {
 
 namespace collie {
 namespace {
+
+// nccl moves device memory only: quickstart over it (train.device: cpu) is refused by name,
+// and without a GPU train.device: cuda stops too, each before any rank starts, in one line.
+TEST(Cli, NcclIsRefusedBeforeAnyRankStartsWhereItCannotRun) {
+  if (!std::filesystem::exists(COLLIE_TEST_PLUGIN_DIR "/libcollie_backend_nccl.so")) {
+    GTEST_SKIP() << "the nccl backend is not built here (no CUDA toolkit with NCCL)";
+  }
+  const std::string quickstart = std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/quickstart.yaml";
+  auto one_line = [](const testing::CommandResult& r) {
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+    EXPECT_EQ(r.output.find("[r0"), std::string::npos) << "a rank started:\n" << r.output;
+  };
+  auto r = runCollie({"run", quickstart, "--set", "backend=nccl"});
+  expectBadInput(r, "backend 'nccl' moves device memory only, but train.device is cpu");
+  one_line(r);
+  if (std::getenv("CUDA_VISIBLE_DEVICES") != nullptr || std::filesystem::exists("/dev/nvidia0")) {
+    return;  // a machine with a GPU may run the cuda case
+  }
+  r = runCollie({"run", quickstart, "--set", "backend=nccl", "--set", "train.device=cuda"});
+  expectBadInput(r, "train.device: cuda, but this process sees no CUDA device");
+  one_line(r);
+}
 
 TEST(CliPluginCheck, PassesForAShippedSchedulerAndABackend) {
   auto r = testing::runCollie({"plugin-check", "tree", "--worlds", "1,2,3", "--large-count", "0"});
@@ -467,7 +491,7 @@ rules:
 namespace collie {
 namespace {
 
-// DESIGN §10: with the reference BLAS selected, collie must still run on OpenBLAS.
+// with the reference BLAS selected, collie must still run on OpenBLAS.
 TEST(CliBlas, OpenBlasWinsOverTheReferenceBlas) {
   const std::string reference = "/usr/lib/x86_64-linux-gnu/blas";
   if (!std::filesystem::exists(reference + "/libblas.so.3")) {

@@ -1,4 +1,4 @@
-// faults: from YAML (DESIGN §4): each action is taken by the rank it names, which logs it,
+// faults: from YAML: each action is taken by the rank it names, which logs it,
 // and the job ends as it must under each launcher (collie's, torchrun, mpirun): non-zero,
 // the rank named, nothing left running.
 #include <gtest/gtest.h>

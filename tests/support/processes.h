@@ -69,7 +69,7 @@ bool waitUntilConnected(const std::vector<std::string>& logs, size_t count);
 // The start of a torchrun command line for `nproc` workers of collie on this host. Not
 // --standalone: Debian's torchrun (1.13) then always serves its rendezvous on port 29400, so
 // two such tests running at once (ctest -j2) collide; this one serves it on a free port.
-// DESIGN §10: Debian's torchrun needs --redirects/--tee and spells --no_python this way.
+// Debian's torchrun needs --redirects/--tee and spells --no_python this way.
 std::string torchrunCommand(int nproc);
 
 // Whether `name` is a program on PATH.

@@ -12,7 +12,7 @@
 #include "collie/backend.h"
 #include "collie/buffer.h"
 #include "collie/error.h"
-#include "core/aten.h"
+#include "runtime/aten.h"
 
 namespace collie {
 namespace {

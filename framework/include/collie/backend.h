@@ -1,4 +1,4 @@
-// The transport contract (DESIGN §3): tagged non-blocking point-to-point between ranks,
+// The transport contract: tagged non-blocking point-to-point between ranks,
 // optional native collectives, sub-groups and abort. Every blocking call has a timeout.
 #pragma once
 
@@ -50,6 +50,19 @@ class CompletedRequest : public Request, public PooledAllocation<CompletedReques
 };
 
 // What a backend can do besides point-to-point.
+//
+// Memory kinds (ABI 8.0). A backend moves the kinds it declares here and refuses every other
+// in checkTransfer. The framework keeps the other side of the rule: every buffer it hands a
+// backend is of a kind the backend declares, its own messages included (the control plane's
+// barriers, gathers and folds, the calibration's probes, the bench's buffers, clock offsets,
+// the trace gather, the consistency check, the weight check, plugin-check's transfers). On
+// a backend without host memory those messages are staged through a small device buffer
+// (runtime/control.h) and measurement buffers are device memory (collie/device_memory.h);
+// on a backend without device memory a device tensor passes through host memory (host
+// staging). A backend that moves device memory touches it through its own device runtime
+// or through copyInto and reduceInto (the device memory table), never as host memory: a
+// device pointer may not be readable by the host (a GPU's), or may be checked (the
+// emulated device's).
 struct Capabilities {
   bool host_memory = true;
   bool cuda_memory = false;
@@ -106,6 +119,11 @@ struct BackendContext {
   // Every rank runs on this host (ABI 3.1): a backend listens on the loopback only, unless
   // its params name an interface, so that nothing of the job is reachable from elsewhere.
   bool one_host = false;
+  // This rank's position among the ranks of its host, as the launcher that started it
+  // numbered them (collie's, torchrun, mpirun, srun; the rank itself for ranks as threads).
+  // A backend with a device per rank uses device local_rank % devices, the one the trainer
+  // puts the rank's tensors on (ABI 8.0).
+  int local_rank = 0;
 };
 
 class Backend {

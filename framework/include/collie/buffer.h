@@ -8,7 +8,7 @@
 
 namespace collie {
 
-// The element types every scheduler must handle (DESIGN §3).
+// The element types every scheduler must handle.
 enum class DType : uint8_t { kF32, kF64, kF16, kBF16, kI32, kI64 };
 
 // The reductions every scheduler must handle. kAvg is a sum divided by the group size
@@ -33,7 +33,7 @@ bool parseReduceOp(const std::string& name, ReduceOp* out);
 
 // A typed, non-owning view of `count` elements. Schedulers slice it into chunks and hand
 // byte spans of it to the backend; reductions go through collie::reduceInto (typed loops for
-// host memory, ATen for device memory).
+// host memory, the device memory table of collie/device_memory.h for device memory).
 struct Buffer {
   void* data = nullptr;
   size_t count = 0;  // elements, not bytes
@@ -62,7 +62,8 @@ ReductionHook setReductionHook(ReductionHook hook);
 // For kAvg: divides every element by `group_size` (no-op for every other op).
 void finishAverage(const Buffer& data, ReduceOp op, int group_size);
 
-// Copies src into dst (same count and dtype; host or device memory).
+// Copies src into dst (same count and dtype; each side host or device memory, device memory
+// through the device memory table). Nothing for a size-only side.
 void copyInto(const Buffer& dst, const Buffer& src);
 
 // A view of `count` elements of kind MemoryKind::kNone, all at the start of the reserved
@@ -87,7 +88,7 @@ class ScratchBuffer {
   void release();
 
   Buffer view_;
-  void* holder_ = nullptr;  // the owning tensor, opaque so this header stays ATen-free
+  void* holder_ = nullptr;  // device memory: what the device memory table allocated
   size_t block_ = 0;        // host memory: the size of the block view_.data starts
 };
 

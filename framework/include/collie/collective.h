@@ -18,7 +18,8 @@ bool parseCollective(const std::string& name, Collective* out);
 //   reduce_scatter: data (n * k) input; output (k) receives this rank's reduced block.
 //   allgather:      data (k) input; output (n * k) receives every rank's block, in rank order.
 //   broadcast:      data (count) in place; root's contents end up on every rank.
-//   barrier:        no buffers.
+//   barrier:        data has no elements; its memory kind (and device) is one the backend
+//                   moves, and a scheduler's empty messages are views of it (data.slice(0, 0)).
 struct CollectiveArgs {
   Collective coll = Collective::kAllReduce;
   Buffer data;
@@ -28,7 +29,7 @@ struct CollectiveArgs {
   uint64_t seq = 0;  // the collective's sequence number in its group; part of every tag
 };
 
-// A cheap, normal refusal (DESIGN §8: statuses where declining is control flow).
+// A cheap, normal refusal (statuses where declining is control flow).
 struct Decision {
   bool accepted = true;
   // Why not, when !accepted. When accepted by a scheduler that delegates (auto): the

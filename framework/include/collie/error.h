@@ -7,7 +7,7 @@
 
 namespace collie {
 
-// What went wrong decides the process exit code (DESIGN §8): bad input → 2, a failed run → 1.
+// What went wrong decides the process exit code: bad input → 2, a failed run → 1.
 enum class ErrorKind { kConfig, kPlugin, kComm, kCheckpoint, kInternal, kTraining };
 
 // Base of every exception collie throws. The message is complete and user-facing:

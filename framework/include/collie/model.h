@@ -1,4 +1,4 @@
-// The model contract (DESIGN §3): a model plugin builds a LibTorch module from its params,
+// The model contract: a model plugin builds a LibTorch module from its params,
 // computes the loss of a batch of token windows, and accounts for its parameters and FLOPs.
 // Models know nothing of communication: the trainer owns the gradients once backward runs.
 #pragma once

@@ -1,4 +1,4 @@
-// The plugin ABI (DESIGN §2): every plugin .so exports exactly one C descriptor,
+// The plugin ABI: every plugin .so exports exactly one C descriptor,
 // `collie_plugin_v1`, which the loader validates before it calls any plugin code.
 // Plugin authors use COLLIE_BACKEND_PLUGIN / COLLIE_SCHEDULER_PLUGIN and nothing else.
 #pragma once
@@ -40,10 +40,16 @@
 #endif
 
 // Everything that must agree between the host and a plugin for C++ objects to cross the
-// boundary safely. A plugin built elsewhere with another compiler or LibTorch is rejected.
-#define COLLIE_BUILD_FINGERPRINT                                                  \
-  COLLIE_COMPILER_ID ";cxx11abi=" COLLIE_CXX11_ABI ";torch=" COLLIE_TORCH_VERSION \
-                     ";collie=" COLLIE_VERSION
+// boundary safely: the compiler, its C++ ABI and collie. Backends and schedulers link no
+// LibTorch, so its version is not theirs; a model plugin, which computes on LibTorch's
+// tensors, adds it (COLLIE_TORCH_FINGERPRINT). A plugin built elsewhere with another
+// compiler, collie or (a model) LibTorch is rejected.
+#define COLLIE_BUILD_FINGERPRINT \
+  COLLIE_COMPILER_ID ";cxx11abi=" COLLIE_CXX11_ABI ";collie=" COLLIE_VERSION
+#define COLLIE_TORCH_FINGERPRINT COLLIE_BUILD_FINGERPRINT ";torch=" COLLIE_TORCH_VERSION
+// The fingerprint a plugin of `kind` carries.
+#define COLLIE_FINGERPRINT_OF(KIND) \
+  ((KIND) == COLLIE_KIND_MODEL ? COLLIE_TORCH_FINGERPRINT : COLLIE_BUILD_FINGERPRINT)
 
 #define COLLIE_EXPORT __attribute__((visibility("default")))
 
@@ -71,7 +77,7 @@ struct collie_plugin_descriptor_v1 {
   const char* name;         // the name configs use: "ring"
   const char* version;      // the plugin's own version: "1.0.0"
   const char* description;  // one line for `collie plugins`
-  const char* fingerprint;  // COLLIE_BUILD_FINGERPRINT as the plugin was compiled
+  const char* fingerprint;  // COLLIE_FINGERPRINT_OF(kind) as the plugin was compiled
   // Creates the plugin object from `context` (a collie::PluginContext). On success stores a
   // pointer to the kind's base class (collie::Backend, collie::Scheduler) in *object.
   // Never throws: failures return a status and a NUL-terminated message in `error`.
@@ -94,6 +100,9 @@ struct collie_plugin_descriptor_v1 {
 // With COLLIE_FLAG_IN_PROCESS: the backend runs its ranks itself (run_ranks); collie does
 // not start a thread per rank.
 #define COLLIE_FLAG_RUNS_RANKS 2u
+// The backend moves device memory only, whatever its params (nccl): collie refuses a run
+// whose tensors would live in host memory (train.device: cpu) before any rank starts.
+#define COLLIE_FLAG_DEVICE_MEMORY_ONLY 4u
 
 }  // extern "C"
 
@@ -189,7 +198,7 @@ int32_t runRanks(const void* context, int32_t world, void (*body)(void*, int32_t
       NAME,                                                                                   \
       VERSION,                                                                                \
       DESCRIPTION,                                                                            \
-      COLLIE_BUILD_FINGERPRINT,                                                               \
+      COLLIE_FINGERPRINT_OF(KIND),                                                            \
       &::collie::detail::createPlugin<BASE, TYPE>,                                            \
       &::collie::detail::destroyPlugin<BASE>,                                                 \
       FLAGS,                                                                                  \
@@ -200,6 +209,11 @@ int32_t runRanks(const void* context, int32_t world, void (*body)(void*, int32_t
 #define COLLIE_BACKEND_PLUGIN(NAME, VERSION, DESCRIPTION, TYPE)                                   \
   COLLIE_DEFINE_PLUGIN_DETAIL(COLLIE_KIND_BACKEND, ::collie::Backend, NAME, VERSION, DESCRIPTION, \
                               TYPE, 0u)
+
+// The same for a backend that moves device memory only (COLLIE_FLAG_DEVICE_MEMORY_ONLY).
+#define COLLIE_DEVICE_BACKEND_PLUGIN(NAME, VERSION, DESCRIPTION, TYPE)                            \
+  COLLIE_DEFINE_PLUGIN_DETAIL(COLLIE_KIND_BACKEND, ::collie::Backend, NAME, VERSION, DESCRIPTION, \
+                              TYPE, COLLIE_FLAG_DEVICE_MEMORY_ONLY)
 
 // The same for a backend whose ranks are threads of one process (COLLIE_FLAG_IN_PROCESS).
 #define COLLIE_IN_PROCESS_BACKEND_PLUGIN(NAME, VERSION, DESCRIPTION, TYPE)                        \

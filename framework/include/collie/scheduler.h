@@ -1,4 +1,4 @@
-// The collective-algorithm contract (DESIGN §3): a scheduler is written once against the
+// The collective-algorithm contract: a scheduler is written once against the
 // Backend interface and runs over every backend.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The rendezvous key-value store every process of a job shares (DESIGN §4). Backends use it
+// The rendezvous key-value store every process of a job shares. Backends use it
 // to exchange addresses (Gloo pairs, UCX worker addresses, the NCCL unique id); the runtime
 // uses it to check that every rank loaded the same experiment. collie's implementation is its
 // own TCP store hosted by rank 0 (runtime/tcp_store.h); in-process jobs have no store.

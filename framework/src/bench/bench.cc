@@ -12,10 +12,12 @@
 
 #include "bench/calibrate.h"
 #include "bench/pattern.h"
+#include "collie/device_memory.h"
 #include "collie/error.h"
 #include "collie/log.h"
 #include "runtime/communicator.h"
 #include "runtime/control.h"
+#include "runtime/environment.h"
 #include "runtime/faults.h"
 #include "runtime/in_process.h"
 #include "runtime/trace.h"
@@ -62,7 +64,7 @@ class RankBench {
         rank_(backend->rank()),
         faults_(e.faults, rank_),
         comm_(backend, e.backend.label, topology),
-        control_(*backend),
+        control_(*backend, deviceOfLocalRank(localRankOf(topology, rank_))),
         out_dir_(out_dir) {
     comm_.setFaults(&faults_);
     if (spec_.trace) {
@@ -103,7 +105,7 @@ class RankBench {
                      : sweepSizes(spec_.min_bytes, spec_.max_bytes, spec_.step_factor);
     Shape largest = shapeFor(spec_.collective, sizes.back(), spec_.dtype, n_);
     // Without payload (a simulator at scale) the buffers are sizes only: nothing allocated.
-    const Buffer like = measurementLike(comm_.backend(), spec_.dtype);
+    const Buffer like = measurementLike(comm_.backend(), spec_.dtype, control_.device());
     ScratchBuffer data(like, largest.data), output(like, largest.output);
     for (uint64_t bytes : sizes) {
       Shape shape = shapeFor(spec_.collective, bytes, spec_.dtype, n_);

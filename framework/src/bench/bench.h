@@ -1,4 +1,4 @@
-// The bench experiment (DESIGN §6): one collective swept over message sizes, every listed
+// The bench experiment: one collective swept over message sizes, every listed
 // scheduler on the same ranks in the same run, interleaved; nccl-tests style results.
 #pragma once
 

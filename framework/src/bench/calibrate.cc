@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 
+#include "collie/device_memory.h"
+
 namespace collie::bench {
 namespace {
 
@@ -48,7 +50,7 @@ Partners interPartners(const Topology& t, int rank) {
 // around it, so every probing rank starts together.
 double exchange(Backend& backend, Control& control, uint64_t bytes, int iters, Partners p) {
   // The probe moves raw bytes; any dtype of the right size will do.
-  const Buffer like = measurementLike(backend, DType::kF64);
+  const Buffer like = measurementLike(backend, DType::kF64, control.device());
   const size_t count = std::max<uint64_t>(1, bytes / 8);
   ScratchBuffer out(like, count), in(like, count);
   std::vector<Tag> tags;  // drawn on every rank, so that the control sequence stays in step
@@ -76,7 +78,7 @@ double exchange(Backend& backend, Control& control, uint64_t bytes, int iters, P
 // from the first message's arrival to the last's (0 for ranks that sit out; the stream's
 // start, which the first message pays, is the exchange's to measure).
 double stream(Backend& backend, Control& control, uint64_t bytes, int iters, Partners p) {
-  const Buffer like = measurementLike(backend, DType::kF64);
+  const Buffer like = measurementLike(backend, DType::kF64, control.device());
   const size_t count = std::max<uint64_t>(1, bytes / 8);
   std::vector<Tag> tags;
   for (int i = 0; i < iters; ++i) tags.push_back(control.nextTag());
@@ -145,7 +147,7 @@ LinkCost probeLevel(Backend& backend, Control& control, Partners mine, uint64_t 
 // Seconds per byte of reduceInto, on every rank at once (they share the cores), over buffers
 // larger than the caches.
 double probeReduction(Backend& backend, Control& control, DType dtype) {
-  const Buffer like = measurementLike(backend, dtype);
+  const Buffer like = measurementLike(backend, dtype, control.device());
   const size_t count = (16 << 20) / dtypeSize(dtype);
   ScratchBuffer a(like, count), b(like, count);
   copyInto(a.view(), b.view());
@@ -154,6 +156,7 @@ double probeReduction(Backend& backend, Control& control, DType dtype) {
     control.barrier();
     const double start = backend.clockSeconds();
     reduceInto(a.view(), b.view(), ReduceOp::kSum);
+    if (like.memory == MemoryKind::kCuda) synchronizeDevice(like.device);  // a GPU's is queued
     best = std::min(best, backend.clockSeconds() - start);
   }
   return best / static_cast<double>(a.view().bytes());
@@ -161,10 +164,16 @@ double probeReduction(Backend& backend, Control& control, DType dtype) {
 
 }  // namespace
 
-Buffer measurementLike(const Backend& backend, DType dtype) {
+Buffer measurementLike(const Backend& backend, DType dtype, int device) {
   Buffer like;
   like.dtype = dtype;
-  if (!backend.capabilities().payload) like.memory = MemoryKind::kNone;
+  const Capabilities caps = backend.capabilities();
+  if (!caps.payload) {
+    like.memory = MemoryKind::kNone;
+  } else if (!caps.host_memory) {
+    like.memory = MemoryKind::kCuda;
+    like.device = device;
+  }
   return like;
 }
 

@@ -31,10 +31,11 @@ struct Calibration {
   LinkFit inter_one_way;  // the stream between nodes behind inter.beta_one_way
 };
 
-// What the buffers of a measurement on `backend` are like: host memory of `dtype`, or
-// size-only where the backend carries no payload (a simulator pricing sizes: thousands of
-// ranks cannot each hold a message, nor 32 MiB of probes).
-Buffer measurementLike(const Backend& backend, DType dtype);
+// What the buffers of a measurement on `backend` are like: host memory of `dtype`; device
+// memory on `device` where the backend moves no host memory (nccl, loopback's memory:
+// device); or size-only where the backend carries no payload (a simulator pricing sizes:
+// thousands of ranks cannot each hold a message, nor 32 MiB of probes).
+Buffer measurementLike(const Backend& backend, DType dtype, int device);
 
 // Collective over the group: every rank calls it and gets rank 0's calibration.
 Calibration calibrate(Backend& backend, Control& control, const Topology& topology, DType dtype);

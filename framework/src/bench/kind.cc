@@ -24,7 +24,9 @@ std::string rulesPath(const RunRequest& request, const config::Experiment& first
 
 class BenchKind : public ExperimentKind {
  public:
-  void checkRequest(const RunRequest& request, const config::Experiment& first) const override {
+  void checkRequest(const RunRequest& request, const std::vector<config::Experiment>& runs,
+                    const PluginLoader&) const override {
+    const config::Experiment& first = runs.front();
     const std::string rules = rulesPath(request, first);
     if (rules.empty()) return;
     fs::path folder = fs::absolute(rules).parent_path();  // fail before the sweep, not after it

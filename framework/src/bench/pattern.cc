@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "collie/error.h"
-#include "core/aten.h"
 
 namespace collie::pattern {
 namespace {
@@ -124,9 +123,9 @@ void onHost(const Buffer& buf, bool write, F&& f) {
   Buffer host_like = buf;
   host_like.memory = MemoryKind::kHost;
   ScratchBuffer host(host_like, buf.count);
-  if (!write) detail::wrap(host.view()).copy_(detail::wrap(buf));
+  if (!write) copyInto(host.view(), buf);
   f(host.view());
-  if (write) detail::wrap(buf).copy_(detail::wrap(host.view()));
+  if (write) copyInto(buf, host.view());
 }
 
 // SplitMix64's finaliser: consecutive indices map to unrelated 64-bit values.

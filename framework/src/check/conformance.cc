@@ -16,10 +16,13 @@
 #include <sstream>
 #include <thread>
 
+#include "bench/calibrate.h"
 #include "bench/pattern.h"
+#include "collie/device_memory.h"
 #include "collie/error.h"
 #include "runtime/communicator.h"
 #include "runtime/control.h"
+#include "runtime/environment.h"
 #include "runtime/in_process.h"
 #include "util/files.h"
 
@@ -27,7 +30,15 @@ namespace collie::check {
 namespace {
 
 // XXH3 of the raw bytes (a byte-wise hash took seconds of a full matrix's minute).
-uint64_t digest(const Buffer& b) { return XXH3_64bits(b.data, b.bytes()); }
+// Device memory is hashed from a host copy.
+uint64_t digest(const Buffer& b) {
+  if (b.memory == MemoryKind::kHost || b.count == 0) return XXH3_64bits(b.data, b.bytes());
+  Buffer host_like = b;
+  host_like.memory = MemoryKind::kHost;
+  ScratchBuffer host(host_like, b.count);
+  copyInto(host.view(), b);
+  return XXH3_64bits(host.view().data, b.bytes());
+}
 
 Topology topologyFor(int world, bool emulate_nodes) {
   int per_node = world;
@@ -116,7 +127,9 @@ class RankChecker {
   RankChecker(const PluginLoader& loader, const config::PluginRef& scheduler,
               std::shared_ptr<Backend> backend, const std::string& backend_name,
               const Topology& topology)
-      : comm_(backend, backend_name, topology), control_(*backend), label_(scheduler.label) {
+      : comm_(backend, backend_name, topology),
+        control_(*backend, deviceOfLocalRank(localRankOf(topology, backend->rank()))),
+        label_(scheduler.label) {
     Params params = scheduler.params;
     scheduler_ = loader.createScheduler(scheduler.plugin, params);
     comm_.addRule(scheduler.label, scheduler_);
@@ -162,8 +175,7 @@ class RankChecker {
   }
 
   Outcome runCase(const Case& c, int n, int rank) {
-    Buffer like;
-    like.dtype = c.dtype;
+    const Buffer like = bench::measurementLike(comm_.backend(), c.dtype, control_.device());
     const size_t in = c.coll == Collective::kBarrier         ? 0
                       : c.coll == Collective::kReduceScatter ? c.count * n
                                                              : c.count;
@@ -289,13 +301,28 @@ Report checkScheduler(const PluginLoader& loader, const config::PluginRef& sched
 
 namespace {
 
-Buffer int32View(std::vector<int32_t>& v) {
-  Buffer b;
-  b.data = v.data();
-  b.count = v.size();
-  b.dtype = DType::kI32;
-  return b;
-}
+// int32 values as a message in memory `b` moves: the host vector itself, or a copy of it in
+// device memory where `b` moves no host memory (plugin-check's ranks share one host, so a
+// rank's device is its rank's). value() reads an element back after a receive.
+class ContractMessage {
+ public:
+  ContractMessage(const Backend& b, std::vector<int32_t> values) : host_(std::move(values)) {
+    Buffer like = bench::measurementLike(b, DType::kI32, deviceOfLocalRank(b.rank()));
+    if (like.memory != MemoryKind::kCuda) return;
+    device_ = std::make_unique<ScratchBuffer>(like, host_.size());
+    copyInto(device_->view(), hostView());
+  }
+  Buffer view() { return device_ ? device_->view() : hostView(); }
+  int32_t value(size_t i) {
+    if (device_) copyInto(hostView(), device_->view());
+    return host_.at(i);
+  }
+
+ private:
+  Buffer hostView() { return Buffer{host_.data(), host_.size(), DType::kI32}; }
+  std::vector<int32_t> host_;
+  std::unique_ptr<ScratchBuffer> device_;
+};
 
 // Two messages with one tag arrive in order, and a zero-byte message between them takes its
 // place; a zero-byte message is really sent: a receive of one posted before its sender
@@ -303,21 +330,21 @@ Buffer int32View(std::vector<int32_t>& v) {
 void contractOrder(Backend& b, const std::function<void(bool, const std::string&)>& expect) {
   constexpr auto kLate = std::chrono::milliseconds(200);
   if (b.rank() == 0) {
-    std::vector<int32_t> first{1}, second{2}, empty;
-    b.send(1, int32View(first), 5);
-    b.send(1, int32View(empty), 5);
-    b.send(1, int32View(second), 5);
+    ContractMessage first(b, {1}), second(b, {2}), empty(b, {});
+    b.send(1, first.view(), 5);
+    b.send(1, empty.view(), 5);
+    b.send(1, second.view(), 5);
     b.sleepSeconds(std::chrono::duration<double>(kLate).count());  // simulated on a simulator
-    b.send(1, int32View(empty), 6);
+    b.send(1, empty.view(), 6);
   } else {
-    std::vector<int32_t> x(1), y(1), empty;
-    b.recv(0, int32View(x), 5);
-    b.recv(0, int32View(empty), 5);
-    b.recv(0, int32View(y), 5);
-    expect(x[0] == 1 && y[0] == 2,
+    ContractMessage x(b, {0}), y(b, {0}), empty(b, {});
+    b.recv(0, x.view(), 5);
+    b.recv(0, empty.view(), 5);
+    b.recv(0, y.view(), 5);
+    expect(x.value(0) == 1 && y.value(0) == 2,
            "messages with one tag arrive in the order they were sent, a zero-byte one included");
     const double start = b.clockSeconds();
-    b.recv(0, int32View(empty), 6);
+    b.recv(0, empty.view(), 6);
     expect(b.clockSeconds() - start >= std::chrono::duration<double>(kLate).count() * 3 / 4,
            "a zero-byte receive waits for its message (it returned before the sender sent it)");
   }
@@ -336,8 +363,8 @@ void contractSilentPeer(Backend& b, const std::string& label, Report* report) {
   };
   const double start = b.clockSeconds();
   try {
-    std::vector<int32_t> v(1);
-    b.recv(0, int32View(v), makeTag(7, 1, 0));
+    ContractMessage v(b, {0});
+    b.recv(0, v.view(), makeTag(7, 1, 0));
     report->failures.push_back(label +
                                ": a receive from a silent peer returned instead of "
                                "timing out");

@@ -21,6 +21,7 @@
 #include "runtime/environment.h"
 #include "runtime/flight_recorder.h"
 #include "runtime/job.h"
+#include "runtime/device.h"
 #include "runtime/launcher.h"
 #include "runtime/run.h"
 #include "train/trainer.h"
@@ -123,7 +124,8 @@ int labCommand(CLI::App* up, CLI::App* down, CLI::App* status, const Options& op
 void printVersion() {
   std::cout << "collie " << COLLIE_VERSION << " (plugin ABI " << COLLIE_ABI_MAJOR << "."
             << COLLIE_ABI_MINOR << ")\n"
-            << "build fingerprint: " << COLLIE_BUILD_FINGERPRINT << "\n"
+            << "build fingerprint: " << COLLIE_BUILD_FINGERPRINT
+            << " (model plugins: " << COLLIE_TORCH_FINGERPRINT << ")\n"
             << "BLAS: " << detail::blasInUse() << "\n";
 }
 
@@ -251,6 +253,7 @@ int dispatch(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   try {
+    collie::installDeviceMemory(std::getenv("COLLIE_EMULATED_DEVICE"));
     return collie::dispatch(argc, argv);
   } catch (const collie::Interrupted& i) {
     return i.exit_code;

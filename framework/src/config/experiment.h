@@ -58,7 +58,7 @@ struct BenchSpec {
   bool trace = false;      // the job's timeline, trace.json (runtime/trace.h)
 };
 
-// Where training samples come from (DESIGN §3): each rank's share is a deterministic
+// Where training samples come from: each rank's share is a deterministic
 // function of the seed, the step and the rank.
 struct DataSpec {
   enum class Source { kSynthetic, kTokens, kText };
@@ -74,7 +74,7 @@ struct LabSpec {
   std::string cpus;  // per host, ';' between hosts ("" : every CPU)
 };
 
-// What of the training state each rank keeps only its shard of (ZeRO's stages, DESIGN §5):
+// What of the training state each rank keeps only its shard of (ZeRO's stages):
 // nothing (DDP), the optimizer state (stage 1), the reduced gradients too (stage 2), and the
 // parameters too (stage 3).
 enum class ShardedState { kNone, kOptimizer, kGradients, kParameters };
@@ -82,7 +82,7 @@ enum class ShardedState { kNone, kOptimizer, kGradients, kParameters };
 const std::vector<std::string>& shardedStateNames();
 const std::string& shardedStateName(ShardedState s);
 
-// A synchronous data-parallel training run (DESIGN §5).
+// A synchronous data-parallel training run.
 struct TrainSpec {
   PluginRef scheduler;  // the gradient all-reduce (a plugin or rules)
   int steps = 0;
@@ -134,7 +134,7 @@ struct TrainSpec {
   }
 };
 
-// One fault of `faults:` (DESIGN §4, docs/running.md): on `rank`, before its training step
+// One fault of `faults:` (docs/running.md): on `rank`, before its training step
 // `at_step` (1-based) or before the collective it numbers `at_collective` (the seq of
 // provenance and error messages), take `action`. Exactly one of at_step, at_collective is set.
 struct FaultSpec {

@@ -1,13 +1,6 @@
-// Buffer arithmetic for schedulers: the only core file that needs ATen. Host memory is
-// reduced by typed loops (host_reduce.h) and copied by memmove; device memory through ATen,
-// wrapping the raw views in tensors.
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/div.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
-#include <ATen/ops/maximum.h>
-#include <ATen/ops/minimum.h>
-
+// Buffer arithmetic for schedulers and backends. Host memory is reduced by typed loops
+// (host_reduce.h) and copied by memmove; device memory through the process's device memory
+// table (collie/device_memory.h), so that the core links no device runtime.
 #include <sys/mman.h>
 #include <algorithm>
 #include <cstdlib>
@@ -17,51 +10,31 @@
 #include <vector>
 
 #include "collie/buffer.h"
+#include "collie/device_memory.h"
 #include "collie/error.h"
-#include "core/aten.h"
 #include "core/host_reduce.h"
 
 namespace collie {
-namespace detail {
-
-at::ScalarType scalarType(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return at::kFloat;
-    case DType::kF64:
-      return at::kDouble;
-    case DType::kF16:
-      return at::kHalf;
-    case DType::kBF16:
-      return at::kBFloat16;
-    case DType::kI32:
-      return at::kInt;
-    case DType::kI64:
-      return at::kLong;
-  }
-  throw InternalError("unknown dtype");
-}
-
-at::TensorOptions tensorOptions(const Buffer& buf) {
-  auto opts = at::TensorOptions().dtype(scalarType(buf.dtype));
-  if (buf.memory == MemoryKind::kCuda) opts = opts.device(at::Device(at::kCUDA, buf.device));
-  return opts;
-}
-
-at::Tensor wrap(const Buffer& buf) {
-  return at::from_blob(buf.data, {static_cast<int64_t>(buf.count)}, tensorOptions(buf));
-}
-
-}  // namespace detail
-
 namespace {
-
-using detail::wrap;
 
 void checkSameShape(const Buffer& dst, const Buffer& src, const char* what) {
   COLLIE_CHECK(dst.count == src.count && dst.dtype == src.dtype && dst.memory == src.memory, what,
                ": buffers differ (dst ", dst.count, " x ", dtypeName(dst.dtype), ", src ",
                src.count, " x ", dtypeName(src.dtype), ")");
+}
+
+// The device memory table, with `fn` installed; throws naming what needed it otherwise.
+template <typename Fn>
+const DeviceMemoryOps& deviceOps(Fn DeviceMemoryOps::*fn, const char* what) {
+  const DeviceMemoryOps& ops = deviceMemoryOps();
+  if (ops.*fn == nullptr) {
+    throw CommError(std::string(what) +
+                    " of device memory, but no device memory is installed in this process (" +
+                    ops.name +
+                    "). HINT: run collie on a machine with a GPU and a LibTorch with CUDA, or "
+                    "set COLLIE_EMULATED_DEVICE=1 to test device paths without one");
+  }
+  return ops;
 }
 
 }  // namespace
@@ -86,26 +59,10 @@ ReductionHook setReductionHook(ReductionHook hook) {
 }
 
 namespace {
-// dst = op(dst, src) on the buffers' device.
+// dst = op(dst, src) where the buffers live.
 void reduceOnce(const Buffer& dst, const Buffer& src, ReduceOp op) {
   if (dst.memory == MemoryKind::kHost) return detail::reduceHost(dst, src, op);
-  at::Tensor d = wrap(dst);
-  at::Tensor s = wrap(src);
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      d.add_(s);
-      break;
-    case ReduceOp::kProd:
-      d.mul_(s);
-      break;
-    case ReduceOp::kMin:
-      at::minimum_out(d, d, s);
-      break;
-    case ReduceOp::kMax:
-      at::maximum_out(d, d, s);
-      break;
-  }
+  deviceOps(&DeviceMemoryOps::reduce, "a reduction").reduce(dst, src, op);
 }
 
 }  // namespace
@@ -121,22 +78,20 @@ void finishAverage(const Buffer& data, ReduceOp op, int group_size) {
   if (op != ReduceOp::kAvg || data.count == 0 || group_size == 1) return;
   if (data.memory == MemoryKind::kNone) return;
   if (data.memory == MemoryKind::kHost) return detail::divideHost(data, group_size);
-  at::Tensor d = wrap(data);
-  if (at::isIntegralType(d.scalar_type(), /*includeBool=*/false)) {
-    d.div_(group_size, "trunc");
-  } else {
-    d.div_(group_size);
-  }
+  deviceOps(&DeviceMemoryOps::divide, "an average").divide(data, group_size);
 }
 
 void copyInto(const Buffer& dst, const Buffer& src) {
-  checkSameShape(dst, src, "copyInto");
-  if (dst.count == 0 || dst.data == src.data || dst.memory == MemoryKind::kNone) return;
-  if (dst.memory == MemoryKind::kHost) {
-    std::memmove(dst.data, src.data, dst.bytes());
+  COLLIE_CHECK(dst.count == src.count && dst.dtype == src.dtype, "copyInto: buffers differ (dst ",
+               dst.count, " x ", dtypeName(dst.dtype), ", src ", src.count, " x ",
+               dtypeName(src.dtype), ")");
+  const bool none = dst.memory == MemoryKind::kNone || src.memory == MemoryKind::kNone;
+  if (dst.count == 0 || none) return;
+  if (dst.memory == MemoryKind::kHost && src.memory == MemoryKind::kHost) {
+    if (dst.data != src.data) std::memmove(dst.data, src.data, dst.bytes());
     return;
   }
-  wrap(dst).copy_(wrap(src));
+  deviceOps(&DeviceMemoryOps::copy, "a copy").copy(dst, src);
 }
 
 namespace {
@@ -256,10 +211,11 @@ ScratchBuffer::ScratchBuffer(const Buffer& like, size_t count) {
     if (view_.data == nullptr) throw std::bad_alloc();
     return;
   }
-  auto* tensor =
-      new at::Tensor(at::empty({static_cast<int64_t>(count)}, detail::tensorOptions(like)));
-  holder_ = tensor;
-  view_.data = tensor->data_ptr();
+  // Device memory from the device's table (holder_ marks it; block_ stays 0).
+  const size_t bytes = std::max<size_t>(64, count * dtypeSize(like.dtype));
+  view_.data =
+      deviceOps(&DeviceMemoryOps::allocate, "a scratch buffer").allocate(bytes, like.device);
+  holder_ = view_.data;
 }
 
 ScratchBuffer::ScratchBuffer(ScratchBuffer&& other) noexcept
@@ -288,7 +244,7 @@ void ScratchBuffer::release() {
   if (view_.memory == MemoryKind::kNone) {
     // Size-only: it points into the reserved range and owns nothing.
   } else if (holder_ != nullptr) {
-    delete static_cast<at::Tensor*>(holder_);
+    deviceMemoryOps().release(holder_, view_.device);
   } else if (view_.data != nullptr && block_ != 0) {
     scratchCache().give(view_.data, block_);
   } else {

@@ -1,4 +1,4 @@
-// The lab: an emulated cluster on one machine (DESIGN §4, docs/lab.md). Each host is a
+// The lab: an emulated cluster on one machine (docs/lab.md). Each host is a
 // network namespace with its own interface, address and host name (a UTS namespace); every
 // host's interface is one end of a veth pair whose other end is a port of a bridge in a
 // switch namespace, and both directions of each link are capped with tbf. Addresses come

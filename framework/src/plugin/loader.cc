@@ -116,11 +116,14 @@ PluginInfo validate(const std::string& path, const collie_plugin_descriptor_v1& 
            std::string("name a ") + pluginKindName(*expected_kind) +
                " here; `collie plugins` lists them");
   }
-  if (text(d.fingerprint) != COLLIE_BUILD_FINGERPRINT) {
+  const std::string fingerprint = COLLIE_FINGERPRINT_OF(d.kind);
+  if (text(d.fingerprint) != fingerprint) {
     reject(path,
-           "build fingerprint mismatch: expected '" + std::string(COLLIE_BUILD_FINGERPRINT) +
-               "', found '" + text(d.fingerprint) + "'",
-           "rebuild the plugin with the same compiler, LibTorch and collie as the host");
+           "build fingerprint mismatch: expected '" + fingerprint + "', found '" +
+               text(d.fingerprint) + "'",
+           kind == PluginKind::kModel
+               ? "rebuild the plugin with the same compiler, LibTorch and collie as the host"
+               : "rebuild the plugin with the same compiler and collie as the host");
   }
   if (text(d.name).empty() || d.create == nullptr || d.destroy == nullptr) {
     reject(path, "descriptor has no name, create or destroy", "");
@@ -135,6 +138,7 @@ PluginInfo validate(const std::string& path, const collie_plugin_descriptor_v1& 
   info.abi_minor = d.abi_minor;
   info.in_process = (d.flags & COLLIE_FLAG_IN_PROCESS) != 0;
   info.runs_ranks = info.in_process && (d.flags & COLLIE_FLAG_RUNS_RANKS) != 0;
+  info.device_memory_only = (d.flags & COLLIE_FLAG_DEVICE_MEMORY_ONLY) != 0;
   if (info.runs_ranks && d.run_ranks == nullptr) {
     reject(path, "declares that it runs its ranks but has no run_ranks", "");
   }

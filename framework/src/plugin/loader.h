@@ -1,4 +1,4 @@
-// Finds, validates and instantiates plugins (DESIGN §2). A plugin named in a config that
+// Finds, validates and instantiates plugins. A plugin named in a config that
 // cannot be loaded is always a PluginError: there is no silent fallback.
 #pragma once
 
@@ -31,6 +31,7 @@ struct PluginInfo {
   int abi_minor = 0;
   bool in_process = false;  // COLLIE_FLAG_IN_PROCESS: a backend whose ranks are threads
   bool runs_ranks = false;  // COLLIE_FLAG_RUNS_RANKS: it runs them itself (a simulator)
+  bool device_memory_only = false;  // COLLIE_FLAG_DEVICE_MEMORY_ONLY (nccl)
 };
 
 // A file that looked like a plugin and was refused, with the one-line reason.

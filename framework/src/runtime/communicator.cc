@@ -10,11 +10,14 @@
 #include <mutex>
 #include <set>
 
+#include "collie/device_memory.h"
 #include "collie/error.h"
 #include "collie/params.h"
 #include "config/experiment.h"
 #include "plugin/loader.h"
+#include "runtime/control.h"
 #include "runtime/device.h"
+#include "runtime/environment.h"
 #include "runtime/faults.h"
 #include "runtime/flight_recorder.h"
 #include "runtime/trace.h"
@@ -154,24 +157,23 @@ void Communicator::checkConsistent(const CollectiveArgs& args) {
   const size_t k = mine.size();
   std::vector<int64_t> table(k * n);
   std::copy(mine.begin(), mine.end(), table.begin() + rank * k);
-  auto view = [](int64_t* data, size_t count) {
-    Buffer b;
-    b.data = data;
-    b.count = count;
-    b.dtype = DType::kI64;
-    return b;
-  };
   const Tag gather = makeTag(args.seq, kConsistencyPhase, 0);
   const Tag scatter = makeTag(args.seq, kConsistencyPhase, 1);
+  if (!wire_) {
+    wire_ = std::make_unique<MessageWire>(*backend_,
+                                          deviceOfLocalRank(localRankOf(topology_, rank)));
+  }
+  const size_t row = k * sizeof(int64_t);
   if (rank == 0) {
-    for (int r = 1; r < n; ++r) backend_->recv(r, view(table.data() + r * k, k), gather);
-    std::vector<std::unique_ptr<Request>> sends;
-    for (int r = 1; r < n; ++r)
-      sends.push_back(backend_->isend(r, view(table.data(), table.size()), scatter));
-    waitAll(sends, backend_->timeout());
+    std::vector<int> others;
+    for (int r = 1; r < n; ++r) {
+      wire_->recv(r, table.data() + r * k, row, gather);
+      others.push_back(r);
+    }
+    wire_->sendToEach(others, table.data(), table.size() * sizeof(int64_t), scatter);
   } else {
-    backend_->send(0, view(const_cast<int64_t*>(mine.data()), k), gather);
-    backend_->recv(0, view(table.data(), table.size()), scatter);
+    wire_->send(0, mine.data(), row, gather);
+    wire_->recv(0, table.data(), table.size() * sizeof(int64_t), scatter);
   }
   // The calls, each with the ranks that made it, in the order of their first rank.
   std::vector<std::pair<std::vector<int64_t>, std::vector<int>>> calls;

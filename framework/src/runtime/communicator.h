@@ -1,4 +1,4 @@
-// Backend + scheduler rules + topology (DESIGN §3): picks the scheduler for each collective
+// Backend + scheduler rules + topology: picks the scheduler for each collective
 // (first rule whose size limit admits it), numbers it, runs it and records its provenance.
 #pragma once
 
@@ -18,6 +18,7 @@ namespace collie {
 class Faults;
 class FlightRecorder;
 class HostStaging;
+class MessageWire;
 class Tracer;
 class PluginLoader;
 namespace config {
@@ -95,7 +96,7 @@ class Communicator {
 
   // Faults to take before each collective (faults: at_collective); null: none. Not owned.
   void setFaults(Faults* faults) { faults_ = faults; }
-  // Records every collective it runs (DESIGN §5 "Traces"); null: none. Not owned.
+  // Records every collective it runs; null: none. Not owned.
   void setTracer(Tracer* tracer) { tracer_ = tracer; }
 
   const std::vector<Rule>& rules() const { return rules_; }
@@ -114,6 +115,7 @@ class Communicator {
 
   std::shared_ptr<Backend> backend_;
   std::unique_ptr<HostStaging> staging_;  // made on first need
+  std::unique_ptr<MessageWire> wire_;     // the consistency check's messages; on first need
   bool stage_always_ = false;
   std::string backend_name_;
   std::string_view backend_interned_;  // internName(backend_name_)

@@ -5,13 +5,59 @@
 #include <algorithm>
 #include <functional>
 
+#include "collie/error.h"
+
 namespace collie {
 namespace {
 constexpr uint32_t kControlPhase = 0xF;  // tags no scheduler uses
-
-// A host view of `count` doubles.
-Buffer view(double* data, size_t count) { return Buffer{data, count, DType::kF64}; }
 }  // namespace
+
+struct MessageWire::Staging {
+  std::unique_ptr<ScratchBuffer> device;  // int64 elements
+};
+
+MessageWire::MessageWire(Backend& backend, int device)
+    : backend_(backend),
+      staged_(!backend.capabilities().host_memory),
+      device_(device),
+      staging_(std::make_unique<Staging>()) {}
+
+MessageWire::~MessageWire() = default;
+
+Buffer MessageWire::wireView(const void* data, size_t bytes, bool fill) {
+  COLLIE_CHECK(bytes % 8 == 0, "a control message of ", bytes, " bytes (not a multiple of 8)");
+  Buffer host{const_cast<void*>(data), bytes / 8, DType::kI64};
+  if (!staged_) return host;
+  auto& device = staging_->device;
+  if (!device || device->view().count < host.count) {
+    Buffer like;
+    like.dtype = DType::kI64;
+    like.memory = MemoryKind::kCuda;
+    like.device = device_;
+    device = std::make_unique<ScratchBuffer>(like, std::max<size_t>(host.count, 64));
+  }
+  Buffer view = device->view().slice(0, host.count);
+  if (fill) copyInto(view, host);
+  return view;
+}
+
+void MessageWire::send(int peer, const void* data, size_t bytes, Tag tag) {
+  backend_.send(peer, wireView(data, bytes, /*fill=*/true), tag);
+}
+
+void MessageWire::recv(int peer, void* data, size_t bytes, Tag tag) {
+  const Buffer view = wireView(data, bytes, /*fill=*/false);
+  backend_.recv(peer, view, tag);
+  if (staged_) copyInto(Buffer{data, bytes / 8, DType::kI64}, view);
+}
+
+void MessageWire::sendToEach(const std::vector<int>& peers, const void* data, size_t bytes,
+                             Tag tag) {
+  const Buffer view = wireView(data, bytes, /*fill=*/true);
+  std::vector<std::unique_ptr<Request>> sends;
+  for (int peer : peers) sends.push_back(backend_.isend(peer, view, tag));
+  waitAll(sends, backend_.timeout());
+}
 
 void Control::barrier() { combine({}, Fold::kRoot); }
 
@@ -31,19 +77,20 @@ void Control::gatherThenSend(const std::vector<double>& mine, std::vector<double
                              const std::function<void(int, const double*)>& take) {
   const int n = backend_.size();
   const Tag tag = nextTag();
+  const size_t mine_bytes = mine.size() * sizeof(double);
+  const size_t back_bytes = back.size() * sizeof(double);
   if (backend_.rank() == 0) {
     std::vector<double> theirs(mine.size());
+    std::vector<int> others;
     for (int r = 1; r < n; ++r) {
-      backend_.recv(r, view(theirs.data(), theirs.size()), tag);
+      wire_.recv(r, theirs.data(), mine_bytes, tag);
       take(r, theirs.data());
+      others.push_back(r);
     }
-    std::vector<std::unique_ptr<Request>> sends;
-    for (int r = 1; r < n; ++r)
-      sends.push_back(backend_.isend(r, view(back.data(), back.size()), tag));
-    waitAll(sends, backend_.timeout());
+    wire_.sendToEach(others, back.data(), back_bytes, tag);
   } else {
-    backend_.send(0, view(const_cast<double*>(mine.data()), mine.size()), tag);
-    backend_.recv(0, view(back.data(), back.size()), tag);
+    wire_.send(0, mine.data(), mine_bytes, tag);
+    wire_.recv(0, back.data(), back_bytes, tag);
   }
 }
 

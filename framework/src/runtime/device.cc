@@ -1,19 +1,58 @@
 // train.device, stream order hooks, tensor buffers and host staging (runtime/device.h).
 #include "runtime/device.h"
 
+#include <ATen/ops/div.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/minimum.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
 #include <torch/version.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <thread>
 
+#include "collie/device_memory.h"
 #include "collie/error.h"
-#include "core/aten.h"
+#include "runtime/aten.h"
 
 namespace collie {
+namespace detail {
+
+at::ScalarType scalarType(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return at::kFloat;
+    case DType::kF64:
+      return at::kDouble;
+    case DType::kF16:
+      return at::kHalf;
+    case DType::kBF16:
+      return at::kBFloat16;
+    case DType::kI32:
+      return at::kInt;
+    case DType::kI64:
+      return at::kLong;
+  }
+  throw InternalError("unknown dtype");
+}
+
+at::TensorOptions tensorOptions(const Buffer& buf) {
+  auto opts = at::TensorOptions().dtype(scalarType(buf.dtype));
+  if (buf.memory == MemoryKind::kCuda) opts = opts.device(at::Device(at::kCUDA, buf.device));
+  return opts;
+}
+
+at::Tensor wrap(const Buffer& buf) {
+  return at::from_blob(buf.data, {static_cast<int64_t>(buf.count)}, tensorOptions(buf));
+}
+
+}  // namespace detail
+
 namespace {
 
 const c10::impl::DeviceGuardImplInterface* cudaInterface() {
@@ -63,7 +102,157 @@ DType dtypeOf(at::ScalarType type) {
   throw InternalError(fmt::format("a tensor of {} has no collie dtype", c10::toString(type)));
 }
 
+// ---- the device memory table: CUDA through LibTorch -------------------------------------
+
+// Device allocations, kept as tensors (LibTorch's caching allocator) until released.
+std::mutex& cudaBlocksMutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::map<void*, at::Tensor>& cudaBlocks() {
+  static auto* blocks = new std::map<void*, at::Tensor>();
+  return *blocks;
+}
+
+int cudaCount() { return cudaDeviceCount(); }
+
+void* cudaAllocate(size_t bytes, int device) {
+  if (device >= cudaDeviceCount()) {
+    throw CommError(fmt::format(
+        "device memory on CUDA device {}, but this process sees {} ({}). HINT: a backend that "
+        "moves device memory only (nccl, loopback's memory: device) needs a GPU, or "
+        "COLLIE_EMULATED_DEVICE=1 to test without one",
+        device, cudaDeviceCount() == 0 ? "none" : std::to_string(cudaDeviceCount()),
+        torchDescription()));
+  }
+  at::Tensor t = at::empty({static_cast<int64_t>(bytes)},
+                           at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device));
+  std::lock_guard<std::mutex> lock(cudaBlocksMutex());
+  cudaBlocks()[t.data_ptr()] = t;
+  return t.data_ptr();
+}
+
+void cudaRelease(void* data, int) noexcept {
+  std::lock_guard<std::mutex> lock(cudaBlocksMutex());
+  cudaBlocks().erase(data);
+}
+
+void cudaCopy(const Buffer& dst, const Buffer& src) { detail::wrap(dst).copy_(detail::wrap(src)); }
+
+void cudaReduce(const Buffer& dst, const Buffer& src, ReduceOp op) {
+  at::Tensor d = detail::wrap(dst);
+  at::Tensor s = detail::wrap(src);
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      d.add_(s);
+      break;
+    case ReduceOp::kProd:
+      d.mul_(s);
+      break;
+    case ReduceOp::kMin:
+      at::minimum_out(d, d, s);
+      break;
+    case ReduceOp::kMax:
+      at::maximum_out(d, d, s);
+      break;
+  }
+}
+
+void cudaDivide(const Buffer& data, int divisor) {
+  at::Tensor d = detail::wrap(data);
+  if (at::isIntegralType(d.scalar_type(), /*includeBool=*/false)) {
+    d.div_(divisor, "trunc");
+  } else {
+    d.div_(divisor);
+  }
+}
+
+// Records an event behind the calling thread's current stream of `device` and waits for it.
+void cudaSynchronize(int device) {
+  const auto& cuda = requireCuda("synchronize");
+  const auto index = static_cast<c10::DeviceIndex>(device);
+  void* event = nullptr;
+  cuda.record(&event, cuda.getStream(c10::Device(c10::kCUDA, index)), index,
+              c10::EventFlag::PYTORCH_DEFAULT);
+  while (!cuda.queryEvent(event)) std::this_thread::yield();
+  cuda.destroyEvent(event, index);
+}
+
+DeviceMemoryOps cudaOps() {
+  DeviceMemoryOps ops;
+  ops.name = "CUDA (LibTorch)";
+  ops.device_count = &cudaCount;
+  ops.allocate = &cudaAllocate;
+  ops.release = &cudaRelease;
+  ops.copy = &cudaCopy;
+  ops.reduce = &cudaReduce;
+  ops.divide = &cudaDivide;
+  ops.synchronize = &cudaSynchronize;
+  return ops;
+}
+
+// The table is there from the start of every process that links the application and a
+// LibTorch with CUDA (without one, device buffers are refused by the core, naming why); the
+// emulated device replaces it in installDeviceMemory().
+const bool kCudaInstalled = cudaInterface() != nullptr && (setDeviceMemoryOps(cudaOps()), true);
+
+bool emulated() { return deviceMemoryOps().owns != nullptr; }
+
+// ---- tensors on the emulated device ------------------------------------------------------
+
+// LibTorch's CPU allocator once a rank's tensors go on the emulated device: every tensor the
+// process allocates from then on is the emulated device's memory (ATen computes on it as on
+// any CPU tensor), while host memory that is not a tensor (the framework's own messages,
+// std::vector) stays host memory.
+class EmulatedAllocator final : public c10::Allocator {
+ public:
+  // LibTorch 2.3 made allocate non-const and added copy_data.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  c10::DataPtr allocate(size_t bytes) override { return take(bytes); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#else
+  c10::DataPtr allocate(size_t bytes) const override { return take(bytes); }
+#endif
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+
+ private:
+  static c10::DataPtr take(size_t bytes) {
+    void* p = bytes == 0 ? nullptr : deviceMemoryOps().allocate(bytes, 0);
+    return {p, p, &release, c10::Device(c10::kCPU)};
+  }
+  static void release(void* p) { deviceMemoryOps().release(p, 0); }
+};
+
+std::atomic<bool> g_tensors_emulated{false};
+
+void putTensorsOnTheEmulatedDevice() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static EmulatedAllocator allocator;
+    c10::SetCPUAllocator(&allocator, /*priority=*/100);
+    g_tensors_emulated = true;
+  });
+}
+
+// Whether LibTorch's CPU allocator is the emulated device's (train.device: cuda on it).
+bool tensorsOnTheEmulatedDevice() { return g_tensors_emulated.load(); }
+
 }  // namespace
+
+void installDeviceMemory(const char* setting) {
+  (void)kCudaInstalled;
+  const std::string value = setting == nullptr ? "" : setting;
+  if (value.empty() || value == "0") return;
+  if (value != "1") {
+    throw ConfigError(fmt::format("COLLIE_EMULATED_DEVICE={}: expected 1 (on) or 0 (off)", value));
+  }
+  if (!emulated()) setDeviceMemoryOps(emulatedDeviceOps());
+}
+
+bool emulatedDevice() { return emulated(); }
 
 int cudaDeviceCount() {
   const auto* cuda = cudaInterface();
@@ -80,6 +269,10 @@ std::string torchDescription() {
 at::Device rankDevice(const std::string& kind, int local_rank) {
   if (kind == "cpu") return at::Device(at::kCPU);
   COLLIE_CHECK(kind == "cuda", "train.device ", kind);
+  if (emulated()) {
+    putTensorsOnTheEmulatedDevice();
+    return at::Device(at::kCPU);
+  }
   const int devices = cudaDeviceCount();
   if (devices == 0) {
     throw ConfigError(fmt::format(
@@ -116,6 +309,9 @@ Buffer bufferOf(const at::Tensor& t) {
   if (t.is_cuda()) {
     b.memory = MemoryKind::kCuda;
     b.device = t.device().index();
+  } else if (tensorsOnTheEmulatedDevice() &&
+             (b.bytes() == 0 || deviceMemoryOps().owns(b.data, b.bytes()))) {
+    b.memory = MemoryKind::kCuda;  // a tensor on the emulated device (an empty one has no bytes)
   }
   return b;
 }
@@ -169,7 +365,7 @@ HostStaging::Slot& HostStaging::acquire(size_t index, size_t bytes, const Buffer
   slot.settle();
   if (!slot.host.defined() || static_cast<size_t>(slot.host.numel()) < bytes) {
     auto options = at::TensorOptions().dtype(at::kByte);
-    if (like.memory == MemoryKind::kCuda) options = options.pinned_memory(true);
+    if (like.memory == MemoryKind::kCuda && !emulated()) options = options.pinned_memory(true);
     slot.host = at::empty({static_cast<int64_t>(bytes)}, options);
   }
   return slot;
@@ -183,7 +379,7 @@ CollectiveArgs HostStaging::stageIn(const CollectiveArgs& args) {
     host.device = 0;
     host.data = acquire(index, original.bytes(), original).host.data_ptr();
     // Blocking: the host reads it next (a copy out of device memory waits for its stream).
-    if (copy && original.count > 0) detail::wrap(host).copy_(detail::wrap(original));
+    if (copy && original.count > 0) copyInto(host, original);
     return host;
   };
   const bool writes_output =
@@ -200,10 +396,10 @@ void HostStaging::stageOut(const CollectiveArgs& original, const CollectiveArgs&
   const Buffer& from = writes_output ? staged.output : staged.data;
   if (to.count == 0) return;
   Slot& slot = *slots_[writes_output ? 1 : 0];
-  const bool device = to.memory == MemoryKind::kCuda;
-  // To device memory: queued on the caller's stream from pinned memory, not waited for.
-  detail::wrap(to).copy_(detail::wrap(from), /*non_blocking=*/device);
-  if (!device) return;
+  const bool gpu = to.memory == MemoryKind::kCuda && !emulated();
+  if (!gpu) return copyInto(to, from);
+  // To a GPU: queued on the caller's stream from pinned memory, not waited for.
+  detail::wrap(to).copy_(detail::wrap(from), /*non_blocking=*/true);
   const auto& cuda = requireCuda("host staging");
   if (slot.event != nullptr && slot.event_device != to.device) {
     cuda.destroyEvent(slot.event, static_cast<c10::DeviceIndex>(slot.event_device));

@@ -16,6 +16,14 @@
 
 namespace collie {
 
+// The process's device memory (collie/device_memory.h): CUDA through LibTorch, installed when
+// the process starts, or the emulated device when `setting` (COLLIE_EMULATED_DEVICE) is "1".
+// Throws ConfigError for any value but "", "0" and "1". Call before any device buffer exists.
+void installDeviceMemory(const char* setting);
+// True when the emulated device is installed: train.device: cuda then puts every tensor of
+// the process in its memory, and a tensor's buffer is device memory.
+bool emulatedDevice();
+
 // CUDA devices LibTorch can use in this process: 0 with a LibTorch built without CUDA or
 // with no GPU visible. Never throws.
 int cudaDeviceCount();
@@ -24,7 +32,8 @@ std::string torchDescription();
 
 // The device of a rank for train.device ("cpu" or "cuda"): cuda:(local_rank % devices).
 // Throws ConfigError naming what this LibTorch and machine have when `kind` is cuda and no
-// CUDA device is usable. Makes that device the calling thread's current one.
+// CUDA device is usable. Makes that device the calling thread's current one. On the
+// emulated device, cuda is the CPU device whose tensors the emulated device holds.
 at::Device rankDevice(const std::string& kind, int local_rank);
 // Makes `device` the calling thread's current CUDA device (every thread that queues work on
 // it calls this once); nothing for the CPU.
@@ -35,7 +44,7 @@ void useDevice(const at::Device& device);
 void installDeviceStreamHooks();
 
 // A contiguous tensor's elements as a collective buffer: memory kind, device and dtype taken
-// from the tensor. Throws InternalError for a dtype collie has no name for.
+// from the tensor (device memory for a tensor of the emulated device). Throws InternalError for a dtype collie has no name for.
 Buffer bufferOf(const at::Tensor& t);
 
 // Host staging (train.device: cuda over a backend without device memory): a collective's

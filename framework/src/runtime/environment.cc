@@ -53,6 +53,11 @@ constexpr long kMaxRanks = 1 << 20;
 
 }  // namespace
 
+int localRankOf(const Topology& topology, int rank) {
+  const WorkerEnv env = detectWorkerEnv();
+  return env.present ? env.local_rank : topology.localRank(rank);
+}
+
 WorkerEnv detectWorkerEnv(const std::function<const char*(const char*)>& getenv) {
   Reader env(getenv ? getenv : [](const char* name) -> const char* { return std::getenv(name); });
   WorkerEnv w;

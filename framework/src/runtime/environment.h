@@ -1,4 +1,4 @@
-// Where a worker process finds its place in the job (DESIGN §4): the variables torchrun and
+// Where a worker process finds its place in the job: the variables torchrun and
 // collie's launcher set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 // MASTER_PORT), Open MPI's (OMPI_COMM_WORLD_*) or Slurm's (SLURM_PROCID, SLURM_NTASKS, ...).
 #pragma once
@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+
+#include "collie/topology.h"
 
 namespace collie {
 
@@ -20,6 +22,12 @@ struct WorkerEnv {
   int experiment = -1;      // collie's launcher: the index of the run this worker does
   std::string result_path;  // collie's launcher: where the reporting rank leaves its result
 };
+
+// The local rank a rank's device is chosen by: the launcher's (collie, torchrun, Open MPI,
+// Slurm) where one started this process, else the rank's position among the ranks of its
+// node (ranks as threads). The one reader: the trainer, the control plane and the backend
+// (BackendContext::local_rank) all take it from here.
+int localRankOf(const Topology& topology, int rank);
 
 // Reads the process environment (or `getenv` in tests). Throws ConfigError naming the
 // variable when one is malformed or the set is inconsistent (rank >= world, ...).

@@ -1,4 +1,4 @@
-// Fault injection (DESIGN §4, `faults:` in docs/config.md): the faults of an experiment that
+// Fault injection (`faults:` in docs/config.md): the faults of an experiment that
 // one rank takes, each once, at its training step or collective, logged by that rank before
 // it acts. Tests and demos use the same mechanism; `slow` emulates a slower machine.
 #pragma once

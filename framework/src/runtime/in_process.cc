@@ -63,6 +63,7 @@ void runInProcess(const PluginLoader& loader, const config::PluginRef& backend_r
       Params params = backend_ref.params;
       BackendContext mine = context;
       mine.rank = rank;
+      mine.local_rank = rank;  // every rank is a thread of this host
       auto backend = loader.createBackend(backend_ref.plugin, params, mine);
       bool abort_now = false;
       {

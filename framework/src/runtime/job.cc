@@ -305,6 +305,7 @@ WorkerRank createBackend(ProcessJob& job, const PluginLoader& loader, const conf
   context.timeout = timeout;
   context.store = w.store.get();
   context.one_host = job.oneHost();
+  context.local_rank = job.localRank();
   Params params = ref.params;
   w.backend = loader.createBackend(ref.plugin, params, context);
   w.topology = Topology::singleNode(job.world());

@@ -1,4 +1,4 @@
-// A worker process's membership in a job of processes (DESIGN §4): the rendezvous store
+// A worker process's membership in a job of processes: the rendezvous store
 // (rank 0 hosts it), the join that names ranks that never arrive, the check that every rank
 // runs the same experiment, the topology from host names, and the backend.
 #pragma once
@@ -37,6 +37,8 @@ class ProcessJob {
   int world() const { return env_.world; }
   // Whether every rank runs on this host (its launcher started them all).
   bool oneHost() const { return env_.local_world == env_.world; }
+  // This rank's position among its host's ranks, as its launcher numbered them.
+  int localRank() const { return env_.local_rank; }
   const WorkerEnv& env() const { return env_; }
   Store& store();
 

@@ -1,4 +1,4 @@
-// collie's local launcher (DESIGN §4): starts this node's workers as processes (fork + exec
+// collie's local launcher: starts this node's workers as processes (fork + exec
 // of a worker command), prefixes their output with the rank, forwards SIGINT/SIGTERM/SIGHUP,
 // and tears the whole group down when one worker fails. Workers die with the launcher
 // (PR_SET_PDEATHSIG), so no process outlives it.

@@ -335,7 +335,7 @@ int runExperiments(const RunRequest& request, const std::vector<config::Experime
   std::error_code ec;
   fs::create_directories(out, ec);  // every rank writes its per-step metrics here
   if (ec) throw ConfigError("--out " + out.string() + ": cannot create: " + ec.message());
-  kind->checkRequest(request, first);
+  kind->checkRequest(request, runs, loader);
   const bool writer = !job || job->rank() == 0;  // under an outside launcher, rank 0 writes
 
   if (request.only_run >= static_cast<int>(runs.size())) {

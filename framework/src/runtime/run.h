@@ -40,7 +40,8 @@ class ExperimentKind {
   virtual ~ExperimentKind() = default;
 
   // Refuses, before anything runs, what the request asks that this kind cannot do.
-  virtual void checkRequest(const RunRequest& request, const config::Experiment& first) const = 0;
+  virtual void checkRequest(const RunRequest& request, const std::vector<config::Experiment>& runs,
+                            const PluginLoader& loader) const = 0;
   // Runs `e` with its ranks as threads of this process (an in-process backend).
   virtual void runInThreads(const PluginLoader& loader, const config::Experiment& e,
                             const std::filesystem::path& out) = 0;

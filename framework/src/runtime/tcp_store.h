@@ -1,4 +1,4 @@
-// The job's rendezvous store (DESIGN §4), collie's own: rank 0 hosts a small key-value
+// The job's rendezvous store, collie's own: rank 0 hosts a small key-value
 // server on one address (never every interface, as c10d's TCPStore of LibTorch 1.13 does),
 // and every rank, rank 0 included, is its client. With a job token, a client must present
 // it before anything else; messages and the store's contents are bounded, so a stranger that

@@ -1,4 +1,4 @@
-// When collie's launcher stops its workers (DESIGN §4), as a pure policy over time: after
+// When collie's launcher stops its workers, as a pure policy over time: after
 // the first worker fails the others get `failure_grace` to report their own error, then
 // SIGTERM; `kill_grace` after SIGTERM (or after a forwarded SIGINT/SIGTERM/SIGHUP), SIGKILL;
 // a second signal means SIGKILL at once. The launcher feeds it events and sends what due()

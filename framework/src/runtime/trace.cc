@@ -22,14 +22,6 @@ namespace {
 thread_local TraceTrack t_track = TraceTrack::kCompute;
 thread_local int t_bucket = -1;
 
-Buffer int64View(int64_t* data, size_t count) {
-  Buffer b;
-  b.data = data;
-  b.count = count;
-  b.dtype = DType::kI64;
-  return b;
-}
-
 // A rank's events as sent to rank 0: one array per event.
 std::string encode(const std::vector<TraceEvent>& events) {
   nlohmann::json out = nlohmann::json::array();
@@ -137,9 +129,9 @@ std::vector<ClockOffset> estimateClockOffsets(Backend& backend, Control& control
   int64_t value = 0;
   if (rank != 0) {
     for (int i = 0; i < rounds; ++i) {
-      backend.recv(0, int64View(&value, 1), tag);
+      control.wire().recv(0, &value, sizeof value, tag);
       value = tracer.now();
-      backend.send(0, int64View(&value, 1), tag);
+      control.wire().send(0, &value, sizeof value, tag);
     }
     return {};
   }
@@ -149,8 +141,8 @@ std::vector<ClockOffset> estimateClockOffsets(Backend& backend, Control& control
     for (int i = 0; i < rounds; ++i) {
       const int64_t t0 = tracer.now();
       value = t0;
-      backend.send(r, int64View(&value, 1), tag);
-      backend.recv(r, int64View(&value, 1), tag);
+      control.wire().send(r, &value, sizeof value, tag);
+      control.wire().recv(r, &value, sizeof value, tag);
       const int64_t t1 = tracer.now();
       const double rtt = static_cast<double>(t1 - t0);
       if (rtt < best_rtt) {
@@ -173,8 +165,8 @@ size_t writeJobTrace(const Tracer& tracer, Backend& backend, Control& control,
     std::string text = encode(tracer.events());
     int64_t header[2] = {static_cast<int64_t>(text.size()), static_cast<int64_t>(tracer.dropped())};
     text.resize((text.size() + 7) / 8 * 8, ' ');
-    backend.send(0, int64View(header, 2), tag);
-    backend.send(0, int64View(reinterpret_cast<int64_t*>(text.data()), text.size() / 8), tag);
+    control.wire().send(0, header, sizeof header, tag);
+    control.wire().send(0, text.data(), text.size(), tag);
     return 0;
   }
   std::vector<std::vector<TraceEvent>> ranks(n);
@@ -183,7 +175,7 @@ size_t writeJobTrace(const Tracer& tracer, Backend& backend, Control& control,
   dropped[0] = tracer.dropped();
   for (int r = 1; r < n; ++r) {
     int64_t header[2] = {0, 0};
-    backend.recv(r, int64View(header, 2), tag);
+    control.wire().recv(r, header, sizeof header, tag);
     // A rank keeps at most kDefaultCapacity events of a few hundred bytes each.
     constexpr int64_t kMostBytes = int64_t{1} << 30;
     if (header[0] < 0 || header[0] > kMostBytes || header[1] < 0) {
@@ -193,7 +185,7 @@ size_t writeJobTrace(const Tracer& tracer, Backend& backend, Control& control,
                       r, header[0], header[1]));
     }
     std::string text((static_cast<size_t>(header[0]) + 7) / 8 * 8, ' ');
-    backend.recv(r, int64View(reinterpret_cast<int64_t*>(text.data()), text.size() / 8), tag);
+    control.wire().recv(r, text.data(), text.size(), tag);
     text.resize(static_cast<size_t>(header[0]));
     ranks[r] = decode(text, r);
     dropped[r] = static_cast<size_t>(header[1]);

@@ -1,4 +1,4 @@
-// The job's timeline (DESIGN §5 "Traces"): every rank records spans (forward, backward,
+// The job's timeline: every rank records spans (forward, backward,
 // optimizer, each collective) on a compute and a communication track; at the end rank 0
 // gathers them over the backend, moves every rank's times onto its own clock with offsets
 // estimated over the control plane, and writes one Chrome trace-event JSON for the job

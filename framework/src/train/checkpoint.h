@@ -1,4 +1,4 @@
-// Training checkpoints (DESIGN §5). The checkpoint of step S is a directory
+// Training checkpoints. The checkpoint of step S is a directory
 // CHECKPOINT_DIR/step-0000000S holding one file per writer in the safetensors layout
 // ("shard-00001-of-00004.safetensors": 8-byte header length, a JSON header with every
 // tensor's dtype, shape and data_offsets and collie's fields under __metadata__, the tensor

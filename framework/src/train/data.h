@@ -1,4 +1,4 @@
-// Training data (DESIGN §3): where each sample's tokens come from. Sample i of a run is a
+// Training data: where each sample's tokens come from. Sample i of a run is a
 // pure function of the source, the seed and i, so every rank computes its own share and a
 // resumed run sees exactly the samples it would have seen.
 #pragma once

@@ -5,7 +5,9 @@
 #include <iostream>
 
 #include "collie/error.h"
+#include "plugin/loader.h"
 #include "runtime/device.h"
+#include "train/trainer.h"
 #include "train/report.h"
 
 namespace fs = std::filesystem;
@@ -15,13 +17,20 @@ namespace {
 
 class TrainKind : public ExperimentKind {
  public:
-  void checkRequest(const RunRequest& request, const config::Experiment& first) const override {
+  void checkRequest(const RunRequest& request, const std::vector<config::Experiment>& runs,
+                    const PluginLoader& loader) const override {
+    const config::Experiment& first = runs.front();
     if (!request.emit_rules.empty()) {
       throw ConfigError(
           fmt::format("--emit-rules: {} is a train experiment; rules come from a bench: experiment",
                       request.config));
     }
     // Said once here, before any rank starts, rather than by every rank (they check too).
+    for (const auto& e : runs) {
+      const bool device_only =
+          pluginInfo(*loader.open(PluginKind::kBackend, e.backend.plugin)).device_memory_only;
+      if (device_only && !e.train.cuda) throw hostTensorsOnDeviceBackend(e);
+    }
     if (first.train.cuda) rankDevice("cuda", 0);
   }
 

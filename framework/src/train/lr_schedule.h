@@ -1,4 +1,4 @@
-// The learning rate of every step (DESIGN §5): linear warmup to the peak, then cosine decay
+// The learning rate of every step: linear warmup to the peak, then cosine decay
 // to the floor, or constant; the linear scaling rule scales peak and floor by the world
 // batch. A pure function of the config, tested alone.
 #pragma once

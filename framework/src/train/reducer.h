@@ -1,4 +1,4 @@
-// Gradient buckets and their all-reduce on a communication thread (DESIGN §5, PyTorch DDP's
+// Gradient buckets and their all-reduce on a communication thread (PyTorch DDP's
 // Reducer as the reference): parameters are packed into buckets in reverse order; during the
 // last backward of a step each bucket is handed to the communication thread as soon as its
 // last gradient has been accumulated, so all-reduce overlaps the rest of backward.

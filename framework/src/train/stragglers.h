@@ -1,4 +1,4 @@
-// Straggler attribution (DESIGN §5, issue "heterogeneous ranks"): which rank holds a
+// Straggler attribution: which rank holds a
 // synchronous job back, by how much, and what the step would take without it. Free of
 // LibTorch and of communication: the trainer gathers every rank's samples over the control
 // plane every few steps and every rank computes the same report from them.

@@ -1,4 +1,4 @@
-// Weight-sync verification (DESIGN §5): every rank hashes every parameter, the hashes travel
+// Weight-sync verification: every rank hashes every parameter, the hashes travel
 // over the control plane (not the scheduler under test), and parameters that differ are
 // measured with a max/min all-reduce to report the spread.
 #pragma once

@@ -44,6 +44,16 @@
 #include "train/sync.h"
 
 namespace collie::train {
+
+// train.device: cpu over a backend that moves device memory only.
+ConfigError hostTensorsOnDeviceBackend(const config::Experiment& e) {
+  return ConfigError(fmt::format(
+      "backend '{}' moves device memory only, but train.device is cpu (the model's tensors and "
+      "gradient buckets would be host memory). HINT: set train.device: cuda, or choose a "
+      "backend that moves host memory (gloo, ucx, loopback)",
+      e.backend.label));
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -72,14 +82,6 @@ class Autocast {
   at::DeviceType type_;
 };
 
-// The local rank a GPU is chosen by: the launcher's (collie, torchrun, Open MPI, Slurm)
-// where one started this process, else the rank's position among the ranks of its node
-// (ranks as threads).
-int localRankOf(const Topology& topology, int rank) {
-  const WorkerEnv env = detectWorkerEnv();
-  return env.present ? env.local_rank : topology.localRank(rank);
-}
-
 // Model construction draws the initial weights from LibTorch's global generator; ranks that
 // are threads of one process take turns so that each gets the same, repeatable draw.
 std::mutex& modelCreationMutex() {
@@ -99,8 +101,9 @@ class RankTrainer {
         faults_(e.faults, rank_),
         device_(rankDevice(spec_.cuda ? "cuda" : "cpu", localRankOf(topology, rank_))),
         comm_(backend, e.backend.label, topology),
-        control_(*backend),
+        control_(*backend, device_.is_cuda() ? device_.index() : 0),
         out_dir_(out_dir) {
+    if (!spec_.cuda && !backend->capabilities().host_memory) throw hostTensorsOnDeviceBackend(e);
     comm_.setFaults(&faults_);
     if (device_.is_cuda()) installDeviceStreamHooks();
     if (spec_.trace) {
@@ -884,12 +887,13 @@ class RankTrainer {
     r.peak_flops = spec_.peak_flops;
     r.sharding = config::shardedStateName(spec_.sharding);
     if (device_.is_cuda()) r.device = fmt::format("{} ({})", device_.str(), torchDescription());
+    if (spec_.cuda && emulatedDevice()) r.device = "emulated device (COLLIE_EMULATED_DEVICE=1)";
     return r;
   }
 
   // Which memory the last step's collectives ran on (Result::comm_memory).
   std::string commMemory(const std::vector<StepStats>& stats) const {
-    if (!device_.is_cuda()) return "host memory";
+    if (!spec_.cuda) return "host memory";  // train.device: cuda is a GPU or the emulated device
     if (stats.empty()) return "device memory";
     for (const Provenance& p : stats.back().sync.collectives) {
       if (p.staged) return "host-staged";

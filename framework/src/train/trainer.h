@@ -1,4 +1,4 @@
-// The synchronous data-parallel trainer (DESIGN §5): every rank runs its micro-batches,
+// The synchronous data-parallel trainer: every rank runs its micro-batches,
 // gradients are all-reduced in buckets during the last backward, and the same optimizer
 // update runs everywhere. Free of LibTorch headers: the CLI and the report include it.
 #pragma once
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "collie/backend.h"
+#include "collie/error.h"
 #include "collie/topology.h"
 #include "config/experiment.h"
 #include "plugin/loader.h"
@@ -88,6 +89,9 @@ struct Result {
 // Runs a train experiment with its ranks as threads of this process (loopback backend).
 // `out_dir` receives rank-R.jsonl, one line per step. Throws Error on failure.
 Result run(const PluginLoader& loader, const config::Experiment& e, const std::string& out_dir);
+
+// The refusal of train.device: cpu over a backend that moves device memory only (nccl).
+ConfigError hostTensorsOnDeviceBackend(const config::Experiment& e);
 // This rank's part of a train experiment over `backend` (a worker process).
 Result runRank(const PluginLoader& loader, const config::Experiment& e,
                std::shared_ptr<Backend> backend, const Topology& topology,

@@ -242,6 +242,7 @@ TreePart singleTree(const CollectiveArgs& args, uint64_t segment_bytes, uint32_t
   part.up_phase = up_phase;
   part.down_phase = down_phase;
   if (args.coll == Collective::kBarrier) {
+    part.data = args.data.slice(0, 0);  // in the caller's memory kind, which the backend moves
     part.segments = patterns::pieces(patterns::Range{}, 1);  // one empty message
   } else {
     part.data = args.data;

@@ -1,4 +1,5 @@
-// The bridge between collie's buffer views and ATen, for the few core files that use ATen.
+// The bridge between collie's buffer views and ATen, for the application files that use ATen
+// on them (runtime/device.cc defines it).
 #pragma once
 
 #include <ATen/core/Tensor.h>
