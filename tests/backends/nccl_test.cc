@@ -1,8 +1,17 @@
 // The nccl backend builds and loads here (CUDA 13 + NCCL from /usr/local/cuda); without a
 // GPU it refuses to start with a clear error, and these tests say why they skip the rest.
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "collie/error.h"
@@ -12,12 +21,91 @@
 
 namespace {
 
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
 int gpuCount() {
   int count = 0;
   return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
 }
 
 collie::PluginLoader loader() { return collie::PluginLoader({COLLIE_TEST_PLUGIN_DIR}); }
+
+// `count` floats of device memory on the calling thread's current device, freed with it.
+class DeviceFloats {
+ public:
+  explicit DeviceFloats(size_t count) : count_(count) {
+    EXPECT_EQ(cudaMalloc(&data_, std::max<size_t>(count, 1) * sizeof(float)), cudaSuccess);
+  }
+  DeviceFloats(const DeviceFloats&) = delete;
+  DeviceFloats& operator=(const DeviceFloats&) = delete;
+  ~DeviceFloats() { cudaFree(data_); }
+
+  void write(const std::vector<float>& host) {
+    EXPECT_EQ(cudaMemcpy(data_, host.data(), count_ * sizeof(float), cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  std::vector<float> read() const {
+    std::vector<float> host(count_);
+    EXPECT_EQ(cudaMemcpy(host.data(), data_, count_ * sizeof(float), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    return host;
+  }
+  collie::Buffer buffer() const {
+    collie::Buffer buf;
+    buf.data = data_;
+    buf.count = count_;
+    buf.dtype = collie::DType::kF32;
+    buf.memory = collie::MemoryKind::kCuda;
+    return buf;
+  }
+
+ private:
+  float* data_ = nullptr;
+  size_t count_;
+};
+
+collie::CollectiveArgs allReduce(const collie::Buffer& data, collie::ReduceOp op) {
+  collie::CollectiveArgs args;
+  args.coll = collie::Collective::kAllReduce;
+  args.data = data;
+  args.op = op;
+  return args;
+}
+
+// Runs body(backend, rank) for both ranks of a 2-rank job, each rank a thread with device
+// `rank` of its own (NCCL refuses two ranks on one GPU), joined through a TCP store on the
+// loopback, with every rank on this host. body may reset the backend. Returns what each
+// rank threw ("" for nothing).
+std::vector<std::string> runTwoRanks(
+    const std::string& timeout,
+    const std::function<void(std::shared_ptr<collie::Backend>&, int rank)>& body) {
+  collie::TcpStore server("127.0.0.1", 0, /*is_server=*/true, 30s);
+  std::vector<std::string> failures(2);
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      try {
+        EXPECT_EQ(cudaSetDevice(rank), cudaSuccess);
+        collie::TcpStore store("127.0.0.1", server.port(), /*is_server=*/false, 30s);
+        collie::Params params("backend 'nccl'");
+        params.set("timeout", timeout);
+        collie::BackendContext context;
+        context.rank = context.local_rank = rank;
+        context.size = 2;
+        context.store = &store;
+        context.one_host = true;
+        auto backend = loader().createBackend("nccl", params, context);
+        EXPECT_EQ(backend->rank(), rank);
+        body(backend, rank);
+      } catch (const std::exception& e) {
+        failures[rank] = e.what();
+      }
+    });
+  }
+  for (auto& rank : ranks) rank.join();
+  return failures;
+}
 
 }  // namespace
 
@@ -26,6 +114,20 @@ TEST(Nccl, PluginLoadsAndDescribesItself) {
   const auto& info = collie::pluginInfo(*library);
   EXPECT_EQ(info.name, "nccl");
   EXPECT_FALSE(info.in_process);
+}
+
+// The loader's PluginInfo does not carry the flag: read the descriptor symbol itself.
+TEST(Nccl, DescriptorSaysItMovesDeviceMemoryOnly) {
+  auto library = loader().open(collie::PluginKind::kBackend, "nccl");
+  const std::string path = collie::pluginInfo(*library).path;
+  void* handle = dlopen(path.c_str(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+  ASSERT_NE(handle, nullptr) << dlerror();
+  const auto* descriptor =
+      static_cast<const collie_plugin_descriptor_v1*>(dlsym(handle, "collie_plugin_v1"));
+  ASSERT_NE(descriptor, nullptr) << dlerror();
+  EXPECT_EQ(descriptor->flags & COLLIE_FLAG_DEVICE_MEMORY_ONLY, COLLIE_FLAG_DEVICE_MEMORY_ONLY);
+  EXPECT_EQ(descriptor->flags & COLLIE_FLAG_IN_PROCESS, 0u);
+  dlclose(handle);
 }
 
 TEST(Nccl, WithoutAGpuItRefusesToStartWithAReason) {
@@ -41,8 +143,22 @@ TEST(Nccl, WithoutAGpuItRefusesToStartWithAReason) {
   }
 }
 
+// params.interface is checked before anything else, with or without a GPU.
+TEST(Nccl, AnInterfaceThatDoesNotExistIsAConfigError) {
+  collie::Params params("backend 'nccl'");
+  params.set("interface", "nosuchnic9");
+  collie::BackendContext context;
+  try {
+    loader().createBackend("nccl", params, context);
+    FAIL() << "the nccl backend accepted interface nosuchnic9";
+  } catch (const collie::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'nosuchnic9' does not exist"), std::string::npos)
+        << e.what();
+  }
+}
+
 // One rank (NCCL refuses two ranks on one GPU, and a test machine may have one): init
-// through the store, native collectives on device memory, split.
+// through the store, native collectives on device memory, split, teardown.
 TEST(Nccl, OneRankRunsNativeCollectivesOnTheGpu) {
   if (gpuCount() == 0) GTEST_SKIP() << "no GPU: cudaGetDeviceCount found none";
   collie::TcpStore store("127.0.0.1", 0, /*is_server=*/true, std::chrono::seconds(30));
@@ -55,33 +171,154 @@ TEST(Nccl, OneRankRunsNativeCollectivesOnTheGpu) {
 
   std::vector<float> host(1000);
   for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>(i % 7);
-  float* device = nullptr;
-  ASSERT_EQ(cudaMalloc(&device, host.size() * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(device, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice),
-            cudaSuccess);
-  collie::CollectiveArgs args;
-  args.data.data = device;
-  args.data.count = host.size();
-  args.data.dtype = collie::DType::kF32;
-  args.data.memory = collie::MemoryKind::kCuda;
+  DeviceFloats device(host.size());
+  device.write(host);
   for (auto op : {collie::ReduceOp::kSum, collie::ReduceOp::kAvg, collie::ReduceOp::kMax}) {
-    args.op = op;
-    EXPECT_TRUE(backend->runNative(args).accepted);
+    EXPECT_TRUE(backend->runNative(allReduce(device.buffer(), op)).accepted);
   }
-  std::vector<float> back(host.size());
-  ASSERT_EQ(cudaMemcpy(back.data(), device, back.size() * sizeof(float), cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  EXPECT_EQ(back, host);  // one rank: every reduction is the input itself
+  EXPECT_EQ(device.read(), host);  // one rank: every reduction is the input itself
 
   // Host memory is refused with a hint, not sent.
-  collie::Buffer on_host = args.data;
-  on_host.memory = collie::MemoryKind::kHost;
-  on_host.data = host.data();
-  collie::CollectiveArgs host_args = args;
-  host_args.data = on_host;
+  collie::CollectiveArgs host_args = allReduce(device.buffer(), collie::ReduceOp::kSum);
+  host_args.data.memory = collie::MemoryKind::kHost;
+  host_args.data.data = host.data();
   EXPECT_FALSE(backend->runNative(host_args).accepted);
 
   auto sub = backend->split({0});
   EXPECT_EQ(sub->size(), 1);
-  cudaFree(device);
+}
+
+// An abort from another thread lands anywhere in a stream of native collectives (in an NCCL
+// call, between polls, in the event wait): the caller ends in CommError with the reason, and
+// nothing reaches NCCL afterwards.
+TEST(Nccl, AnAbortFromAnotherThreadEndsTheWaitWithCommError) {
+  if (gpuCount() == 0) GTEST_SKIP() << "no GPU: cudaGetDeviceCount found none";
+  collie::TcpStore store("127.0.0.1", 0, /*is_server=*/true, std::chrono::seconds(30));
+  collie::Params params("backend 'nccl'");
+  params.set("timeout", "20s");
+  collie::BackendContext context;
+  context.store = &store;
+  auto backend = loader().createBackend("nccl", params, context);
+  DeviceFloats device(1 << 20);
+  const auto args = allReduce(device.buffer(), collie::ReduceOp::kSum);
+
+  std::atomic<bool> running{false};
+  std::thread aborter([&] {
+    while (!running.load()) std::this_thread::yield();
+    std::this_thread::sleep_for(20ms);
+    backend->abort("test abort");
+  });
+  std::string error;
+  const auto give_up = Clock::now() + 60s;
+  try {
+    while (Clock::now() < give_up) {
+      backend->runNative(args);
+      running = true;
+    }
+  } catch (const collie::CommError& e) {
+    error = e.what();
+  }
+  running = true;  // the first call may have thrown already
+  aborter.join();
+  EXPECT_NE(error.find("aborted: test abort"), std::string::npos) << "error: " << error;
+  EXPECT_THROW(backend->runNative(args), collie::CommError);
+  EXPECT_THROW(backend->split({0}), collie::CommError);
+  backend->abort("again");  // a second abort is a no-op
+  backend.reset();          // tears down an aborted communicator: nothing left to free
+}
+
+// Two ranks, one GPU each: native all-reduce (sum and max, closed-form rank sums, odd and
+// prime sizes) and point-to-point both ways, on the group and on a split of it; on one host
+// without params.interface, NCCL's bootstrap is pointed at the loopback.
+TEST(Nccl, TwoRanksRunNativeAllReduceAndPointToPoint) {
+  if (gpuCount() < 2) {
+    GTEST_SKIP() << "needs 2 GPUs (found " << gpuCount()
+                 << "): NCCL refuses two ranks of one communicator on one GPU";
+  }
+  const char* user_interface = std::getenv("NCCL_SOCKET_IFNAME");
+  const std::string expected_interface = user_interface != nullptr ? user_interface : "lo";
+  auto failures = runTwoRanks("20s", [](std::shared_ptr<collie::Backend>& backend, int rank) {
+    for (size_t count : {size_t{1}, size_t{13}, size_t{1000}, size_t{4099}}) {
+      std::vector<float> mine(count);
+      for (size_t i = 0; i < count; ++i) mine[i] = static_cast<float>((rank + 1) * (i % 7 + 1));
+      DeviceFloats data(count);
+      data.write(mine);
+      EXPECT_TRUE(backend->runNative(allReduce(data.buffer(), collie::ReduceOp::kSum)).accepted);
+      auto sum = data.read();
+      data.write(mine);
+      EXPECT_TRUE(backend->runNative(allReduce(data.buffer(), collie::ReduceOp::kMax)).accepted);
+      auto max = data.read();
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(sum[i], 3.0f * static_cast<float>(i % 7 + 1)) << "count " << count << " i " << i;
+        ASSERT_EQ(max[i], 2.0f * static_cast<float>(i % 7 + 1)) << "count " << count << " i " << i;
+      }
+    }
+    auto exchange = [rank](collie::Backend& group, size_t count) {
+      const int peer = 1 - rank;
+      std::vector<float> mine(count);
+      for (size_t i = 0; i < count; ++i) mine[i] = static_cast<float>(1000 * rank + i);
+      DeviceFloats out(count), in(count);
+      out.write(mine);
+      auto send = group.isend(peer, out.buffer(), collie::makeTag(1, 0, 0));
+      auto recv = group.irecv(peer, in.buffer(), collie::makeTag(1, 0, 0));
+      recv->wait(20s);
+      send->wait(20s);
+      auto got = in.read();
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(got[i], static_cast<float>(1000 * peer + i)) << "count " << count << " i " << i;
+      }
+    };
+    for (size_t count : {size_t{1}, size_t{13}, size_t{1000}}) exchange(*backend, count);
+    auto sub = backend->split({0, 1});
+    EXPECT_EQ(sub->size(), 2);
+    exchange(*sub, 31);
+  });
+  EXPECT_EQ(failures, std::vector<std::string>(2, ""));
+  // Every rank on this host and no params.interface: the loopback, unless the user chose.
+  const char* chosen = std::getenv("NCCL_SOCKET_IFNAME");
+  EXPECT_EQ(chosen != nullptr ? std::string(chosen) : "(unset)", expected_interface);
+}
+
+// A request that outlives its backend object still owns its communicator: its wait ends in
+// CommError (here the peer never sends) instead of touching freed memory. An abort from
+// another thread ends a wait that would otherwise last 20 s, with the abort's reason.
+TEST(Nccl, RequestsOutlivingTheirBackendOrAbortedEndInCommError) {
+  if (gpuCount() < 2) {
+    GTEST_SKIP() << "needs 2 GPUs (found " << gpuCount()
+                 << "): a request needs a peer, and NCCL refuses two ranks on one GPU";
+  }
+  auto outliving = runTwoRanks("2s", [](std::shared_ptr<collie::Backend>& backend, int rank) {
+    DeviceFloats in(64);
+    auto recv = backend->irecv(1 - rank, in.buffer(), collie::makeTag(1, 0, 0));
+    backend.reset();  // the backend object is gone; the request is not
+    try {
+      recv->wait(2s);
+      ADD_FAILURE() << "rank " << rank << ": a receive nobody sent completed";
+    } catch (const collie::CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("timed out"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(recv->test());
+  });
+  EXPECT_EQ(outliving, std::vector<std::string>(2, ""));
+
+  auto aborted = runTwoRanks("20s", [](std::shared_ptr<collie::Backend>& backend, int rank) {
+    DeviceFloats in(64);
+    auto recv = backend->irecv(1 - rank, in.buffer(), collie::makeTag(1, 0, 0));
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(300ms);
+      backend->abort("test abort");
+    });
+    const auto start = Clock::now();
+    try {
+      recv->wait(20s);
+      ADD_FAILURE() << "rank " << rank << ": a receive nobody sent completed";
+    } catch (const collie::CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("aborted: test abort"), std::string::npos) << e.what();
+    }
+    aborter.join();
+    EXPECT_LT(Clock::now() - start, 10s);
+    EXPECT_THROW(backend->isend(1 - rank, in.buffer(), collie::makeTag(2, 0, 0)),
+                 collie::CommError);
+  });
+  EXPECT_EQ(aborted, std::vector<std::string>(2, ""));
 }
