@@ -18,6 +18,7 @@ function(collie_add_plugin)
   set(target collie_${ARG_KIND}_${ARG_NAME})
   add_library(${target} MODULE ${ARG_SOURCES})
   target_link_libraries(${target} PRIVATE collie::core ${ARG_LIBRARIES})
+  set_property(GLOBAL APPEND PROPERTY COLLIE_PLUGIN_TARGETS ${target})  # collie_main builds them
   set_target_properties(${target} PROPERTIES
     PREFIX "lib"
     OUTPUT_NAME "collie_${ARG_KIND}_${ARG_NAME}"

@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# Installs every Debian package that building and testing collie needs. Idempotent: it only
-# calls apt-get when something is missing. Works as root or through sudo.
+# Installs the Debian packages collie needs: `scripts/setup.sh main` what building it and
+# running the main job need, `scripts/setup.sh` (all) what the tests and benchmarks need too.
+# Idempotent: it only calls apt-get when something is missing. Works as root or through sudo.
 set -euo pipefail
 
-packages=(
-  build-essential cmake ninja-build ccache pkg-config git file
+# What building collie and running the main job (configs/quickstart.yaml: gloo) need.
+main=(
+  build-essential cmake ninja-build ccache pkg-config git file python3
   libtorch-dev libopenblas0-pthread
   libyaml-cpp-dev libboost-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
-  libgtest-dev gnuplot-nox libxxhash-dev
-  # backends (gloo, ucx) and the peers their tests and benchmarks launch or compare against
-  libgloo-dev libucx-dev ucx-utils libopenmpi-dev openmpi-bin python3-torch
+  libgtest-dev libxxhash-dev libgloo-dev
+)
+# What the tests and benchmarks need besides.
+tests=(
+  gnuplot-nox
+  # the ucx backend, and the peers the tests and benchmarks launch or compare against
+  libucx-dev ucx-utils libopenmpi-dev openmpi-bin python3-torch
   # the simgrid backend: ranks as actors on a simulated platform
   libsimgrid-dev
   # a test reads checkpoint shards (safetensors) with Python and NumPy alone
@@ -19,6 +25,11 @@ packages=(
   # a one-machine Slurm cluster for the srun test
   slurmctld slurmd slurm-client munge
 )
+case "${1:-all}" in
+  main) packages=("${main[@]}") ;;
+  all) packages=("${main[@]}" "${tests[@]}") ;;
+  *) echo "setup: unknown set '$1'; expected main or all" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do
