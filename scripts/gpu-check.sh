@@ -13,8 +13,8 @@
 #      reason, if it does); ZeRO stage 3's peak GPU memory against the state formula for N = 2;
 #   3. schedulers' reductions on device memory: ring and halving_doubling over loopback with
 #      memory: device (ranks as threads sharing the GPU), plugin-check and a bench;
-#   4. with two GPUs or more: nccl_test's 2-rank cases and a 2-rank training over nccl against
-#      the CPU run; skipped with one GPU (NCCL refuses two ranks on one GPU).
+#   4. with two GPUs or more: nccl_test's 2-rank cases, a 2-rank training over nccl against the
+#      CPU run, and plugin-check nccl; skipped with one GPU (NCCL refuses two ranks on one GPU).
 # A failing part does not stop the others; the exit status is 1 when any part failed. Sized
 # for 5 minutes on one H200, the build about half of it (an estimate: not yet timed there);
 # BUDGET caps it, and parts it leaves no time for are SKIPPED.
@@ -49,7 +49,7 @@ packages=(libyaml-cpp-dev libyaml-cpp0.7 libspdlog-dev libspdlog1.10 libfmt-dev 
 not_fetched=(libc6 libgcc-s1 libstdc++6 libstdc++-12-dev adduser libhiredis-dev libibverbs-dev
              catch2)
 # The parts, in the summary's order.
-parts=(0a 0b 1a 1b 1c 1d 1e 2a 2b 2c 2d 3a 3b 3c 4a 4b)
+parts=(0a 0b 1a 1b 1c 1d 1e 2a 2b 2c 2d 3a 3b 3c 4a 4b 4c)
 declare -A title=(
   [0a]="machine" [0b]="build" [1a]="nccl_test, one GPU" [1b]="device_test"
   [1c]="trainer_test GpuTraining.*" [1d]="bench over nccl, 1 rank, native and ring"
@@ -59,7 +59,8 @@ declare -A title=(
   [3a]="plugin-check ring over loopback, memory: device"
   [3b]="plugin-check halving_doubling over loopback, memory: device"
   [3c]="bench over loopback, memory: device" [4a]="nccl_test, 2-rank cases"
-  [4b]="2 ranks over nccl against the CPU run")
+  [4b]="2 ranks over nccl against the CPU run"
+  [4c]="plugin-check nccl, 2 ranks (barriers of zero-byte messages, the contract)")
 
 # ---- --fetch: here, with Debian's archive --------------------------------------------------
 contains() { local x=$1; shift; for y in "$@"; do [[ $x == "$y" ]] && return 0; done; return 1; }
@@ -543,6 +544,7 @@ part_two_gpus() {
   if ((gpus < 2)); then
     t0='' result 4a SKIPPED "one GPU (nvidia-smi -L lists $gpus): NCCL refuses two ranks of one communicator on one GPU; 1a skipped ${skipped:-them}"
     t0='' result 4b SKIPPED "one GPU (nvidia-smi -L lists $gpus): NCCL refuses two ranks on one GPU"
+    t0='' result 4c SKIPPED "one GPU (nvidia-smi -L lists $gpus): NCCL refuses two ranks on one GPU"
     return 0
   fi
   two=$(nvidia-smi --query-gpu=index --format=csv,noheader | head -2 | paste -sd,)
@@ -571,6 +573,20 @@ part_two_gpus() {
   else
     verdict 4b "CPU run over $ref" devices "$work/runs/nccl-2gpu/summary.json" --expect "device memory" \
       --loss-rtol "$loss_rtol" --weight-atol "$weight_atol"
+  fi
+  # The backend contract and the schedulers' matrix over nccl itself: ordered and zero-byte
+  # messages (a zero-byte receive must wait for its sender: barriers are made of them).
+  room 4c 25 || return
+  t0=$(date +%s)
+  log=$work/logs/plugin-check-nccl.txt
+  run_logged 150 "$log" env CUDA_VISIBLE_DEVICES="$two" "$collie" plugin-check nccl --worlds 2 \
+    --large-count 10007
+  rc=$?
+  grep -E "^(PASS|FAIL)|^  FAIL" "$log" | head -10 | details 4c
+  if ((rc == 0)) && grep -q "^plugin-check: PASS" "$log"; then
+    result 4c PASS "on GPUs $two: $(grep -c '^PASS' "$log") plugin-check verdict(s) PASS"
+  else
+    result 4c FAIL "on GPUs $two: $(why $rc "$log")"
   fi
 }
 

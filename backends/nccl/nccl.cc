@@ -31,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "collie/device_memory.h"
 #include "collie/log.h"
 #include "collie/plugin.h"
 #include "collie/store.h"
@@ -126,6 +127,16 @@ int chooseDevice(int local_rank) {
   return local_rank % count;
 }
 
+// NCCL moves a GPU's memory; the emulated device's (COLLIE_EMULATED_DEVICE=1) is host memory
+// that NCCL cannot read. Throws ConfigError when it is installed.
+void refuseTheEmulatedDevice() {
+  if (deviceMemoryOps().owns == nullptr) return;
+  throw ConfigError(
+      "backend nccl moves a GPU's memory, but COLLIE_EMULATED_DEVICE=1 made this process's "
+      "device memory the emulated device's (host memory). HINT: unset COLLIE_EMULATED_DEVICE; "
+      "to check device-only paths without a GPU, use loopback with params memory: device");
+}
+
 // Points NCCL's bootstrap and socket transport at an interface through NCCL_SOCKET_IFNAME,
 // which NCCL reads once per process, when it creates its first unique id or communicator:
 // `interface` (validated, matched exactly) when given; else, when every rank is on this
@@ -135,7 +146,7 @@ void chooseInterface(const std::string& interface, bool one_host) {
   const char* user = std::getenv("NCCL_SOCKET_IFNAME");
   if (!interface.empty()) {
     const std::string exact = "=" + interface;  // NCCL's syntax for "this name, not a prefix"
-    if (user != nullptr && exact != user) {
+    if (user != nullptr && exact != user && interface != user) {
       logWarn("backend nccl: params.interface '" + interface + "' replaces NCCL_SOCKET_IFNAME '" +
               user + "'");
     }
@@ -522,6 +533,7 @@ class NcclBackend : public Backend {
     const milliseconds timeout = params.getDuration("timeout", milliseconds(30000));
     const std::string interface = params.getString("interface", "");
     if (!interface.empty()) requireInterface("backend nccl", interface);
+    refuseTheEmulatedDevice();
     const int device = chooseDevice(ctx.local_rank);
     if (ctx.store == nullptr) {
       throw PluginError(

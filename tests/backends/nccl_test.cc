@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "collie/device_memory.h"
 #include "collie/error.h"
 #include "collie/plugin.h"
 #include "plugin/loader.h"
@@ -116,18 +117,25 @@ TEST(Nccl, PluginLoadsAndDescribesItself) {
   EXPECT_FALSE(info.in_process);
 }
 
-// The loader's PluginInfo does not carry the flag: read the descriptor symbol itself.
+// The descriptor says nccl moves device memory only, so that the launcher can refuse a run of
+// host tensors over it before any rank starts.
 TEST(Nccl, DescriptorSaysItMovesDeviceMemoryOnly) {
   auto library = loader().open(collie::PluginKind::kBackend, "nccl");
-  const std::string path = collie::pluginInfo(*library).path;
-  void* handle = dlopen(path.c_str(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
-  ASSERT_NE(handle, nullptr) << dlerror();
-  const auto* descriptor =
-      static_cast<const collie_plugin_descriptor_v1*>(dlsym(handle, "collie_plugin_v1"));
-  ASSERT_NE(descriptor, nullptr) << dlerror();
-  EXPECT_EQ(descriptor->flags & COLLIE_FLAG_DEVICE_MEMORY_ONLY, COLLIE_FLAG_DEVICE_MEMORY_ONLY);
-  EXPECT_EQ(descriptor->flags & COLLIE_FLAG_IN_PROCESS, 0u);
-  dlclose(handle);
+  EXPECT_TRUE(collie::pluginInfo(*library).device_memory_only);
+}
+
+// With the emulated device installed (host memory standing in for a GPU), nccl refuses to start.
+TEST(Nccl, RefusesTheEmulatedDevice) {
+  const collie::DeviceMemoryOps previous = collie::setDeviceMemoryOps(collie::emulatedDeviceOps());
+  collie::Params params("backend 'nccl'");
+  collie::BackendContext context;
+  try {
+    loader().createBackend("nccl", params, context);
+    ADD_FAILURE() << "the nccl backend started on the emulated device";
+  } catch (const collie::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("COLLIE_EMULATED_DEVICE"), std::string::npos) << e.what();
+  }
+  collie::setDeviceMemoryOps(previous);
 }
 
 TEST(Nccl, WithoutAGpuItRefusesToStartWithAReason) {

@@ -6,9 +6,10 @@
 // (collie/device_memory.h) as the process's device memory. Its memory is host memory that it
 // allocates and records itself; every copy and reduction it is asked for checks that each
 // device-side pointer lies inside one of its live allocations, so host memory labelled as
-// device memory (or memory used after its release) fails at the first touch. With
-// train.device: cuda every LibTorch tensor of the process is allocated by it (the model,
-// the gradient buckets, the ZeRO shards, the optimizer state), as on a GPU. The backend is
+// device memory (or memory used after its release, unless its address was handed out again)
+// fails at the first touch. With train.device: cuda every LibTorch tensor of the process is
+// allocated by it (the model, the gradient buckets, the ZeRO shards, the optimizer state), as
+// on a GPU. The backend is
 // loopback with `memory: device`: it refuses every host buffer in checkTransfer and moves
 // device buffers through the emulated device's checked copy.
 //
@@ -72,6 +73,11 @@ TEST(DeviceOnly, TheEmulatedDeviceRefusesMemoryItDidNotAllocate) {
     EXPECT_THROW(collie::copyInto(a.view(), relabelled), collie::CommError);
     EXPECT_THROW(collie::reduceInto(relabelled, a.view(), collie::ReduceOp::kSum),
                  collie::CommError);
+    // A view wider than its buffer reaches past the allocation: refused.
+    collie::ScratchBuffer one(like, 1);
+    collie::Buffer wide = one.view();
+    wide.count = 16;
+    EXPECT_THROW(collie::copyInto(host_view, wide), collie::CommError);
     // One element past an allocation's end is outside it.
     collie::Buffer past = a.view();
     past.data = static_cast<float*>(past.data) + 1;
@@ -135,17 +141,17 @@ TEST(DeviceOnly, WithoutADeviceTheBenchStopsWithAReason) {
       std::string("name: device_only_nodevice\nlaunch: {nproc_per_node: 2}\n") + kBackend +
           "bench: {schedulers: [ring], min_bytes: 4KiB, max_bytes: 4KiB, iters: 1, "
           "warmup_iters: 0, calibrate: true, plots: false}\n");
-  const auto r = runCollie({"run", config, "--out", scratch("nodevice")}, {"COLLIE_EMULATED_DEVICE=0"});
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(has(r.output, "device memory")) << r.output;
+  const auto r =
+      runCollie({"run", config, "--out", scratch("nodevice")}, {"COLLIE_EMULATED_DEVICE=0"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r.output, "no device memory is installed in this process")) << r.output;
 }
 
 // plugin-check of the backend itself (ordered and zero-byte messages, a silent peer) and of
 // schedulers over it (the conformance matrix on device buffers), on 2 and 3 ranks.
 TEST(DeviceOnly, PluginCheckPassesOnDeviceMemory) {
   auto backend = runCollie(
-      {"plugin-check", "loopback", "--param", "memory=device", "--worlds", "2,3"},
-      kEmulated);
+      {"plugin-check", "loopback", "--param", "memory=device", "--worlds", "2,3"}, kEmulated);
   EXPECT_EQ(backend.exit_code, 0) << backend.output;
   EXPECT_TRUE(has(backend.output, "PASS")) << backend.output;
   for (const std::string scheduler : {"ring", "halving_doubling"}) {
@@ -218,8 +224,8 @@ TEST(DeviceOnly, ACheckpointOfDeviceStateResumes) {
 // train.device: cpu over a backend that moves device memory only is refused by name.
 TEST(DeviceOnly, HostTensorsOverADeviceOnlyBackendAreRefused) {
   const std::string config = trainConfig("device_only_cpu", "");
-  const auto r = runCollie({"run", config, "--out", scratch("cpu"), "--set", "train.device=cpu"},
-                           kEmulated);
+  const auto r =
+      runCollie({"run", config, "--out", scratch("cpu"), "--set", "train.device=cpu"}, kEmulated);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(has(r.output, "moves device memory only")) << r.output;
 }

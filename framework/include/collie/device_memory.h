@@ -56,8 +56,8 @@ int deviceOfLocalRank(int local_rank);
 // everything a device-only backend is handed lives in device memory. Its memory is
 // aligned_alloc'd and recorded; copy, reduce and divide refuse (CommError) any device-side
 // pointer that is not inside one live allocation, so host memory relabelled as device
-// memory, and memory used after its release, fail at the first touch. Its speed is host
-// memory's and means nothing.
+// memory, and memory used after its release (unless the address was handed out again), fail
+// at the first touch. Its speed is host memory's and means nothing.
 const DeviceMemoryOps& emulatedDeviceOps();
 
 }  // namespace collie

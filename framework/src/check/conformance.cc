@@ -139,7 +139,9 @@ class RankChecker {
   void run(const std::vector<Case>& cases, Report* report, std::mutex* mu) {
     const int n = comm_.backend().size(), rank = comm_.backend().rank();
     for (const Case& c : cases) {
-      CollectiveArgs probe = argsFor(c, Buffer(), Buffer());
+      // In the memory the case will run in: a scheduler may decline a kind (native does).
+      const Buffer like = bench::measurementLike(comm_.backend(), c.dtype, control_.device());
+      CollectiveArgs probe = argsFor(c, like, like);
       Decision d = scheduler_->accepts(probe, comm_.topology());
       if (!d.accepted) {
         if (rank == 0) {
@@ -302,12 +304,13 @@ Report checkScheduler(const PluginLoader& loader, const config::PluginRef& sched
 namespace {
 
 // int32 values as a message in memory `b` moves: the host vector itself, or a copy of it in
-// device memory where `b` moves no host memory (plugin-check's ranks share one host, so a
-// rank's device is its rank's). value() reads an element back after a receive.
+// device memory where `b` moves no host memory (on the rank's device: plugin-check's ranks
+// share one host). value() reads an element back after a receive.
 class ContractMessage {
  public:
   ContractMessage(const Backend& b, std::vector<int32_t> values) : host_(std::move(values)) {
-    Buffer like = bench::measurementLike(b, DType::kI32, deviceOfLocalRank(b.rank()));
+    const int local_rank = localRankOf(Topology::singleNode(b.size()), b.rank());
+    Buffer like = bench::measurementLike(b, DType::kI32, deviceOfLocalRank(local_rank));
     if (like.memory != MemoryKind::kCuda) return;
     device_ = std::make_unique<ScratchBuffer>(like, host_.size());
     copyInto(device_->view(), hostView());

@@ -39,13 +39,16 @@ class Allocations {
     std::lock_guard<std::mutex> lock(mu_);
     live_.erase(reinterpret_cast<uintptr_t>(p));
   }
+  // Whether [p, p + bytes) lies in one live allocation; for bytes == 0, whether p lies in one
+  // or at its end (an empty view of it).
   bool holds(const void* p, size_t bytes) const {
     const auto start = reinterpret_cast<uintptr_t>(p);
     std::lock_guard<std::mutex> lock(mu_);
     auto it = live_.upper_bound(start);
     if (it == live_.begin()) return false;
     --it;
-    return start + bytes <= it->first + it->second && start >= it->first;
+    const uintptr_t end = it->first + it->second;
+    return start >= it->first && start <= end && bytes <= end - start;
   }
 
  private:
@@ -60,9 +63,11 @@ Allocations& allocations() {
 
 bool emulatedOwns(const void* data, size_t bytes) { return allocations().holds(data, bytes); }
 
-// Throws unless `buf` is host memory, or device memory the emulated device holds.
+// Throws unless `buf` is host memory, or device memory the emulated device holds (an empty
+// view too must point into one of its allocations, or be null).
 void requireEmulated(const Buffer& buf, const char* what) {
-  if (buf.memory == MemoryKind::kHost || buf.bytes() == 0) return;
+  if (buf.memory == MemoryKind::kHost) return;
+  if (buf.memory == MemoryKind::kCuda && buf.bytes() == 0 && buf.data == nullptr) return;
   if (buf.memory == MemoryKind::kCuda && emulatedOwns(buf.data, buf.bytes())) return;
   std::ostringstream out;
   out << "emulated device: " << what << " of " << buf.bytes() << " bytes at " << buf.data
@@ -84,7 +89,7 @@ int emulatedCount() { return 1; }
 
 void* emulatedAllocate(size_t bytes, int device) {
   COLLIE_CHECK(device == 0, "emulated device: device ", device, " asked for; it has device 0");
-  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);  // the padding is not its memory
   if (p == nullptr) throw std::bad_alloc();
   allocations().add(p, bytes);
   return p;

@@ -28,11 +28,11 @@ template <typename Fn>
 const DeviceMemoryOps& deviceOps(Fn DeviceMemoryOps::*fn, const char* what) {
   const DeviceMemoryOps& ops = deviceMemoryOps();
   if (ops.*fn == nullptr) {
-    throw CommError(std::string(what) +
-                    " of device memory, but no device memory is installed in this process (" +
-                    ops.name +
-                    "). HINT: run collie on a machine with a GPU and a LibTorch with CUDA, or "
-                    "set COLLIE_EMULATED_DEVICE=1 to test device paths without one");
+    throw ConfigError(std::string(what) +
+                      " of device memory, but no device memory is installed in this process "
+                      "(collie found no LibTorch with CUDA). HINT: run collie on a machine with "
+                      "a GPU and a LibTorch with CUDA, or set COLLIE_EMULATED_DEVICE=1 to test "
+                      "device paths without one");
   }
   return ops;
 }
@@ -211,8 +211,9 @@ ScratchBuffer::ScratchBuffer(const Buffer& like, size_t count) {
     if (view_.data == nullptr) throw std::bad_alloc();
     return;
   }
-  // Device memory from the device's table (holder_ marks it; block_ stays 0).
-  const size_t bytes = std::max<size_t>(64, count * dtypeSize(like.dtype));
+  // Device memory from the device's table (holder_ marks it; block_ stays 0), exactly the
+  // view's bytes (one for an empty view), so that a checking device sees the view's end.
+  const size_t bytes = std::max<size_t>(1, count * dtypeSize(like.dtype));
   view_.data =
       deviceOps(&DeviceMemoryOps::allocate, "a scratch buffer").allocate(bytes, like.device);
   holder_ = view_.data;

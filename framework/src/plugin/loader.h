@@ -29,8 +29,8 @@ struct PluginInfo {
   std::string description;
   int abi_major = 0;
   int abi_minor = 0;
-  bool in_process = false;  // COLLIE_FLAG_IN_PROCESS: a backend whose ranks are threads
-  bool runs_ranks = false;  // COLLIE_FLAG_RUNS_RANKS: it runs them itself (a simulator)
+  bool in_process = false;          // COLLIE_FLAG_IN_PROCESS: a backend whose ranks are threads
+  bool runs_ranks = false;          // COLLIE_FLAG_RUNS_RANKS: it runs them itself (a simulator)
   bool device_memory_only = false;  // COLLIE_FLAG_DEVICE_MEMORY_ONLY (nccl)
 };
 

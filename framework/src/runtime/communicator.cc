@@ -160,8 +160,8 @@ void Communicator::checkConsistent(const CollectiveArgs& args) {
   const Tag gather = makeTag(args.seq, kConsistencyPhase, 0);
   const Tag scatter = makeTag(args.seq, kConsistencyPhase, 1);
   if (!wire_) {
-    wire_ = std::make_unique<MessageWire>(*backend_,
-                                          deviceOfLocalRank(localRankOf(topology_, rank)));
+    wire_ =
+        std::make_unique<MessageWire>(*backend_, deviceOfLocalRank(localRankOf(topology_, rank)));
   }
   const size_t row = k * sizeof(int64_t);
   if (rank == 0) {

@@ -247,7 +247,10 @@ void installDeviceMemory(const char* setting) {
   const std::string value = setting == nullptr ? "" : setting;
   if (value.empty() || value == "0") return;
   if (value != "1") {
-    throw ConfigError(fmt::format("COLLIE_EMULATED_DEVICE={}: expected 1 (on) or 0 (off)", value));
+    throw ConfigError(fmt::format(
+        "COLLIE_EMULATED_DEVICE={}: expected 1 (on) or 0 (off). HINT: 1 stands an emulated "
+        "device in for a GPU, for checking device-only paths without one (docs/running.md)",
+        value));
   }
   if (!emulated()) setDeviceMemoryOps(emulatedDeviceOps());
 }

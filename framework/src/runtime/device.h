@@ -44,7 +44,8 @@ void useDevice(const at::Device& device);
 void installDeviceStreamHooks();
 
 // A contiguous tensor's elements as a collective buffer: memory kind, device and dtype taken
-// from the tensor (device memory for a tensor of the emulated device). Throws InternalError for a dtype collie has no name for.
+// from the tensor (device memory for a tensor of the emulated device). Throws InternalError for a
+// dtype collie has no name for.
 Buffer bufferOf(const at::Tensor& t);
 
 // Host staging (train.device: cuda over a backend without device memory): a collective's

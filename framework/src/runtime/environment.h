@@ -25,8 +25,9 @@ struct WorkerEnv {
 
 // The local rank a rank's device is chosen by: the launcher's (collie, torchrun, Open MPI,
 // Slurm) where one started this process, else the rank's position among the ranks of its
-// node (ranks as threads). The one reader: the trainer, the control plane and the backend
-// (BackendContext::local_rank) all take it from here.
+// node (ranks as threads). The trainer, the bench, plugin-check and the control plane take
+// it from here; a backend gets the same number in BackendContext::local_rank (job.cc reads
+// the launcher's variables for it; ranks as threads pass their rank, one host's ranks).
 int localRankOf(const Topology& topology, int rank);
 
 // Reads the process environment (or `getenv` in tests). Throws ConfigError naming the

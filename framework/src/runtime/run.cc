@@ -17,6 +17,7 @@
 #include <iostream>
 
 #include "collie/config.h"
+#include "collie/device_memory.h"
 #include "collie/error.h"
 #include "collie/log.h"
 #include "core/strings.h"
@@ -316,6 +317,18 @@ std::unique_ptr<ProcessJob> joinOutsideJob(const std::vector<config::Experiment>
   return job;
 }
 
+// A backend that moves device memory only (nccl) needs a GPU's: the emulated device
+// (COLLIE_EMULATED_DEVICE=1) is host memory it cannot read. Said once, before any rank starts.
+void refuseEmulatedDeviceFor(const PluginLoader& loader, const config::Experiment& e) {
+  if (deviceMemoryOps().owns == nullptr) return;
+  if (!pluginInfo(*loader.open(PluginKind::kBackend, e.backend.plugin)).device_memory_only) return;
+  throw ConfigError(fmt::format(
+      "backend '{}' moves a GPU's memory only, but COLLIE_EMULATED_DEVICE=1 made this process's "
+      "device memory the emulated device's (host memory). HINT: unset COLLIE_EMULATED_DEVICE, "
+      "or check device-only paths over loopback with params memory: device",
+      e.backend.label));
+}
+
 }  // namespace
 
 int runExperiments(const RunRequest& request, const std::vector<config::Experiment>& runs,
@@ -336,6 +349,7 @@ int runExperiments(const RunRequest& request, const std::vector<config::Experime
   fs::create_directories(out, ec);  // every rank writes its per-step metrics here
   if (ec) throw ConfigError("--out " + out.string() + ": cannot create: " + ec.message());
   kind->checkRequest(request, runs, loader);
+  for (const auto& e : runs) refuseEmulatedDeviceFor(loader, e);
   const bool writer = !job || job->rank() == 0;  // under an outside launcher, rank 0 writes
 
   if (request.only_run >= static_cast<int>(runs.size())) {

@@ -7,8 +7,8 @@
 #include "collie/error.h"
 #include "plugin/loader.h"
 #include "runtime/device.h"
-#include "train/trainer.h"
 #include "train/report.h"
+#include "train/trainer.h"
 
 namespace fs = std::filesystem;
 

@@ -50,7 +50,7 @@ ConfigError hostTensorsOnDeviceBackend(const config::Experiment& e) {
   return ConfigError(fmt::format(
       "backend '{}' moves device memory only, but train.device is cpu (the model's tensors and "
       "gradient buckets would be host memory). HINT: set train.device: cuda, or choose a "
-      "backend that moves host memory (gloo, ucx, loopback)",
+      "backend that moves host memory (gloo, ucx, or loopback with params memory: host)",
       e.backend.label));
 }
 
@@ -454,11 +454,16 @@ class RankTrainer {
   // reduce-scatter of the bucket and an all-gather of its blocks.
   std::vector<CollectiveArgs> stepCollectives(const Reducer& reducer, size_t b) const {
     const size_t whole = static_cast<size_t>(reducer.bucketNumel(b));
-    auto collective = [](Collective coll, size_t data, size_t output) {
+    // In the buckets' memory: a scheduler may decline a kind (native over nccl takes only
+    // device memory).
+    const MemoryKind memory = spec_.cuda ? MemoryKind::kCuda : MemoryKind::kHost;
+    auto collective = [&](Collective coll, size_t data, size_t output) {
       CollectiveArgs args;
       args.coll = coll;
       args.data.count = data;
       args.output.count = output;
+      args.data.memory = args.output.memory = memory;
+      args.data.device = args.output.device = device_.is_cuda() ? device_.index() : 0;
       return args;
     };
     if (!sharded()) return {collective(Collective::kAllReduce, whole, 0)};
