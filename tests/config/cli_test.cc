@@ -213,6 +213,17 @@ TEST(Cli, NcclIsRefusedBeforeAnyRankStartsWhereItCannotRun) {
   one_line(r);
 }
 
+// Each run of a file listens on the next port: one that would pass 65535 is refused before
+// the first run starts (it wrapped to 0, which read as "MASTER_PORT is not set").
+TEST(Cli, RunPortsPastTheLastPortAreRefusedBeforeAnyRun) {
+  auto r = runCollie(
+      args({"run", kRingVsTree, "--set", "backend=gloo", "--set", "launch.master_port=65535",
+            "--set", "matrix=[{bench.iters: 1}, {bench.iters: 2}]"},
+           kShort));
+  expectBadInput(r, "run 2 of 2 would listen on port 65535 + 1 = 65536, past 65535");
+  EXPECT_EQ(r.output.find("run 1/2"), std::string::npos) << "a run started:\n" << r.output;
+}
+
 TEST(CliPluginCheck, PassesForAShippedSchedulerAndABackend) {
   auto r = testing::runCollie({"plugin-check", "tree", "--worlds", "1,2,3", "--large-count", "0"});
   EXPECT_EQ(r.exit_code, 0) << r.output;

@@ -317,6 +317,23 @@ std::unique_ptr<ProcessJob> joinOutsideJob(const std::vector<config::Experiment>
   return job;
 }
 
+// Run i of a file listens on master_port + i (launchRun): refuses, before any run starts, a
+// port that would pass 65535 (it wrapped to a low port, or to 0, "not set").
+void checkRunPorts(const RunRequest& request, const std::vector<config::Experiment>& runs,
+                   const PluginLoader& loader) {
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const int port = request.master_port != 0 ? request.master_port : runs[i].master_port;
+    if (port == 0 || port + static_cast<long>(i) <= 65535) continue;
+    if (runsInProcess(loader, runs[i].backend.plugin)) continue;  // threads use no port
+    throw ConfigError(fmt::format(
+        "{}: run {} of {} would listen on port {} + {} = {}, past 65535 (each run of a file "
+        "takes the next port). HINT: set launch.master_port to {} or lower, or 0 to pick a "
+        "free port",
+        request.config, i + 1, runs.size(), port, i, port + static_cast<long>(i),
+        65535 - static_cast<long>(runs.size()) + 1));
+  }
+}
+
 // A backend that moves device memory only (nccl) needs a GPU's: the emulated device
 // (COLLIE_EMULATED_DEVICE=1) is host memory it cannot read. Said once, before any rank starts.
 void refuseEmulatedDeviceFor(const PluginLoader& loader, const config::Experiment& e) {
@@ -350,6 +367,7 @@ int runExperiments(const RunRequest& request, const std::vector<config::Experime
   if (ec) throw ConfigError("--out " + out.string() + ": cannot create: " + ec.message());
   kind->checkRequest(request, runs, loader);
   for (const auto& e : runs) refuseEmulatedDeviceFor(loader, e);
+  checkRunPorts(request, runs, loader);
   const bool writer = !job || job->rank() == 0;  // under an outside launcher, rank 0 writes
 
   if (request.only_run >= static_cast<int>(runs.size())) {
