@@ -32,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -509,22 +510,25 @@ void EagerChannel::receive(Tag tag, uint64_t index, const Buffer& into,
     staged_.erase(staged_.begin());
     lock.unlock();
     bool completed = false;
-    std::exception_ptr failure;
+    // Kept as a value and thrown with `throw` below: an exception made by
+    // std::make_exception_ptr here would carry a destructor of this plugin's, and the
+    // framework may destroy it after the plugin is unloaded.
+    std::optional<CommError> failure;
     {
       PendingWait pending(*shared_, staging.buf.get());
       try {
         // An abort() before the registration above set the flag before it looked.
         completed = !shared_->aborted.isSet() && staging.buf->waitRecv(nullptr, left);
       } catch (const std::exception& e) {
-        failure = std::make_exception_ptr(waitFailure(transfer, e, timeout));
+        failure = waitFailure(transfer, e, timeout);
       }
     }
     lock.lock();
     reading_ = false;
     arrived_.notify_all();
-    if (failure != nullptr || !completed) {
+    if (failure || !completed) {
       staged_.insert(staged_.begin(), std::move(staging));  // still Gloo's oldest receive
-      if (failure != nullptr) std::rethrow_exception(failure);
+      if (failure) throw *failure;
       throw abortedError(transfer, *shared_);
     }
     EagerHeader header;

@@ -1,6 +1,9 @@
 // Deliberately broken plugins: each is refused with one clear line, and nothing crashes.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <filesystem>
+
 #include "collie/config.h"
 #include "collie/error.h"
 #include "plugin/loader.h"
@@ -120,6 +123,33 @@ TEST(PluginAbi, ObjectsKeepTheirLibraryLoaded) {
   }  // the loader and every other handle are gone; the object still works
   CollectiveArgs args;
   EXPECT_FALSE(scheduler->accepts(args, Topology::singleNode(2)).accepted);
+}
+
+// An exception made by std::make_exception_ptr inside a plugin carries a destructor compiled
+// into the plugin (an instance of std::__exception_ptr::__dest_thunk): once the plugin is
+// unloaded, destroying the exception jumps into unmapped memory (docs/plugin-abi.md,
+// Lifetime). No built plugin has one.
+TEST(PluginAbi, NoPluginMakesAnExceptionWhoseDestructorDiesWithIt) {
+  int inspected = 0;
+  bool saw_gloo = false;
+  for (const auto& entry : std::filesystem::directory_iterator(COLLIE_TEST_PLUGIN_DIR)) {
+    const std::string path = entry.path().string();
+    if (entry.path().extension() != ".so") continue;
+    std::string symbols;
+    FILE* nm = ::popen(("nm -C '" + path + "' 2>&1").c_str(), "r");
+    ASSERT_NE(nm, nullptr);
+    char chunk[4096];
+    for (size_t n; (n = std::fread(chunk, 1, sizeof(chunk), nm)) > 0;) symbols.append(chunk, n);
+    ASSERT_EQ(::pclose(nm), 0) << path << ": " << symbols;
+    ASSERT_NE(symbols.find("collie_plugin_v1"), std::string::npos)
+        << path << ": nm shows no symbols (a stripped build cannot be checked)";
+    EXPECT_EQ(symbols.find("__exception_ptr::__dest_thunk"), std::string::npos)
+        << path << " makes an exception with std::make_exception_ptr";
+    saw_gloo = saw_gloo || path.find("backend_gloo") != std::string::npos;
+    ++inspected;
+  }
+  EXPECT_GE(inspected, 15) << "the build's plugin folder " << COLLIE_TEST_PLUGIN_DIR;
+  EXPECT_TRUE(saw_gloo);
 }
 
 TEST(PluginAbi, LookupByNameAndByPathAndNoSilentFallback) {

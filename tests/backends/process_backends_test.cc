@@ -270,6 +270,45 @@ TEST_P(ProcessBackends, TwentyThousandMixedCollectivesKeepMemoryFdsAndThreadsFla
   EXPECT_EQ(codes, (std::vector<int>{0, 0}));
 }
 
+// The error of a receive from a peer that died is still an intact exception after the backend
+// is destroyed and its plugin unloaded: the framework rethrows and destroys such errors long
+// after the rank's backend is gone (a failed run explains itself once its backend is closed).
+// An exception whose destructor lives in the plugin would crash here.
+TEST_P(ProcessBackends, AnErrorFromADeadPeerOutlivesTheBackendAndItsPlugin) {
+  auto codes = runJobWith(GetParam(), [](ProcessJob& job, const config::PluginRef& ref) {
+    WorkerRank w = createBackend(job, testing::buildTreeLoader(), ref, "test/", 20s);
+    int32_t value = 0;
+    if (job.rank() == 1) {
+      job.allGather("connected", "");
+      w.backend.reset();
+      _exit(0);  // closes every connection of rank 1 at once
+    }
+    job.allGather("connected", "");
+    std::exception_ptr error;
+    try {
+      // Small: below either backend's eager threshold, the path a control message takes.
+      w.backend->recv(1, view(&value, 1), makeTag(4, 2, 0));
+      std::fprintf(stderr, "rank 0: a receive from a dead rank completed\n");
+      return false;
+    } catch (const CommError&) {
+      error = std::current_exception();
+    }
+    w.backend.reset();  // the last object of the plugin: its library is closed
+    try {
+      std::rethrow_exception(error);
+    } catch (const CommError& e) {
+      const std::string what = e.what();
+      if (what.find("rank 1") == std::string::npos) {
+        std::fprintf(stderr, "rank 0: the error does not name rank 1: %s\n", what.c_str());
+        return false;
+      }
+    }
+    error = nullptr;  // destroys the exception
+    return true;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
 // A backend made, used, aborted and destroyed a thousand times in one process: after the
 // tenth cycle and after the last, the same descriptors, sockets and threads.
 TEST_P(ProcessBackends, AThousandCreateUseAbortDestroyCyclesLeaveNothingBehind) {
