@@ -396,6 +396,13 @@ class GlooRequest : public Request, public PooledAllocation<GlooRequest> {
 
   void wait(std::chrono::milliseconds timeout) override {
     if (done_) return;
+    // The buffer registered for abort after it was posted (the constructor): an abort() in
+    // between set the flag without waking it. abort() sets the flag under the lock the
+    // registration takes, so either it woke this buffer or the flag is seen here.
+    if (shared_->aborted.isSet()) {
+      forget();
+      throw abortedError(transfer_, *shared_);
+    }
     bool completed = false;
     try {
       completed = transfer_.sending ? buf_->waitSend(timeout) : buf_->waitRecv(timeout);
