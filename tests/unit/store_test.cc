@@ -11,8 +11,11 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <limits>
 #include <random>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "collie/error.h"
 #include "soak.h"
@@ -84,6 +87,73 @@ TEST(Store, SetGetAddCheckAndWait) {
   std::vector<uint8_t> big(1 << 20, 7);
   client.set("big", big);
   EXPECT_EQ(server.get("big"), big);
+}
+
+// A counter's key and digits count against the store's byte limit as a set's do: once the
+// store is full, an add that would make a new key is refused, and an add to a key that holds
+// an empty value counts the key once.
+TEST(Store, AddsCountAgainstTheStoresByteLimit) {
+  TcpStore server("127.0.0.1", 0, true, 5s);
+  TcpStore client("127.0.0.1", server.port(), false, 5s);
+  // Keys of almost a frame (4 MiB) each, made by add alone: 64 of them pass 256 MiB.
+  const size_t key_bytes = StoreLimits::kMaxFrame - 64;
+  size_t made = 0;
+  std::string refusal;
+  for (int i = 0; i < 80 && refusal.empty(); ++i) {
+    std::string key(key_bytes, 'k');
+    key.replace(0, 2, std::to_string(10 + i));
+    try {
+      EXPECT_EQ(client.add(key, 1), 1);
+      ++made;
+    } catch (const CommError& e) {
+      refusal = e.what();
+    }
+  }
+  EXPECT_EQ(made, StoreLimits::kMaxStoredBytes / (key_bytes + 1)) << "adds made past the limit";
+  EXPECT_NE(refusal.find("the store is full"), std::string::npos) << refusal;
+  // Full: a set is refused too, so the adds were counted.
+  EXPECT_THROW(client.setString(std::string(4096, 's'), "x"), CommError);
+}
+
+TEST(Store, AnEmptyValueCountsItsKeyOnceWhenAnAddTakesIt) {
+  TcpStore server("127.0.0.1", 0, true, 5s);
+  TcpStore client("127.0.0.1", server.port(), false, 5s);
+  // Fill to 1 KiB under the limit, leaving room for one 600-byte key, counted once.
+  const std::string key(600, 'e');
+  client.setString(key, "");
+  const size_t frame_value = StoreLimits::kMaxFrame - 64;
+  size_t stored = key.size();
+  for (int i = 0; stored + 10 + frame_value <= StoreLimits::kMaxStoredBytes - 1024; ++i) {
+    client.setString(fmt::format("{:010}", i), std::string(frame_value, 'v'));
+    stored += 10 + frame_value;
+  }
+  const size_t room = StoreLimits::kMaxStoredBytes - stored;
+  client.setString("pad", std::string(room - 3 - 1 - 200, 'p'));  // 200 bytes and a digit left
+  // The add turns "" into "1": one byte more. Counting the key again would pass the limit.
+  EXPECT_EQ(client.add(key, 1), 1);
+  client.setString(std::string(100, 'x'), std::string(90, 'y'));  // 190 of the 200 bytes
+  EXPECT_THROW(client.setString("more", std::string(100, 'z')), CommError);
+}
+
+TEST(Store, AnAddThatWouldOverflowIsRefusedAndChangesNothing) {
+  TcpStore server("127.0.0.1", 0, true, 5s);
+  TcpStore client("127.0.0.1", server.port(), false, 5s);
+  const int64_t top = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(client.add("n", top), top);
+  try {
+    client.add("n", 1);
+    ADD_FAILURE() << "an add past 2^63-1 succeeded";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("overflow"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(client.add("n", 0), top);
+  EXPECT_EQ(client.add("m", std::numeric_limits<int64_t>::min()),
+            std::numeric_limits<int64_t>::min());
+  EXPECT_THROW(client.add("m", -1), CommError);
+  // A value too large for 64 bits is not an integer this store can add to.
+  client.setString("huge", "99999999999999999999");
+  EXPECT_THROW(client.add("huge", 1), CommError);
+  EXPECT_EQ(client.getString("huge"), "99999999999999999999");
 }
 
 TEST(Store, AnAddressOtherHostsReachNeedsAToken) {

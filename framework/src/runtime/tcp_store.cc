@@ -309,24 +309,40 @@ class StoreServer {
         const std::string key = r.string();
         const int64_t delta = r.i64();
         if (!r.done()) return false;
-        std::string& value = data_[key];
+        auto it = data_.find(key);
         int64_t now = 0;
-        if (!value.empty()) {
+        if (it != data_.end() && !it->second.empty()) {
           char* end = nullptr;
-          now = std::strtoll(value.c_str(), &end, 10);
-          if (*end != '\0') {
+          errno = 0;
+          now = std::strtoll(it->second.c_str(), &end, 10);
+          if (*end != '\0' || errno == ERANGE) {
             reply = std::string(1, '\1');
-            putString(reply, "'" + key + "' does not hold an integer");
+            putString(reply, "'" + key + "' does not hold a 64-bit integer");
             break;
           }
-        } else {
-          stored_ += key.size();
         }
-        now += delta;
-        stored_ -= value.size();
-        value = std::to_string(now);
-        stored_ += value.size();
-        putI64(reply, now);
+        int64_t sum = 0;
+        if (__builtin_add_overflow(now, delta, &sum)) {
+          reply = std::string(1, '\1');
+          putString(reply, fmt::format("adding {} to '{}' ({}) would overflow a 64-bit integer",
+                                       delta, key, now));
+          break;
+        }
+        std::string value = std::to_string(sum);
+        // Counted as a set of the new value is: the key once, and the digits.
+        const uint64_t freed = it == data_.end() ? 0 : key.size() + it->second.size();
+        if (stored_ - freed + key.size() + value.size() > StoreLimits::kMaxStoredBytes) {
+          reply = std::string(1, '\1');
+          putString(reply, fmt::format("the store is full ({} bytes)", stored_));
+          break;
+        }
+        stored_ = stored_ - freed + key.size() + value.size();
+        if (it == data_.end()) {
+          data_.emplace(key, std::move(value));
+        } else {
+          it->second = std::move(value);
+        }
+        putI64(reply, sum);
         break;
       }
       case kCheck: {
