@@ -1,6 +1,13 @@
 // The worker environment of each launcher: torchrun/collie, Open MPI, Slurm, and bad values.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "collie/error.h"
@@ -111,4 +118,51 @@ TEST(WorkerEnv, MalformedValuesAreNamed) {
   } catch (const collie::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("MASTER_PORT='70000'"), std::string::npos) << e.what();
   }
+}
+
+// Another node waits for node 0's token file to exist and then reads it: the file must
+// appear whole (written aside and renamed into place), never empty or cut short, and only
+// its owner may read it. A reader here polls as fast as it can while a child writes.
+TEST(JobToken, TheTokenFileAppearsWholeAndPrivate) {
+  const std::string dir = ::testing::TempDir() + "collie-token-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/token";
+  int torn = 0;
+  std::string expected;
+  for (int i = 0; i < 300; ++i) {
+    std::filesystem::remove(path);
+    const pid_t child = ::fork();
+    if (child == 0) {
+      ::unsetenv("COLLIE_JOB_TOKEN");
+      try {
+        collie::provideJobToken(path, true, std::chrono::seconds(1));
+      } catch (...) {
+        _exit(1);
+      }
+      _exit(0);
+    }
+    std::string read;
+    for (;;) {
+      std::ifstream in(path);
+      if (in) {
+        std::getline(in, read);
+        break;
+      }
+    }
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    std::ifstream whole(path);
+    std::getline(whole, expected);
+    if (read != expected) ++torn;
+  }
+  EXPECT_EQ(torn, 0) << "of 300 token files read as soon as they existed";
+  EXPECT_EQ(expected.size(), 64u) << expected;
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  // What a reader gets from the finished file is the token.
+  ::unsetenv("COLLIE_JOB_TOKEN");
+  EXPECT_EQ(collie::jobToken(path), expected);
+  std::filesystem::remove_all(dir);
 }

@@ -4,10 +4,14 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
 #include <sys/random.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <thread>
@@ -132,6 +136,36 @@ std::string randomToken() {
   return hex;
 }
 
+// Writes `text` to `path` with mode 0600 so that it appears whole: other nodes wait for the
+// file to exist and read it at once, so it is written beside it and renamed into place.
+void writeWhole(const std::string& path, const std::string& text) {
+  const std::string aside = path + ".tmp." + std::to_string(::getpid());
+  const auto failed = [&](const char* what) {
+    const std::string why = std::strerror(errno);
+    ::unlink(aside.c_str());
+    return ConfigError(fmt::format("launch.token_file {}: cannot write a job token there ({}: {})",
+                                   path, what, why));
+  };
+  const int fd = ::open(aside.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) throw failed("open");
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      throw failed("write");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    ::close(fd);
+    throw failed("fsync");
+  }
+  if (::close(fd) != 0) throw failed("close");
+  if (::rename(aside.c_str(), path.c_str()) != 0) throw failed("rename");
+}
+
 // COLLIE_JOB_TOKEN, or "".
 std::string exportedToken() {
   const char* token = std::getenv("COLLIE_JOB_TOKEN");
@@ -165,15 +199,7 @@ void provideJobToken(const std::string& token_file, bool may_create,
     token = randomToken();
   } else if (::stat(token_file.c_str(), &st) != 0 && may_create) {
     token = randomToken();
-    const mode_t old = ::umask(077);
-    std::ofstream out(token_file);
-    out << token << "\n";
-    out.close();
-    ::umask(old);
-    if (!out) {
-      throw ConfigError(
-          fmt::format("launch.token_file {}: cannot write a job token there", token_file));
-    }
+    writeWhole(token_file, token + "\n");
   } else {
     const auto deadline = std::chrono::steady_clock::now() + patience;
     while (::stat(token_file.c_str(), &st) != 0 && std::chrono::steady_clock::now() < deadline)
