@@ -2,6 +2,7 @@
 // and the job ends as it must under each launcher (collie's, torchrun, mpirun): non-zero,
 // the rank named, nothing left running.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,11 +11,13 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <tuple>
 
 #include "processes.h"
 #include "run_command.h"
 #include "runtime/launcher.h"
+#include "runtime/worker_set.h"
 
 namespace fs = std::filesystem;
 using namespace collie::testing;  // NOLINT: the helpers of run_command.h and processes.h
@@ -259,6 +262,47 @@ TEST(FaultInjection, FaultsThatNeedAProcessAreRefusedOnThreads) {
   EXPECT_NE(beyond.log.find("faults[0].rank: 3 is not a rank of this job of 2 rank(s)"),
             std::string::npos)
       << beyond.log;
+}
+
+// This process's open descriptors.
+std::set<int> openFds() {
+  std::set<int> fds;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    fds.insert(std::stoi(entry.path().filename().string()));
+  }
+  return fds;
+}
+
+// A worker set that cannot make its second output pipe (the descriptor limit leaves room
+// for one) reports why and leaves no descriptor open.
+TEST(WorkerSet, APipeThatCannotBeMadeLeaksNothing) {
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  const std::set<int> before = openFds();
+  // The third free descriptor becomes the limit: two are left, one pipe's worth.
+  int free_seen = 0, limit = 0;
+  for (int fd = 0; free_seen < 3; ++fd) {
+    if (before.count(fd) == 0 && ++free_seen == 3) limit = fd;
+  }
+  collie::LaunchSpec spec;
+  spec.argv = {"/bin/true"};
+  sigset_t mask;
+  sigemptyset(&mask);
+  std::string error;
+  std::set<int> after;
+  {
+    rlimit tight = saved;
+    tight.rlim_cur = static_cast<rlim_t>(limit);
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
+    {
+      collie::WorkerSet workers(spec, mask);
+      error = workers.startError();
+    }
+    after = openFds();  // counted under the limit: opening /proc/self/fd needs no spare
+    ::setrlimit(RLIMIT_NOFILE, &saved);
+  }
+  EXPECT_NE(error.find("pipe:"), std::string::npos) << error;
+  EXPECT_EQ(after, before);
 }
 
 }  // namespace

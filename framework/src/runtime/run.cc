@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -135,11 +136,19 @@ void runSimulationInChild(ExperimentKind& kind, const PluginLoader& loader,
                           const config::Experiment& e, const fs::path& out,
                           const fs::path& result_path) {
   int pipe_fds[2];
-  if (::pipe(pipe_fds) != 0) throw Error(ErrorKind::kInternal, "pipe() failed for a simulation");
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    throw Error(ErrorKind::kInternal,
+                std::string("pipe() failed for a simulation: ") + std::strerror(errno));
+  }
   std::cout.flush();
   std::cerr.flush();
   const pid_t child = ::fork();
-  if (child < 0) throw Error(ErrorKind::kInternal, "fork() failed for a simulation");
+  if (child < 0) {
+    const std::string why = std::strerror(errno);
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    throw Error(ErrorKind::kInternal, "fork() failed for a simulation: " + why);
+  }
   if (child == 0) {
     ::close(pipe_fds[0]);
     int code = 0;

@@ -168,8 +168,14 @@ WorkerSet::WorkerSet(const LaunchSpec& spec, const sigset_t& child_mask) : worke
     w.local_rank = i;
     w.rank = spec.node_rank * spec.nproc + i;
     int out[2], err[2];
-    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+    if (::pipe2(out, O_CLOEXEC) != 0) {
       start_error_ = std::string("pipe: ") + std::strerror(errno);
+      return;
+    }
+    if (::pipe2(err, O_CLOEXEC) != 0) {
+      start_error_ = std::string("pipe: ") + std::strerror(errno);
+      ::close(out[0]);
+      ::close(out[1]);
       return;
     }
     // Everything the child touches is prepared before fork (the parent may have threads).
