@@ -444,9 +444,15 @@ TEST(CliBench, EmittedRulesKeepEachSchedulersParams) {
   ASSERT_TRUE(saved) << r.output;
   const auto calibration = nlohmann::json::parse(saved);
   EXPECT_GT(calibration.at("inter").at("beta").get<double>(), 0);
-  EXPECT_GT(calibration.at("inter").at("beta_one_way").get<double>(), 0);
   EXPECT_EQ(calibration.at("fits").at("inter_one_way").at("sizes"), 2);
-  EXPECT_NE(r.output.find(" GB/s (streamed, 2 sizes)"), std::string::npos) << r.output;
+  // Threads on two shared cores can time the larger stream no slower than the smaller one;
+  // then the slope is not a bandwidth, the header says so and auto falls back on the
+  // exchange's β (0 in the file). Either way the header reports the stream.
+  if (calibration.at("inter").at("beta_one_way").get<double>() > 0)
+    EXPECT_NE(r.output.find(" GB/s (streamed, 2 sizes)"), std::string::npos) << r.output;
+  else
+    EXPECT_NE(r.output.find("one way not resolved (streamed, 2 sizes"), std::string::npos)
+        << r.output;
   std::filesystem::remove_all(dir);
 }
 

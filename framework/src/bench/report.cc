@@ -52,6 +52,11 @@ void header(std::ostream& out, const Row& first, const Result& result) {
       if (result.fit_inter_one_way.probed && m.inter.beta_one_way > 0)
         out << fmt::format(", one way {:.3f} GB/s (streamed, {} sizes)",
                            1e-9 / m.inter.beta_one_way, result.fit_inter_one_way.sizes);
+      else if (result.fit_inter_one_way.probed)  // the larger message was not the slower
+        out << fmt::format(
+            ", one way not resolved (streamed, {} sizes: time did not grow with "
+            "size), the exchange's beta used",
+            result.fit_inter_one_way.sizes);
       out << ";";
     }
     out << fmt::format(" gamma {:.3f} GB/s\n", m.gamma > 0 ? 1e-9 / m.gamma : INFINITY);
