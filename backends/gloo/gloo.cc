@@ -710,8 +710,13 @@ class GlooBackend : public Backend {
     }
     if (args.data.memory != MemoryKind::kHost) return Decision::no("gloo moves host memory only");
     if (args.data.dtype == DType::kBF16) return Decision::no("Gloo has no bfloat16 reduction");
-    if (args.data.count > static_cast<size_t>(std::numeric_limits<int>::max())) {
-      return Decision::no("Gloo's algorithms count elements in an int");
+    // Gloo's algorithms hold the element count and the byte count in an int (allreduce_ring.h
+    // computes `const int bytes_ = count * sizeof(T)`): past 2 GiB the byte count wraps.
+    if (args.data.bytes() > static_cast<size_t>(std::numeric_limits<int>::max())) {
+      return Decision::no(
+          "Gloo's algorithms count bytes in an int (at most 2 GiB - 1 per "
+          "all-reduce; this one is " +
+          std::to_string(args.data.bytes()) + " bytes)");
     }
     if (shared_->algorithm == "bcube" && size() % 2 != 0) {
       // Gloo's bcube needs a group size divisible by its base (2) and computes wrong sums

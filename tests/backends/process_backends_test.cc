@@ -2,6 +2,7 @@
 // store: zero-byte messages and barriers that synchronise, the desync check; for ucx, sub-group ids
 // that never collide and a worker used from two threads at once.
 #include <dirent.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <sys/prctl.h>
@@ -276,13 +277,15 @@ TEST_P(ProcessBackends, TwentyThousandMixedCollectivesKeepMemoryFdsAndThreadsFla
 // after the rank's backend is gone (a failed run explains itself once its backend is closed).
 // An exception whose destructor lives in the plugin would crash here.
 TEST_P(ProcessBackends, AnErrorFromADeadPeerOutlivesTheBackendAndItsPlugin) {
-  auto codes = runJobWith(GetParam(), [](ProcessJob& job, const config::PluginRef& ref) {
+  auto codes = runJobWith(GetParam(), [](ProcessJob& job, const config::PluginRef& given) {
+    config::PluginRef ref = given;
+    ref.params.set("timeout", "3s", "test");  // UCX may learn of the death only by timing out
     WorkerRank w = createBackend(job, testing::buildTreeLoader(), ref, "test/", 20s);
     int32_t value = 0;
     if (job.rank() == 1) {
       job.allGather("connected", "");
-      w.backend.reset();
-      _exit(0);  // closes every connection of rank 1 at once
+      w.backend.reset();  // closes every connection of rank 1 at once; its job goes on
+      return true;
     }
     job.allGather("connected", "");
     std::exception_ptr error;
@@ -295,6 +298,13 @@ TEST_P(ProcessBackends, AnErrorFromADeadPeerOutlivesTheBackendAndItsPlugin) {
       error = std::current_exception();
     }
     w.backend.reset();  // the last object of the plugin: its library is closed
+    const std::string library =
+        std::string(COLLIE_TEST_PLUGIN_DIR) + "/libcollie_backend_" + given.plugin + ".so";
+    if (void* still = ::dlopen(library.c_str(), RTLD_NOW | RTLD_NOLOAD)) {
+      ::dlclose(still);  // the test would prove nothing with the library still mapped
+      std::fprintf(stderr, "rank 0: %s is still loaded after its backend\n", library.c_str());
+      return false;
+    }
     try {
       std::rethrow_exception(error);
     } catch (const CommError& e) {
@@ -390,6 +400,35 @@ TEST_P(ProcessBackends, AThousandCreateUseAbortDestroyCyclesLeaveNothingBehind) 
                          "cycle 1000", false);
   });
   EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+// Gloo's native all-reduce holds its byte count in an int: an all-reduce of more than 2 GiB is
+// refused with the reason (the scheduler then runs it), on a one-rank group too, whose
+// all-reduce would touch nothing. The data is never read, so none is allocated.
+TEST(GlooBackend, ANativeAllReducePastTwoGiBIsRefused) {
+  auto codes = runJob(
+      "gloo",
+      [](Backend& b) {
+        CollectiveArgs args;
+        args.coll = Collective::kAllReduce;
+        args.op = ReduceOp::kSum;
+        static float never_read;
+        args.data.data = &never_read;
+        args.data.dtype = DType::kF32;
+        args.data.count = (size_t{1} << 29);  // exactly 2 GiB: one byte past an int
+        const Decision past = b.runNative(args);
+        if (past.accepted || past.reason.find("count bytes in an int") == std::string::npos) {
+          std::fprintf(stderr, "2 GiB: accepted=%d reason=%s\n", past.accepted,
+                       past.reason.c_str());
+          return false;
+        }
+        args.data.count = (size_t{1} << 29) - 1;  // fits: a one-rank group runs it at once
+        const Decision within = b.runNative(args);
+        if (!within.accepted) std::fprintf(stderr, "2 GiB - 4: %s\n", within.reason.c_str());
+        return within.accepted;
+      },
+      1);
+  EXPECT_EQ(codes, (std::vector<int>{0}));
 }
 
 // The scheduling policy of every thread of this process, by thread id.
