@@ -9,9 +9,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "collie/error.h"
+#include "forked_job.h"
 #include "runtime/environment.h"
+#include "runtime/tcp_store.h"
 
 using collie::detectWorkerEnv;
 using collie::WorkerEnv;
@@ -142,21 +146,31 @@ TEST(JobToken, TheTokenFileAppearsWholeAndPrivate) {
       _exit(0);
     }
     std::string read;
-    for (;;) {
+    int status = 0;
+    bool exited = false;
+    for (;;) {  // until the file exists, or the writer exited without making it
       std::ifstream in(path);
       if (in) {
         std::getline(in, read);
         break;
       }
+      if (::waitpid(child, &status, WNOHANG) == child) {
+        exited = true;
+        ASSERT_TRUE(std::filesystem::exists(path)) << "the writer left no token file";
+      }
     }
-    int status = 0;
-    ::waitpid(child, &status, 0);
+    if (!exited) ::waitpid(child, &status, 0);
     ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     std::ifstream whole(path);
     std::getline(whole, expected);
     if (read != expected) ++torn;
   }
   EXPECT_EQ(torn, 0) << "of 300 token files read as soon as they existed";
+  // The writer's scratch file is gone: only the token is left in the folder.
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    left.push_back(entry.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"token"});
   EXPECT_EQ(expected.size(), 64u) << expected;
   struct stat st {};
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
@@ -165,4 +179,93 @@ TEST(JobToken, TheTokenFileAppearsWholeAndPrivate) {
   ::unsetenv("COLLIE_JOB_TOKEN");
   EXPECT_EQ(collie::jobToken(path), expected);
   std::filesystem::remove_all(dir);
+}
+
+// A token file that cannot be written is refused naming the setting, the file and the cause,
+// and leaves no scratch file behind.
+TEST(JobToken, ATokenFileThatCannotBeWrittenIsNamed) {
+  const std::string dir = ::testing::TempDir() + "collie-token-ro-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string missing = dir + "/no-such-folder/token";
+  ::unsetenv("COLLIE_JOB_TOKEN");
+  try {
+    collie::provideJobToken(missing, true, std::chrono::seconds(1));
+    ADD_FAILURE() << "a token file in a missing folder was accepted";
+  } catch (const collie::ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("launch.token_file " + missing), std::string::npos) << what;
+    EXPECT_NE(what.find("No such file or directory"), std::string::npos) << what;
+    EXPECT_NE(what.find("HINT:"), std::string::npos) << what;
+  }
+  EXPECT_EQ(std::getenv("COLLIE_JOB_TOKEN"), nullptr);
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  std::filesystem::remove_all(dir);
+}
+
+// The token of an outside launcher's ranks on one host: a file only this user can read, in a
+// folder only this user can open; a folder someone else could read is refused.
+TEST(JobToken, AnOutsideLaunchersTokenOnOneHostIsPrivate) {
+  const std::string dir = ::testing::TempDir() + "collie-runtime-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const char* saved = std::getenv("XDG_RUNTIME_DIR");
+  const std::string restore = saved == nullptr ? "" : saved;
+  ::setenv("XDG_RUNTIME_DIR", dir.c_str(), 1);
+  const uint16_t port = 41234;
+  const std::string token = collie::createLocalJobToken(port);
+  EXPECT_EQ(token.size(), 64u);
+  const std::string path = collie::localJobTokenPath(port);
+  EXPECT_EQ(path, dir + "/collie/job-41234.token");
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(::stat((dir + "/collie").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  EXPECT_EQ(collie::readLocalJobToken(port, std::chrono::steady_clock::now()), token);
+  EXPECT_EQ(collie::readLocalJobToken(port + 1, std::chrono::steady_clock::now()), "");
+  ::chmod((dir + "/collie").c_str(), 0755);
+  try {
+    collie::createLocalJobToken(port);
+    ADD_FAILURE() << "a token was left in a folder other users can open";
+  } catch (const collie::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a private folder of this user"), std::string::npos)
+        << e.what();
+  }
+  if (restore.empty()) {
+    ::unsetenv("XDG_RUNTIME_DIR");
+  } else {
+    ::setenv("XDG_RUNTIME_DIR", restore.c_str(), 1);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Ranks an outside launcher started on one host (no COLLIE_JOB_TOKEN, no token file) meet with
+// a token: a stranger on this host who connects to their store without it is refused, and
+// rank 0's token file is gone once every rank has joined.
+TEST(JobToken, AStrangerCannotJoinAnOutsideLaunchersJobOnOneHost) {
+  ::unsetenv("COLLIE_JOB_TOKEN");
+  auto codes = collie::testing::runJobWith(
+      "gloo", [](collie::ProcessJob& job, const collie::config::PluginRef&) {
+        auto* store = dynamic_cast<collie::TcpStore*>(&job.store());
+        if (store == nullptr) return false;
+        const uint16_t port = store->port();
+        bool refused = false;
+        if (job.rank() == 0) {
+          try {
+            collie::TcpStore stranger("127.0.0.1", port, false, std::chrono::seconds(2));
+            stranger.check({"anything"});
+            std::fprintf(stderr, "rank 0: a stranger without the token read the store\n");
+          } catch (const collie::CommError& e) {
+            refused = std::string(e.what()).find("needs its token") != std::string::npos;
+            if (!refused) std::fprintf(stderr, "rank 0: %s\n", e.what());
+          }
+          struct stat st {};
+          if (::stat(collie::localJobTokenPath(port).c_str(), &st) == 0) {
+            std::fprintf(stderr, "rank 0: the token file outlived the join\n");
+            refused = false;
+          }
+        }
+        job.allGather("checked", "");
+        return job.rank() != 0 || refused;
+      });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
 }

@@ -6,8 +6,8 @@
 
 #include <fcntl.h>
 #include <sys/random.h>
-#include <unistd.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -138,21 +138,26 @@ std::string randomToken() {
 
 // Writes `text` to `path` with mode 0600 so that it appears whole: other nodes wait for the
 // file to exist and read it at once, so it is written beside it and renamed into place.
-void writeWhole(const std::string& path, const std::string& text) {
-  const std::string aside = path + ".tmp." + std::to_string(::getpid());
+// `subject` names the file for the message ("launch.token_file PATH"), `hint` what to do.
+void writeWhole(const std::string& path, const std::string& text, const std::string& subject,
+                const char* hint) {
+  std::string aside = path + ".tmp.XXXXXX";  // a name of its own, made mode 0600
+  bool made = false;
   const auto failed = [&](const char* what) {
     const std::string why = std::strerror(errno);
-    ::unlink(aside.c_str());
-    return ConfigError(fmt::format("launch.token_file {}: cannot write a job token there ({}: {})",
-                                   path, what, why));
+    if (made) ::unlink(aside.c_str());  // only the scratch file this call made
+    return ConfigError(fmt::format("{}: cannot write a job token there ({} {}: {}). HINT: {}",
+                                   subject, what, aside, why, hint));
   };
-  const int fd = ::open(aside.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) throw failed("open");
+  const int fd = ::mkostemp(aside.data(), O_CLOEXEC);
+  if (fd < 0) throw failed("create");
+  made = true;
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
+      if (n == 0) errno = EIO;  // nothing written and no error: say so rather than a stale one
       ::close(fd);
       throw failed("write");
     }
@@ -199,7 +204,8 @@ void provideJobToken(const std::string& token_file, bool may_create,
     token = randomToken();
   } else if (::stat(token_file.c_str(), &st) != 0 && may_create) {
     token = randomToken();
-    writeWhole(token_file, token + "\n");
+    writeWhole(token_file, token + "\n", "launch.token_file " + token_file,
+               "point launch.token_file at a folder this user may write on node 0");
   } else {
     const auto deadline = std::chrono::steady_clock::now() + patience;
     while (::stat(token_file.c_str(), &st) != 0 && std::chrono::steady_clock::now() < deadline)
@@ -207,6 +213,56 @@ void provideJobToken(const std::string& token_file, bool may_create,
     token = jobToken(token_file);
   }
   ::setenv("COLLIE_JOB_TOKEN", token.c_str(), 1);
+}
+
+namespace {
+
+// This user's folder for local job tokens, made with mode 0700 when missing; a folder that
+// another user owns or may read (made by someone else in /tmp first) is refused.
+std::string privateTokenFolder() {
+  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
+  const std::string folder = runtime != nullptr && *runtime != '\0'
+                                 ? std::string(runtime) + "/collie"
+                                 : fmt::format("/tmp/collie-{}", ::geteuid());
+  if (::mkdir(folder.c_str(), 0700) != 0 && errno != EEXIST) {
+    throw ConfigError(
+        fmt::format("cannot make {} for the job token: {}", folder, std::strerror(errno)));
+  }
+  struct stat st {};
+  if (::lstat(folder.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() ||
+      (st.st_mode & 077) != 0) {
+    throw ConfigError(fmt::format(
+        "{} is not a private folder of this user (owner uid {}, mode {:o}), so another user "
+        "could read the job's token there. HINT: remove it, or export the same "
+        "COLLIE_JOB_TOKEN to every rank",
+        folder, st.st_uid, st.st_mode & 07777));
+  }
+  return folder;
+}
+
+}  // namespace
+
+std::string localJobTokenPath(uint16_t port) {
+  return fmt::format("{}/job-{}.token", privateTokenFolder(), port);
+}
+
+std::string createLocalJobToken(uint16_t port) {
+  const std::string path = localJobTokenPath(port);
+  const std::string token = randomToken();
+  writeWhole(path, token + "\n", path,
+             "free space there, or export the same COLLIE_JOB_TOKEN to every rank");
+  return token;
+}
+
+std::string readLocalJobToken(uint16_t port, std::chrono::steady_clock::time_point deadline) {
+  const std::string path = localJobTokenPath(port);
+  for (;;) {
+    std::ifstream in(path);
+    std::string token;
+    if (in && std::getline(in, token) && !detail::trim(token).empty()) return detail::trim(token);
+    if (std::chrono::steady_clock::now() >= deadline) return "";
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 void leaveErrorForLauncher(const std::string& message) {

@@ -48,6 +48,17 @@ std::string jobToken(const std::string& token_file);
 void provideJobToken(const std::string& token_file, bool may_create,
                      std::chrono::milliseconds patience = std::chrono::milliseconds(0));
 
+// For ranks that an outside launcher (torchrun, mpirun, srun) started all on one host, which
+// share no token: rank 0 draws one and leaves it where only this user can read it,
+// localJobTokenPath(port) (mode 0600, in $XDG_RUNTIME_DIR/collie or /tmp/collie-<uid>, a
+// folder of this user's with mode 0700); the others read it there. The port (the store's)
+// names the job: two jobs cannot listen on one. Throws ConfigError when the folder is not
+// private (another user owns it, or may read it) or the file cannot be written.
+std::string localJobTokenPath(uint16_t port);
+std::string createLocalJobToken(uint16_t port);
+// Waits until `deadline` for rank 0's file; "" when it never came.
+std::string readLocalJobToken(uint16_t port, std::chrono::steady_clock::time_point deadline);
+
 // When a launcher asked for the reason this process fails (torchrun's TORCHELASTIC_ERROR_FILE,
 // what PyTorch's @record writes), leaves `message` there, so that the launcher's summary
 // names the cause instead of "To enable traceback see ...". Never throws.

@@ -94,7 +94,48 @@ ProcessJob::ProcessJob(const WorkerEnv& env, const std::string& default_addr, ui
   }
   logDebug(fmt::format("rendezvous at {}:{} as rank {} of {} ({})", addr, port, env.rank, env.world,
                        env.source));
-  store_ = std::make_unique<TcpStore>(addr, port, env.rank == 0, timeout, jobToken(token_file));
+  std::string token = jobToken(token_file);
+  if (!token.empty() || !oneHost() || env.world == 1) {
+    store_ = std::make_unique<TcpStore>(addr, port, env.rank == 0, timeout, token);
+    join();
+    return;
+  }
+  // An outside launcher's ranks on one host share no token: without one, any local user
+  // could read and forge the job's keys. Rank 0 leaves one where only this user reads it.
+  const auto deadline = Clock::now() + timeout;
+  if (env.rank == 0) {
+    token = createLocalJobToken(port);
+    try {
+      store_ = std::make_unique<TcpStore>(addr, port, true, timeout, token);
+      join();
+    } catch (...) {
+      ::unlink(localJobTokenPath(port).c_str());
+      throw;
+    }
+    ::unlink(localJobTokenPath(port).c_str());  // every rank has presented it
+    return;
+  }
+  for (;;) {
+    token = readLocalJobToken(port, deadline);
+    if (token.empty()) {
+      throw CommError(fmt::format(
+          "rank {} (started by {}): rank 0 left no job token in {} within {} ms. HINT: every "
+          "rank of a job on one host must run as the same user; is rank 0 running?",
+          env.rank, env.source, localJobTokenPath(port), timeout.count()));
+    }
+    try {
+      store_ = std::make_unique<TcpStore>(addr, port, false, timeout, token);
+      break;
+    } catch (const CommError& e) {
+      // A file left by an earlier job on this port that died before rank 0 of this one
+      // wrote its own: read it again.
+      if (std::string(e.what()).find("a wrong job token") == std::string::npos ||
+          Clock::now() >= deadline) {
+        throw;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
   join();
 }
 
