@@ -278,8 +278,8 @@ std::set<int> openFds() {
 TEST(WorkerSet, APipeThatCannotBeMadeLeaksNothing) {
   rlimit saved{};
   ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
-  const std::set<int> before = openFds();
-  // The third free descriptor becomes the limit: two are left, one pipe's worth.
+  const std::set<int> before = openFds();  // includes the listing's own descriptor, then freed
+  // The limit is the third free descriptor: the two below it are one pipe's worth.
   int free_seen = 0, limit = 0;
   for (int fd = 0; free_seen < 3; ++fd) {
     if (before.count(fd) == 0 && ++free_seen == 3) limit = fd;
@@ -289,20 +289,20 @@ TEST(WorkerSet, APipeThatCannotBeMadeLeaksNothing) {
   sigset_t mask;
   sigemptyset(&mask);
   std::string error;
-  std::set<int> after;
   {
+    // Restores the limit however this block ends, so no later test runs under it.
+    struct Restore {
+      rlimit limit;
+      ~Restore() { ::setrlimit(RLIMIT_NOFILE, &limit); }
+    } restore{saved};
     rlimit tight = saved;
     tight.rlim_cur = static_cast<rlim_t>(limit);
     ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
-    {
-      collie::WorkerSet workers(spec, mask);
-      error = workers.startError();
-    }
-    after = openFds();  // counted under the limit: opening /proc/self/fd needs no spare
-    ::setrlimit(RLIMIT_NOFILE, &saved);
+    collie::WorkerSet workers(spec, mask);
+    error = workers.startError();
   }
   EXPECT_NE(error.find("pipe:"), std::string::npos) << error;
-  EXPECT_EQ(after, before);
+  EXPECT_EQ(openFds(), before);
 }
 
 }  // namespace
