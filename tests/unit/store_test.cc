@@ -111,6 +111,10 @@ TEST(Store, AddsCountAgainstTheStoresByteLimit) {
   }
   EXPECT_EQ(made, StoreLimits::kMaxStoredBytes / (key_bytes + 1)) << "adds made past the limit";
   EXPECT_NE(refusal.find("the store is full"), std::string::npos) << refusal;
+  EXPECT_NE(refusal.find(std::to_string(StoreLimits::kMaxStoredBytes) + " bytes"),
+            std::string::npos)
+      << refusal;
+  EXPECT_LT(refusal.size(), 1000u) << "the refusal quotes the 4 MiB key";
   // Full: a set is refused too, so the adds were counted.
   EXPECT_THROW(client.setString(std::string(4096, 's'), "x"), CommError);
 }

@@ -34,6 +34,12 @@ using Clock = std::chrono::steady_clock;
 
 enum Op : uint8_t { kHello = 1, kSet = 2, kGet = 3, kAdd = 4, kCheck = 5 };
 
+// A key as messages quote it: at most its first 80 bytes, so that an error about a key of
+// megabytes stays readable (and a refusal stays within a frame).
+std::string shown(const std::string& key) {
+  return "'" + (key.size() <= 80 ? key : key.substr(0, 80) + "...") + "'";
+}
+
 void putU32(std::string& out, uint32_t v) {
   char b[4];
   std::memcpy(b, &v, 4);
@@ -282,6 +288,17 @@ class StoreServer {
       c.out += framed(reply);
       return true;
     }
+    const auto refusal = [](const std::string& why) {
+      std::string refused(1, '\1');
+      putString(refused, why);
+      return refused;
+    };
+    const auto full = [&] {
+      return fmt::format(
+          "the store is full: {} of its {} bytes are taken. HINT: it holds the ranks' "
+          "addresses, counters and errors; whatever stored this much is at fault",
+          stored_, StoreLimits::kMaxStoredBytes);
+    };
     switch (op) {
       case kSet: {
         const std::string key = r.string(), value = r.string();
@@ -289,8 +306,7 @@ class StoreServer {
         auto it = data_.find(key);
         const uint64_t freed = it == data_.end() ? 0 : key.size() + it->second.size();
         if (stored_ - freed + key.size() + value.size() > StoreLimits::kMaxStoredBytes) {
-          reply = std::string(1, '\1');
-          putString(reply, fmt::format("the store is full ({} bytes)", stored_));
+          reply = refusal(full());
           break;
         }
         stored_ = stored_ - freed + key.size() + value.size();
@@ -316,24 +332,21 @@ class StoreServer {
           errno = 0;
           now = std::strtoll(it->second.c_str(), &end, 10);
           if (*end != '\0' || errno == ERANGE) {
-            reply = std::string(1, '\1');
-            putString(reply, "'" + key + "' does not hold a 64-bit integer");
+            reply = refusal(fmt::format("{} does not hold a 64-bit integer", shown(key)));
             break;
           }
         }
         int64_t sum = 0;
         if (__builtin_add_overflow(now, delta, &sum)) {
-          reply = std::string(1, '\1');
-          putString(reply, fmt::format("adding {} to '{}' ({}) would overflow a 64-bit integer",
-                                       delta, key, now));
+          reply = refusal(fmt::format("adding {} to {} ({}) would overflow a 64-bit integer", delta,
+                                      shown(key), now));
           break;
         }
         std::string value = std::to_string(sum);
-        // Counted as a set of the new value is: the key once, and the digits.
+        // Counted as a set of the new value would be: the key once, and the digits.
         const uint64_t freed = it == data_.end() ? 0 : key.size() + it->second.size();
         if (stored_ - freed + key.size() + value.size() > StoreLimits::kMaxStoredBytes) {
-          reply = std::string(1, '\1');
-          putString(reply, fmt::format("the store is full ({} bytes)", stored_));
+          reply = refusal(full());
           break;
         }
         stored_ = stored_ - freed + key.size() + value.size();
@@ -517,19 +530,19 @@ void TcpStore::set(const std::string& key, const std::vector<uint8_t>& value) {
   std::string request(1, static_cast<char>(kSet));
   putString(request, key);
   putString(request, std::string(value.begin(), value.end()));
-  call(request, "set '" + key + "'");
+  call(request, "set " + shown(key));
 }
 
 std::vector<uint8_t> TcpStore::get(const std::string& key) {
   wait({key}, timeout_);
   std::string request(1, static_cast<char>(kGet));
   putString(request, key);
-  const std::string reply = call(request, "get '" + key + "'");
+  const std::string reply = call(request, "get " + shown(key));
   Reader r(reply);
   const bool found = r.u8() == 1;
   const std::string value = r.string();
   if (!found || !r.done()) {
-    throw CommError("rendezvous store at " + where_ + ": get '" + key + "' found nothing");
+    throw CommError("rendezvous store at " + where_ + ": get " + shown(key) + " found nothing");
   }
   return std::vector<uint8_t>(value.begin(), value.end());
 }
@@ -538,7 +551,7 @@ int64_t TcpStore::add(const std::string& key, int64_t delta) {
   std::string request(1, static_cast<char>(kAdd));
   putString(request, key);
   putI64(request, delta);
-  const std::string reply = call(request, "add '" + key + "'");
+  const std::string reply = call(request, "add " + shown(key));
   Reader r(reply);
   return r.i64();
 }
