@@ -232,18 +232,27 @@ TEST(Lab, KillingOneHostsRanksFailsTheJobOnTheOtherNamingThem) {
     r = runCollie({"run", config, "--out", "/tmp/collie-lab-kill", "--set", "bench.iters=2000",
                    "--set", "bench.schedulers=[ring]", "--set", "launch.rendezvous_timeout=5s"});
   });
-  // Wait for host 1's ranks, then kill them (not its launcher).
+  // Wait for host 1's ranks, then kill them (not its launcher). A rank is a `collie run`
+  // whose parent is host 1's `collie launch` of this job: nothing else in that namespace
+  // (a process of an earlier lab that is still ending) is taken for one.
+  const std::string host1_ranks =
+      "for p in $(ip netns pids collie-h1 2>/dev/null); do "
+      "pp=$(cut -d' ' -f4 /proc/$p/stat 2>/dev/null) || continue; "
+      "tr '\\0' ' ' </proc/$pp/cmdline 2>/dev/null | grep -q ' launch .*collie-lab-kill' && "
+      "tr '\\0' ' ' </proc/$p/cmdline 2>/dev/null | grep -q ' run ' && echo $p; done";
   std::string ranks;
   for (int i = 0; i < 300 && ranks.empty(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    ranks =
-        sh("for p in $(ip netns pids collie-h1 2>/dev/null); do "
-           "tr '\\0' ' ' </proc/$p/cmdline | grep -q ' run ' && echo $p; done");
+    ranks = sh(host1_ranks);
   }
-  ASSERT_FALSE(ranks.empty()) << "host 1's ranks never started";
-  std::this_thread::sleep_for(std::chrono::seconds(2));
-  std::replace(ranks.begin(), ranks.end(), '\n', ' ');  // one line: every rank of host 1
-  sh("kill -9 " + ranks);
+  if (ranks.empty()) {
+    ADD_FAILURE() << "host 1's ranks never started";
+    sh("pkill -9 -f 'collie-lab-kil[l]'");
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    std::replace(ranks.begin(), ranks.end(), '\n', ' ');  // one line: every rank of host 1
+    sh("kill -9 " + ranks);
+  }
   job.join();
   EXPECT_EQ(r.exit_code, 1) << r.output;
   // Both hosts' launchers fail (whichever exits first is named first) ...
