@@ -218,19 +218,26 @@ void provideJobToken(const std::string& token_file, bool may_create,
 namespace {
 
 // This user's folder for local job tokens, made with mode 0700 when missing; a folder that
-// another user owns or may read (made by someone else in /tmp first) is refused.
+// another user owns or may read (made by someone else in /tmp first) is refused. An
+// inherited XDG_RUNTIME_DIR that is not this user's existing folder (srun exports the login
+// node's; su and containers keep the caller's) is passed over for /tmp.
 std::string privateTokenFolder() {
   const char* runtime = std::getenv("XDG_RUNTIME_DIR");
-  const std::string folder = runtime != nullptr && *runtime != '\0'
-                                 ? std::string(runtime) + "/collie"
-                                 : fmt::format("/tmp/collie-{}", ::geteuid());
-  if (::mkdir(folder.c_str(), 0700) != 0 && errno != EEXIST) {
-    throw ConfigError(
-        fmt::format("cannot make {} for the job token: {}", folder, std::strerror(errno)));
-  }
   struct stat st {};
-  if (::lstat(folder.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() ||
-      (st.st_mode & 077) != 0) {
+  const bool runtime_usable = runtime != nullptr && *runtime != '\0' && ::stat(runtime, &st) == 0 &&
+                              S_ISDIR(st.st_mode) && st.st_uid == ::geteuid();
+  const std::string folder = runtime_usable ? std::string(runtime) + "/collie"
+                                            : fmt::format("/tmp/collie-{}", ::geteuid());
+  constexpr const char* kHint = "HINT: export the same COLLIE_JOB_TOKEN to every rank";
+  if (::mkdir(folder.c_str(), 0700) != 0 && errno != EEXIST) {
+    throw ConfigError(fmt::format("cannot make {} for the job token: {}. {}", folder,
+                                  std::strerror(errno), kHint));
+  }
+  if (::lstat(folder.c_str(), &st) != 0) {
+    throw ConfigError(fmt::format("cannot inspect {} for the job token: {}. {}", folder,
+                                  std::strerror(errno), kHint));
+  }
+  if (!S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
     throw ConfigError(fmt::format(
         "{} is not a private folder of this user (owner uid {}, mode {:o}), so another user "
         "could read the job's token there. HINT: remove it, or export the same "
@@ -246,12 +253,12 @@ std::string localJobTokenPath(uint16_t port) {
   return fmt::format("{}/job-{}.token", privateTokenFolder(), port);
 }
 
-std::string createLocalJobToken(uint16_t port) {
+std::string drawJobToken() { return randomToken(); }
+
+void writeLocalJobToken(uint16_t port, const std::string& token) {
   const std::string path = localJobTokenPath(port);
-  const std::string token = randomToken();
   writeWhole(path, token + "\n", path,
              "free space there, or export the same COLLIE_JOB_TOKEN to every rank");
-  return token;
 }
 
 std::string readLocalJobToken(uint16_t port, std::chrono::steady_clock::time_point deadline) {

@@ -104,9 +104,12 @@ ProcessJob::ProcessJob(const WorkerEnv& env, const std::string& default_addr, ui
   // could read and forge the job's keys. Rank 0 leaves one where only this user reads it.
   const auto deadline = Clock::now() + timeout;
   if (env.rank == 0) {
-    token = createLocalJobToken(port);
+    // The file is written once the port is ours: a rank 0 that cannot listen (another job
+    // holds the port) must neither replace nor delete that job's file.
+    token = drawJobToken();
+    store_ = std::make_unique<TcpStore>(addr, port, true, timeout, token);
+    writeLocalJobToken(port, token);
     try {
-      store_ = std::make_unique<TcpStore>(addr, port, true, timeout, token);
       join();
     } catch (...) {
       ::unlink(localJobTokenPath(port).c_str());
