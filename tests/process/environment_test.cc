@@ -212,7 +212,7 @@ TEST(JobToken, AnOutsideLaunchersTokenOnOneHostIsPrivate) {
   const uint16_t port = 41234;
   const std::string token = collie::drawJobToken();
   EXPECT_EQ(token.size(), 64u);
-  collie::writeLocalJobToken(port, token);
+  collie::writeLocalJobToken(collie::localJobTokenPath(port), token);
   const std::string path = collie::localJobTokenPath(port);
   EXPECT_EQ(path, dir + "/collie/job-41234.token");
   struct stat st {};
@@ -220,11 +220,15 @@ TEST(JobToken, AnOutsideLaunchersTokenOnOneHostIsPrivate) {
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   ASSERT_EQ(::stat((dir + "/collie").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
-  EXPECT_EQ(collie::readLocalJobToken(port, std::chrono::steady_clock::now()), token);
-  EXPECT_EQ(collie::readLocalJobToken(port + 1, std::chrono::steady_clock::now()), "");
+  EXPECT_EQ(
+      collie::readLocalJobToken(collie::localJobTokenPath(port), std::chrono::steady_clock::now()),
+      token);
+  EXPECT_EQ(collie::readLocalJobToken(collie::localJobTokenPath(port + 1),
+                                      std::chrono::steady_clock::now()),
+            "");
   ::chmod((dir + "/collie").c_str(), 0755);
   try {
-    collie::writeLocalJobToken(port, token);
+    collie::writeLocalJobToken(collie::localJobTokenPath(port), token);
     ADD_FAILURE() << "a token was left in a folder other users can open";
   } catch (const collie::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("is not a private folder of this user"), std::string::npos)

@@ -121,9 +121,7 @@ WorkerEnv detectWorkerEnv(const std::function<const char*(const char*)>& getenv)
   return w;
 }
 
-namespace {
-
-std::string randomToken() {
+std::string drawJobToken() {
   unsigned char bytes[32];
   size_t got = 0;
   while (got < sizeof(bytes)) {
@@ -135,6 +133,8 @@ std::string randomToken() {
   for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
   return hex;
 }
+
+namespace {
 
 // Writes `text` to `path` with mode 0600 so that it appears whole: other nodes wait for the
 // file to exist and read it at once, so it is written beside it and renamed into place.
@@ -201,9 +201,9 @@ void provideJobToken(const std::string& token_file, bool may_create,
   std::string token;
   struct stat st {};
   if (token_file.empty()) {
-    token = randomToken();
+    token = drawJobToken();
   } else if (::stat(token_file.c_str(), &st) != 0 && may_create) {
-    token = randomToken();
+    token = drawJobToken();
     writeWhole(token_file, token + "\n", "launch.token_file " + token_file,
                "point launch.token_file at a folder this user may write on node 0");
   } else {
@@ -253,16 +253,13 @@ std::string localJobTokenPath(uint16_t port) {
   return fmt::format("{}/job-{}.token", privateTokenFolder(), port);
 }
 
-std::string drawJobToken() { return randomToken(); }
-
-void writeLocalJobToken(uint16_t port, const std::string& token) {
-  const std::string path = localJobTokenPath(port);
+void writeLocalJobToken(const std::string& path, const std::string& token) {
   writeWhole(path, token + "\n", path,
              "free space there, or export the same COLLIE_JOB_TOKEN to every rank");
 }
 
-std::string readLocalJobToken(uint16_t port, std::chrono::steady_clock::time_point deadline) {
-  const std::string path = localJobTokenPath(port);
+std::string readLocalJobToken(const std::string& path,
+                              std::chrono::steady_clock::time_point deadline) {
   for (;;) {
     std::ifstream in(path);
     std::string token;

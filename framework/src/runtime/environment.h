@@ -48,18 +48,21 @@ std::string jobToken(const std::string& token_file);
 void provideJobToken(const std::string& token_file, bool may_create,
                      std::chrono::milliseconds patience = std::chrono::milliseconds(0));
 
+// A fresh job token: 32 bytes of getrandom(), as hex.
+std::string drawJobToken();
+
 // For ranks that an outside launcher (torchrun, mpirun, srun) started all on one host, which
-// share no token: rank 0 draws one (drawJobToken), makes the store with it, and only then,
-// the port being its own, leaves it where only this user can read it: localJobTokenPath(port)
+// share no token: rank 0 draws one, makes the store with it, and only then, the port being
+// its own, writes it where only this user can read it: localJobTokenPath(port)
 // (mode 0600, in $XDG_RUNTIME_DIR/collie when that is this user's existing folder, else
 // /tmp/collie-<uid>; a folder of this user's with mode 0700); the others read it there. Every
 // rank must see the same folder (one user, one /tmp). Throws ConfigError when the folder is
 // not private (another user owns it, or may read it) or the file cannot be written.
 std::string localJobTokenPath(uint16_t port);
-std::string drawJobToken();
-void writeLocalJobToken(uint16_t port, const std::string& token);
-// Waits until `deadline` for rank 0's file; "" when it never came.
-std::string readLocalJobToken(uint16_t port, std::chrono::steady_clock::time_point deadline);
+void writeLocalJobToken(const std::string& path, const std::string& token);
+// Waits until `deadline` for rank 0's file at `path`; "" when it never came.
+std::string readLocalJobToken(const std::string& path,
+                              std::chrono::steady_clock::time_point deadline);
 
 // When a launcher asked for the reason this process fails (torchrun's TORCHELASTIC_ERROR_FILE,
 // what PyTorch's @record writes), leaves `message` there, so that the launcher's summary

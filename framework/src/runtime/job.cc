@@ -103,28 +103,29 @@ ProcessJob::ProcessJob(const WorkerEnv& env, const std::string& default_addr, ui
   // An outside launcher's ranks on one host share no token: without one, any local user
   // could read and forge the job's keys. Rank 0 leaves one where only this user reads it.
   const auto deadline = Clock::now() + timeout;
+  const std::string token_path = localJobTokenPath(port);
   if (env.rank == 0) {
     // The file is written once the port is ours: a rank 0 that cannot listen (another job
     // holds the port) must neither replace nor delete that job's file.
     token = drawJobToken();
     store_ = std::make_unique<TcpStore>(addr, port, true, timeout, token);
-    writeLocalJobToken(port, token);
+    writeLocalJobToken(token_path, token);
     try {
       join();
     } catch (...) {
-      ::unlink(localJobTokenPath(port).c_str());
+      ::unlink(token_path.c_str());
       throw;
     }
-    ::unlink(localJobTokenPath(port).c_str());  // every rank has presented it
+    ::unlink(token_path.c_str());  // every rank has presented it
     return;
   }
   for (;;) {
-    token = readLocalJobToken(port, deadline);
+    token = readLocalJobToken(token_path, deadline);
     if (token.empty()) {
       throw CommError(fmt::format(
           "rank {} (started by {}): rank 0 left no job token in {} within {} ms. HINT: every "
           "rank of a job on one host must run as the same user; is rank 0 running?",
-          env.rank, env.source, localJobTokenPath(port), timeout.count()));
+          env.rank, env.source, token_path, timeout.count()));
     }
     try {
       store_ = std::make_unique<TcpStore>(addr, port, false, timeout, token);
@@ -132,7 +133,7 @@ ProcessJob::ProcessJob(const WorkerEnv& env, const std::string& default_addr, ui
     } catch (const CommError& e) {
       // A file left by an earlier job on this port that died before rank 0 of this one
       // wrote its own: read it again.
-      if (std::string(e.what()).find("a wrong job token") == std::string::npos ||
+      if (std::string(e.what()).find(kWrongTokenRefusal) == std::string::npos ||
           Clock::now() >= deadline) {
         throw;
       }

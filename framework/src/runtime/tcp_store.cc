@@ -279,7 +279,7 @@ class StoreServer {
       if (op != kHello || !r.done()) return false;
       if (!token_.empty() && !sameToken(token, token_)) {
         reply = std::string(1, '\1');
-        putString(reply, token.empty() ? "this job needs its token" : "a wrong job token");
+        putString(reply, token.empty() ? "this job needs its token" : kWrongTokenRefusal);
         c.out += framed(reply);
         c.closing = true;
         return true;

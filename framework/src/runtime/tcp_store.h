@@ -24,6 +24,10 @@ struct StoreLimits {
   static constexpr uint64_t kMaxStoredBytes = 256ull << 20;
 };
 
+// The server's refusal of a hello whose token differs from the job's, as a rank's CommError
+// quotes it (a rank that read a stale token file retries on it).
+inline constexpr const char* kWrongTokenRefusal = "a wrong job token";
+
 class StoreServer;
 
 class TcpStore : public Store {
