@@ -6,7 +6,6 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/init.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
@@ -29,13 +28,23 @@ struct GptShape {
   double dropout;
 };
 
+// Dropout with the probability of the shape, drawing from the rank's generator (the model's
+// setGenerator), which every module of the net shares.
+struct Dropout {
+  double p;
+  const at::Generator* generator;
+  at::Tensor operator()(const at::Tensor& x, bool training) const {
+    return dropout(x, p, training, *generator);
+  }
+};
+
 // Causal multi-head self-attention.
 struct AttentionImpl : torch::nn::Module {
-  explicit AttentionImpl(const GptShape& s)
+  AttentionImpl(const GptShape& s, const at::Generator* generator)
       : heads(s.heads),
         qkv(register_module("qkv", torch::nn::Linear(s.d_model, 3 * s.d_model))),
         proj(register_module("proj", torch::nn::Linear(s.d_model, s.d_model))),
-        drop(register_module("drop", torch::nn::Dropout(s.dropout))) {
+        drop{s.dropout, generator} {
     // (S, S): true above the diagonal, where a position would see the future.
     future = register_buffer("future", torch::ones({s.seq_len, s.seq_len}, torch::kBool).triu(1));
   }
@@ -48,39 +57,39 @@ struct AttentionImpl : torch::nn::Module {
     at::Tensor att = q.matmul(k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
     att = att.masked_fill(future.narrow(0, 0, T).narrow(1, 0, T),
                           -std::numeric_limits<float>::infinity());  // (B, H, T, T)
-    att = drop->forward(torch::softmax(att, -1));
+    att = drop(torch::softmax(att, -1), is_training());
     at::Tensor y = att.matmul(v).transpose(1, 2).contiguous().view({B, T, C});  // (B, T, C)
-    return drop->forward(proj->forward(y));
+    return drop(proj->forward(y), is_training());
   }
 
   int64_t heads;
   torch::nn::Linear qkv, proj;
-  torch::nn::Dropout drop;
+  Dropout drop;
   at::Tensor future;
 };
 TORCH_MODULE(Attention);
 
 // One pre-norm transformer block: x + attn(ln1(x)), then + mlp(ln2(x)).
 struct BlockImpl : torch::nn::Module {
-  explicit BlockImpl(const GptShape& s)
+  BlockImpl(const GptShape& s, const at::Generator* generator)
       : ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.d_model})))),
-        attn(register_module("attn", Attention(s))),
+        attn(register_module("attn", Attention(s, generator))),
         ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.d_model})))),
         fc(register_module("fc", torch::nn::Linear(s.d_model, s.mlp_ratio * s.d_model))),
         fc_out(register_module("fc_out", torch::nn::Linear(s.mlp_ratio * s.d_model, s.d_model))),
-        drop(register_module("drop", torch::nn::Dropout(s.dropout))) {}
+        drop{s.dropout, generator} {}
 
   // x: (B, T, C) -> (B, T, C)
   at::Tensor forward(const at::Tensor& x) {
     at::Tensor h = x + attn->forward(ln1->forward(x));
-    return h + drop->forward(fc_out->forward(torch::gelu(fc->forward(ln2->forward(h)))));
+    return h + drop(fc_out->forward(torch::gelu(fc->forward(ln2->forward(h)))), is_training());
   }
 
   torch::nn::LayerNorm ln1;
   Attention attn;
   torch::nn::LayerNorm ln2;
   torch::nn::Linear fc, fc_out;
-  torch::nn::Dropout drop;
+  Dropout drop;
 };
 TORCH_MODULE(Block);
 
@@ -120,55 +129,59 @@ class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
                             int64_t block_address) {
     ctx->saved_data["block"] = block_address;
     const at::DeviceType type = x.device().type();
-    ctx->saved_data["rng"] = generatorState(x.device());
+    BlockImpl* block = blockAt(block_address);
+    ctx->saved_data["rng"] = generatorState(*block->drop.generator);
     ctx->saved_data["autocast"] = autocast::enabled(type);
     ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(autocast::dtype(type));
     ctx->save_for_backward({x});
     torch::NoGradGuard no_grad;
-    return blockAt(block_address)->forward(x);
+    return block->forward(x);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_out) {
     at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
-    const at::Tensor resume = generatorState(x.device());
-    setGeneratorState(x.device(), ctx->saved_data["rng"].toTensor());
+    BlockImpl* block = blockAt(ctx->saved_data["block"].toInt());
+    const at::Generator generator = *block->drop.generator;
+    const at::Tensor resume = generatorState(generator);
+    setGeneratorState(generator, ctx->saved_data["rng"].toTensor());
     at::Tensor y;
     {
       torch::AutoGradMode grad_on(true);
       ReplayAutocast replay(x.device().type(), ctx->saved_data["autocast"].toBool(),
                             static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
-      y = blockAt(ctx->saved_data["block"].toInt())->forward(x);
+      y = block->forward(x);
     }
-    setGeneratorState(x.device(), resume);
+    setGeneratorState(generator, resume);
     torch::autograd::backward({y}, {grad_out[0]});
     return {x.grad(), at::Tensor()};
   }
 
  private:
   static BlockImpl* blockAt(int64_t address) { return reinterpret_cast<BlockImpl*>(address); }
-  // The state of the generator dropout draws from on `device` (the CPU's or the GPU's).
-  static at::Tensor generatorState(const at::Device& device) {
-    at::Generator generator = at::globalContext().defaultGenerator(device);
+  // The state of the rank's generator, which dropout draws from. Undefined (no generator
+  // yet, so no dropout can draw): an empty state, restored as nothing.
+  static at::Tensor generatorState(at::Generator generator) {  // a handle: shares the state
+    if (!generator.defined()) return at::Tensor();
     std::lock_guard<std::mutex> lock(generator.mutex());
     return generator.get_state();
   }
-  static void setGeneratorState(const at::Device& device, const at::Tensor& state) {
-    at::Generator generator = at::globalContext().defaultGenerator(device);
+  static void setGeneratorState(at::Generator generator, const at::Tensor& state) {
+    if (!generator.defined()) return;
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(state);
   }
 };
 
 struct GptNetImpl : torch::nn::Module {
-  explicit GptNetImpl(const GptShape& s)
+  GptNetImpl(const GptShape& s, const at::Generator* generator)
       : wte(register_module("wte", torch::nn::Embedding(s.vocab, s.d_model))),
         wpe(register_module("wpe", torch::nn::Embedding(s.seq_len, s.d_model))),
-        drop(register_module("drop", torch::nn::Dropout(s.dropout))),
+        drop{s.dropout, generator},
         blocks(register_module("blocks", torch::nn::ModuleList())),
         ln_f(register_module("ln_f",
                              torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.d_model})))) {
-    for (int64_t l = 0; l < s.layers; ++l) blocks->push_back(Block(s));
+    for (int64_t l = 0; l < s.layers; ++l) blocks->push_back(Block(s, generator));
     // GPT-2's initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 L).
     const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(s.layers));
     torch::NoGradGuard no_grad;
@@ -190,7 +203,7 @@ struct GptNetImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& idx) {
     const int64_t T = idx.size(1);
     at::Tensor positions = torch::arange(T, idx.options());                     // (T)
-    at::Tensor x = drop->forward(wte->forward(idx) + wpe->forward(positions));  // (B, T, C)
+    at::Tensor x = drop(wte->forward(idx) + wpe->forward(positions), is_training());  // (B, T, C)
     size_t unit = 0;
     for (const auto& module : *blocks) {
       BlockImpl* block = module->as<BlockImpl>();
@@ -208,7 +221,7 @@ struct GptNetImpl : torch::nn::Module {
   }
 
   torch::nn::Embedding wte, wpe;
-  torch::nn::Dropout drop;
+  Dropout drop;
   torch::nn::ModuleList blocks;
   torch::nn::LayerNorm ln_f;
   bool checkpointing = false;
@@ -218,7 +231,8 @@ TORCH_MODULE(GptNet);
 
 class GptModel final : public Model {
  public:
-  explicit GptModel(const PluginContext& ctx) : s_(readShape(*ctx.params)), net_(s_) {}
+  explicit GptModel(const PluginContext& ctx)
+      : s_(readShape(*ctx.params)), net_(s_, &generator_) {}
 
   torch::nn::Module& module() override { return *net_; }
   ModelShape shape() const override { return {s_.seq_len, s_.vocab}; }
@@ -269,6 +283,7 @@ class GptModel final : public Model {
     return units;
   }
   void setUnitGate(UnitGate* gate) override { net_->gate = gate; }
+  void setGenerator(at::Generator generator) override { generator_ = std::move(generator); }
 
  private:
   static GptShape readShape(const Params& p) {
@@ -295,6 +310,7 @@ class GptModel final : public Model {
   }
 
   GptShape s_;
+  at::Generator generator_;  // the rank's, shared by every dropout of net_
   GptNet net_;
 };
 

@@ -4,7 +4,6 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/init.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
@@ -15,11 +14,12 @@ namespace {
 
 struct MlpNetImpl : torch::nn::Module {
   MlpNetImpl(int64_t seq_len, int64_t vocab, int64_t d_embed, int64_t hidden, int64_t layers,
-             double dropout)
+             double dropout, const at::Generator* generator)
       : embed(register_module("embed", torch::nn::Embedding(vocab, d_embed))),
         hidden_layers(register_module("hidden", torch::nn::ModuleList())),
         head(register_module("head", torch::nn::Linear(hidden, vocab))),
-        drop(register_module("drop", torch::nn::Dropout(dropout))) {
+        p_drop(dropout),
+        generator(generator) {
     int64_t in = seq_len * d_embed;
     for (int64_t l = 0; l < layers; ++l) {
       hidden_layers->push_back(torch::nn::Linear(in, hidden));
@@ -44,7 +44,7 @@ struct MlpNetImpl : torch::nn::Module {
     for (const auto& layer : *hidden_layers) {
       h = enter(unit, h);
       h = leave(unit++, layer->as<torch::nn::Linear>()->forward(h));
-      h = drop->forward(torch::gelu(h));  // (B, hidden)
+      h = dropout(torch::gelu(h), p_drop, is_training(), *generator);  // (B, hidden)
     }
     h = enter(unit, h);
     return leave(unit, head->forward(h));  // (B, vocab)
@@ -59,7 +59,8 @@ struct MlpNetImpl : torch::nn::Module {
   torch::nn::Embedding embed;
   torch::nn::ModuleList hidden_layers;
   torch::nn::Linear head;
-  torch::nn::Dropout drop;
+  double p_drop;
+  const at::Generator* generator;  // the rank's (the model's setGenerator)
   UnitGate* gate = nullptr;
 };
 TORCH_MODULE(MlpNet);
@@ -72,7 +73,7 @@ class MlpModel final : public Model {
         d_embed_(ctx.params->getInt("d_embed", 32, 1, 1 << 16)),
         hidden_(ctx.params->getInt("hidden", 256, 1, 1 << 16)),
         layers_(ctx.params->getInt("layers", 2, 1, 64)),
-        net_(seq_len_, vocab_, d_embed_, hidden_, layers_, dropoutParam(ctx)) {}
+        net_(seq_len_, vocab_, d_embed_, hidden_, layers_, dropoutParam(ctx), &generator_) {}
 
   torch::nn::Module& module() override { return *net_; }
   ModelShape shape() const override { return {seq_len_, vocab_}; }
@@ -105,6 +106,7 @@ class MlpModel final : public Model {
     return units;
   }
   void setUnitGate(UnitGate* gate) override { net_->gate = gate; }
+  void setGenerator(at::Generator generator) override { generator_ = std::move(generator); }
 
   // 6 FLOPs per multiply-accumulate weight per sample, spread over the T input tokens.
   double flopsPerToken() const override {
@@ -125,6 +127,7 @@ class MlpModel final : public Model {
   }
 
   int64_t seq_len_, vocab_, d_embed_, hidden_, layers_;
+  at::Generator generator_;  // the rank's, which the net's dropout draws from
   MlpNet net_;
 };
 

@@ -33,7 +33,7 @@ class HalvingDoublingScheduler : public Scheduler {
  public:
   explicit HalvingDoublingScheduler(const PluginContext&) {}
 
-  Decision accepts(const CollectiveArgs& args, const Topology& topology) const override {
+  Decision accepts(const CollectiveArgs& args, const Topology&) const override {
     switch (args.coll) {
       case Collective::kAllReduce:
       case Collective::kBarrier:
@@ -46,7 +46,6 @@ class HalvingDoublingScheduler : public Scheduler {
   }
 
   void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {
-    const int n = backend.size();
     switch (args.coll) {
       case Collective::kAllReduce:
         return allReduce(args, backend);

@@ -598,6 +598,31 @@ TEST(ShardingConfig, AModelWithoutUnitsCannotShardItsParameters) {
                                "model={plugin: " + bigram + ", params: {seq_len: 6, vocab: 48}}"}));
 }
 
+// A model that draws from LibTorch's global generator (shared by ranks that are threads) is
+// refused by name at the first step it does, on any backend.
+TEST(ModelContract, AModelDrawingFromTheGlobalGeneratorIsRefused) {
+  const std::string bigram =
+      std::string(COLLIE_TEST_BINARY_DIR) + "/training/plugins/libcollie_model_bigram.so";
+  std::string error;
+  try {
+    runTraining("global-draws",
+                {"launch.nproc_per_node=2",
+                 "model={plugin: " + bigram + ", params: {seq_len: 6, vocab: 48, dropout: global}}"});
+  } catch (const PluginError& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("drew from LibTorch's global random generator (cpu) during step 1"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("HINT: draw from the generator the trainer passes to Model::setGenerator"),
+            std::string::npos)
+      << error;
+  // The same model without its global draws trains.
+  EXPECT_NO_THROW(runTraining(
+      "global-draws-none",
+      {"launch.nproc_per_node=2", "model={plugin: " + bigram + ", params: {seq_len: 6, vocab: 48}}"}));
+}
+
 // A scheduler without reduce-scatter cannot shard: said before the first step.
 TEST(ShardingConfig, ASchedulerWithoutReduceScatterIsRefusedByName) {
   try {
@@ -848,6 +873,70 @@ TEST(Gpt, ActivationCheckpointingGivesTheSameWeights) {
   EXPECT_TRUE(result.sync.identical);
   EXPECT_EQ(result.parameters, 64 * 32 + 16 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32);
   EXPECT_LT(maxDifference(finalWeights("gpt-plain"), finalWeights("gpt-recomputed")), 1e-6);
+}
+
+// True when the two runs' final weights are the same bits.
+bool bitIdentical(const std::map<std::string, at::Tensor>& a,
+                  const std::map<std::string, at::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (const auto& [key, tensor] : a) {
+    auto other = b.find(key);
+    if (other == b.end() || !at::equal(tensor, other->second)) return false;
+  }
+  return true;
+}
+
+// Dropout draws from each rank's own generator, a function of (seed, rank, step): ranks that
+// are threads of one process (loopback) draw what ranks that are processes (gloo) draw, run
+// after run, and activation checkpointing's replay draws the forward's masks again. Drawn
+// from LibTorch's global generator, which threads share, the masks would follow the threads'
+// timing, and a replay could draw another rank's.
+TEST(Gpt, DropoutIsTheSameWhereverRanksRunAndWhenReplayed) {
+  const std::vector<std::string> gpt = {
+      "model.plugin=gpt",
+      "model.params={layers: 2, d_model: 32, heads: 4, seq_len: 16, vocab: 64, dropout: 0.1}",
+      "launch.nproc_per_node=3", "train.micro_batch=2", "train.steps=4",
+      "train.scheduler=ring"};
+  runTraining("dropout-reference", gpt);
+  const auto reference = finalWeights("dropout-reference");
+  for (int run = 0; run < 5; ++run) {
+    for (const bool recompute : {false, true}) {
+      SCOPED_TRACE("run " + std::to_string(run) + (recompute ? " checkpointing" : " plain"));
+      auto sets = gpt;
+      sets.push_back(std::string("train.grad_checkpointing=") + (recompute ? "true" : "false"));
+      const std::string name = "dropout-" + std::to_string(run) + (recompute ? "-ckpt" : "");
+      EXPECT_TRUE(runTraining(name, sets).sync.identical);
+      EXPECT_TRUE(bitIdentical(reference, finalWeights(name)))
+          << "largest difference " << maxDifference(reference, finalWeights(name));
+    }
+  }
+  // Without dropout the weights differ: the test sees the masks.
+  auto no_dropout = gpt;
+  no_dropout[1] = "model.params={layers: 2, d_model: 32, heads: 4, seq_len: 16, vocab: 64}";
+  runTraining("dropout-none", no_dropout);
+  EXPECT_FALSE(bitIdentical(reference, finalWeights("dropout-none")));
+  // Ranks as gloo processes, with and without checkpointing.
+  for (const bool recompute : {false, true}) {
+    SCOPED_TRACE(recompute ? "gloo checkpointing" : "gloo plain");
+    const fs::path dir = scratch(recompute ? "dropout-gloo-ckpt" : "dropout-gloo");
+    std::vector<std::string> args = {"run", testing::writeTempFile("dropout-gloo.yaml", kBase),
+                                     "--out", dir.string()};
+    for (const auto& s : gpt) args.insert(args.end(), {"--set", s});
+    for (const std::string& s : std::vector<std::string>{
+             "backend.plugin=gloo", "train.checkpoint_dir=" + (dir / "ckpt").string(),
+             std::string("train.grad_checkpointing=") + (recompute ? "true" : "false")}) {
+      args.insert(args.end(), {"--set", s});
+    }
+    const auto r = testing::runCollie(args);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    train::CheckpointReader reader(train::latestCheckpoint((dir / "ckpt").string()));
+    std::map<std::string, at::Tensor> weights;
+    for (const auto& [key, tensor] : reader.readAll()) {
+      if (key.find('/') == std::string::npos) weights[key] = tensor;
+    }
+    EXPECT_TRUE(bitIdentical(reference, weights))
+        << "largest difference " << maxDifference(reference, weights);
+  }
 }
 
 TEST(Gpt, ActivationCheckpointingRecomputesUnderTheForwardsAutocast) {

@@ -3,6 +3,8 @@
 // Models know nothing of communication: the trainer owns the gradients once backward runs.
 #pragma once
 
+#include <ATen/core/Generator.h>
+#include <ATen/ops/empty_like.h>
 #include <torch/nn/module.h>
 
 #include <cstdint>
@@ -74,7 +76,30 @@ class Model {
   // The gate to call around each unit's computation in loss(); nullptr (the default
   // state) when parameters are not sharded.
   virtual void setUnitGate(UnitGate* gate) { (void)gate; }
+
+  // The generator every random draw in loss() must use (dropout's masks, for one): the
+  // rank's own, on the training device, which the trainer reseeds before each step to a
+  // function of (seed, rank, step). A model never draws from LibTorch's global generators:
+  // ranks may be threads of one process, which share them, so the draws would follow the
+  // threads' timing; the trainer refuses a model whose step moved the global generator.
+  // Called once, before the first step; a model without randomness ignores it.
+  virtual void setGenerator(at::Generator generator) { (void)generator; }
 };
+
+// Inverted dropout whose mask comes from `generator` (LibTorch 1.13's dropout takes no
+// generator and draws from the global one). Returns x itself when not training or p is 0.
+inline at::Tensor dropout(const at::Tensor& x, double p, bool training,
+                          const at::Generator& generator) {
+  if (!training || p == 0.0) return x;
+  if (!generator.defined()) {
+    throw InternalError(
+        "collie::dropout: no generator: the model draws before the trainer called "
+        "setGenerator()");
+  }
+  at::Tensor keep = at::empty_like(x, at::MemoryFormat::Contiguous);
+  keep.bernoulli_(1.0 - p, generator);
+  return x * keep.div_(1.0 - p);
+}
 
 }  // namespace collie
 

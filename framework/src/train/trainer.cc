@@ -5,6 +5,7 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/zeros.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -598,6 +599,12 @@ class RankTrainer {
     Params params = e_.model.params;
     model_ = loader.createModel(e_.model.plugin, params);
     model_->module().to(device_);  // drawn on the CPU (the same draw on every device), moved
+    {  // the rank's own generator, of the training device's kind, for the model's draws
+      at::Generator global = at::globalContext().defaultGenerator(device_);
+      std::lock_guard<std::mutex> lock(global.mutex());
+      generator_ = global.clone();
+    }
+    model_->setGenerator(generator_);
     if (spec_.grad_checkpointing && !model_->setGradCheckpointing(true)) {
       throw ConfigError("train.grad_checkpointing: model '" + e_.model.label +
                         "' cannot recompute activations. HINT: set it to false");
@@ -621,6 +628,7 @@ class RankTrainer {
     const TraceSpan traced(tracer_.get(), "step");
     const auto start = Clock::now();
     reseed(s);
+    const std::vector<at::Tensor> global_generators = globalGeneratorStates();
     const int mb = mb_;
     st.micro_batch = mb;
     const double global = static_cast<double>(sharding_.globalBatch());
@@ -685,22 +693,48 @@ class RankTrainer {
       st.sync.collectives.insert(st.sync.collectives.end(), gathered.collectives.begin(),
                                  gathered.collectives.end());
     }
+    checkNoGlobalDraws(global_generators, s);
     st.step = since(start);
     return st;
   }
 
   // Dropout's randomness is a function of (seed, rank, step), so a resumed run draws what
-  // the uninterrupted one would have.
-  void reseed(int64_t s) const {
+  // the uninterrupted one would have. It is the rank's generator, not LibTorch's global one:
+  // ranks that are threads of one process would share that, in whatever order they run.
+  void reseed(int64_t s) {
     const uint64_t seed =
         spec_.seed + 1 + static_cast<uint64_t>(rank_) + static_cast<uint64_t>(s) * 0x9E3779B9ull;
-    auto reseedOn = [seed](const at::Device& device) {
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    generator_.set_current_seed(seed);
+  }
+
+  // The states of LibTorch's global generators the model could draw from (the CPU's, and the
+  // training device's), to tell whether a step drew from them.
+  std::vector<at::Tensor> globalGeneratorStates() const {
+    std::vector<at::Tensor> states;
+    auto stateOf = [&](const at::Device& device) {
       at::Generator generator = at::globalContext().defaultGenerator(device);
       std::lock_guard<std::mutex> lock(generator.mutex());
-      generator.set_current_seed(seed);
+      states.push_back(generator.get_state());
     };
-    reseedOn(at::Device(at::kCPU));  // the data's and the CPU's dropout
-    if (device_.is_cuda()) reseedOn(device_);
+    stateOf(at::Device(at::kCPU));
+    if (!device_.is_cpu()) stateOf(device_);
+    return states;
+  }
+
+  // Refuses a model whose step drew from a global generator (Model::setGenerator says why).
+  void checkNoGlobalDraws(const std::vector<at::Tensor>& before, int64_t s) const {
+    const std::vector<at::Tensor> after = globalGeneratorStates();
+    for (size_t i = 0; i < before.size(); ++i) {
+      if (at::equal(before[i], after[i])) continue;
+      throw PluginError(fmt::format(
+          "model '{}' drew from LibTorch's global random generator ({}) during step {}: ranks "
+          "that are threads of one process share it, so the draws would follow the threads' "
+          "timing and a resumed run would draw others. HINT: draw from the generator the "
+          "trainer passes to Model::setGenerator (collie::dropout takes it; "
+          "docs/writing-a-model.md)",
+          e_.model.label, i == 0 ? "cpu" : device_.str(), s + 1));
+    }
   }
 
   // The global L2 norm of the (already all-reduced, identical) gradients; scaled down to
@@ -952,6 +986,7 @@ class RankTrainer {
   std::string out_dir_;
   std::vector<Communicator::Rule> rules_;
   std::shared_ptr<Model> model_;
+  at::Generator generator_;  // the rank's: every random draw of the model's (dropout)
   ModelShape shape_;
   std::unique_ptr<TokenSource> source_;
   Sharding sharding_;
