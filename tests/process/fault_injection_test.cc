@@ -26,11 +26,12 @@ namespace {
 
 // `ranks` ranks train a small MLP over `backend` for `steps` steps, with `faults` (YAML).
 std::string trainWith(const std::string& name, const std::string& backend,
-                      const std::string& faults, int ranks = 3, int steps = 30) {
+                      const std::string& faults, int ranks = 3, int steps = 30,
+                      const std::string& timeout = "5s") {
   return writeTempFile(
       name + ".yaml",
       "name: " + name + "\nlaunch: {nproc_per_node: " + std::to_string(ranks) +
-          "}\nbackend: {plugin: " + backend + ", params: {timeout: 5s}}\n" +
+          "}\nbackend: {plugin: " + backend + ", params: {timeout: " + timeout + "}}\n" +
           "model: {plugin: mlp, params: {seq_len: 16, vocab: 64, d_embed: 32, hidden: 256, "
           "layers: 2}}\ntrain: {steps: " +
           std::to_string(steps) + ", micro_batch: 8, log_every: 1000}\nfaults: " + faults + "\n");
@@ -145,6 +146,68 @@ TEST_P(StoppedRank, TheOthersTimeOutAndAnalyzeNamesIt) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, StoppedRank, ::testing::Values("gloo", "ucx"),
                          [](const auto& info) { return info.param; });
+
+// The seconds of the first stall line in `log` ("... have waited 10.4 s in ..."), or -1.
+double firstStallWait(const std::string& log) {
+  const std::string waited = " waited ";
+  const auto stall = log.find("stall: ");
+  if (stall == std::string::npos) return -1;
+  const auto at = log.find(waited, stall);
+  return at == std::string::npos ? -1 : std::atof(log.c_str() + at + waited.size());
+}
+
+using StallCase = std::tuple<std::string, std::string, int>;  // launcher, backend, stopped rank
+class StallLine : public ::testing::TestWithParam<StallCase> {};
+
+// A rank stopped before step 5 of a job with a 30 s timeout: long before the timeout, one
+// line names it as the rank the others wait for, with its process stopped, said by collie's
+// launcher, or under torchrun by the lowest rank still alive (rank 0 when it is not the one
+// stopped). `collie analyze` agrees once the job has failed.
+TEST_P(StallLine, NamesAStoppedRankWhileTheJobStillWaits) {
+  const auto& [launcher, backend, stopped] = GetParam();
+  if (launcher != "collie" && !haveProgram(launcher)) GTEST_SKIP() << launcher << " is missing";
+  const std::string name = "stall-" + launcher + "-" + backend + "-" + std::to_string(stopped);
+  const std::string out = scratch(name);
+  const std::string fault = "[{rank: " + std::to_string(stopped) + ", at_step: 5, action: stop}]";
+  const JobRun run = runUnder(launcher, trainWith(name, backend, fault, 3, 30, "30s"), out, 3);
+  EXPECT_NE(run.exit_code, 0) << run.log;
+  EXPECT_NE(run.exit_code, 124) << "the job did not end within 2 minutes\n" << run.log;
+  const double waited = firstStallWait(run.log);
+  EXPECT_GE(waited, 10.0) << run.log;  // debug.stall_warning's default
+  EXPECT_LT(waited, 12.0) << run.log;
+  const std::string named = "rank " + std::to_string(stopped) + " has not reached it (";
+  const auto line = run.log.find("stall: ");
+  ASSERT_NE(line, std::string::npos) << run.log;
+  const std::string first = run.log.substr(line, run.log.find('\n', line) - line);
+  EXPECT_NE(first.find(named), std::string::npos) << first;
+  EXPECT_NE(first.find("is stopped (SIGSTOP)"), std::string::npos) << first;
+  if (launcher == "collie") {
+    EXPECT_NE(run.log.find("launcher: stall: "), std::string::npos) << run.log;
+    // Said while the job still waited: before any rank gave up at the timeout.
+    EXPECT_LT(line, run.log.find("reported nothing")) << run.log;
+  } else {
+    const std::string speaker = stopped == 0 ? "[r1 " : "[r0 ";  // the log line's rank
+    const auto prefix = run.log.rfind('\n', line);
+    EXPECT_NE(run.log.substr(prefix + 1, line - prefix).find(speaker), std::string::npos)
+        << run.log.substr(prefix + 1, 200);
+  }
+  EXPECT_TRUE(noneLeft(out)) << "the stopped rank outlived the job";
+  const auto analysis = runCollie({"analyze", out});
+  EXPECT_NE(analysis.output.find("the others were waiting for rank " + std::to_string(stopped)),
+            std::string::npos)
+      << analysis.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Jobs, StallLine,
+                         ::testing::Values(StallCase{"collie", "gloo", 1},
+                                           StallCase{"collie", "gloo", 0},
+                                           StallCase{"collie", "ucx", 1},
+                                           StallCase{"collie", "ucx", 0},
+                                           StallCase{"torchrun", "gloo", 0}),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param) +
+                                  "_rank" + std::to_string(std::get<2>(info.param));
+                         });
 
 // An exception that is not collie's, thrown on the communication thread (the gradient
 // all-reduce of step 2 is collective 3), fails its rank with its message, as threads and as

@@ -72,6 +72,7 @@ class RankBench {
       comm_.setTracer(tracer_.get());
     }
     comm_.setDebug(commDebugOf(e, out_dir, rank_));
+    control_.setProgress(comm_.progress());
     if (e.debug.consistency && rank_ == 0) {
       logWarn(
           "debug.consistency: every collective starts with a gather of what each rank "

@@ -23,6 +23,7 @@
 #include "runtime/flight_recorder.h"
 #include "runtime/job.h"
 #include "runtime/launcher.h"
+#include "runtime/progress.h"
 #include "runtime/run.h"
 #include "train/trainer.h"
 #include "util/system.h"
@@ -177,6 +178,12 @@ int dispatch(int argc, char** argv) {
   analyze->add_option("rundir", analyze_dir, "the run's output folder")
       ->required()
       ->check(CLI::ExistingDirectory);
+  std::string status_dir;
+  auto* status = app.add_subcommand(
+      "status", "where each rank of a run is: its step, the collective it is in and for how long");
+  status->add_option("rundir", status_dir, "the run's output folder (--out)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
   auto* plugins = app.add_subcommand("plugins", "list the plugins found and the files rejected");
   auto* plugin_check = app.add_subcommand(
       "plugin-check", "run the conformance matrix against a scheduler or backend plugin");
@@ -241,6 +248,7 @@ int dispatch(int argc, char** argv) {
   }
   if (*validate) return validateCommand(opt.run);
   if (*analyze) return analyzeRun(analyze_dir, std::cout);
+  if (*status) return printStatus(status_dir, std::cout);
   if (*plugins) return pluginsCommand();
   if (*plugin_check) return check::runPluginCheck(opt.check);
   if (*lab_cmd) return labCommand(lab_up, lab_down, lab_status, opt);

@@ -984,6 +984,11 @@ const Schema& experimentSchema() {
                                           .byDefault("256")
                                           .into(&DebugSpec::flight_recorder)
                                           .doc("last collectives each rank writes when it fails")},
+                  {"stall_warning",
+                   S::duration()
+                       .byDefault("10s")
+                       .into(&DebugSpec::stall_warning)
+                       .doc("a wait after which the job names the ranks a collective waits for")},
               })
            .section(&Experiment::debug)},
       {"output", S::map({

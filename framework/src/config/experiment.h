@@ -161,6 +161,8 @@ struct FaultSpec {
 struct DebugSpec {
   bool consistency = false;  // compare every collective's call across ranks first
   int flight_recorder = 0;   // collectives each rank keeps and writes when it fails (0: off)
+  // How long a collective waits before the job names the ranks it waits for (0: never).
+  std::chrono::milliseconds stall_warning{10000};
 };
 
 // One run: a whole file, or one point of its matrix.

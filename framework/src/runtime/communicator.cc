@@ -45,8 +45,10 @@ Communicator::Communicator(std::shared_ptr<Backend> backend, std::string backend
 }
 
 Communicator::~Communicator() {
-  if (std::uncaught_exceptions() > uncaught_at_start_)
+  const bool failing = std::uncaught_exceptions() > uncaught_at_start_;
+  if (failing)
     dumpFlightRecord("the rank failed outside a collective (its error follows in its log)");
+  if (progress_) unpublishProgress(progress_.get(), failing || dumped_);
 }
 
 void Communicator::setDebug(CommDebug debug) {
@@ -54,6 +56,14 @@ void Communicator::setDebug(CommDebug debug) {
   recorder_.reset();
   if (debug_.flight_entries > 0 && !debug_.flight_path.empty())
     recorder_ = std::make_unique<FlightRecorder>(debug_.flight_entries);
+  if (progress_) unpublishProgress(progress_.get());
+  progress_.reset();
+  // A simulator's ranks wait in simulated time: a wall-clock watch would say nothing true.
+  if (!debug_.progress.dir.empty() && !backend_->simulatedTime()) {
+    progress_ = std::make_unique<ProgressBoard>(backend_->rank(), backend_->size(), debug_.run);
+    publishProgress(progress_.get(), progressPath(debug_.progress.dir, backend_->rank()),
+                    debug_.progress);
+  }
 }
 
 void Communicator::dumpFlightRecord(const std::string& reason) {
@@ -83,6 +93,9 @@ Provenance Communicator::runRule(const Rule& rule, CollectiveArgs args, std::str
                               args.root, std::string(ran)});
   }
   const int64_t traced_from = tracer_ != nullptr ? tracer_->now() : 0;
+  const ProgressScope marked(progress_.get(), [&] {
+    return fmt::format("{} seq {} ({})", collectiveName(args.coll), args.seq, formatBytes(bytes));
+  });
   bool staged = false;
   const double start = backend_->clockSeconds();  // simulated time on a simulator
   try {
@@ -262,6 +275,14 @@ CommDebug commDebugOf(const config::Experiment& e, const std::string& out_dir, i
   d.consistency = e.debug.consistency;
   d.flight_entries = static_cast<size_t>(e.debug.flight_recorder);
   if (!out_dir.empty()) d.flight_path = flightRecordPath(out_dir, rank);
+  if (!out_dir.empty()) {
+    d.progress.dir = progressFolder(out_dir);
+    d.progress.stall_warning = e.debug.stall_warning;
+    // Under collie's launcher the launcher watches; otherwise the ranks speak for the job.
+    const WorkerEnv env = detectWorkerEnv();
+    d.progress.watch = !(env.present && env.source == "collie");
+  }
+  d.run = e.matrix_index;
   return d;
 }
 

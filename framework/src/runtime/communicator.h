@@ -12,6 +12,7 @@
 #include "collie/rules.h"
 #include "collie/scheduler.h"
 #include "collie/topology.h"
+#include "runtime/progress.h"
 
 namespace collie {
 
@@ -51,6 +52,9 @@ struct CommDebug {
   bool consistency = false;
   size_t flight_entries = 0;  // the flight recorder's size (0: off)
   std::string flight_path;    // where it is written when this rank fails
+  // Where this rank says, once a second, what it is in (runtime/progress.h); no dir: nowhere.
+  ProgressSettings progress;
+  int run = -1;  // the run of the file, as the progress files name it
 };
 
 class Communicator {
@@ -99,6 +103,10 @@ class Communicator {
   // Records every collective it runs; null: none. Not owned.
   void setTracer(Tracer* tracer) { tracer_ = tracer; }
 
+  // This rank's progress board (its collectives are marked on it), for the trainer's step and
+  // the control plane's exchanges; null when debug gave it no progress folder.
+  ProgressBoard* progress() { return progress_.get(); }
+
   const std::vector<Rule>& rules() const { return rules_; }
   Backend& backend() { return *backend_; }
   const Backend& backend() const { return *backend_; }
@@ -126,6 +134,7 @@ class Communicator {
   Tracer* tracer_ = nullptr;
   CommDebug debug_;
   std::unique_ptr<FlightRecorder> recorder_;
+  std::unique_ptr<ProgressBoard> progress_;
   std::atomic<bool> dumped_{false};
   int uncaught_at_start_ = 0;
 };

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "collie/backend.h"
+#include "runtime/progress.h"
 
 namespace collie {
 
@@ -70,6 +71,8 @@ class Control {
   // Point-to-point of the framework's own bytes on the control plane's wire (clock offsets,
   // the trace gather), with a tag from nextTag().
   MessageWire& wire() { return wire_; }
+  // Marks each exchange on this rank's progress board (null: none). Not owned.
+  void setProgress(ProgressBoard* board) { progress_ = board; }
 
  private:
   enum class Fold { kMax, kSum, kRoot };
@@ -84,6 +87,7 @@ class Control {
   MessageWire wire_;
   int device_;
   uint64_t seq_ = 0;
+  ProgressBoard* progress_ = nullptr;
 };
 
 }  // namespace collie

@@ -15,6 +15,7 @@
 
 #include "collie/error.h"
 #include "collie/log.h"
+#include "runtime/progress.h"
 #include "runtime/teardown.h"
 #include "runtime/worker_set.h"
 
@@ -81,8 +82,21 @@ LaunchOutcome launchWorkers(const LaunchSpec& spec) {
     teardown.failed(Clock::now());
   };
 
+  // The stall watch reads the workers' progress files once a second while none has failed.
+  const bool watching = !spec.progress_dir.empty() && spec.stall_warning.count() > 0;
+  StallWatch stalls(spec.stall_warning, describeLiveness);
+  Clock::time_point next_watch = Clock::now();
+  const int world = spec.nproc * spec.nnodes;
+
   Clock::time_point drain_until = Clock::time_point::max();  // a grandchild may hold a pipe
   while (workers.running() > 0 || (workers.pipesOpen() && Clock::now() < drain_until)) {
+    if (watching && !teardown.stopping() && outcome.failure.empty() && workers.running() > 0 &&
+        Clock::now() >= next_watch) {
+      next_watch = Clock::now() + std::chrono::seconds(1);
+      const std::string line = stalls.observe(readProgress(spec.progress_dir, spec.progress_run),
+                                              world, progressNowMicros());
+      if (!line.empty()) logWarn("launcher: " + line);
+    }
     if (workers.running() == 0 && drain_until == Clock::time_point::max())
       drain_until = Clock::now() + std::chrono::seconds(1);
     while (int sig = teardown.due(Clock::now())) workers.signalAll(sig);

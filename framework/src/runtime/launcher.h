@@ -29,6 +29,11 @@ struct LaunchSpec {
   // before they are sent SIGTERM; then how long before SIGKILL.
   std::chrono::milliseconds failure_grace{5000};
   std::chrono::milliseconds kill_grace{5000};
+  // The workers' progress files (runtime/progress.h) for run `experiment`: once a collective
+  // has waited stall_warning, the launcher names the ranks it waits for ("" or 0: no watch).
+  std::string progress_dir;
+  std::chrono::milliseconds stall_warning{0};
+  int progress_run = -1;  // the run the files must name (their matrix index)
 };
 
 struct LaunchOutcome {

@@ -26,6 +26,7 @@
 #include "runtime/environment.h"
 #include "runtime/faults.h"
 #include "runtime/launcher.h"
+#include "runtime/progress.h"
 #include "runtime/tcp_store.h"
 #include "util/files.h"
 
@@ -273,6 +274,12 @@ void launchRun(const RunRequest& request, const config::Experiment& e, size_t in
   spec.cpu_affinity = e.cpu_affinity;
   fs::remove(spec.result_path);
   fs::remove(out / "error.json");  // from an earlier run into the same folder
+  // Node 0's launcher watches for stalls (the others would repeat its line).
+  if (request.node_rank == 0) {
+    spec.progress_dir = progressFolder(out.string());
+    spec.stall_warning = e.debug.stall_warning;
+    spec.progress_run = e.matrix_index;
+  }
   const bool training = e.kind == config::Experiment::Kind::kTrain;
   if (e.max_restarts > 0 && training && e.train.checkpoint_dir.empty()) {
     logWarn(fmt::format(
@@ -285,6 +292,8 @@ void launchRun(const RunRequest& request, const config::Experiment& e, size_t in
     // the previous run's store; a restart reuses its run's port (the old store is gone).
     spec.master_port =
         port != 0 ? static_cast<uint16_t>(port + index) : pickFreePort(spec.master_addr);
+    std::error_code ec;
+    if (request.node_rank == 0) fs::remove_all(spec.progress_dir, ec);  // an earlier attempt's
     LaunchOutcome outcome = launchWorkers(spec);
     if (outcome.interrupted) {
       logError("interrupted: every worker was stopped");

@@ -489,7 +489,8 @@ TcpStore::~TcpStore() {
 std::string TcpStore::call(const std::string& request, const std::string& what) {
   std::lock_guard<std::mutex> lock(mu_);
   if (fd_ < 0) throw CommError("rendezvous store at " + where_ + ": " + what + " failed: closed");
-  const auto deadline = Clock::now() + timeout_;
+  const std::chrono::milliseconds limit(call_limit_.load());
+  const auto deadline = Clock::now() + (limit.count() > 0 ? std::min(timeout_, limit) : timeout_);
   const std::string frame = framed(request);
   char head[4];
   uint32_t length = 0;

@@ -5,6 +5,7 @@
 // connects can neither read nor write job keys nor grow the server's memory without limit.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -48,6 +49,11 @@ class TcpStore : public Store {
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
   std::chrono::milliseconds timeout() const override { return timeout_; }
 
+  // Bounds every later request by `limit` as well as the timeout: a rank that already failed
+  // asks the store what the others know, and a store whose host is stopped must not hold it
+  // for the whole timeout.
+  void limitCalls(std::chrono::milliseconds limit) { call_limit_ = limit.count(); }
+
   uint16_t port() const { return port_; }
   const std::string& address() const { return where_; }
 
@@ -61,6 +67,7 @@ class TcpStore : public Store {
   uint16_t port_ = 0;
   std::string where_;  // "host:port", for messages
   std::chrono::milliseconds timeout_;
+  std::atomic<std::chrono::milliseconds::rep> call_limit_{0};  // 0: the timeout alone
 };
 
 // Whether `host` is a loopback address (127.0.0.0/8, "localhost"): reachable from this

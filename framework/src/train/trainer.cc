@@ -112,6 +112,7 @@ class RankTrainer {
       comm_.setTracer(tracer_.get());
     }
     comm_.setDebug(commDebugOf(e, out_dir, rank_));
+    control_.setProgress(comm_.progress());
     checkMicroBatches();
     sharding_.grad_accum = spec_.grad_accum;
     addSchedulers(loader);
@@ -172,6 +173,7 @@ class RankTrainer {
     const auto started = Clock::now();
     for (int64_t s = start; s < spec_.steps; ++s) {
       faults_.beforeStep(s + 1);
+      if (ProgressBoard* board = comm_.progress()) board->setStep(s + 1);
       stats.push_back(step(s, reducer));
       const int64_t samples = static_cast<int64_t>(stats.back().micro_batch) * spec_.grad_accum;
       log.write(s, samples, samples * shape_.seq_len, stats.back());
