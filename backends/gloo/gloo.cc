@@ -569,15 +569,23 @@ void EagerChannel::receive(Tag tag, uint64_t index, const Buffer& into,
   }
 }
 
-// A cached instance of one of Gloo's all-reduce algorithm classes, bound to one buffer.
+// What a cached instance of one of Gloo's all-reduce algorithm classes is for. Nothing in it
+// may differ between ranks (a buffer's address does): building an instance takes slots from
+// the context's counter, so every rank must build (and evict) the same ones at the same call.
 struct NativeKey {
-  void* data;
   size_t count;
   DType dtype;
   ReduceOp op;
   bool operator<(const NativeKey& o) const {
-    return std::tie(data, count, dtype, op) < std::tie(o.data, o.count, o.dtype, o.op);
+    return std::tie(count, dtype, op) < std::tie(o.count, o.dtype, o.op);
   }
+};
+
+// A cached instance, bound to a buffer of its own: the data is copied in and out.
+struct Native {
+  NativeKey key{};
+  std::vector<uint8_t> bound;
+  std::unique_ptr<gloo::Algorithm> algorithm;
 };
 
 template <typename T>
@@ -728,7 +736,10 @@ class GlooBackend : public Backend {
     shared_->aborted.throwIfSet("gloo: native all-reduce seq " + std::to_string(args.seq));
     try {
       bool first_run = false;
-      algorithmFor(args.data, args.op, &first_run).run();
+      Native& native = algorithmFor(args.data, args.op, &first_run);
+      std::memcpy(native.bound.data(), args.data.data, args.data.bytes());
+      native.algorithm->run();
+      std::memcpy(args.data.data, native.bound.data(), args.data.bytes());
       if (first_run) raiseSendBuffers();
     } catch (const std::exception& e) {
       throw CommError("gloo: rank " + std::to_string(rank()) + ": native " + shared_->algorithm +
@@ -801,43 +812,46 @@ class GlooBackend : public Backend {
     return channel;
   }
 
-  // Gloo's algorithm objects bind their buffer when built; the bench and the trainer reuse
-  // buffers, so the last few are kept (every rank makes the same calls in the same order,
-  // so every rank builds and evicts the same ones).
-  gloo::Algorithm& algorithmFor(const Buffer& data, ReduceOp op, bool* created) {
+  // Gloo's algorithm objects bind their buffer when built; the last few are kept, by what
+  // every rank's call has in common (count, dtype, op; never the buffer's address), so every
+  // rank builds and evicts the same ones in the same order.
+  Native& algorithmFor(const Buffer& data, ReduceOp op, bool* created) {
     *created = false;
-    NativeKey key{data.data, data.count, data.dtype, op};
+    const NativeKey key{data.count, data.dtype, op};
     for (auto it = natives_.begin(); it != natives_.end(); ++it) {
-      if (!(it->first < key) && !(key < it->first)) {
+      if (!(it->key < key) && !(key < it->key)) {
         natives_.splice(natives_.begin(), natives_, it);
-        return *natives_.front().second;
+        return natives_.front();
       }
     }
-    std::unique_ptr<gloo::Algorithm> algorithm;
+    Native native;
+    native.key = key;
+    native.bound.resize(data.bytes());
+    void* bound = native.bound.data();  // a vector's storage stays put when it is moved
     const auto& name = shared_->algorithm;
     switch (data.dtype) {
       case DType::kF32:
-        algorithm = makeAlgorithm<float>(name, context_, data.data, data.count, op);
+        native.algorithm = makeAlgorithm<float>(name, context_, bound, data.count, op);
         break;
       case DType::kF64:
-        algorithm = makeAlgorithm<double>(name, context_, data.data, data.count, op);
+        native.algorithm = makeAlgorithm<double>(name, context_, bound, data.count, op);
         break;
       case DType::kF16:
-        algorithm = makeAlgorithm<gloo::float16>(name, context_, data.data, data.count, op);
+        native.algorithm = makeAlgorithm<gloo::float16>(name, context_, bound, data.count, op);
         break;
       case DType::kI32:
-        algorithm = makeAlgorithm<int32_t>(name, context_, data.data, data.count, op);
+        native.algorithm = makeAlgorithm<int32_t>(name, context_, bound, data.count, op);
         break;
       case DType::kI64:
-        algorithm = makeAlgorithm<int64_t>(name, context_, data.data, data.count, op);
+        native.algorithm = makeAlgorithm<int64_t>(name, context_, bound, data.count, op);
         break;
       case DType::kBF16:
         break;
     }
     *created = true;
-    natives_.emplace_front(key, std::move(algorithm));
+    natives_.push_front(std::move(native));
     if (natives_.size() > kCachedAlgorithms) natives_.pop_back();
-    return *natives_.front().second;
+    return natives_.front();
   }
 
   static constexpr size_t kCachedAlgorithms = 8;
@@ -845,7 +859,7 @@ class GlooBackend : public Backend {
   std::shared_ptr<gloo::Context> context_;
   std::string prefix_;
   int splits_ = 0;
-  std::list<std::pair<NativeKey, std::unique_ptr<gloo::Algorithm>>> natives_;
+  std::list<Native> natives_;
   std::mutex channels_mu_;
   std::vector<std::shared_ptr<EagerChannel>> channels_;  // by peer; destroyed before context_
 };

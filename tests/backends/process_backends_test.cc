@@ -524,6 +524,42 @@ TEST(GlooBackend, SmallSendsCompleteBeforeTheirReceivesArePosted) {
   }
 }
 
+// Gloo's native all-reduce keeps the algorithm objects it built, and building one takes slots
+// from the group's counter: the object that serves a call must be the same on every rank. A
+// buffer's address is not: here rank 0 all-reduces one buffer twice while rank 1 uses another
+// buffer of the same size the second time. Every all-reduce must still meet and sum right.
+TEST(GlooBackend, NativeAllReducesMeetWhereverEachRankKeepsItsBuffers) {
+  auto codes = runJobWith("gloo", [](ProcessJob& job, const config::PluginRef& plugin) {
+    config::PluginRef ref = plugin;
+    ref.params.set("timeout", "3s", "test");
+    WorkerRank w = createBackend(job, testing::buildTreeLoader(), ref, "test/", 20s);
+    Backend& b = *w.backend;
+    std::vector<float> first(4096), second(4096);
+    auto allReduce = [&](std::vector<float>& data, float value) {
+      std::fill(data.begin(), data.end(), value * static_cast<float>(b.rank() + 1));
+      CollectiveArgs args;
+      args.coll = Collective::kAllReduce;
+      args.op = ReduceOp::kSum;
+      args.data.data = data.data();
+      args.data.count = data.size();
+      args.data.dtype = DType::kF32;
+      if (!b.runNative(args).accepted) return false;
+      return std::all_of(data.begin(), data.end(), [&](float v) { return v == value * 3; });
+    };
+    bool right = false;
+    try {
+      right = allReduce(first, 1) && allReduce(b.rank() == 0 ? first : second, 2) &&
+              allReduce(first, 4);
+      if (!right) std::fprintf(stderr, "rank %d: a wrong sum\n", b.rank());
+    } catch (const CommError& e) {
+      std::fprintf(stderr, "rank %d: %s\n", b.rank(), e.what());
+    }
+    job.allGather("done", "");  // neither rank closes its side first
+    return right;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, ProcessBackends, ::testing::Values("gloo", "ucx"),
                          [](const auto& info) { return info.param; });
 
@@ -582,6 +618,70 @@ TEST(Ucx, TwoThreadsUseOneWorkerAtOnce) {
     pingPong(*groups[0]);
     other.join();
     return ok.load();
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+// A receive whose message is under way when it fails (it times out while the sender has
+// stopped mid-message) cannot be cancelled: UCX writes the rest of the message into its buffer
+// whenever the worker is progressed again, after the caller has freed or reused the buffer.
+// Once its receive has failed, the buffer is never written again, whatever the backend does next.
+TEST(Ucx, AReceiveThatFailedMidMessageIsNeverWrittenAfterwards) {
+  auto codes = runJobWith("ucx", [](ProcessJob& job, const config::PluginRef& plugin) {
+    config::PluginRef ref = plugin;
+    // Shared memory, eager fragments: the receive matches the first fragment, and the rest
+    // comes in whenever the receiver progresses its worker.
+    ref.params.set("transports", "posix", "test");
+    ref.params.set("rendezvous_threshold", "never", "test");
+    ref.params.set("timeout", "3s", "test");
+    WorkerRank w = createBackend(job, testing::buildTreeLoader(), ref, "test/", 20s);
+    Backend& b = *w.backend;
+    constexpr size_t kCount = size_t{16} << 20;  // 64 MiB
+    std::vector<int32_t> data(kCount, b.rank() == 1 ? 0x11111111 : 0);
+    const Tag tag = makeTag(5, 1, 0);
+    if (b.rank() == 1) {
+      job.allGather("posted", "");
+      auto send = b.isend(0, view(data.data(), kCount), tag);
+      const auto until = std::chrono::steady_clock::now() + 20ms;
+      while (std::chrono::steady_clock::now() < until && !send->test()) {
+      }
+      std::this_thread::sleep_for(3s);  // stopped mid-message; resumes after rank 0 gave up
+      try {
+        send->wait(b.timeout());
+      } catch (const CommError&) {
+        // rank 0 no longer takes it
+      }
+      job.allGather("done", "");
+      return true;
+    }
+    auto recv = b.irecv(1, view(data.data(), kCount), tag);
+    job.allGather("posted", "");
+    try {
+      recv->wait(300ms);
+      std::fprintf(stderr, "rank 0: the message arrived whole before the timeout\n");
+      job.allGather("done", "");
+      return false;
+    } catch (const CommError&) {
+    }
+    recv.reset();
+    std::fill(data.begin(), data.end(), -1);  // the caller's memory again: reused
+    // The backend goes on: another receive (which progresses the worker) while rank 1
+    // resumes, then the backend is closed (closing progresses it too).
+    const auto start = std::chrono::steady_clock::now();
+    int32_t other = 0;
+    try {
+      b.recv(1, view(&other, 1), makeTag(5, 2, 0));
+    } catch (const CommError&) {
+    }
+    std::this_thread::sleep_until(start + 4s);
+    w.backend.reset();
+    const auto written = std::count_if(data.begin(), data.end(), [](int32_t v) { return v != -1; });
+    job.allGather("done", "");
+    if (written != 0) {
+      std::fprintf(stderr, "rank 0: %zu values written into the buffer after its receive failed\n",
+                   static_cast<size_t>(written));
+    }
+    return written == 0;
   });
   EXPECT_EQ(codes, (std::vector<int>{0, 0}));
 }
