@@ -7,11 +7,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 #include <tuple>
 
 #include "processes.h"
@@ -366,6 +369,46 @@ TEST(WorkerSet, APipeThatCannotBeMadeLeaksNothing) {
   }
   EXPECT_NE(error.find("pipe:"), std::string::npos) << error;
   EXPECT_EQ(openFds(), before);
+}
+
+// Whether thread `tid` of process `pid` blocks `sig` (its SigBlk in /proc).
+bool blocks(pid_t pid, pid_t tid, int sig) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("SigBlk:", 0) == 0) {
+      return (std::stoull(line.substr(7), nullptr, 16) >> (sig - 1)) & 1;
+    }
+  }
+  return false;
+}
+
+// A signal mask is a thread's own, and a process-directed SIGTERM goes to any thread that
+// does not block it. A launcher whose process has another thread (made before the launcher
+// blocked its signals, as CUDA's are when train.cuda sets the device up in the launcher) must
+// still read SIGTERM, forward it and report the interruption, not die of it.
+TEST(Launcher, ASigtermThatAnotherThreadCouldTakeStillReachesTheLauncher) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::thread bystander([] { std::this_thread::sleep_for(std::chrono::seconds(30)); });
+    bystander.detach();  // blocks nothing
+    collie::LaunchSpec spec;
+    spec.argv = {"/bin/sleep", "30"};
+    const collie::LaunchOutcome outcome = collie::launchWorkers(spec);
+    ::_exit(outcome.interrupted && outcome.exit_code == 128 + SIGTERM ? 0 : 1);
+  }
+  // The launcher (the child's first thread) blocks SIGTERM once it is in its loop.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!blocks(child, child, SIGTERM) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(blocks(child, child, SIGTERM));
+  ::kill(child, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << (WIFSIGNALED(status) ? "the launcher died of signal " + std::to_string(WTERMSIG(status))
+                              : "the launcher exited with " + std::to_string(WEXITSTATUS(status)));
 }
 
 }  // namespace

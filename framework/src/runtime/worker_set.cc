@@ -6,9 +6,11 @@
 #include <sched.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -21,6 +23,27 @@ namespace collie {
 namespace {
 
 constexpr int kHandled[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP};
+
+// The thread that reads the signalfd, and its process. A mask is a thread's own: a
+// process-directed SIGINT/SIGTERM/SIGHUP goes to any thread of the launcher that does not
+// block it (one made before BlockedSignals: CUDA's, LibTorch's), whose default action would
+// end the launcher and leave its workers to PR_SET_PDEATHSIG. A handler (dispositions are
+// the process's) sends it on to the reading thread, where it is blocked and read.
+std::atomic<pid_t> g_reader_pid{0};
+std::atomic<pid_t> g_reader_tid{0};
+
+void sendToReader(int sig) {
+  const int saved = errno;
+  const pid_t pid = g_reader_pid.load();
+  if (pid != 0 && ::getpid() == pid) {
+    ::syscall(SYS_tgkill, pid, g_reader_tid.load(), sig);
+  } else {
+    // A worker between fork and exec: the signal is its own, with its default action.
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+  }
+  errno = saved;
+}
 
 // Writes the complete lines of `data` (appended to `pending`) to `fd`, each prefixed, and
 // keeps the last collie error line in `last_error`. `flush`: the rest too (the pipe closed).
@@ -141,9 +164,25 @@ BlockedSignals::BlockedSignals() {
     pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
     throw CommError(std::string("launcher: signalfd failed: ") + std::strerror(error));
   }
+  g_reader_pid = ::getpid();
+  g_reader_tid = static_cast<pid_t>(::syscall(SYS_gettid));
+  struct sigaction forward {};
+  forward.sa_handler = &sendToReader;
+  sigemptyset(&forward.sa_mask);
+  forward.sa_flags = SA_RESTART;
+  for (size_t i = 0; i < kForwarded; ++i) {
+    ::sigaction(kHandled[i + 1], nullptr, &old_actions_[i]);
+    // An ignored signal stays ignored (nohup); SIGCHLD (kHandled[0]) only wakes the loop.
+    if (old_actions_[i].sa_handler == SIG_IGN) continue;
+    replaced_[i] = ::sigaction(kHandled[i + 1], &forward, nullptr) == 0;
+  }
 }
 
 BlockedSignals::~BlockedSignals() {
+  for (size_t i = 0; i < kForwarded; ++i) {
+    if (replaced_[i]) ::sigaction(kHandled[i + 1], &old_actions_[i], nullptr);
+  }
+  g_reader_pid = 0;
   ::close(fd_);
   pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
 }

@@ -16,7 +16,9 @@
 namespace collie {
 
 // Blocks SIGCHLD, SIGINT, SIGTERM and SIGHUP for the calling thread and reads them from a
-// signalfd; the destructor restores the old mask. Throws CommError when no signalfd.
+// signalfd; SIGINT, SIGTERM and SIGHUP that the kernel hands to another thread of the process
+// are sent on to this one (a handler, for the object's life). The destructor restores the
+// old mask and handlers. Throws CommError when no signalfd.
 class BlockedSignals {
  public:
   BlockedSignals();
@@ -31,7 +33,10 @@ class BlockedSignals {
   std::vector<int> read();
 
  private:
+  static constexpr size_t kForwarded = 3;  // SIGINT, SIGTERM, SIGHUP
   sigset_t old_mask_;
+  struct sigaction old_actions_[kForwarded] {};
+  bool replaced_[kForwarded] = {false, false, false};
   int fd_ = -1;
 };
 
