@@ -131,12 +131,14 @@ std::vector<HotPathCase> hotPathCases() {
     // auto remembers its choice per shape; its Decision names the choice, a string that
     // outgrows the small-string buffer for most names.
     cases.push_back({"auto", Collective::kAllReduce, ranks, 1});
-    for (const char* s : {"ring", "bruck"}) cases.push_back({s, Collective::kAllGather, ranks});
+    for (const char* s : {"ring", "bruck", "halving_doubling"})
+      cases.push_back({s, Collective::kAllGather, ranks});
     cases.push_back({"ring", Collective::kReduceScatter, ranks});
-    if (ranks != 3) {  // halving_doubling's are for powers of two
-      cases.push_back({"halving_doubling", Collective::kAllGather, ranks});
-      cases.push_back({"halving_doubling", Collective::kReduceScatter, ranks});
-    }
+    // Off powers of two halving_doubling's reduce_scatter folds a whole input (3 x 4 KiB) into
+    // its partner, above UCX's rendezvous threshold on shared memory: UCX grows its request
+    // pool when the announcement comes before the receive (ucp_tag_rndv_process_rts): once in
+    // 50 collectives in 5 of 29 runs on a 2-core VM. Not collie's allocation, but not none.
+    if (ranks != 3) cases.push_back({"halving_doubling", Collective::kReduceScatter, ranks});
     for (const char* s : {"tree", "knomial"}) cases.push_back({s, Collective::kBroadcast, ranks});
   }
   return cases;
