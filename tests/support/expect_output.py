@@ -4,24 +4,63 @@
 ctest's PASS_REGULAR_EXPRESSION alone ignores the exit code, so a run that printed the
 right lines and then failed would pass. This passes only when the command exits with the
 expected code (0 unless --exit says otherwise), every --pass pattern is found in its
-output (stdout and stderr together; `.` matches newlines) and no --fail pattern is.
+output (stdout and stderr together; `.` matches newlines) and no --fail pattern is. With
+--needs it first checks that this machine has what the command needs, and exits 77 (ctest's
+SKIP_RETURN_CODE) with a line saying what is missing when it does not.
 
-  expect_output.py [--exit N] [--pass REGEX]... [--fail REGEX]... -- COMMAND [ARGS...]
+  expect_output.py [--exit N] [--needs cpu-controller] [--pass REGEX]... [--fail REGEX]...
+                   -- COMMAND [ARGS...]
 """
 import argparse
+import os
 import re
 import subprocess
 import sys
+
+
+def missing_cpu_controller():
+    """What launch.cpu_share lacks here ("" when nothing): root, and a cgroup v1 hierarchy with
+    the cpu option or a cgroup2 one whose cgroup.controllers lists cpu (as runtime/faults.cc
+    looks for them)."""
+    if os.geteuid() != 0:
+        return f"launch.cpu_share needs root to make cgroups (running as uid {os.geteuid()})"
+    unified = ""
+    with open("/proc/self/mountinfo") as mounts:
+        for line in mounts:
+            fields = line.split()
+            dash = fields.index("-") if "-" in fields else len(fields)
+            if len(fields) < 5 or len(fields) - dash < 4:
+                continue
+            if fields[dash + 1] == "cgroup" and "cpu" in fields[dash + 3].split(","):
+                return ""
+            if fields[dash + 1] == "cgroup2":
+                unified = fields[4]
+    if unified and os.path.isfile(os.path.join(unified, "cgroup.controllers")):
+        with open(os.path.join(unified, "cgroup.controllers")) as controllers:
+            if "cpu" in controllers.read().split():
+                return ""
+    return ("launch.cpu_share needs the cgroup cpu controller: no cgroup v1 hierarchy with the "
+            "cpu option in /proc/self/mountinfo, and no cgroup2 hierarchy whose "
+            "cgroup.controllers lists cpu")
+
+
+NEEDS = {"cpu-controller": missing_cpu_controller}
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--exit", type=int, default=0)
 parser.add_argument("--pass", dest="passes", action="append", default=[])
 parser.add_argument("--fail", dest="fails", action="append", default=[])
+parser.add_argument("--needs", action="append", default=[], choices=sorted(NEEDS))
 parser.add_argument("command", nargs=argparse.REMAINDER)
 args = parser.parse_args()
 command = args.command[1:] if args.command[:1] == ["--"] else args.command
 if not command:
     parser.error("no command given")
+for need in args.needs:
+    missing = NEEDS[need]()
+    if missing:
+        print(f"expect_output: SKIP: {missing}")
+        sys.exit(77)
 
 run = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 output = run.stdout.decode("utf-8", errors="replace")

@@ -48,8 +48,8 @@ struct CpuController {
   std::string mount;
   bool v2 = false;
 };
-CpuController cpuController() {
-  std::ifstream in("/proc/self/mountinfo");
+CpuController cpuController(const std::string& mountinfo) {
+  std::ifstream in(mountinfo);
   std::string unified;
   for (std::string line; std::getline(in, line);) {
     // "36 25 0:31 / /sys/fs/cgroup/cpu rw,relatime shared:14 - cgroup cgroup rw,cpu"
@@ -71,8 +71,8 @@ CpuController cpuController() {
 
 // This process's cgroup in the hierarchy of the `cpu` controller ("/" at its root): v1's
 // line naming cpu, v2's "0::" line.
-std::string currentCpuGroup(bool v2) {
-  std::ifstream in("/proc/self/cgroup");
+std::string currentCpuGroup(bool v2, const std::string& membership) {
+  std::ifstream in(membership);
   for (std::string line; std::getline(in, line);) {
     // "4:cpu:/collie/rank-12", "4:cpu,cpuacct:/", "0::/user.slice"
     const auto first = line.find(':'), second = line.find(':', first + 1);
@@ -95,8 +95,9 @@ void writeControl(const std::string& path, const std::string& value, const std::
 
 }  // namespace
 
-CpuLimit::CpuLimit(double share, const std::string& who, const std::string& tag) {
-  const CpuController controller = cpuController();
+CpuLimit::CpuLimit(double share, const std::string& who, const std::string& tag,
+                   const CgroupFiles& files) {
+  const CpuController controller = cpuController(files.mountinfo);
   if (controller.mount.empty()) {
     throw ConfigError(who +
                       " needs the cgroup cpu controller, and this machine has none (no cgroup "
@@ -136,7 +137,8 @@ CpuLimit::CpuLimit(double share, const std::string& who, const std::string& tag)
                                   group.string(), std::strerror(errno)));
   }
   group_ = group.string();
-  previous_ = (fs::path(controller.mount) / currentCpuGroup(v2_).substr(1)).string();
+  previous_ =
+      (fs::path(controller.mount) / currentCpuGroup(v2_, files.membership).substr(1)).string();
   try {
     const long period = std::max(kCfsPeriodUs, static_cast<long>(std::ceil(kMinQuotaUs / share)));
     const long quota = std::max(kMinQuotaUs, static_cast<long>(share * period));

@@ -14,6 +14,14 @@
 
 namespace collie {
 
+// Where CpuLimit finds the hierarchies and this process's place in them: the kernel's files,
+// or a mount table and a membership file that a test wrote (with the mount point in it a
+// folder of its own, standing for the cgroup file system).
+struct CgroupFiles {
+  std::string mountinfo = "/proc/self/mountinfo";
+  std::string membership = "/proc/self/cgroup";
+};
+
 // This process in a cgroup of its own under the `cpu` controller (cgroup v1's cfs quota, or
 // v2's cpu.max), limited to `share` of one CPU; back in the cgroup it came from on
 // destruction. Used by launch.cpu_share and the `slow` fault (`tag` tells their groups
@@ -22,7 +30,8 @@ class CpuLimit {
  public:
   // Throws ConfigError, starting with `who`, when no controller is available or the cgroup
   // cannot be made (not root), naming what is missing.
-  CpuLimit(double share, const std::string& who, const std::string& tag);
+  CpuLimit(double share, const std::string& who, const std::string& tag,
+           const CgroupFiles& files = {});
   ~CpuLimit();
   CpuLimit(const CpuLimit&) = delete;
   CpuLimit& operator=(const CpuLimit&) = delete;
