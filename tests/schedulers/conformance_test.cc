@@ -3,6 +3,10 @@
 // dtypes, against closed forms, bit-identical on every rank and from run to run.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <regex>
+#include <set>
+
 #include "check/conformance.h"
 #include "loopback_job.h"
 
@@ -25,13 +29,44 @@ check::Report runMatrix(const config::PluginRef& scheduler, int world, size_t la
                                options);
 }
 
+// The collectives plugins/NAME/README.md says the scheduler supports: the names in
+// backquotes in its "Collectives:" paragraph before "declines", sorted (empty: no such
+// paragraph).
+std::vector<std::string> documentedCollectives(const std::string& scheduler) {
+  std::ifstream in(std::string(COLLIE_TEST_SOURCE_DIR) + "/plugins/" + scheduler + "/README.md");
+  std::string paragraph;
+  bool inside = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("Collectives:", 0) == 0) inside = true;
+    if (inside && line.empty()) break;
+    if (inside) paragraph += line + " ";
+  }
+  paragraph = paragraph.substr(0, paragraph.find("declin"));
+  std::set<std::string> names;
+  const std::regex quoted("`([a-z_]+)`");
+  for (std::sregex_iterator m(paragraph.begin(), paragraph.end(), quoted), end; m != end; ++m) {
+    Collective coll;
+    if (parseCollective((*m)[1], &coll)) names.insert((*m)[1]);
+  }
+  return {names.begin(), names.end()};
+}
+
 class Conformance : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
+// Every collective the README names passes on every group size, and every other one is
+// declined (auto takes what its candidates take: its README lists no collectives).
 TEST_P(Conformance, FullMatrix) {
   auto [scheduler, world] = GetParam();
   auto report = runMatrix(pluginRef(scheduler), world, 1000003);
   EXPECT_TRUE(report.ok()) << check::describe(scheduler, report);
   EXPECT_GT(report.passed, 0u) << check::describe(scheduler, report);
+  if (scheduler == "auto") return;
+  const std::vector<std::string> documented = documentedCollectives(scheduler);
+  ASSERT_FALSE(documented.empty())
+      << "plugins/" << scheduler << "/README.md has no \"Collectives:\" paragraph";
+  EXPECT_EQ(report.accepted, documented)
+      << "what " << scheduler << " accepted on " << world << " ranks differs from its README\n"
+      << check::describe(scheduler, report);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -29,6 +29,13 @@
 namespace collie::check {
 namespace {
 
+// Adds `name` to the report's sorted list of accepted collectives, once.
+void addAccepted(Report* report, const std::string& name) {
+  auto& accepted = report->accepted;
+  auto it = std::lower_bound(accepted.begin(), accepted.end(), name);
+  if (it == accepted.end() || *it != name) accepted.insert(it, name);
+}
+
 // XXH3 of the raw bytes (a byte-wise hash took seconds of a full matrix's minute).
 // Device memory is hashed from a host copy.
 uint64_t digest(const Buffer& b) {
@@ -157,6 +164,10 @@ class RankChecker {
           }
         }
         continue;
+      }
+      if (rank == 0) {
+        std::lock_guard<std::mutex> lock(*mu);
+        addAccepted(report, collectiveName(c.coll));
       }
       Outcome mine = runCase(c, n, rank);
       auto all = control_.allGather({mine.wrong, mine.digest_high, mine.digest_low, mine.unstable});
@@ -443,6 +454,7 @@ Report checkBackendContractOnRank(
 }
 
 void merge(Report& into, const Report& from) {
+  for (const auto& name : from.accepted) addAccepted(&into, name);
   into.passed += from.passed;
   into.declined += from.declined;
   into.failures.insert(into.failures.end(), from.failures.begin(), from.failures.end());
@@ -467,7 +479,8 @@ void saveReport(const std::string& path, const Report& report) {
   nlohmann::json doc = {{"passed", report.passed},
                         {"declined", report.declined},
                         {"failures", report.failures},
-                        {"declines", declines}};
+                        {"declines", declines},
+                        {"accepted", report.accepted}};
   detail::writeFileAtomically(path, doc.dump() + "\n");
 }
 
@@ -480,6 +493,7 @@ Report loadReport(const std::string& path) {
     report.passed = doc.at("passed").get<size_t>();
     report.declined = doc.at("declined").get<size_t>();
     report.failures = doc.at("failures").get<std::vector<std::string>>();
+    report.accepted = doc.at("accepted").get<std::vector<std::string>>();
     for (const auto& d : doc.at("declines")) {
       report.declines.push_back(
           {d.at("reason").get<std::string>(), d.at("worlds").get<std::vector<int>>()});

@@ -39,6 +39,9 @@ struct Report {
   std::vector<std::string> failures;  // one line each: the case, and what was wrong
   // Distinct refusals ("reduce_scatter: ring: why") and the group sizes they came on.
   std::vector<std::pair<std::string, std::vector<int>>> declines;
+  // The collectives the scheduler accepted for at least one case ("allreduce", ...), sorted:
+  // what its README must say it supports.
+  std::vector<std::string> accepted;
   bool ok() const { return failures.empty(); }
 };
 
