@@ -585,6 +585,7 @@ class NcclBackend : public Backend {
     if (args.data.memory != MemoryKind::kCuda) {
       return Decision::no("nccl reduces device memory only");
     }
+    checkCollectiveShape("nccl", args, size());
     const std::string what = "rank " + std::to_string(rank()) + ": native " +
                              collectiveName(args.coll) + " seq " + std::to_string(args.seq);
     comm_->throwIfAborted(what);

@@ -196,6 +196,44 @@ TEST(Nccl, OneRankRunsNativeCollectivesOnTheGpu) {
   EXPECT_EQ(sub->size(), 1);
 }
 
+// On one rank every reduction is its input, so the test above cannot tell a right sum from
+// none. What one rank can show: a send or receive to itself is refused, a call of the wrong
+// shape is refused, and the out-of-place collectives move exactly the elements they are given
+// (a wrong count or dtype handed to NCCL would copy more or fewer bytes past the guard).
+TEST(Nccl, OneRankRefusesItselfAndWrongShapesAndCopiesExactly) {
+  if (gpuCount() == 0) GTEST_SKIP() << "no GPU: cudaGetDeviceCount found none";
+  collie::TcpStore store("127.0.0.1", 0, /*is_server=*/true, std::chrono::seconds(30));
+  collie::Params params("backend 'nccl'");
+  params.set("timeout", "20s");
+  collie::BackendContext context;
+  context.store = &store;
+  auto backend = loader().createBackend("nccl", params, context);
+  DeviceFloats a(1000), b(1001);
+  EXPECT_THROW(backend->isend(0, a.buffer(), collie::makeTag(1, 0, 0)), collie::CommError);
+  EXPECT_THROW(backend->irecv(0, a.buffer(), collie::makeTag(1, 0, 0)), collie::CommError);
+
+  std::vector<float> input(1000);
+  for (size_t i = 0; i < input.size(); ++i) input[i] = static_cast<float>(i) * 0.5f + 1;
+  for (auto coll : {collie::Collective::kAllGather, collie::Collective::kReduceScatter}) {
+    a.write(input);
+    b.write(std::vector<float>(1001, -7.0f));
+    collie::CollectiveArgs args = allReduce(a.buffer(), collie::ReduceOp::kSum);
+    args.coll = coll;
+    args.output = b.buffer();
+    args.output.count = 999;  // one short of what one rank's call needs
+    EXPECT_THROW(backend->runNative(args), collie::CommError) << collie::collectiveName(coll);
+    args.output.count = 1000;
+    args.output.dtype = collie::DType::kF64;
+    EXPECT_THROW(backend->runNative(args), collie::CommError) << collie::collectiveName(coll);
+    args.output.dtype = collie::DType::kF32;
+    ASSERT_TRUE(backend->runNative(args).accepted);
+    std::vector<float> got = b.read();
+    EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + 1000), input)
+        << collie::collectiveName(coll);
+    EXPECT_EQ(got[1000], -7.0f) << collie::collectiveName(coll) << " wrote past its output";
+  }
+}
+
 // An abort from another thread lands anywhere in a stream of native collectives (in an NCCL
 // call, between polls, in the event wait): the caller ends in CommError with the reason, and
 // nothing reaches NCCL afterwards.

@@ -40,6 +40,53 @@ TEST(Schedulers, CommunicatorNamesTheRefusals) {
   });
 }
 
+// A call whose buffers do not fit its collective is refused before any scheduler runs it,
+// naming what it got and what it needs: a scheduler would read or write past a buffer.
+TEST(Schedulers, CommunicatorRefusesACallOfTheWrongShape) {
+  runLoopback(2, [](std::shared_ptr<Backend> backend) {
+    Communicator comm(backend, "loopback", Topology::singleNode(2));
+    comm.addRule("ring", loadScheduler("ring"));
+    std::vector<float> in(12, 1.0f), out(24, 0.0f);
+    std::vector<double> wide(24, 0.0);
+    auto call = [&](Collective coll, size_t in_count, void* out_data, size_t out_count,
+                    DType out_dtype) {
+      CollectiveArgs args;
+      args.coll = coll;
+      args.data = {in.data(), in_count, DType::kF32};
+      args.output = {out_data, out_count, out_dtype};
+      return args;
+    };
+    auto refusal = [&](const CollectiveArgs& args) -> std::string {
+      try {
+        comm.run(args);
+      } catch (const CommError& e) {
+        return e.what();
+      }
+      return "accepted";
+    };
+    const std::string me = "rank " + std::to_string(backend->rank()) + ": ";
+    EXPECT_EQ(refusal(call(Collective::kReduceScatter, 12, out.data(), 4, DType::kF32)),
+              me + "reduce_scatter of 12 x f32 on 2 ranks needs an output of 6, found 4");
+    EXPECT_EQ(refusal(call(Collective::kReduceScatter, 11, out.data(), 5, DType::kF32)),
+              me + "reduce_scatter of 11 x f32 on 2 ranks needs an input whose count is a "
+                   "multiple of 2");
+    EXPECT_EQ(refusal(call(Collective::kAllGather, 12, out.data(), 23, DType::kF32)),
+              me + "allgather of 12 x f32 on 2 ranks needs an output of 24, found 23");
+    EXPECT_EQ(refusal(call(Collective::kAllGather, 12, wide.data(), 24, DType::kF64)),
+              me + "allgather of 12 x f32 on 2 ranks needs an output of the same dtype and "
+                   "memory kind, found f64");
+    CollectiveArgs broadcast = call(Collective::kBroadcast, 12, nullptr, 0, DType::kF32);
+    broadcast.root = 2;
+    EXPECT_EQ(refusal(broadcast), me + "broadcast of 12 x f32 on 2 ranks has root 2, not a rank "
+                                       "of the group");
+    // The same calls of the right shape run.
+    EXPECT_EQ(refusal(call(Collective::kReduceScatter, 12, out.data(), 6, DType::kF32)),
+              "accepted");
+    EXPECT_EQ(out[0], 2.0f);
+    EXPECT_EQ(refusal(call(Collective::kAllGather, 12, out.data(), 24, DType::kF32)), "accepted");
+  });
+}
+
 TEST(Schedulers, DeadPeerMidCollectiveIsANamedErrorNotAHang) {
   auto start = std::chrono::steady_clock::now();
   try {

@@ -29,6 +29,13 @@ struct CollectiveArgs {
   uint64_t seq = 0;  // the collective's sequence number in its group; part of every tag
 };
 
+// The shapes above, checked: throws CommError "<who>: reduce_scatter of 12 x f32 on 4 ranks
+// needs an output of 3, found 4" (and the like: an output of another dtype or memory kind, a
+// root outside the group, a barrier with elements) naming what the call got and what its
+// collective needs. The Communicator checks every collective before a scheduler sees it; a
+// backend's runNative, which a caller may reach directly, checks too.
+void checkCollectiveShape(const std::string& who, const CollectiveArgs& args, int size);
+
 // A cheap, normal refusal (statuses where declining is control flow).
 struct Decision {
   bool accepted = true;

@@ -76,6 +76,42 @@ void checkTransfer(const std::string& backend, int rank, int size, int peer, con
   }
 }
 
+void checkCollectiveShape(const std::string& who, const CollectiveArgs& args, int size) {
+  const Buffer& in = args.data;
+  const Buffer& out = args.output;
+  const uint64_t n = static_cast<uint64_t>(size);
+  // What is wrong, or "" (no words are made for a call that fits: this runs per collective).
+  std::string wrong;
+  switch (args.coll) {
+    case Collective::kReduceScatter:
+    case Collective::kAllGather:
+      if (out.dtype != in.dtype || out.memory != in.memory) {
+        wrong = fmt::format("needs an output of the same dtype and memory kind, found {}{}",
+                            dtypeName(out.dtype),
+                            out.memory != in.memory ? " in another memory kind" : "");
+      } else if (args.coll == Collective::kReduceScatter && in.count % n != 0) {
+        wrong = fmt::format("needs an input whose count is a multiple of {}", n);
+      } else if (args.coll == Collective::kReduceScatter && out.count != in.count / n) {
+        wrong = fmt::format("needs an output of {}, found {}", in.count / n, out.count);
+      } else if (args.coll == Collective::kAllGather && out.count != in.count * n) {
+        wrong = fmt::format("needs an output of {}, found {}", in.count * n, out.count);
+      }
+      break;
+    case Collective::kBroadcast:
+      if (args.root < 0 || args.root >= size)
+        wrong = fmt::format("has root {}, not a rank of the group", args.root);
+      break;
+    case Collective::kBarrier:
+      if (in.count != 0) wrong = fmt::format("needs an input of 0, found {}", in.count);
+      break;
+    case Collective::kAllReduce:
+      break;
+  }
+  if (wrong.empty()) return;
+  throw CommError(fmt::format("{}: {} of {} x {} on {} rank{} {}", who, collectiveName(args.coll),
+                              in.count, dtypeName(in.dtype), size, size == 1 ? "" : "s", wrong));
+}
+
 std::string describeTransfer(int rank, int peer, bool sending, Tag tag,
                              const std::string& peer_name) {
   return fmt::format("rank {}: {} {} {}", rank, sending ? "send to" : "receive from",

@@ -41,6 +41,7 @@ Communicator::Communicator(std::shared_ptr<Backend> backend, std::string backend
       topology_(std::move(topology)) {
   topology_.capabilities = backend_->capabilities();  // what native and accepts() consult
   topology_.backend = backend_name_;                  // what auto's rules files are matched to
+  who_ = "rank " + std::to_string(backend_->rank());
   uncaught_at_start_ = std::uncaught_exceptions();
 }
 
@@ -247,6 +248,7 @@ const Communicator::Rule* Communicator::select(const CollectiveArgs& args,
 }
 
 Provenance Communicator::run(CollectiveArgs args, const std::vector<Rule>& rules) {
+  checkCollectiveShape(who_, args, backend_->size());
   std::string refusals;
   std::string_view ran;
   if (const Rule* rule = select(args, rules, &refusals, &ran)) return runRule(*rule, args, ran);
