@@ -850,11 +850,18 @@ class GlooBackend : public Backend {
     }
     *created = true;
     natives_.push_front(std::move(native));
-    if (natives_.size() > kCachedAlgorithms) natives_.pop_back();
+    // Every rank holds the same entries, so every rank evicts the same ones.
+    size_t held = 0;
+    for (const Native& n : natives_) held += n.bound.size();
+    while (natives_.size() > 1 && (natives_.size() > kCachedAlgorithms || held > kCachedBytes)) {
+      held -= natives_.back().bound.size();
+      natives_.pop_back();
+    }
     return natives_.front();
   }
 
   static constexpr size_t kCachedAlgorithms = 8;
+  static constexpr size_t kCachedBytes = size_t{256} << 20;  // the copies kept, the newest always
   std::shared_ptr<Shared> shared_;
   std::shared_ptr<gloo::Context> context_;
   std::string prefix_;
