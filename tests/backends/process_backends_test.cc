@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <random>
@@ -627,63 +628,77 @@ TEST(Ucx, TwoThreadsUseOneWorkerAtOnce) {
 // whenever the worker is progressed again, after the caller has freed or reused the buffer.
 // Once its receive has failed, the buffer is never written again, whatever the backend does next.
 TEST(Ucx, AReceiveThatFailedMidMessageIsNeverWrittenAfterwards) {
-  auto codes = runJobWith("ucx", [](ProcessJob& job, const config::PluginRef& plugin) {
-    config::PluginRef ref = plugin;
-    // Shared memory, eager fragments: the receive matches the first fragment, and the rest
-    // comes in whenever the receiver progresses its worker.
-    ref.params.set("transports", "posix", "test");
-    ref.params.set("rendezvous_threshold", "never", "test");
-    ref.params.set("timeout", "3s", "test");
-    WorkerRank w = createBackend(job, testing::buildTreeLoader(), ref, "test/", 20s);
-    Backend& b = *w.backend;
-    constexpr size_t kCount = size_t{16} << 20;  // 64 MiB
-    std::vector<int32_t> data(kCount, b.rank() == 1 ? 0x11111111 : 0);
-    const Tag tag = makeTag(5, 1, 0);
-    if (b.rank() == 1) {
+  // The case needs a receive that times out mid-message; when the transport moved the whole
+  // message without the sender (it pulls some of them itself), it is tried again.
+  const std::string whole = ::testing::TempDir() + "/ucx-whole-" + std::to_string(::getpid());
+  constexpr int kTries = 5;
+  for (int attempt = 0; attempt < kTries; ++attempt) {
+    std::remove(whole.c_str());
+    auto codes = runJobWith("ucx", [&whole](ProcessJob& job, const config::PluginRef& plugin) {
+      config::PluginRef ref = plugin;
+      // Shared memory, eager fragments: the receive matches the first fragment, and the rest
+      // comes in whenever the receiver progresses its worker.
+      ref.params.set("transports", "posix", "test");
+      ref.params.set("rendezvous_threshold", "never", "test");
+      ref.params.set("timeout", "3s", "test");
+      WorkerRank w = createBackend(job, testing::buildTreeLoader(), ref, "test/", 20s);
+      Backend& b = *w.backend;
+      constexpr size_t kCount = size_t{16} << 20;  // 64 MiB
+      std::vector<int32_t> data(kCount, b.rank() == 1 ? 0x11111111 : 0);
+      const Tag tag = makeTag(5, 1, 0);
+      if (b.rank() == 1) {
+        job.allGather("posted", "");
+        auto send = b.isend(0, view(data.data(), kCount), tag);
+        // A few rounds of progress move the first fragments only (64 MiB took 20 ms of them
+        // on a quiet machine: a time bound let the whole message through).
+        for (int i = 0; i < 8 && !send->test(); ++i) {
+        }
+        std::this_thread::sleep_for(3s);  // stopped mid-message; resumes after rank 0 gave up
+        try {
+          send->wait(b.timeout());
+        } catch (const CommError&) {
+          // rank 0 no longer takes it
+        }
+        job.allGather("done", "");
+        return true;
+      }
+      auto recv = b.irecv(1, view(data.data(), kCount), tag);
       job.allGather("posted", "");
-      auto send = b.isend(0, view(data.data(), kCount), tag);
-      const auto until = std::chrono::steady_clock::now() + 20ms;
-      while (std::chrono::steady_clock::now() < until && !send->test()) {
-      }
-      std::this_thread::sleep_for(3s);  // stopped mid-message; resumes after rank 0 gave up
       try {
-        send->wait(b.timeout());
+        recv->wait(300ms);
+        std::ofstream(whole) << "the message arrived whole before the timeout\n";
+        job.allGather("done", "");
+        return true;
       } catch (const CommError&) {
-        // rank 0 no longer takes it
       }
+      recv.reset();
+      std::fill(data.begin(), data.end(), -1);  // the caller's memory again: reused
+      // The backend goes on: another receive (which progresses the worker) while rank 1
+      // resumes, then the backend is closed (closing progresses it too).
+      const auto start = std::chrono::steady_clock::now();
+      int32_t other = 0;
+      try {
+        b.recv(1, view(&other, 1), makeTag(5, 2, 0));
+      } catch (const CommError&) {
+      }
+      std::this_thread::sleep_until(start + 4s);
+      w.backend.reset();
+      const auto written =
+          std::count_if(data.begin(), data.end(), [](int32_t v) { return v != -1; });
       job.allGather("done", "");
-      return true;
-    }
-    auto recv = b.irecv(1, view(data.data(), kCount), tag);
-    job.allGather("posted", "");
-    try {
-      recv->wait(300ms);
-      std::fprintf(stderr, "rank 0: the message arrived whole before the timeout\n");
-      job.allGather("done", "");
-      return false;
-    } catch (const CommError&) {
-    }
-    recv.reset();
-    std::fill(data.begin(), data.end(), -1);  // the caller's memory again: reused
-    // The backend goes on: another receive (which progresses the worker) while rank 1
-    // resumes, then the backend is closed (closing progresses it too).
-    const auto start = std::chrono::steady_clock::now();
-    int32_t other = 0;
-    try {
-      b.recv(1, view(&other, 1), makeTag(5, 2, 0));
-    } catch (const CommError&) {
-    }
-    std::this_thread::sleep_until(start + 4s);
-    w.backend.reset();
-    const auto written = std::count_if(data.begin(), data.end(), [](int32_t v) { return v != -1; });
-    job.allGather("done", "");
-    if (written != 0) {
-      std::fprintf(stderr, "rank 0: %zu values written into the buffer after its receive failed\n",
-                   static_cast<size_t>(written));
-    }
-    return written == 0;
-  });
-  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+      if (written != 0) {
+        std::fprintf(stderr,
+                     "rank 0: %zu values written into the buffer after its receive failed\n",
+                     static_cast<size_t>(written));
+      }
+      return written == 0;
+    });
+    if (std::ifstream(whole)) continue;  // no receive failed mid-message: nothing was checked
+    EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+    return;
+  }
+  GTEST_SKIP() << "in " << kTries << " tries the 64 MiB message arrived whole within the "
+               << "receive's 300 ms: no receive failed mid-message to check";
 }
 
 }  // namespace
