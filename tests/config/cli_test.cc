@@ -156,6 +156,9 @@ TEST(Cli, UnreadableFileExitsTwo) {
   r.exit_code = detail::runProgram({"/usr/bin/setpriv", "--inh-caps=-all", "--bounding-set=-all",
                                     COLLIE_TEST_BINARY, "run", path},
                                    &r.output);
+  // setpriv needs CAP_SETPCAP to drop the bounding set; a container without it refuses.
+  if (r.output.rfind("setpriv:", 0) == 0)
+    GTEST_SKIP() << "setpriv could not drop root's capabilities here: " << r.output;
   expectBadInput(r, "Permission denied");
 }
 
