@@ -2,6 +2,7 @@
 // (collie/request_pool.h), and a collective through the Communicator, its scheduler and the
 // ucx backend makes no heap allocation; over gloo collie adds none to Gloo's own.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <memory>
@@ -72,6 +73,11 @@ void countCollectives(const std::shared_ptr<Backend>& backend, const Topology& t
   std::vector<float> output(coll == Collective::kAllGather ? n * size : n, 0.0f);
   Communicator comm(backend, "test", topology);
   comm.addRule(scheduler, testing::loadScheduler(scheduler));
+  // As in a run: the rank's progress board marks every collective (its file is written by
+  // another thread, whose allocations are not this one's).
+  CommDebug debug;
+  debug.progress.dir = ::testing::TempDir() + "/hot-path-progress-" + std::to_string(::getpid());
+  comm.setDebug(debug);
   CollectiveArgs args;
   args.coll = coll;
   args.op = ReduceOp::kMax;  // stays 1 however often it runs

@@ -62,7 +62,7 @@ TEST(StallWatch, NamesTheRankThatHasNotReachedTheStalledCollective) {
                       "10.0 s ago; pid 1001 stopped)"),
             std::string::npos)
       << line;
-  EXPECT_EQ(line.find("every rank has entered it"), std::string::npos) << line;
+  EXPECT_EQ(line.find("every rank is inside it"), std::string::npos) << line;
   // A rank whose file stopped changing is described as its file last said.
   ranks[1].heartbeat_us = 0;
   const std::string stale = watch.observe(ranks, 4, 20 * kSecond);
@@ -100,13 +100,13 @@ TEST(StallWatch, SaysSoWhenEveryRankIsInsideAndNamesRanksWithoutAFile) {
   all[1] = at(1, 4, 40, true, 50, "all_reduce seq 12 (1.0 MiB)");
   const std::string inside = watch.observe(all, 4, 3 * kSecond);
   EXPECT_NE(inside.find("ranks 0, 1, 2, 3 have waited 3.0 s"), std::string::npos) << inside;
-  EXPECT_NE(inside.find("every rank has entered it"), std::string::npos) << inside;
+  EXPECT_NE(inside.find("every rank is inside it"), std::string::npos) << inside;
 
   StallWatch other(std::chrono::seconds(2), fixedLiveness());
   all.pop_back();  // rank 3 wrote no file
   const std::string missing = other.observe(all, 4, 3 * kSecond);
   EXPECT_NE(missing.find("rank 3 wrote no progress file"), std::string::npos) << missing;
-  EXPECT_EQ(missing.find("every rank has entered it"), std::string::npos) << missing;
+  EXPECT_EQ(missing.find("every rank is inside it"), std::string::npos) << missing;
 }
 
 TEST(StallWatch, ARankStillInAnEarlierCollectiveIsBehindAndOffIsSilent) {
@@ -133,7 +133,7 @@ TEST(Progress, ABoardsFileSaysWhereTheRankIsAndThatItFinished) {
   publishProgress(&board, progressPath(dir, 1), settings);
   board.setStep(7);
   {
-    ProgressScope scope(&board, [] { return std::string("broadcast seq 9 (4 B)"); });
+    ProgressScope scope(&board, {false, Collective::kBroadcast, 9, 4});
     std::this_thread::sleep_for(std::chrono::milliseconds(2300));
     const auto files = readProgress(dir, 3);
     ASSERT_EQ(files.size(), 1u);
@@ -158,6 +158,11 @@ TEST(Progress, ABoardsFileSaysWhereTheRankIsAndThatItFinished) {
   fs::create_directories(root + "/status-run/progress");
   fs::copy_file(progressPath(dir, 1), root + "/status-run/progress/rank-1.json");
   std::ofstream(root + "/status-run/progress/rank-0.json") << "{not json";
+  // An earlier run's file in the same folder (a matrix of another world) is not this run's.
+  std::ofstream(root + "/status-run/progress/rank-4.json")
+      << "{\"rank\":4,\"world\":5,\"run\":0,\"pid\":1,\"host\":\"h\",\"step\":1,\"op\":3,"
+         "\"inside\":true,\"what\":\"x\",\"since_us\":0,\"heartbeat_us\":1,"
+         "\"finished\":false,\"failed\":false}";
   std::ostringstream text;
   EXPECT_EQ(printStatus(root + "/status-run", text), 0);
   EXPECT_NE(text.str().find("1 of 2 rank(s) wrote progress (run 4)"), std::string::npos)
@@ -176,11 +181,12 @@ TEST(Progress, LivenessTellsAStoppedProcessFromAGoneOne) {
   RankProgress p = at(0, 1, 1, false, 0, "x");
   p.pid = child;
   p.host = detail::hostName();
-  p.heartbeat_us = progressNowMicros() - 12 * kSecond;
   ::kill(child, SIGSTOP);
   std::string text;
   for (int i = 0; i < 100 && text.find("stopped") == std::string::npos; ++i) {
-    text = describeLiveness(p, progressNowMicros());
+    const int64_t now = progressNowMicros();
+    p.heartbeat_us = now - 12 * kSecond;
+    text = describeLiveness(p, now);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_NE(text.find(" is stopped (SIGSTOP), last heartbeat 12.0 s ago"), std::string::npos)

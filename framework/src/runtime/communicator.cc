@@ -94,9 +94,7 @@ Provenance Communicator::runRule(const Rule& rule, CollectiveArgs args, std::str
                               args.root, std::string(ran)});
   }
   const int64_t traced_from = tracer_ != nullptr ? tracer_->now() : 0;
-  const ProgressScope marked(progress_.get(), [&] {
-    return fmt::format("{} seq {} ({})", collectiveName(args.coll), args.seq, formatBytes(bytes));
-  });
+  const ProgressScope marked(progress_.get(), {false, args.coll, args.seq, bytes});
   bool staged = false;
   const double start = backend_->clockSeconds();  // simulated time on a simulator
   try {

@@ -2,8 +2,6 @@
 // the values into) back.
 #include "runtime/control.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <functional>
 
@@ -79,7 +77,7 @@ void Control::gatherThenSend(const std::vector<double>& mine, std::vector<double
                              const std::function<void(int, const double*)>& take) {
   const int n = backend_.size();
   const Tag tag = nextTag();
-  const ProgressScope marked(progress_, [&] { return fmt::format("control exchange {}", seq_); });
+  const ProgressScope marked(progress_, {true, Collective::kBarrier, seq_, 0});
   const size_t mine_bytes = mine.size() * sizeof(double);
   const size_t back_bytes = back.size() * sizeof(double);
   if (backend_.rank() == 0) {

@@ -160,8 +160,9 @@ ProcessJob::~ProcessJob() {
 Store& ProcessJob::store() { return *store_; }
 
 std::string ProcessJob::explainFailure(const std::string& error) {
-  // A store that does not answer within seconds is as good as gone (its rank is stopped or
-  // hangs); the job is ending, so this rank says so instead of waiting out the timeout.
+  // A store that does not answer a request within seconds is as good as gone (its rank is
+  // stopped or hangs); the job is ending, so this rank says so instead of waiting out the
+  // timeout. The limit stays: nothing after a failure needs the store's patience.
   store_->limitCalls(std::chrono::seconds(5));
   try {
     store_->setString(fmt::format("failure/{}", env_.rank), error);

@@ -93,15 +93,20 @@ LaunchOutcome launchWorkers(const LaunchSpec& spec) {
     if (watching && !teardown.stopping() && outcome.failure.empty() && workers.running() > 0 &&
         Clock::now() >= next_watch) {
       next_watch = Clock::now() + std::chrono::seconds(1);
-      const std::string line = stalls.observe(readProgress(spec.progress_dir, spec.progress_run),
-                                              world, progressNowMicros());
-      if (!line.empty()) logWarn("launcher: " + line);
+      try {
+        const std::string line = stalls.observe(readProgress(spec.progress_dir, spec.progress_run),
+                                                world, progressNowMicros());
+        if (!line.empty()) logWarn("launcher: " + line);
+      } catch (const std::exception& e) {  // the watch helps; it never stops the launcher
+        logDebug(std::string("launcher: stall watch: ") + e.what());
+      }
     }
     if (workers.running() == 0 && drain_until == Clock::time_point::max())
       drain_until = Clock::now() + std::chrono::seconds(1);
     while (int sig = teardown.due(Clock::now())) workers.signalAll(sig);
 
-    const Clock::time_point next = std::min(teardown.next(), drain_until);
+    Clock::time_point next = std::min(teardown.next(), drain_until);
+    if (watching) next = std::min(next, next_watch);
     int timeout_ms = 1000;
     if (next != Clock::time_point::max()) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now());

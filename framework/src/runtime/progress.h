@@ -11,45 +11,61 @@
 #include <string>
 #include <vector>
 
+#include "collie/collective.h"
+
 namespace collie {
 
 // One rank's progress, as its file holds it.
 struct RankProgress {
   int rank = 0, world = 0;
-  int run = -1;  // the run of the file (its matrix index; -1: a file of one run)
+  int run = -1;  // the run of the file (its matrix index; -1: a file without a matrix)
   int64_t pid = 0;
   std::string host;
   int64_t step = 0;      // the training step it is in (0: none yet, or a bench)
   uint64_t op = 0;       // blocking operations entered so far: collectives and control exchanges
   bool inside = false;   // inside operation `op` now
-  std::string what;      // operation `op`: "all_reduce seq 57 (4.0 MiB)", "control: max"
+  std::string what;      // operation `op`: "allreduce seq 57 (4.0 MiB)", "control exchange 12"
   int64_t since_us = 0;  // when it entered `op` (inside) or left it; system clock
   int64_t heartbeat_us = 0;  // when the file was written
   bool finished = false;     // the rank's communicator is gone: it is done with this run
   bool failed = false;       // ... because the rank failed
 };
 
+// One blocking operation, kept as numbers: its words are made only when a file is written
+// (a collective must not pay for a string).
+struct ProgressOp {
+  bool control = false;  // a control-plane exchange (its number in `seq`), else a collective
+  Collective coll = Collective::kAllReduce;
+  uint64_t seq = 0;
+  uint64_t bytes = 0;
+  std::string describe() const;  // "allreduce seq 57 (4.0 MiB)", "control exchange 12"
+};
+
 // A rank's live progress, updated by the threads that communicate and read by the writer.
-// Every SPMD rank enters the same operations in the same order, so `op` lines ranks up.
+// Every SPMD rank enters the same operations in the same order, so `op` lines ranks up. Two
+// operations at once (the reducer's thread beside the main one) are counted in the order
+// they start on each rank, which may differ by one between ranks, and `what` names the
+// newer: the line may then call a rank one operation behind or past the others.
 class ProgressBoard {
  public:
   ProgressBoard(int rank, int world, int run);
-  void enter(std::string what);  // a blocking operation starts on this rank
-  void leave();                  // ... and ends (completed or failed)
+  void enter(const ProgressOp& op);  // a blocking operation starts on this rank
+  void leave();                      // ... and ends (completed or failed)
   void setStep(int64_t step);
   RankProgress snapshot() const;
 
  private:
   mutable std::mutex mu_;
-  RankProgress now_;
+  RankProgress now_;  // its `what` is made from `last_` by snapshot()
+  ProgressOp last_;
   int depth_ = 0;  // operations in flight (the reducer's thread beside the main one)
 };
 
 // Marks one blocking operation on `board` (null: none) for as long as it lives.
 class ProgressScope {
  public:
-  ProgressScope(ProgressBoard* board, const std::function<std::string()>& what) : board_(board) {
-    if (board_ != nullptr) board_->enter(what());
+  ProgressScope(ProgressBoard* board, const ProgressOp& op) : board_(board) {
+    if (board_ != nullptr) board_->enter(op);
   }
   ~ProgressScope() {
     if (board_ != nullptr) board_->leave();
