@@ -31,12 +31,21 @@ constexpr int kHandled[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP};
 // the process's) sends it on to the reading thread, where it is blocked and read.
 std::atomic<pid_t> g_reader_pid{0};
 std::atomic<pid_t> g_reader_tid{0};
+// A signal the reading thread took itself before it blocked them (the handler is installed
+// first, so that no moment is left where another thread takes the default action): the
+// constructor sends it again once blocked, and the signalfd reads it.
+std::atomic<int> g_early_signal{0};
 
 void sendToReader(int sig) {
   const int saved = errno;
   const pid_t pid = g_reader_pid.load();
   if (pid != 0 && ::getpid() == pid) {
-    ::syscall(SYS_tgkill, pid, g_reader_tid.load(), sig);
+    const pid_t reader = g_reader_tid.load();
+    if (static_cast<pid_t>(::syscall(SYS_gettid)) == reader) {
+      g_early_signal = sig;
+    } else {
+      ::syscall(SYS_tgkill, pid, reader, sig);
+    }
   } else {
     // A worker between fork and exec: the signal is its own, with its default action.
     ::signal(sig, SIG_DFL);
@@ -154,16 +163,9 @@ std::string describeExit(int status) {
 }
 
 BlockedSignals::BlockedSignals() {
-  sigset_t handled;
-  sigemptyset(&handled);
-  for (int sig : kHandled) sigaddset(&handled, sig);
-  pthread_sigmask(SIG_BLOCK, &handled, &old_mask_);
-  fd_ = ::signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK);
-  if (fd_ < 0) {
-    const int error = errno;
-    pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
-    throw CommError(std::string("launcher: signalfd failed: ") + std::strerror(error));
-  }
+  // The handler first, then the mask: a signal between the two reaches the handler on
+  // whichever thread takes it, never a default action.
+  g_early_signal = 0;
   g_reader_pid = ::getpid();
   g_reader_tid = static_cast<pid_t>(::syscall(SYS_gettid));
   struct sigaction forward {};
@@ -176,13 +178,32 @@ BlockedSignals::BlockedSignals() {
     if (old_actions_[i].sa_handler == SIG_IGN) continue;
     replaced_[i] = ::sigaction(kHandled[i + 1], &forward, nullptr) == 0;
   }
+  sigset_t handled;
+  sigemptyset(&handled);
+  for (int sig : kHandled) sigaddset(&handled, sig);
+  pthread_sigmask(SIG_BLOCK, &handled, &old_mask_);
+  fd_ = ::signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (fd_ < 0) {
+    const int error = errno;
+    restoreHandlers();
+    pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
+    throw CommError(std::string("launcher: signalfd failed: ") + std::strerror(error));
+  }
+  if (const int sig = g_early_signal.exchange(0)) {
+    ::syscall(SYS_tgkill, g_reader_pid.load(), g_reader_tid.load(), sig);  // blocked: queued
+  }
+}
+
+void BlockedSignals::restoreHandlers() {
+  for (size_t i = 0; i < kForwarded; ++i) {
+    if (replaced_[i]) ::sigaction(kHandled[i + 1], &old_actions_[i], nullptr);
+    replaced_[i] = false;
+  }
+  g_reader_pid = 0;
 }
 
 BlockedSignals::~BlockedSignals() {
-  for (size_t i = 0; i < kForwarded; ++i) {
-    if (replaced_[i]) ::sigaction(kHandled[i + 1], &old_actions_[i], nullptr);
-  }
-  g_reader_pid = 0;
+  restoreHandlers();
   ::close(fd_);
   pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
 }

@@ -33,6 +33,8 @@ class BlockedSignals {
   std::vector<int> read();
 
  private:
+  void restoreHandlers();  // the handlers this object replaced, back
+
   static constexpr size_t kForwarded = 3;  // SIGINT, SIGTERM, SIGHUP
   sigset_t old_mask_;
   struct sigaction old_actions_[kForwarded] {};
