@@ -7,7 +7,9 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -224,6 +226,7 @@ INSTANTIATE_TEST_SUITE_P(Lab, LabOneHostJob,
 TEST(Lab, KillingOneHostsRanksFailsTheJobOnTheOtherNamingThem) {
   REQUIRE_LAB();
   std::string config = writeTempFile("long.yaml", std::string(kCappedBench) + "  \n");
+  std::filesystem::remove_all("/tmp/collie-lab-kill");  // no progress file of an earlier try
   testing::CommandResult r;
   std::thread job([&] {
     // A short rendezvous timeout: on a loaded machine the kill may come before every rank
@@ -249,7 +252,22 @@ TEST(Lab, KillingOneHostsRanksFailsTheJobOnTheOtherNamingThem) {
     ADD_FAILURE() << "host 1's ranks never started";
     sh("pkill -9 -f 'collie-lab-kil[l]'");
   } else {
-    std::this_thread::sleep_for(std::chrono::seconds(2));
+    // Killed while Gloo still connects its pairs, host 0's ranks would wait out Gloo's own
+    // connect timeout, past the lab's 10 s: wait until both of host 1's ranks have entered
+    // an operation (their progress files say so), so that the kill lands mid-bench.
+    const std::regex entered("\"op\":([1-9][0-9]*)");
+    for (int i = 0; i < 300; ++i) {
+      int started = 0;
+      for (const char* file : {"/tmp/collie-lab-kill/progress/rank-2.json",
+                               "/tmp/collie-lab-kill/progress/rank-3.json"}) {
+        std::ifstream in(file);
+        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        if (std::regex_search(text, entered)) ++started;
+      }
+      if (started == 2) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
     std::replace(ranks.begin(), ranks.end(), '\n', ' ');  // one line: every rank of host 1
     sh("kill -9 " + ranks);
   }
