@@ -3,7 +3,7 @@
 docs/architecture.md says:
 
     contract (framework/include/collie) <- core <- {config, plugin, util} <- runtime
-        <- {bench, check, train, lab} <- cli
+        <- measure <- {bench, check, train, lab} <- cli
 
 A folder of framework/src may include its own files and those of lower layers; config,
 plugin and util may include each other; the kinds (bench, check, train) and the lab may
@@ -24,6 +24,7 @@ LAYERS = {
     "core": 1,
     "config": 2, "plugin": 2, "util": 2,
     "runtime": 3,
+    "measure": 3.5,
     "bench": 4, "check": 4, "train": 4, "lab": 4,
     "cli": 5,
 }
@@ -33,8 +34,6 @@ SAME_LAYER_OK = {"config", "plugin", "util"}
 KNOWN = {
     ("config", "lab"): "the lab's settings are parsed by config (one Experiment for every kind)",
     ("runtime", "lab"): "runExperiments starts the lab's launcher for launch.lab runs",
-    ("check", "bench"): "plugin-check borrows the bench's measurement buffers and patterns",
-    ("train", "bench"): "the trainer calibrates the link with the bench's probes",
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)

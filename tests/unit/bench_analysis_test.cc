@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "bench/bench.h"
-#include "bench/calibrate.h"
+#include "measure/calibrate.h"
 
 namespace collie::bench {
 namespace {

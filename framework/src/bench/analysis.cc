@@ -53,13 +53,6 @@ std::vector<std::vector<const Row*>> fastestPerSize(const std::vector<Row>& rows
 
 }  // namespace
 
-double median(std::vector<double> values) {
-  if (values.empty()) return NAN;
-  std::sort(values.begin(), values.end());
-  const size_t mid = values.size() / 2;
-  return values.size() % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
-}
-
 std::vector<SizeVerdict> verdicts(const std::vector<Row>& rows, bool predicted) {
   std::vector<SizeVerdict> found;
   auto sizes_of_runs = comparableBySize(rows, predicted);

@@ -10,8 +10,8 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "bench/calibrate.h"
-#include "bench/pattern.h"
+#include "measure/calibrate.h"
+#include "measure/pattern.h"
 #include "collie/device_memory.h"
 #include "collie/error.h"
 #include "collie/log.h"

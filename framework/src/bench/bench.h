@@ -7,14 +7,22 @@
 #include <string>
 #include <vector>
 
-#include "bench/calibrate.h"
 #include "collie/cost_model.h"
 #include "collie/rules.h"
 #include "config/experiment.h"
+#include "measure/calibrate.h"
 #include "plugin/loader.h"
 #include "runtime/run.h"
 
 namespace collie::bench {
+
+// What the bench shares with the trainer and plugin-check (measure/calibrate.h).
+using measure::calibrate;
+using measure::Calibration;
+using measure::fitLine;
+using measure::LinkFit;
+using measure::measurementLike;
+using measure::median;
 
 // One (size, scheduler) measurement, aggregated over ranks.
 struct Row {
@@ -112,9 +120,6 @@ struct AutoVerdict {
 // In row order; auto rows with wrong results, or at sizes without a comparable time, are
 // left out.
 std::vector<AutoVerdict> autoVerdicts(const std::vector<Row>& rows);
-
-// The median of `values` (NaN when empty).
-double median(std::vector<double> values);
 
 // The measured best scheduler per size range of one run's rows, as rules for `auto`: each
 // with the plugin and params of its entry in `schedulers` (bench.schedulers). A size whose

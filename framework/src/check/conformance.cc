@@ -16,10 +16,10 @@
 #include <sstream>
 #include <thread>
 
-#include "bench/calibrate.h"
-#include "bench/pattern.h"
 #include "collie/device_memory.h"
 #include "collie/error.h"
+#include "measure/calibrate.h"
+#include "measure/pattern.h"
 #include "runtime/communicator.h"
 #include "runtime/control.h"
 #include "runtime/environment.h"
@@ -147,7 +147,7 @@ class RankChecker {
     const int n = comm_.backend().size(), rank = comm_.backend().rank();
     for (const Case& c : cases) {
       // In the memory the case will run in: a scheduler may decline a kind (native does).
-      const Buffer like = bench::measurementLike(comm_.backend(), c.dtype, control_.device());
+      const Buffer like = measure::measurementLike(comm_.backend(), c.dtype, control_.device());
       CollectiveArgs probe = argsFor(c, like, like);
       Decision d = scheduler_->accepts(probe, comm_.topology());
       if (!d.accepted) {
@@ -188,7 +188,7 @@ class RankChecker {
   }
 
   Outcome runCase(const Case& c, int n, int rank) {
-    const Buffer like = bench::measurementLike(comm_.backend(), c.dtype, control_.device());
+    const Buffer like = measure::measurementLike(comm_.backend(), c.dtype, control_.device());
     const size_t in = c.coll == Collective::kBarrier         ? 0
                       : c.coll == Collective::kReduceScatter ? c.count * n
                                                              : c.count;
@@ -321,7 +321,7 @@ class ContractMessage {
  public:
   ContractMessage(const Backend& b, std::vector<int32_t> values) : host_(std::move(values)) {
     const int local_rank = localRankOf(Topology::singleNode(b.size()), b.rank());
-    Buffer like = bench::measurementLike(b, DType::kI32, deviceOfLocalRank(local_rank));
+    Buffer like = measure::measurementLike(b, DType::kI32, deviceOfLocalRank(local_rank));
     if (like.memory != MemoryKind::kCuda) return;
     device_ = std::make_unique<ScratchBuffer>(like, host_.size());
     copyInto(device_->view(), hostView());

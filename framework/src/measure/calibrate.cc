@@ -1,5 +1,5 @@
 // Probes for the cost model, one link level at a time, and the least-squares fit.
-#include "bench/calibrate.h"
+#include "measure/calibrate.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,7 +7,15 @@
 
 #include "collie/device_memory.h"
 
-namespace collie::bench {
+namespace collie::measure {
+
+double median(std::vector<double> values) {
+  if (values.empty()) return NAN;
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
+}
+
 namespace {
 
 // Probe sizes, and how many timed exchanges each gets (fewer for the large ones, which a
@@ -227,4 +235,4 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
   return c;
 }
 
-}  // namespace collie::bench
+}  // namespace collie::measure

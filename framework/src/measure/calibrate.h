@@ -3,7 +3,8 @@
 // (as a step of an intra-node collective does, contention included); between nodes, rank 0
 // and the first rank of another node exchange messages, and then rank 0 streams large ones
 // to it alone (β one way). Each level is probed, synchronised, over several sizes and
-// fitted (fitLine); γ times a local reduction on every rank at once.
+// fitted (fitLine); γ times a local reduction on every rank at once. The bench, the trainer
+// and plugin-check share it (and the buffers of a measurement, and a median) from here.
 #pragma once
 
 #include <utility>
@@ -14,7 +15,7 @@
 #include "collie/topology.h"
 #include "runtime/control.h"
 
-namespace collie::bench {
+namespace collie::measure {
 
 // How well one level's line t = α + β·m fits its probes.
 struct LinkFit {
@@ -37,6 +38,9 @@ struct Calibration {
 // thousands of ranks cannot each hold a message, nor 32 MiB of probes).
 Buffer measurementLike(const Backend& backend, DType dtype, int device);
 
+// The median of `values` (NaN when empty).
+double median(std::vector<double> values);
+
 // Collective over the group: every rank calls it and gets rank 0's calibration.
 Calibration calibrate(Backend& backend, Control& control, const Topology& topology, DType dtype);
 
@@ -46,4 +50,4 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
 // Neither α nor β is ever negative.
 LinkCost fitLine(const std::vector<std::pair<double, double>>& points, double* residual);
 
-}  // namespace collie::bench
+}  // namespace collie::measure

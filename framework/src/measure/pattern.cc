@@ -4,7 +4,7 @@
 // per residue and looked up. The residue is of a hash of i, not of i: the sequence has no
 // period, so two equal-size blocks of a result that a scheduler swapped (or put at the
 // wrong offset) differ, whatever the block size.
-#include "bench/pattern.h"
+#include "measure/pattern.h"
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>

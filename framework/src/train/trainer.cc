@@ -21,13 +21,12 @@
 #include <mutex>
 #include <tuple>
 
-#include "bench/bench.h"
-#include "bench/calibrate.h"
 #include "collie/autocast.h"
 #include "collie/error.h"
 #include "collie/log.h"
 #include "collie/model.h"
 #include "core/strings.h"
+#include "measure/calibrate.h"
 #include "runtime/communicator.h"
 #include "runtime/control.h"
 #include "runtime/device.h"
@@ -142,7 +141,7 @@ class RankTrainer {
           source_->describe(), world_, microBatchText(), spec_.grad_accum));
     }
     const CostModel cost =
-        bench::calibrate(comm_.backend(), control_, comm_.topology(), DType::kF32).model;
+        measure::calibrate(comm_.backend(), control_, comm_.topology(), DType::kF32).model;
     for (auto& rule : rules_) rule.choice.scheduler->useCostModel(cost);
     Reducer reducer(params_, spec_.bucket_bytes, comm_, spec_.overlap, spec_.sharding,
                     unitIndices());
@@ -870,7 +869,7 @@ class RankTrainer {
     }
     if (static_cast<int>(per_sample_.size()) < spec_.rebalance_every || s + 1 == spec_.steps)
       return;
-    const double mine = bench::median(per_sample_);
+    const double mine = measure::median(per_sample_);
     per_sample_.clear();
     std::vector<double> per_sample;
     for (const auto& r : control_.allGather({mine})) per_sample.push_back(r[0]);
