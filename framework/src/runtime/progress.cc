@@ -71,8 +71,8 @@ void ProgressBoard::setStep(int64_t step) {
     std::lock_guard<std::mutex> lock(mu_);
     now_.step = step;
   }
-  detail::pokeProgressWriter();  // a new step is worth a file now: a rank may stop before the next
-                                 // round
+  // A new step is worth a file now: a rank may stop before the next round.
+  detail::pokeProgressWriter();
 }
 
 RankProgress ProgressBoard::snapshot() const {
