@@ -66,6 +66,15 @@ class DeviceFloats {
   size_t count_;
 };
 
+// A group of one over `store`, with a 20 s timeout.
+std::shared_ptr<collie::Backend> oneRank(collie::TcpStore& store) {
+  collie::Params params("backend 'nccl'");
+  params.set("timeout", "20s");
+  collie::BackendContext context;
+  context.store = &store;
+  return loader().createBackend("nccl", params, context);
+}
+
 collie::CollectiveArgs allReduce(const collie::Buffer& data, collie::ReduceOp op) {
   collie::CollectiveArgs args;
   args.coll = collie::Collective::kAllReduce;
@@ -170,11 +179,7 @@ TEST(Nccl, AnInterfaceThatDoesNotExistIsAConfigError) {
 TEST(Nccl, OneRankRunsNativeCollectivesOnTheGpu) {
   if (gpuCount() == 0) GTEST_SKIP() << "no GPU: cudaGetDeviceCount found none";
   collie::TcpStore store("127.0.0.1", 0, /*is_server=*/true, std::chrono::seconds(30));
-  collie::Params params("backend 'nccl'");
-  params.set("timeout", "20s");
-  collie::BackendContext context;
-  context.store = &store;
-  auto backend = loader().createBackend("nccl", params, context);
+  auto backend = oneRank(store);
   ASSERT_TRUE(backend->capabilities().cuda_memory);
 
   std::vector<float> host(1000);
@@ -203,11 +208,7 @@ TEST(Nccl, OneRankRunsNativeCollectivesOnTheGpu) {
 TEST(Nccl, OneRankRefusesItselfAndWrongShapesAndCopiesExactly) {
   if (gpuCount() == 0) GTEST_SKIP() << "no GPU: cudaGetDeviceCount found none";
   collie::TcpStore store("127.0.0.1", 0, /*is_server=*/true, std::chrono::seconds(30));
-  collie::Params params("backend 'nccl'");
-  params.set("timeout", "20s");
-  collie::BackendContext context;
-  context.store = &store;
-  auto backend = loader().createBackend("nccl", params, context);
+  auto backend = oneRank(store);
   DeviceFloats a(1000), b(1001);
   EXPECT_THROW(backend->isend(0, a.buffer(), collie::makeTag(1, 0, 0)), collie::CommError);
   EXPECT_THROW(backend->irecv(0, a.buffer(), collie::makeTag(1, 0, 0)), collie::CommError);
@@ -240,11 +241,7 @@ TEST(Nccl, OneRankRefusesItselfAndWrongShapesAndCopiesExactly) {
 TEST(Nccl, AnAbortFromAnotherThreadEndsTheWaitWithCommError) {
   if (gpuCount() == 0) GTEST_SKIP() << "no GPU: cudaGetDeviceCount found none";
   collie::TcpStore store("127.0.0.1", 0, /*is_server=*/true, std::chrono::seconds(30));
-  collie::Params params("backend 'nccl'");
-  params.set("timeout", "20s");
-  collie::BackendContext context;
-  context.store = &store;
-  auto backend = loader().createBackend("nccl", params, context);
+  auto backend = oneRank(store);
   DeviceFloats device(1 << 20);
   const auto args = allReduce(device.buffer(), collie::ReduceOp::kSum);
 

@@ -10,11 +10,11 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "measure/calibrate.h"
-#include "measure/pattern.h"
 #include "collie/device_memory.h"
 #include "collie/error.h"
 #include "collie/log.h"
+#include "measure/calibrate.h"
+#include "measure/pattern.h"
 #include "runtime/communicator.h"
 #include "runtime/control.h"
 #include "runtime/environment.h"

@@ -126,7 +126,7 @@ class Communicator {
   std::unique_ptr<MessageWire> wire_;     // the consistency check's messages; on first need
   bool stage_always_ = false;
   std::string backend_name_;
-  std::string who_;  // "rank R", for the shape check's refusals
+  std::string who_;                    // "rank R", for the shape check's refusals
   std::string_view backend_interned_;  // internName(backend_name_)
   Topology topology_;
   std::vector<Rule> rules_;
