@@ -33,7 +33,8 @@ struct CollectiveArgs {
 // needs an output of 3, found 4" (and the like: an output of another dtype or memory kind, a
 // root outside the group, a barrier with elements) naming what the call got and what its
 // collective needs. The Communicator checks every collective before a scheduler sees it; a
-// backend's runNative, which a caller may reach directly, checks too.
+// backend whose runNative takes collectives of two buffers (nccl's) checks too, since a
+// caller may reach it directly.
 void checkCollectiveShape(const std::string& who, const CollectiveArgs& args, int size);
 
 // A cheap, normal refusal (statuses where declining is control flow).

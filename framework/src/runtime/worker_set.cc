@@ -29,8 +29,10 @@ constexpr int kHandled[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP};
 // block it (one made before BlockedSignals: CUDA's, LibTorch's), whose default action would
 // end the launcher and leave its workers to PR_SET_PDEATHSIG. A handler (dispositions are
 // the process's) sends it on to the reading thread, where it is blocked and read.
-std::atomic<pid_t> g_reader_pid{0};
-std::atomic<pid_t> g_reader_tid{0};
+std::atomic<pid_t> g_reader_tid{0};  // 0: no reader now (between two launches, or after)
+// The launcher's process, never reset: a forked worker (another pid) is told apart from a
+// moment of the launcher's own when no reader is live.
+std::atomic<pid_t> g_owner_pid{0};
 // A signal the reading thread took itself before it blocked them (the handler is installed
 // first, so that no moment is left where another thread takes the default action): the
 // constructor sends it again once blocked, and the signalfd reads it.
@@ -38,10 +40,14 @@ std::atomic<int> g_early_signal{0};
 
 void sendToReader(int sig) {
   const int saved = errno;
-  const pid_t pid = g_reader_pid.load();
-  if (pid != 0 && ::getpid() == pid) {
+  const pid_t pid = ::getpid();
+  if (pid == g_owner_pid.load()) {
     const pid_t reader = g_reader_tid.load();
-    if (static_cast<pid_t>(::syscall(SYS_gettid)) == reader) {
+    if (reader == 0) {
+      // The launcher's handlers are being put back: the signal comes again once this handler
+      // returns (it is blocked here), to whatever handles it then.
+      ::raise(sig);
+    } else if (static_cast<pid_t>(::syscall(SYS_gettid)) == reader) {
       g_early_signal = sig;
     } else {
       ::syscall(SYS_tgkill, pid, reader, sig);
@@ -166,7 +172,7 @@ BlockedSignals::BlockedSignals() {
   // The handler first, then the mask: a signal between the two reaches the handler on
   // whichever thread takes it, never a default action.
   g_early_signal = 0;
-  g_reader_pid = ::getpid();
+  g_owner_pid = ::getpid();
   g_reader_tid = static_cast<pid_t>(::syscall(SYS_gettid));
   struct sigaction forward {};
   forward.sa_handler = &sendToReader;
@@ -190,7 +196,7 @@ BlockedSignals::BlockedSignals() {
     throw CommError(std::string("launcher: signalfd failed: ") + std::strerror(error));
   }
   if (const int sig = g_early_signal.exchange(0)) {
-    ::syscall(SYS_tgkill, g_reader_pid.load(), g_reader_tid.load(), sig);  // blocked: queued
+    ::syscall(SYS_tgkill, g_owner_pid.load(), g_reader_tid.load(), sig);  // blocked: queued
   }
 }
 
@@ -199,7 +205,7 @@ void BlockedSignals::restoreHandlers() {
     if (replaced_[i]) ::sigaction(kHandled[i + 1], &old_actions_[i], nullptr);
     replaced_[i] = false;
   }
-  g_reader_pid = 0;
+  g_reader_tid = 0;
 }
 
 BlockedSignals::~BlockedSignals() {
