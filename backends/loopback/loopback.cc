@@ -43,8 +43,7 @@ struct World {
   struct Mailbox {
     Queues sends;  // sends to this rank waiting for their receive
     Queues recvs;  // receives this rank posted, waiting for their send
-    bool aborted = false;
-    std::string abort_reason;
+    AbortFlag aborted;
     // This rank's waiters: a finished transfer wakes only the rank that posted it (one
     // condition variable for the world woke every rank's thread for every message).
     std::condition_variable cv;
@@ -115,7 +114,9 @@ class PendingRequest : public Request {
 
   void wait(std::chrono::milliseconds timeout) override {
     std::unique_lock<std::mutex> lock(world_->mu);
-    auto aborted = [&] { return world_->boxes[owner_].aborted || world_->boxes[peer_].aborted; };
+    auto aborted = [&] {
+      return world_->boxes[owner_].aborted.isSet() || world_->boxes[peer_].aborted.isSet();
+    };
     auto& cv = world_->boxes[owner_].cv;
     bool finished = cv.wait_for(
         lock, timeout, [&] { return pending_->done || (aborted() && !pending_->claimed); });
@@ -132,8 +133,8 @@ class PendingRequest : public Request {
     withdraw(*queues_, key_, pending_);
     if (aborted()) {
       const auto& box =
-          world_->boxes[owner_].aborted ? world_->boxes[owner_] : world_->boxes[peer_];
-      throw CommError("loopback: " + transfer_.describe() + " aborted: " + box.abort_reason);
+          world_->boxes[owner_].aborted.isSet() ? world_->boxes[owner_] : world_->boxes[peer_];
+      throw CommError("loopback: " + transfer_.describe() + " aborted: " + box.aborted.reason());
     }
     throw CommError("loopback: " + transfer_.describe() + " timed out after " +
                     std::to_string(timeout.count()) +
@@ -199,8 +200,7 @@ class LoopbackBackend : public Backend {
   void abort(const std::string& reason) override {
     std::lock_guard<std::mutex> lock(world_->mu);
     auto& box = world_->boxes[rank_];
-    box.aborted = true;
-    box.abort_reason = reason;
+    if (!box.aborted.set(reason)) return;  // the first reason stays
     // Waiters of every rank check this rank's flag (their peer may be this rank).
     for (auto& b : world_->boxes) b.cv.notify_all();
   }
@@ -236,9 +236,9 @@ class LoopbackBackend : public Backend {
   void throwIfAborted(const Transfer& t) const {
     for (int r : {rank_, t.peer}) {
       const auto& box = world_->boxes[r];
-      if (box.aborted) {
+      if (box.aborted.isSet()) {
         throw CommError("loopback: " + t.describe() + ": rank " + std::to_string(r) +
-                        " was aborted: " + box.abort_reason);
+                        " was aborted: " + box.aborted.reason());
       }
     }
   }

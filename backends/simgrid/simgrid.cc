@@ -1,7 +1,7 @@
 // The simgrid backend: every rank is a SimGrid actor on a host of a simulated platform, and
 // a message costs what SimGrid's network model says it costs on the route between the two
 // ranks' hosts, in simulated time. The schedulers, the bench and the conformance checks run
-// unchanged; their clock is the simulated one (Backend::clockSeconds).
+// unchanged; their clock is the simulated one (collie/simulation.h).
 //
 // Matching is collie's own (as the loopback backend's): messages between two ranks with one
 // tag meet in posting order, whichever side arrives second. When they meet, the bytes are
@@ -29,6 +29,7 @@
 
 #include "collie/log.h"
 #include "collie/plugin.h"
+#include "collie/simulation.h"
 
 namespace collie::simgrid_backend {
 namespace {
@@ -90,10 +91,11 @@ struct Settings {
 // One side of a transfer: its buffer and its half of the SimGrid communication (a put or a
 // get on the transfer's mailbox, posted by this side's own actor, so that the message
 // crosses the route between the two ranks' hosts and each side waits on its own half).
-struct Pending {
+struct Pending : std::enable_shared_from_this<Pending> {
   Pending(const Buffer& b, int owner_rank) : buffer(b), owner(owner_rank) {}
   Buffer buffer;
   int owner;  // the world rank that posted it
+  bool sending = false;
   // Where the two halves meet, shared by both sides: the side whose half is posted second
   // gives the mailbox back (SimGrid has paired the halves; it is empty again).
   struct Meeting {
@@ -106,6 +108,9 @@ struct Pending {
   void* received = nullptr;  // where SimGrid puts the (unused) payload pointer
   std::string error;         // why the transfer failed (a size mismatch, an abort)
   bool failed = false;
+  // The receive that releaseHalf posted to end a failed send still alone in its mailbox.
+  sg4::CommPtr release;
+  void* released = nullptr;
 };
 using Queue = std::deque<std::shared_ptr<Pending>>;
 
@@ -114,8 +119,7 @@ struct Group {
   using Key = std::pair<int, Tag>;  // (source position in the group, tag)
   struct Mailbox {
     std::map<Key, Queue> sends, recvs;
-    bool aborted = false;
-    std::string abort_reason;
+    AbortFlag aborted;
   };
   explicit Group(std::vector<int> members_) : members(std::move(members_)), boxes(members.size()) {}
   std::vector<int> members;
@@ -371,7 +375,7 @@ void runRanks(const PluginContext& context, int world_size, const std::function<
   finish();
 }
 
-class SimgridBackend : public Backend {
+class SimgridBackend : public Backend, private Simulation {
  public:
   explicit SimgridBackend(const PluginContext& context)
       : settings_(Settings::read(*context.params, context.backend.timeout)) {
@@ -396,12 +400,7 @@ class SimgridBackend : public Backend {
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(group_->members.size()); }
   std::chrono::milliseconds timeout() const override { return settings_.timeout; }
-  Capabilities capabilities() const override {
-    Capabilities caps;
-    caps.concurrent_groups = false;  // a rank is one actor
-    caps.payload = settings_.payload;
-    return caps;
-  }
+  Capabilities capabilities() const override { return Capabilities{}; }
 
   std::unique_ptr<Request> isend(int peer, const Buffer& buf, Tag tag) override {
     return post(peer, buf, tag, true);
@@ -420,18 +419,19 @@ class SimgridBackend : public Backend {
 
   void abort(const std::string& reason) override;
 
+  const Simulation* simulation() const override { return this; }
   double clockSeconds() const override { return sg4::Engine::get_clock(); }
-  void sleepSeconds(double seconds) override {
+  void sleepSeconds(double seconds) const override {
     if (seconds <= 0) return;
     sg4::this_actor::sleep_for(seconds);
     resumeLogRank();
   }
-  bool simulatedTime() const override { return true; }
   std::vector<std::string> nodeLabels() const override {
     std::vector<std::string> labels;
     for (int member : group_->members) labels.push_back(world_->labels[member]);
     return labels;
   }
+  bool payload() const override { return settings_.payload; }
 
   World* world() const { return world_; }
   Group* group() const { return group_.get(); }
@@ -507,7 +507,10 @@ class SimRequest : public Request {
     }
     resumeLogRank();
     finish();
-    if (pending_->failed) fail(pending_->error);
+    if (pending_->failed) {  // ended by releaseHalf: a size mismatch or an abort
+      withdraw();
+      fail(pending_->error);
+    }
   }
 
   bool test() override {
@@ -558,6 +561,28 @@ class SimRequest : public Request {
 // The bytes of a message of host memory: SimGrid carries only a pointer, and is told the size.
 char g_no_payload = 0;
 
+// Ends the wait on a half that failed (an abort, a size mismatch), from whichever actor
+// finds out. A half that met its partner is cancelled. One still alone in its mailbox is
+// matched instead, by a zero-byte half posted here: SimGrid leaves the waiter of a cancelled
+// communication that nobody matched asleep until its timeout. The waiter then sees
+// `failed`. A half not posted yet (no `comm`) is cancelled by its post when it returns.
+void releaseHalf(Pending& p) {
+  if (!p.comm) return;
+  Pending::Meeting& m = *p.meeting;
+  m.spoiled = true;
+  try {
+    if (m.posted >= 2) {
+      p.comm->cancel();
+    } else if (p.sending) {
+      p.release = m.mailbox->get_async<void>(&p.released);
+    } else {
+      m.mailbox->put_init(&g_no_payload, 0)->detach();
+    }
+  } catch (const simgrid::Exception&) {
+  }
+  resumeLogRank();
+}
+
 // Posts this side's half (a SimGrid call: other actors may run before it returns). Gives the
 // mailbox back when the other half is posted already; cancels the half when the transfer
 // failed meanwhile (an abort, a size mismatch).
@@ -585,9 +610,9 @@ std::unique_ptr<Request> SimgridBackend::post(int peer, const Buffer& buf, Tag t
   const TransferInfo t{rank_, peer, sending, tag};
   for (int r : {rank_, peer}) {
     const auto& box = group_->boxes[r];
-    if (box.aborted) {
+    if (box.aborted.isSet()) {
       throw CommError("simgrid: " + t.describe() + ": rank " + std::to_string(r) +
-                      " was aborted: " + box.abort_reason);
+                      " was aborted: " + box.aborted.reason());
     }
   }
   // A send waits in the peer's mailbox under (this rank, tag), a receive in ours under
@@ -597,6 +622,7 @@ std::unique_ptr<Request> SimgridBackend::post(int peer, const Buffer& buf, Tag t
   auto& other_side = sending ? box.recvs : box.sends;
   auto& my_side = sending ? box.sends : box.recvs;
   auto mine = std::make_shared<Pending>(buf, worldRankOfMe());
+  mine->sending = sending;
   // Everything from the lookup to the queue change runs without a SimGrid call, which could
   // let another rank run in between: the mailbox a first side needs is borrowed before.
   sg4::Mailbox* spare = world_->borrowMailbox();
@@ -626,13 +652,7 @@ std::unique_ptr<Request> SimgridBackend::post(int peer, const Buffer& buf, Tag t
     other->failed = true;
     other->meeting->spoiled = true;
     const std::string error = other->error;
-    if (sg4::CommPtr comm = other->comm) {  // else its post cancels it when it returns
-      try {
-        comm->cancel();
-      } catch (const simgrid::Exception&) {
-      }
-      resumeLogRank();
-    }
+    releaseHalf(*other);
     throw CommError(error);
   }
   if (from.bytes() > 0 && from.memory == MemoryKind::kHost) {
@@ -647,9 +667,7 @@ std::unique_ptr<Request> SimgridBackend::post(int peer, const Buffer& buf, Tag t
 
 void SimgridBackend::abort(const std::string& reason) {
   auto& box = group_->boxes[rank_];
-  if (box.aborted) return;
-  box.aborted = true;
-  box.abort_reason = reason;
+  if (!box.aborted.set(reason)) return;  // the first reason stays
   const int me = worldRankOfMe();
   // Cancel this rank's halves, and the unmatched halves of peers that wait for this rank.
   std::vector<Pending*> victims(world_->in_flight[me].begin(), world_->in_flight[me].end());
@@ -661,20 +679,18 @@ void SimgridBackend::abort(const std::string& reason) {
       for (auto& p : queue) victims.push_back(p.get());
     }
   }
-  std::vector<sg4::CommPtr> comms;
   for (Pending* p : victims) {
     p->error = "aborted: " + reason;
     p->failed = true;
     p->meeting->spoiled = true;
-    if (p->comm) comms.push_back(p->comm);  // else its post cancels it when it returns
   }
-  for (auto& comm : comms) {
-    try {
-      comm->cancel();
-    } catch (const simgrid::Exception&) {
-    }
-  }
-  resumeLogRank();
+  // Victims are held by their requests, which stay alive while their owners wait, and
+  // releaseHalf makes SimGrid calls (other actors may run meanwhile): hold them here too.
+  std::vector<std::shared_ptr<Pending>> held;
+  std::sort(victims.begin(), victims.end());
+  victims.erase(std::unique(victims.begin(), victims.end()), victims.end());
+  for (Pending* p : victims) held.push_back(p->shared_from_this());
+  for (auto& p : held) releaseHalf(*p);
 }
 
 }  // namespace

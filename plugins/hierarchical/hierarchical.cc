@@ -18,6 +18,7 @@
 
 #include "collie/patterns/blocks.h"
 #include "collie/plugin.h"
+#include "collie/simulation.h"
 
 namespace collie::hierarchical {
 namespace {
@@ -80,7 +81,7 @@ class HierarchicalScheduler : public Scheduler {
     if (main.count > 0) {
       ScratchBuffer mine(data, block);
       const Chunks chunks =
-          chunksOf(block, per_node, dtypeSize(data.dtype), backend.capabilities());
+          chunksOf(block, per_node, dtypeSize(data.dtype), concurrentGroups(backend));
       // Chunk c: elements [c·k·L, ...) of the message, and [c·k, ...) of this rank's block.
       auto step = [&](Collective coll, int part, size_t c) {
         const size_t first = c * chunks.per_rank;
@@ -134,7 +135,7 @@ class HierarchicalScheduler : public Scheduler {
     const int per_node = static_cast<int>(topology.ranksOnNode(0).size());
     const size_t block = args.data.count / static_cast<size_t>(per_node);
     const Chunks chunks =
-        chunksOf(block, per_node, dtypeSize(args.data.dtype), topology.capabilities);
+        chunksOf(block, per_node, dtypeSize(args.data.dtype), topology.concurrent_groups);
     CostModel local = model;
     local.inter = model.intra;
     CollectiveArgs whole = args;
@@ -164,10 +165,9 @@ class HierarchicalScheduler : public Scheduler {
   };
   static constexpr size_t kMaxChunks = 64;
 
-  Chunks chunksOf(size_t block, int per_node, size_t element, const Capabilities& caps) const {
+  Chunks chunksOf(size_t block, int per_node, size_t element, bool concurrent) const {
     const double message = static_cast<double>(block) * per_node * element;
-    if (chunk_bytes_ == 0 || !caps.concurrent_groups ||
-        message < 2.0 * static_cast<double>(chunk_bytes_))
+    if (chunk_bytes_ == 0 || !concurrent || message < 2.0 * static_cast<double>(chunk_bytes_))
       return {1, block};
     size_t count = std::min<size_t>(
         kMaxChunks, static_cast<size_t>(message / static_cast<double>(chunk_bytes_)));
@@ -235,6 +235,7 @@ class HierarchicalScheduler : public Scheduler {
   static Topology subTopology(const Topology& parent, int size) {
     Topology t = Topology::singleNode(size);
     t.capabilities = parent.capabilities;
+    t.concurrent_groups = parent.concurrent_groups;
     t.backend = parent.backend;
     return t;
   }

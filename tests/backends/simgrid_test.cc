@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "collie/error.h"
+#include "collie/simulation.h"
 #include "loopback_job.h"
 #include "run_command.h"
 
@@ -63,9 +64,9 @@ double simulate(const std::string& scheduler, Params params, int world, size_t b
     if (!payload) args.data = sizeOnlyBuffer(DType::kF32, bytes / 4);
     args.seq = 1;
     const Topology topology = topologyOf(*b, Topology::singleNode(world));
-    const double start = b->clockSeconds();
+    const double start = clockSeconds(*b);
     sched->run(args, *b, topology);
-    const double took = b->clockSeconds() - start;
+    const double took = clockSeconds(*b) - start;
     const float expect = world * (world + 1) / 2.0f;
     const size_t bad = std::count_if(v.begin(), v.end(), [&](float x) { return x != expect; });
     std::lock_guard<std::mutex> lock(mu);
@@ -177,7 +178,7 @@ TEST(SimgridTwoLevel, NodesOfRanksJoinedByUplinks) {
       const int peer = i == 0 ? 1 : 4;  // inside node 0, then to node 1
       // One simulated clock: from rank 0's send to the peer's receipt.
       if (b->rank() == 0) {
-        const double start = b->clockSeconds();
+        const double start = clockSeconds(*b);
         b->send(peer, view, i);
         std::lock_guard<std::mutex> lock(mu);
         took[i] -= start;
@@ -185,11 +186,11 @@ TEST(SimgridTwoLevel, NodesOfRanksJoinedByUplinks) {
       if (b->rank() == peer) {
         b->recv(0, view, i);
         std::lock_guard<std::mutex> lock(mu);
-        took[i] += b->clockSeconds();
+        took[i] += clockSeconds(*b);
       }
     }
     std::lock_guard<std::mutex> lock(mu);
-    if (b->rank() == 0) labels = b->nodeLabels();
+    if (b->rank() == 0) labels = nodeLabels(*b);
   });
   EXPECT_EQ(labels, (std::vector<std::string>{"node0", "node0", "node0", "node0", "node1", "node1",
                                               "node1", "node1"}));
@@ -199,10 +200,10 @@ TEST(SimgridTwoLevel, NodesOfRanksJoinedByUplinks) {
 
 TEST(Simgrid, TimeIsTheSimulatedClock) {
   runInProcess(buildTreeLoader(), simgrid(), 2, [&](std::shared_ptr<Backend> b) {
-    EXPECT_TRUE(b->simulatedTime());
-    const double start = b->clockSeconds();
-    b->sleepSeconds(3600);  // an hour of simulated time, no wall time
-    EXPECT_NEAR(b->clockSeconds() - start, 3600, 1e-6);
+    EXPECT_TRUE(simulatedTime(*b));
+    const double start = clockSeconds(*b);
+    sleepSeconds(*b, 3600);  // an hour of simulated time, no wall time
+    EXPECT_NEAR(clockSeconds(*b) - start, 3600, 1e-6);
   });
 }
 
@@ -238,7 +239,7 @@ TEST(Simgrid, NodesComeFromThePlatformFile) {
   std::vector<std::string> labels;
   runInProcess(buildTreeLoader(), simgrid(params), 4, [&](std::shared_ptr<Backend> b) {
     std::lock_guard<std::mutex> lock(mu);
-    if (b->rank() == 0) labels = b->nodeLabels();
+    if (b->rank() == 0) labels = nodeLabels(*b);
   });
   // Natural order: host1, host2, host10, host11.
   EXPECT_EQ(labels, (std::vector<std::string>{"a", "a", "b", "b"}));

@@ -30,6 +30,12 @@ constexpr Tag makeTag(uint64_t seq, uint32_t phase, uint32_t step) {
 std::string describeTag(Tag tag);
 
 // A pending send or receive.
+//
+// Lifetime. A request owns what its transfer needs (the backend's shared state, staging
+// memory, the transport's handle) until the transfer completed or the transport confirmed
+// its cancellation. So it may outlive the group that made it: wait() then completes or
+// throws CommError, and never touches freed memory. Dropping a request that has not
+// completed cancels it; the caller's buffer may be reused once the destructor returns.
 class Request {
  public:
   virtual ~Request() = default;
@@ -71,14 +77,6 @@ struct Capabilities {
   bool native_allgather = false;
   bool native_broadcast = false;
   bool native_barrier = false;
-  // A rank's group and its sub-groups may be used from several threads at once, one thread
-  // per group (docs/writing-a-backend.md). A simulator whose ranks are its actors cannot:
-  // schedulers then keep to the calling thread (hierarchical runs its levels unpipelined).
-  bool concurrent_groups = true;
-  // False for a simulator that moves sizes, not bytes (its payload-free mode): the bench then
-  // hands schedulers size-only buffers (MemoryKind::kNone), does not check results, and the
-  // backend still moves the bytes of host buffers (the control plane's).
-  bool payload = true;
   // The dtypes its native collectives handle: bit (1 << DType); every dtype by default.
   uint32_t native_dtypes = 0x3F;
   bool nativeHandles(DType dtype) const {
@@ -105,6 +103,7 @@ struct DeviceStreamHooks {
 void setDeviceStreamHooks(DeviceStreamHooks hooks);
 DeviceStreamHooks deviceStreamHooks();
 
+class Simulation;
 class Store;
 
 // Everything a backend needs to join its group.
@@ -153,21 +152,18 @@ class Backend {
     return Decision::no("backend has no native collectives");
   }
 
-  // Makes every pending and future request of this group fail with `reason`. Never blocks.
+  // Abort, one state machine for every backend: live -> aborted, once (AbortFlag below
+  // holds it). abort() may come from any thread (on a simulator, any rank's actor), returns
+  // without waiting for a peer, and keeps the first reason: a second call does nothing.
+  // Afterwards every pending wait() of this group ends at once, not at its timeout, and every
+  // post fails; both throw CommError with "aborted: <first reason>". Abort is this group's:
+  // a peer learns of it through its own requests' failures or timeouts (in-process backends
+  // end the requests of peers that wait for this rank too). plugin-check tests all of it.
   virtual void abort(const std::string& reason) = 0;
 
-  // Time as this backend's ranks live it (ABI 6.0). By default the host's: seconds of
-  // std::chrono::steady_clock and a sleep of the calling thread. A simulator gives its
-  // simulated clock, so that the bench, the calibration, the Communicator and the fault
-  // injector measure and wait in simulated time.
-  virtual double clockSeconds() const;
-  virtual void sleepSeconds(double seconds);
-  // True when clockSeconds() is not the host's time (reports say "simulated").
-  virtual bool simulatedTime() const { return false; }
-
-  // The node of every rank of this group, when the backend knows where its ranks run (a
-  // simulator's platform); empty otherwise, and the runtime finds the nodes itself.
-  virtual std::vector<std::string> nodeLabels() const { return {}; }
+  // The simulator's side of a backend (collie/simulation.h): its clock, its platform's
+  // nodes, its payload mode. Null for every backend that moves real bytes in real time.
+  virtual const Simulation* simulation() const { return nullptr; }
 
   // Blocking helpers built on the two primitives above, with the group's timeout.
   void send(int peer, const Buffer& buf, Tag tag) { isend(peer, buf, tag)->wait(timeout()); }

@@ -14,7 +14,10 @@ struct Topology {
   std::vector<int> node_of_rank;  // node id of each rank (0-based, in order of first rank)
   std::vector<std::string> node_names;
   Capabilities capabilities;  // of the group's backend
-  std::string backend;        // that backend as the experiment names it (its label: "gloo")
+  // Whether schedulers may use the group and its sub-groups from threads of their own
+  // (collie::concurrentGroups: false on a simulator, whose ranks are its actors).
+  bool concurrent_groups = true;
+  std::string backend;  // that backend as the experiment names it (its label: "gloo")
 
   // One node holding every rank: what an in-process run has unless labels say otherwise.
   static Topology singleNode(int world_size);

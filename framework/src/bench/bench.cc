@@ -13,6 +13,7 @@
 #include "collie/device_memory.h"
 #include "collie/error.h"
 #include "collie/log.h"
+#include "collie/simulation.h"
 #include "measure/calibrate.h"
 #include "measure/pattern.h"
 #include "runtime/communicator.h"
@@ -146,7 +147,7 @@ class RankBench {
       params += fmt::format("{}{}: {}", params.empty() ? "" : ", ", key, value);
     if (!params.empty()) f.backend += " {" + params + "}";
     const Topology& t = comm_.topology();
-    if (comm_.backend().simulatedTime()) {
+    if (simulatedTime(comm_.backend())) {
       // The machine that ran the simulation says nothing about the numbers: the platform does.
       f.simulated = fmt::format(
           "{} ranks on {} simulated host(s) in {} node(s); every time below is simulated time", n_,
@@ -220,18 +221,18 @@ class RankBench {
     const bool sized = spec_.min_time.count() > 0;
     const int warmups = sized ? std::max(1, spec_.warmup_iters) : spec_.warmup_iters;
     Backend& clock = comm_.backend();  // simulated time on a simulator
-    const double warm = clock.clockSeconds();
+    const double warm = clockSeconds(clock);
     for (int i = 0; i < warmups; ++i) comm_.run(args, s.rules);
     int iters = spec_.iters;
     if (sized) {
-      const double per_call = (clock.clockSeconds() - warm) / warmups;
+      const double per_call = (clockSeconds(clock) - warm) / warmups;
       const double slowest = control_.max({per_call})[0];
       const double needed =
           std::chrono::duration<double>(spec_.min_time).count() / std::max(slowest, 1e-9);
       iters = static_cast<int>(std::clamp(std::ceil(needed), static_cast<double>(iters), 1e6));
     }
     control_.barrier();
-    const double start = clock.clockSeconds();
+    const double start = clockSeconds(clock);
     Provenance last;
     {
       const TraceSpan loop(tracer_.get(), tracer_ ? internName(fmt::format("{} {}", s.label,
@@ -239,7 +240,7 @@ class RankBench {
                                                   : std::string_view());
       for (int i = 0; i < iters; ++i) last = comm_.run(args, s.rules);
     }
-    const double took = clock.clockSeconds() - start;
+    const double took = clockSeconds(clock) - start;
     row->ran = last.ran;
     row->iters = std::max(row->iters, iters);
     return control_.max({took / iters})[0];
@@ -259,7 +260,7 @@ class RankBench {
     return row;
   }
 
-  bool payload() const { return comm_.backend().capabilities().payload; }
+  bool payload() const { return movesPayload(comm_.backend()); }
 
   // The scheduler the entry's rules pick for `args` (what Communicator::run will run), or a
   // ConfigError naming why none can.

@@ -7,6 +7,8 @@
 
 #include <xxhash.h>
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +20,7 @@
 
 #include "collie/device_memory.h"
 #include "collie/error.h"
+#include "collie/simulation.h"
 #include "measure/calibrate.h"
 #include "measure/pattern.h"
 #include "runtime/communicator.h"
@@ -348,7 +351,7 @@ void contractOrder(Backend& b, const std::function<void(bool, const std::string&
     b.send(1, first.view(), 5);
     b.send(1, empty.view(), 5);
     b.send(1, second.view(), 5);
-    b.sleepSeconds(std::chrono::duration<double>(kLate).count());  // simulated on a simulator
+    sleepSeconds(b, std::chrono::duration<double>(kLate).count());  // simulated on a simulator
     b.send(1, empty.view(), 6);
   } else {
     ContractMessage x(b, {0}), y(b, {0}), empty(b, {});
@@ -357,9 +360,9 @@ void contractOrder(Backend& b, const std::function<void(bool, const std::string&
     b.recv(0, y.view(), 5);
     expect(x.value(0) == 1 && y.value(0) == 2,
            "messages with one tag arrive in the order they were sent, a zero-byte one included");
-    const double start = b.clockSeconds();
+    const double start = clockSeconds(b);
     b.recv(0, empty.view(), 6);
-    expect(b.clockSeconds() - start >= std::chrono::duration<double>(kLate).count() * 3 / 4,
+    expect(clockSeconds(b) - start >= std::chrono::duration<double>(kLate).count() * 3 / 4,
            "a zero-byte receive waits for its message (it returned before the sender sent it)");
   }
 }
@@ -375,7 +378,7 @@ void contractSilentPeer(Backend& b, const std::string& label, Report* report) {
       report->failures.push_back(label + ": " + what);
     }
   };
-  const double start = b.clockSeconds();
+  const double start = clockSeconds(b);
   try {
     ContractMessage v(b, {0});
     b.recv(0, v.view(), makeTag(7, 1, 0));
@@ -383,7 +386,7 @@ void contractSilentPeer(Backend& b, const std::string& label, Report* report) {
                                ": a receive from a silent peer returned instead of "
                                "timing out");
   } catch (const CommError& e) {
-    const double took = b.clockSeconds() - start;
+    const double took = clockSeconds(b) - start;
     std::string m = e.what();
     expect(m.find("rank 0") != std::string::npos,
            "the timeout error names the silent peer (rank 0): " + m);
@@ -391,6 +394,111 @@ void contractSilentPeer(Backend& b, const std::string& label, Report* report) {
            fmt::format("the receive times out after params.timeout (700 ms), took {:.3f} s", took));
   }
 }
+
+// The abort and lifetime rules of collie/backend.h, checked on rank 1 of two. Rank 0 takes
+// part through `meet` (both ranks call it at the same points: a barrier) and, where ranks are
+// threads or actors of one process, by aborting rank 1's group itself.
+constexpr char kAbortReason[] = "plugin-check aborts rank 1";
+constexpr double kAbortAfter = 0.1;  // seconds after the receive was posted
+
+struct ContractRank {
+  Backend& b;
+  std::function<void()> meet;
+  std::function<void(bool, const std::string&)> expect;
+};
+
+// Rank 1 posts a receive that nothing will match on a group with a 20 s timeout and hands
+// it to `abort_soon`, which aborts the group about 100 ms later from another thread (or
+// actor). The wait must end at once with the abort's reason; a second abort changes nothing;
+// posts after it fail with the first reason.
+void contractAbort(const ContractRank& r, const std::function<void()>& abort_soon) {
+  if (r.b.rank() != 1) return;
+  ContractMessage v(r.b, {0});
+  auto request = r.b.irecv(0, v.view(), makeTag(8, 1, 0));
+  const double posted = clockSeconds(r.b);
+  abort_soon();
+  try {
+    request->wait(r.b.timeout());
+    r.expect(false, "a receive that nothing matched completed although its group was aborted");
+  } catch (const CommError& e) {
+    const std::string m = e.what();
+    const double took = clockSeconds(r.b) - posted;
+    r.expect(m.find(std::string("aborted: ") + kAbortReason) != std::string::npos,
+             "a wait ended by abort() says \"aborted: <reason>\": " + m);
+    r.expect(took < kAbortAfter + 3,
+             fmt::format("abort() ends a pending wait at once (took {:.1f} s of a {} ms timeout)",
+                         took, r.b.timeout().count()));
+  }
+  r.b.abort("a second abort");  // no effect: the first reason stays
+  for (bool sending : {true, false}) {
+    const std::string what = sending ? "send" : "receive";
+    try {
+      auto late = sending ? r.b.isend(0, v.view(), makeTag(8, 2, 0))
+                          : r.b.irecv(0, v.view(), makeTag(8, 2, 0));
+      late->wait(r.b.timeout());
+      r.expect(false, "a " + what + " posted after abort() completed");
+    } catch (const CommError& e) {
+      const std::string m = e.what();
+      r.expect(m.find(kAbortReason) != std::string::npos &&
+                   m.find("a second abort") == std::string::npos,
+               "a " + what + " posted after abort() fails with the first abort's reason: " + m);
+    }
+  }
+}
+
+// A request outlives its group: rank 1 posts a receive on a sub-group and destroys the
+// sub-group; rank 0 then sends to it. The request must still end, with the bytes sent or
+// a CommError, and touch no freed memory (a crash or a hang fails the check).
+void contractLifetime(const ContractRank& r) {
+  std::unique_ptr<Backend> sub = r.b.split({0, 1});
+  const auto wait = std::chrono::milliseconds(2000);
+  const Tag tag = makeTag(9, 1, 0);
+  if (r.b.rank() == 1) {
+    ContractMessage v(r.b, {0});
+    auto request = sub->irecv(0, v.view(), tag);
+    sub.reset();
+    r.meet();  // the group is gone; rank 0 sends now
+    try {
+      request->wait(wait);
+      r.expect(v.value(0) == 42, fmt::format("a receive that outlived its group completed with "
+                                             "{} where 42 was sent",
+                                             v.value(0)));
+    } catch (const CommError&) {
+      r.expect(true, "");  // failing is allowed: the group is gone
+    }
+  } else {
+    r.meet();
+    ContractMessage v(r.b, {42});
+    try {
+      sub->isend(1, v.view(), tag)->wait(wait);
+    } catch (const CommError&) {  // the receiving group is gone: either outcome is the rule's
+    }
+  }
+  r.meet();  // rank 0 keeps its side until rank 1 is done
+}
+
+// A barrier of two ranks that are threads or actors of one process, waiting in the
+// backend's time (a simulator's actors switch only inside its calls).
+class PollingMeet {
+ public:
+  void meet(const Backend& b) {
+    const int round = rounds_[b.rank()]++ + 1;
+    arrived_.fetch_add(1);
+    const double start = clockSeconds(b);
+    while (arrived_.load() < 2 * round) {
+      if (clockSeconds(b) - start > 30)
+        throw CommError(
+            fmt::format("rank {}: the other rank never reached the contract "
+                        "check's meeting point {}",
+                        b.rank(), round));
+      sleepSeconds(b, 0.002);
+    }
+  }
+
+ private:
+  std::atomic<int> arrived_{0};
+  std::array<int, 2> rounds_{};  // each rank touches only its own
+};
 
 }  // namespace
 
@@ -418,6 +526,35 @@ Report checkBackendContract(const PluginLoader& loader, const config::PluginRef&
   } catch (const Error& e) {
     report.failures.push_back(ref.label +
                               ": a silent peer gave a non-communication error: " + e.what());
+  }
+  // Rank 0 aborts rank 1's group: from another thread, or another actor of a simulator.
+  ref.params.set("timeout", "20s");
+  try {
+    PollingMeet meeting;
+    std::atomic<Backend*> victim{nullptr};
+    runInProcess(loader, ref, 2, [&](std::shared_ptr<Backend> b) {
+      const ContractRank r{*b, [&] { meeting.meet(*b); }, expect};
+      if (b->rank() == 1) {
+        contractAbort(r, [&] {
+          victim = b.get();
+          r.meet();
+        });
+      } else {
+        r.meet();
+        sleepSeconds(*b, kAbortAfter);
+        victim.load()->abort(kAbortReason);
+      }
+    });
+  } catch (const Error& e) {
+    report.failures.push_back(ref.label + ": abort: " + e.what());
+  }
+  try {
+    PollingMeet meeting;
+    runInProcess(loader, ref, 2, [&](std::shared_ptr<Backend> b) {
+      contractLifetime({*b, [&] { meeting.meet(*b); }, expect});
+    });
+  } catch (const Error& e) {
+    report.failures.push_back(ref.label + ": a request that outlives its group: " + e.what());
   }
   return report;
 }
@@ -450,6 +587,30 @@ Report checkBackendContractOnRank(
                               ": a silent peer gave a non-communication error: " + e.what());
   }
   barrier();  // rank 0 stays connected until rank 1 has timed out
+  try {
+    auto aborted = make("20s");
+    struct Joined {  // joined before `aborted` goes, whatever the check throws
+      std::thread thread;
+      ~Joined() {
+        if (thread.joinable()) thread.join();
+      }
+    } aborter;
+    contractAbort({*aborted, barrier, expect}, [&] {
+      aborter.thread = std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::duration<double>(kAbortAfter));
+        aborted->abort(kAbortReason);
+      });
+    });
+    barrier();
+  } catch (const Error& e) {
+    report.failures.push_back(label + ": abort: " + e.what());
+    return report;
+  }
+  try {
+    contractLifetime({*make("20s"), barrier, expect});
+  } catch (const Error& e) {
+    report.failures.push_back(label + ": a request that outlives its group: " + e.what());
+  }
   return report;
 }
 

@@ -55,9 +55,12 @@ Report checkSchedulerOnRank(const PluginLoader& loader, const config::PluginRef&
                             std::shared_ptr<Backend> backend, const std::string& backend_name,
                             const Options& options);
 
-// Checks the backend contract itself: tag order, zero-byte messages, and a receive from a
-// silent peer that must fail with a CommError naming the peer, after the timeout and not
-// long after it.
+// Checks the backend contract itself (collie/backend.h): tag order, zero-byte messages, a
+// receive from a silent peer that must fail with a CommError naming the peer, after the
+// timeout and not long after it, and the abort and request-lifetime rules: an abort from
+// another thread (another actor on a simulator) ends a pending wait at once with its reason,
+// a second abort changes nothing, posts after it fail, and a receive whose group was
+// destroyed before its message came still ends (with the bytes or a CommError).
 Report checkBackendContract(const PluginLoader& loader, const config::PluginRef& backend);
 
 // The same on one rank of a 2-process job: `make(timeout)` creates a fresh group of the

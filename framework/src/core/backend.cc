@@ -1,5 +1,6 @@
 // The helpers every backend shares (collie/backend.h): transfer checks and descriptions, the
-// abort flag, and the rank arithmetic of split.
+// abort flag, the rank arithmetic of split, and the host's answers where a backend is no
+// simulator (collie/simulation.h).
 #include "collie/backend.h"
 
 #include <fmt/format.h>
@@ -13,6 +14,7 @@
 #include <thread>
 
 #include "collie/error.h"
+#include "collie/simulation.h"
 
 namespace collie {
 
@@ -47,13 +49,32 @@ DeviceStreamHooks deviceStreamHooks() {
   return hooks;
 }
 
-double Backend::clockSeconds() const {
+double clockSeconds(const Backend& backend) {
+  if (const Simulation* simulation = backend.simulation()) return simulation->clockSeconds();
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-void Backend::sleepSeconds(double seconds) {
-  if (seconds > 0) std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+void sleepSeconds(const Backend& backend, double seconds) {
+  if (const Simulation* simulation = backend.simulation()) {
+    simulation->sleepSeconds(seconds);
+  } else if (seconds > 0) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  }
 }
+
+bool simulatedTime(const Backend& backend) { return backend.simulation() != nullptr; }
+
+std::vector<std::string> nodeLabels(const Backend& backend) {
+  const Simulation* simulation = backend.simulation();
+  return simulation ? simulation->nodeLabels() : std::vector<std::string>{};
+}
+
+bool movesPayload(const Backend& backend) {
+  const Simulation* simulation = backend.simulation();
+  return simulation == nullptr || simulation->payload();
+}
+
+bool concurrentGroups(const Backend& backend) { return backend.simulation() == nullptr; }
 
 void checkTransfer(const std::string& backend, int rank, int size, int peer, const Buffer& buf,
                    bool sending, MemoryKind moves) {

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "collie/device_memory.h"
+#include "collie/simulation.h"
 
 namespace collie::measure {
 
@@ -67,12 +68,12 @@ double exchange(Backend& backend, Control& control, uint64_t bytes, int iters, P
   control.barrier();
   if (p.to >= 0) {
     for (Tag tag : tags) {
-      const double start = backend.clockSeconds();
+      const double start = clockSeconds(backend);
       std::vector<std::unique_ptr<Request>> requests;
       requests.push_back(backend.irecv(p.from, in.view(), tag));
       requests.push_back(backend.isend(p.to, out.view(), tag));
       waitAll(requests, backend.timeout());
-      times.push_back(backend.clockSeconds() - start);
+      times.push_back(clockSeconds(backend) - start);
     }
   }
   control.barrier();
@@ -104,9 +105,9 @@ double stream(Backend& backend, Control& control, uint64_t bytes, int iters, Par
     std::vector<std::unique_ptr<Request>> recvs;
     for (int i = 0; i < iters; ++i) recvs.push_back(backend.irecv(p.from, into[i].view(), tags[i]));
     recvs.front()->wait(backend.timeout());
-    const double first = backend.clockSeconds();
+    const double first = clockSeconds(backend);
     for (size_t i = 1; i < recvs.size(); ++i) recvs[i]->wait(backend.timeout());
-    seconds = (backend.clockSeconds() - first) / static_cast<double>(iters - 1);
+    seconds = (clockSeconds(backend) - first) / static_cast<double>(iters - 1);
   }
   control.barrier();
   return seconds;
@@ -162,10 +163,10 @@ double probeReduction(Backend& backend, Control& control, DType dtype) {
   double best = 1e30;
   for (int i = 0; i < 3; ++i) {
     control.barrier();
-    const double start = backend.clockSeconds();
+    const double start = clockSeconds(backend);
     reduceInto(a.view(), b.view(), ReduceOp::kSum);
     if (like.memory == MemoryKind::kCuda) synchronizeDevice(like.device);  // a GPU's is queued
-    best = std::min(best, backend.clockSeconds() - start);
+    best = std::min(best, clockSeconds(backend) - start);
   }
   return best / static_cast<double>(a.view().bytes());
 }
@@ -175,10 +176,9 @@ double probeReduction(Backend& backend, Control& control, DType dtype) {
 Buffer measurementLike(const Backend& backend, DType dtype, int device) {
   Buffer like;
   like.dtype = dtype;
-  const Capabilities caps = backend.capabilities();
-  if (!caps.payload) {
+  if (!movesPayload(backend)) {
     like.memory = MemoryKind::kNone;
-  } else if (!caps.host_memory) {
+  } else if (!backend.capabilities().host_memory) {
     like.memory = MemoryKind::kCuda;
     like.device = device;
   }

@@ -13,6 +13,7 @@
 #include "collie/device_memory.h"
 #include "collie/error.h"
 #include "collie/params.h"
+#include "collie/simulation.h"
 #include "config/experiment.h"
 #include "plugin/loader.h"
 #include "runtime/control.h"
@@ -40,7 +41,8 @@ Communicator::Communicator(std::shared_ptr<Backend> backend, std::string backend
       backend_interned_(internName(backend_name_)),
       topology_(std::move(topology)) {
   topology_.capabilities = backend_->capabilities();  // what native and accepts() consult
-  topology_.backend = backend_name_;                  // what auto's rules files are matched to
+  topology_.concurrent_groups = concurrentGroups(*backend_);
+  topology_.backend = backend_name_;  // what auto's rules files are matched to
   who_ = "rank " + std::to_string(backend_->rank());
   uncaught_at_start_ = std::uncaught_exceptions();
 }
@@ -60,7 +62,7 @@ void Communicator::setDebug(CommDebug debug) {
   if (progress_) unpublishProgress(progress_.get());
   progress_.reset();
   // A simulator's ranks wait in simulated time: a wall-clock watch would say nothing true.
-  if (!debug_.progress.dir.empty() && !backend_->simulatedTime()) {
+  if (!debug_.progress.dir.empty() && !simulatedTime(*backend_)) {
     progress_ = std::make_unique<ProgressBoard>(backend_->rank(), backend_->size(), debug_.run);
     publishProgress(progress_.get(), progressPath(debug_.progress.dir, backend_->rank()),
                     debug_.progress);
@@ -96,7 +98,7 @@ Provenance Communicator::runRule(const Rule& rule, CollectiveArgs args, std::str
   const int64_t traced_from = tracer_ != nullptr ? tracer_->now() : 0;
   const ProgressScope marked(progress_.get(), {false, args.coll, args.seq, bytes});
   bool staged = false;
-  const double start = backend_->clockSeconds();  // simulated time on a simulator
+  const double start = clockSeconds(*backend_);  // simulated time on a simulator
   try {
     if (debug_.consistency) checkConsistent(args);
     staged = runScheduler(*rule.choice.scheduler, args);
@@ -113,7 +115,7 @@ Provenance Communicator::runRule(const Rule& rule, CollectiveArgs args, std::str
     throw;
   }
   if (recorder_) recorder_->end(entry, FlightEntry::State::kCompleted);
-  const double took = backend_->clockSeconds() - start;
+  const double took = clockSeconds(*backend_) - start;
   const Provenance done{
       internName(label), backend_interned_, args.coll, bytes, args.seq, took, ran, staged};
   if (tracer_ != nullptr) tracer_->collective(done, args.op, traced_from, tracer_->now());

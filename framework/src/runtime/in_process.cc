@@ -11,11 +11,12 @@
 
 #include "collie/error.h"
 #include "collie/log.h"
+#include "collie/simulation.h"
 
 namespace collie {
 
 Topology topologyOf(const Backend& backend, const Topology& configured) {
-  auto labels = backend.nodeLabels();
+  auto labels = nodeLabels(backend);
   if (labels.empty()) return configured;
   if (static_cast<int>(labels.size()) != backend.size()) {
     throw InternalError(
