@@ -31,10 +31,7 @@ LAYERS = {
 SAME_LAYER_OK = {"config", "plugin", "util"}
 
 # (from folder, to folder): why it is still there.
-KNOWN = {
-    ("config", "lab"): "the lab's settings are parsed by config (one Experiment for every kind)",
-    ("runtime", "lab"): "runExperiments starts the lab's launcher for launch.lab runs",
-}
+KNOWN = {}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 

@@ -17,6 +17,7 @@
 #include "collie/plugin.h"
 #include "config/experiment.h"
 #include "lab/lab.h"
+#include "lab/lab_job.h"
 #include "plugin/loader.h"
 #include "runtime/device.h"
 #include "runtime/environment.h"
@@ -56,7 +57,7 @@ std::unique_ptr<ExperimentKind> kindFor(config::Experiment::Kind kind) {
 int runCommand(const RunRequest& request) {
   auto experiments = config::loadExperiments(request.config, request.sets);
   applyLogLevel(request.log_level, experiments.front().log_level);
-  return runExperiments(request, experiments, kindFor);
+  return runExperiments(request, experiments, {kindFor, lab::wantsLab, lab::runOnLab});
 }
 
 int validateCommand(const RunRequest& request) {
@@ -214,7 +215,7 @@ int dispatch(int argc, char** argv) {
   auto* lab_up = lab_cmd->add_subcommand("up", "make the lab (or keep it, when it is as asked)");
   lab_up->add_option("--hosts", opt.lab.hosts, "emulated hosts")
       ->capture_default_str()
-      ->check(CLI::Range(1, lab::kMaxHosts));
+      ->check(CLI::Range(1, config::LabSpec::kMaxHosts));
   lab_up->add_option("--rate", opt.lab.rate, "every link's rate, both directions (tbf)")
       ->capture_default_str();
   lab_up->add_option("--cpus", opt.lab.cpus, "CPUs per host, ';' between hosts: 0;1 or 0-1;2-3");

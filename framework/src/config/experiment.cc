@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -18,7 +19,6 @@
 #include "collie/error.h"
 #include "config/schema.h"
 #include "core/strings.h"
-#include "lab/lab.h"
 
 namespace collie::config {
 namespace {
@@ -370,7 +370,7 @@ void checkConsistency(const Experiment& e, std::vector<Issue>* issues) {
   checkFaults(e, issues);
   if (const YAML::Node rate = e.resolved["launch"]["lab"]["rate"]) {
     try {
-      lab::parseRate(e.lab.rate, "launch.lab.rate");
+      parseRate(e.lab.rate, "launch.lab.rate");
     } catch (const ConfigError& x) {
       issues->push_back({valueLocation(e.file, rate) + ": " + x.what()});
     }
@@ -677,7 +677,7 @@ const Schema& experimentSchema() {
                                      "training run resumes from its newest checkpoint)")},
            {"lab",
             S::map({
-                       {"hosts", S::integer(0, lab::kMaxHosts)
+                       {"hosts", S::integer(0, LabSpec::kMaxHosts)
                                      .byDefault("0")
                                      .into(&LabSpec::hosts)
                                      .doc("emulated hosts, nproc_per_node ranks each (0: no lab)")},
@@ -1000,6 +1000,22 @@ const Schema& experimentSchema() {
                  })},
   });
   return schema;
+}
+
+uint64_t parseRate(const std::string& rate, const std::string& what) {
+  static const std::vector<std::pair<std::string, uint64_t>> kUnits = {
+      {"gbit", 1000000000ull}, {"mbit", 1000000ull}, {"kbit", 1000ull}, {"bit", 1ull}, {"", 1ull}};
+  size_t digits = 0;
+  while (digits < rate.size() && std::isdigit(static_cast<unsigned char>(rate[digits]))) ++digits;
+  const std::string unit = rate.substr(digits);
+  for (const auto& [name, scale] : kUnits) {
+    if (digits == 0 || digits > 12 || unit != name) continue;
+    const uint64_t value = std::stoull(rate.substr(0, digits)) * scale;
+    if (value >= 8000 && value <= 100000000000ull) return value;
+  }
+  throw ConfigError(fmt::format(
+      "{}: '{}' is not a link rate from 8kbit to 100gbit; expected e.g. 100mbit, 1gbit, 10gbit",
+      what, rate));
 }
 
 }  // namespace collie::config

@@ -69,10 +69,15 @@ struct DataSpec {
 
 // launch.lab: run the job on an emulated cluster of this machine (lab/lab.h).
 struct LabSpec {
-  int hosts = 0;  // 0: no lab
+  static constexpr int kMaxHosts = 64;  // addresses .1 to .64 of the lab's /24
+  int hosts = 0;                        // 0: no lab
   std::string rate;
   std::string cpus;  // per host, ';' between hosts ("" : every CPU)
 };
+
+// Parses a tc rate ("100mbit", "1gbit", "10gbit", "500kbit", "1000000" bits/s) from 8kbit
+// to 100gbit; throws ConfigError naming `what` otherwise.
+uint64_t parseRate(const std::string& rate, const std::string& what);
 
 // What of the training state each rank keeps only its shard of (ZeRO's stages):
 // nothing (DDP), the optimizer state (stage 1), the reduced gradients too (stage 2), and the

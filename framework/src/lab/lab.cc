@@ -22,6 +22,7 @@
 
 #include "collie/error.h"
 #include "collie/log.h"
+#include "config/experiment.h"
 #include "util/files.h"
 #include "util/system.h"
 
@@ -251,22 +252,6 @@ std::string enter(const Host& host) {
 
 }  // namespace
 
-uint64_t parseRate(const std::string& rate, const std::string& what) {
-  static const std::vector<std::pair<std::string, uint64_t>> kUnits = {
-      {"gbit", 1000000000ull}, {"mbit", 1000000ull}, {"kbit", 1000ull}, {"bit", 1ull}, {"", 1ull}};
-  size_t digits = 0;
-  while (digits < rate.size() && std::isdigit(static_cast<unsigned char>(rate[digits]))) ++digits;
-  const std::string unit = rate.substr(digits);
-  for (const auto& [name, scale] : kUnits) {
-    if (digits == 0 || digits > 12 || unit != name) continue;
-    const uint64_t value = std::stoull(rate.substr(0, digits)) * scale;
-    if (value >= 8000 && value <= 100000000000ull) return value;
-  }
-  throw ConfigError(fmt::format(
-      "{}: '{}' is not a link rate from 8kbit to 100gbit; expected e.g. 100mbit, 1gbit, 10gbit",
-      what, rate));
-}
-
 void requirePrivileges() {
   // CapEff: bit 12 CAP_NET_ADMIN (links, addresses, qdiscs), bit 21 CAP_SYS_ADMIN (namespaces,
   // mounts).
@@ -300,10 +285,11 @@ std::optional<Lab> current() {
 }
 
 Lab up(const UpRequest& request) {
-  if (request.hosts < 1 || request.hosts > kMaxHosts) {
-    throw ConfigError(fmt::format("lab hosts: {} is not in [1, {}]", request.hosts, kMaxHosts));
+  if (request.hosts < 1 || request.hosts > config::LabSpec::kMaxHosts) {
+    throw ConfigError(
+        fmt::format("lab hosts: {} is not in [1, {}]", request.hosts, config::LabSpec::kMaxHosts));
   }
-  const uint64_t rate_bits = parseRate(request.rate, "lab rate");
+  const uint64_t rate_bits = config::parseRate(request.rate, "lab rate");
   const auto cpus = parseCpus(request.cpus, request.hosts);
   requirePrivileges();
   if (auto lab = current(); lab && same(*lab, request, rate_bits, cpus)) return *lab;

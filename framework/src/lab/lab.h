@@ -37,13 +37,6 @@ struct UpRequest {
   std::string cpus;
 };
 
-// The most hosts a lab has (addresses .1 to .64 of its /24).
-constexpr int kMaxHosts = 64;
-
-// Parses a tc rate ("100mbit", "1gbit", "10gbit", "500kbit", "1000000" bits/s); throws
-// ConfigError naming `what` otherwise.
-uint64_t parseRate(const std::string& rate, const std::string& what);
-
 // Refuses with one clear line (ConfigError) when this process cannot make network
 // namespaces, veth pairs and qdiscs (not root, or without CAP_SYS_ADMIN and CAP_NET_ADMIN),
 // or when `ip` is missing.

@@ -22,7 +22,6 @@
 #include "collie/error.h"
 #include "collie/log.h"
 #include "core/strings.h"
-#include "lab/lab_job.h"
 #include "runtime/environment.h"
 #include "runtime/faults.h"
 #include "runtime/launcher.h"
@@ -367,9 +366,9 @@ void refuseEmulatedDeviceFor(const PluginLoader& loader, const config::Experimen
 }  // namespace
 
 int runExperiments(const RunRequest& request, const std::vector<config::Experiment>& runs,
-                   KindFactory kinds) {
+                   const RunParts& parts) {
   const auto& first = runs.front();
-  std::unique_ptr<ExperimentKind> kind = kinds(first.kind);
+  std::unique_ptr<ExperimentKind> kind = parts.kind(first.kind);
   const WorkerEnv env = detectWorkerEnv();
   const Role role = roleOf(env);
   if (role == Role::kCollieWorker) return runAsCollieWorker(request, runs, env, *kind);
@@ -394,7 +393,7 @@ int runExperiments(const RunRequest& request, const std::vector<config::Experime
   }
   for (size_t i = 0; i < runs.size(); ++i) {
     const auto& e = runs[i];
-    const bool on_lab = role == Role::kLauncher && lab::wantsLab(e);
+    const bool on_lab = role == Role::kLauncher && parts.wants_lab && parts.wants_lab(e);
     if (request.only_run >= 0 && static_cast<int>(i) != request.only_run) continue;
     if (writer) {
       saveConfig(out / (runs.size() == 1 ? "config.yaml" : fmt::format("config-{}.yaml", i)),
@@ -459,7 +458,7 @@ int runExperiments(const RunRequest& request, const std::vector<config::Experime
       kind->runInThreads(loader, e, out);
     } else {
       if (on_lab) {
-        lab::runOnLab(request, e, i, out);  // node 0 of the lab leaves the result here
+        parts.run_on_lab(request, e, i, out);  // node 0 of the lab leaves the result here
       } else {
         launchRun(request, e, i, out);
         // Node 0's launcher reports; on a lab host, the launcher that started the hosts does.

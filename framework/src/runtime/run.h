@@ -57,13 +57,24 @@ class ExperimentKind {
                      const std::filesystem::path& out) = 0;
 };
 
-// The table for the experiments' kind (bench or train).
-using KindFactory = std::unique_ptr<ExperimentKind> (*)(config::Experiment::Kind);
+// What the runtime is handed from above it (the command line), so that it includes neither
+// the kinds nor the lab: the table of the experiments' kind (bench or train), and the
+// launcher of runs on the lab's emulated hosts (launch.lab).
+struct RunParts {
+  std::unique_ptr<ExperimentKind> (*kind)(config::Experiment::Kind) = nullptr;
+  // Whether this process should run `e` across the lab's hosts (it asks for a lab, and this
+  // process is not already the launcher of one of them). Null: no lab.
+  bool (*wants_lab)(const config::Experiment& e) = nullptr;
+  // Runs run `index` of the file across the lab's hosts; returns once node 0 has left the
+  // run's result in `out`.
+  void (*run_on_lab)(const RunRequest& request, const config::Experiment& e, size_t index,
+                     const std::filesystem::path& out) = nullptr;
+};
 
 // Runs every run of the file in this process's role and reports on the process that
 // reports (the launcher on node 0, or rank 0 under an outside launcher). Returns the exit
 // code; throws Error on failure and Interrupted when a signal stopped the workers.
 int runExperiments(const RunRequest& request, const std::vector<config::Experiment>& runs,
-                   KindFactory kinds);
+                   const RunParts& parts);
 
 }  // namespace collie
