@@ -18,6 +18,7 @@
 
 #include "collie/patterns/blocks.h"
 #include "collie/plugin.h"
+#include "collie/schedules/accept.h"
 #include "collie/simulation.h"
 
 namespace collie::hierarchical {
@@ -44,10 +45,8 @@ class HierarchicalScheduler : public Scheduler {
   }
 
   Decision accepts(const CollectiveArgs& args, const Topology& topology) const override {
-    if (args.coll != Collective::kAllReduce) {
-      return Decision::no(std::string("hierarchical: ") + collectiveName(args.coll) +
-                          " is not implemented (allreduce is)");
-    }
+    if (args.coll != Collective::kAllReduce)
+      return schedules::acceptOnly("hierarchical", Collective::kAllReduce, args);
     const int per_node = static_cast<int>(topology.ranksOnNode(0).size());
     for (int node = 1; node < topology.nodeCount(); ++node) {
       if (static_cast<int>(topology.ranksOnNode(node).size()) != per_node) {

@@ -8,6 +8,7 @@
 
 #include "collie/patterns/knomial.h"
 #include "collie/plugin.h"
+#include "collie/schedules/accept.h"
 #include "collie/schedules/trees.h"
 
 namespace collie::knomial {
@@ -22,15 +23,8 @@ class KnomialScheduler : public Scheduler {
         segment_bytes_(context.params->getBytes("segment_bytes", 256 << 10, 1, 1ull << 32)) {}
 
   Decision accepts(const CollectiveArgs& args, const Topology&) const override {
-    switch (args.coll) {
-      case Collective::kAllReduce:
-      case Collective::kBroadcast:
-      case Collective::kBarrier:
-        return Decision::yes();
-      default:
-        return Decision::no(std::string("knomial: ") + collectiveName(args.coll) +
-                            " is not implemented (allreduce, broadcast, barrier are)");
-    }
+    return schedules::acceptOnly(
+        "knomial", {Collective::kAllReduce, Collective::kBroadcast, Collective::kBarrier}, args);
   }
 
   void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "collie/plugin.h"
+#include "collie/schedules/accept.h"
 #include "collie/schedules/rings.h"
 
 namespace collie::ring {
@@ -21,15 +22,8 @@ class RingScheduler : public Scheduler {
       : chunk_bytes_(context.params->getBytes("chunk_bytes", 1 << 20, 1, 1ull << 32)) {}
 
   Decision accepts(const CollectiveArgs& args, const Topology&) const override {
-    switch (args.coll) {
-      case Collective::kAllReduce:
-      case Collective::kReduceScatter:
-      case Collective::kAllGather:
-        return Decision::yes();
-      default:
-        return Decision::no(std::string("ring: ") + collectiveName(args.coll) +
-                            " is not implemented (allreduce, reduce_scatter, allgather are)");
-    }
+    return schedules::acceptOnly(
+        "ring", {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather}, args);
   }
 
   void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {

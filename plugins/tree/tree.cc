@@ -8,6 +8,7 @@
 
 #include "collie/patterns/tree.h"
 #include "collie/plugin.h"
+#include "collie/schedules/accept.h"
 #include "collie/schedules/trees.h"
 
 namespace collie::tree {
@@ -21,15 +22,8 @@ class TreeScheduler : public Scheduler {
       : segment_bytes_(context.params->getBytes("segment_bytes", 256 << 10, 1, 1ull << 32)) {}
 
   Decision accepts(const CollectiveArgs& args, const Topology&) const override {
-    switch (args.coll) {
-      case Collective::kAllReduce:
-      case Collective::kBroadcast:
-      case Collective::kBarrier:
-        return Decision::yes();
-      default:
-        return Decision::no(std::string("tree: ") + collectiveName(args.coll) +
-                            " is not implemented (allreduce, broadcast, barrier are)");
-    }
+    return schedules::acceptOnly(
+        "tree", {Collective::kAllReduce, Collective::kBroadcast, Collective::kBarrier}, args);
   }
 
   void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {

@@ -1,6 +1,7 @@
-// accepts() and run() of a scheduler that implements one collective.
+// accepts() and run() of a scheduler that implements one collective, or a few.
 #pragma once
 
+#include <initializer_list>
 #include <string>
 
 #include "collie/plugin.h"
@@ -15,6 +16,20 @@ inline Decision acceptOnly(const char* scheduler, Collective implemented,
   if (args.coll == implemented) return Decision::yes();
   return Decision::no(std::string(scheduler) + ": " + collectiveName(args.coll) +
                       " is not implemented (" + collectiveName(implemented) + " is" + hint + ")");
+}
+
+// The same for a scheduler that implements several: "tree: allgather is not implemented
+// (allreduce, broadcast, barrier are)".
+inline Decision acceptOnly(const char* scheduler, std::initializer_list<Collective> implemented,
+                           const CollectiveArgs& args) {
+  std::string names;
+  for (Collective c : implemented) {
+    if (c == args.coll) return Decision::yes();
+    names += (names.empty() ? "" : ", ") + std::string(collectiveName(c));
+  }
+  return Decision::no(std::string(scheduler) + ": " + collectiveName(args.coll) +
+                      " is not implemented (" + names +
+                      (implemented.size() == 1 ? " is)" : " are)"));
 }
 
 // For run(): the framework runs only what accepts() took, so anything else is collie's bug.
