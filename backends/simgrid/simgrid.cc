@@ -96,6 +96,7 @@ struct Pending : std::enable_shared_from_this<Pending> {
   Buffer buffer;
   int owner;  // the world rank that posted it
   bool sending = false;
+  const void* group = nullptr;  // the Group it was posted in: abort() ends its group's only
   // Where the two halves meet, shared by both sides: the side whose half is posted second
   // gives the mailbox back (SimGrid has paired the halves; it is empty again).
   struct Meeting {
@@ -111,6 +112,7 @@ struct Pending : std::enable_shared_from_this<Pending> {
   // The receive that releaseHalf posted to end a failed send still alone in its mailbox.
   sg4::CommPtr release;
   void* released = nullptr;
+  bool was_released = false;  // releaseHalf ran: never twice
 };
 using Queue = std::deque<std::shared_ptr<Pending>>;
 
@@ -135,6 +137,10 @@ struct World {
   // The halves each world rank has posted and not seen finish, so that an abort can cancel
   // what it and its peers wait for.
   std::vector<std::set<Pending*>> in_flight;
+  // Halves whose requests were dropped while SimGrid still moved them (a matched half that
+  // runs on for its peer): kept until the simulation ends, since SimGrid writes into them
+  // when the communication completes.
+  std::vector<std::shared_ptr<Pending>> orphans;
   std::map<long, int> rank_of_actor;  // SimGrid actor id -> world rank
   // Empty SimGrid mailboxes for the next transfers: SimGrid never frees a mailbox, so a
   // transfer borrows one from the time its first half is posted until its second is.
@@ -357,6 +363,7 @@ void runRanks(const PluginContext& context, int world_size, const std::function<
   auto finish = [&] {
     setReductionHook(previous);
     world.groups.clear();
+    world.orphans.clear();
     g_running = nullptr;
     std::lock_guard<std::mutex> lock(g_registry_mu);
     g_worlds.clear();
@@ -481,7 +488,11 @@ class SimRequest : public Request {
   // for its peer (the bytes were copied when the two sides met).
   ~SimRequest() override {
     world_->in_flight[pending_->owner].erase(pending_.get());
-    if (withdraw()) cancel(pending_->comm);
+    if (withdraw()) {
+      cancel(pending_->comm);
+    } else if (!finished_) {
+      world_->orphans.push_back(pending_);
+    }
   }
 
   void wait(std::chrono::milliseconds timeout) override {
@@ -562,22 +573,24 @@ class SimRequest : public Request {
 char g_no_payload = 0;
 
 // Ends the wait on a half that failed (an abort, a size mismatch), from whichever actor
-// finds out. A half that met its partner is cancelled. One still alone in its mailbox is
-// matched instead, by a zero-byte half posted here: SimGrid leaves the waiter of a cancelled
-// communication that nobody matched asleep until its timeout. The waiter then sees
-// `failed`. A half not posted yet (no `comm`) is cancelled by its post when it returns.
+// finds out, at once. SimGrid wakes the waiters of a cancelled communication only once both
+// halves are posted (cancelling one still alone in its mailbox takes it out and leaves its
+// waiter asleep until its timeout). So a half still alone is first matched by a zero-byte
+// half posted here, and then the pair is cancelled: both ends wake, nothing is copied, and
+// the waiter sees `failed`. A half not posted yet (no `comm`) is cancelled by its post when
+// it returns.
 void releaseHalf(Pending& p) {
-  if (!p.comm) return;
+  if (!p.comm || p.was_released) return;
+  p.was_released = true;
   Pending::Meeting& m = *p.meeting;
   m.spoiled = true;
   try {
-    if (m.posted >= 2) {
-      p.comm->cancel();
-    } else if (p.sending) {
+    if (m.posted < 2 && p.sending) {
       p.release = m.mailbox->get_async<void>(&p.released);
-    } else {
-      m.mailbox->put_init(&g_no_payload, 0)->detach();
+    } else if (m.posted < 2) {
+      p.release = m.mailbox->put_async(&g_no_payload, 0);
     }
+    p.comm->cancel();
   } catch (const simgrid::Exception&) {
   }
   resumeLogRank();
@@ -623,6 +636,7 @@ std::unique_ptr<Request> SimgridBackend::post(int peer, const Buffer& buf, Tag t
   auto& my_side = sending ? box.sends : box.recvs;
   auto mine = std::make_shared<Pending>(buf, worldRankOfMe());
   mine->sending = sending;
+  mine->group = group_.get();
   // Everything from the lookup to the queue change runs without a SimGrid call, which could
   // let another rank run in between: the mailbox a first side needs is borrowed before.
   sg4::Mailbox* spare = world_->borrowMailbox();
@@ -669,8 +683,12 @@ void SimgridBackend::abort(const std::string& reason) {
   auto& box = group_->boxes[rank_];
   if (!box.aborted.set(reason)) return;  // the first reason stays
   const int me = worldRankOfMe();
-  // Cancel this rank's halves, and the unmatched halves of peers that wait for this rank.
-  std::vector<Pending*> victims(world_->in_flight[me].begin(), world_->in_flight[me].end());
+  // This rank's halves in this group, and the unmatched halves of peers that wait for this
+  // rank in it. A half that failed already (an earlier abort, a size mismatch) keeps its
+  // first reason and is released once.
+  std::vector<Pending*> victims;
+  for (Pending* p : world_->in_flight[me])
+    if (p->group == group_.get()) victims.push_back(p);
   for (auto& [key, queue] : box.sends)
     for (auto& p : queue) victims.push_back(p.get());
   for (auto& other : group_->boxes) {
@@ -679,6 +697,11 @@ void SimgridBackend::abort(const std::string& reason) {
       for (auto& p : queue) victims.push_back(p.get());
     }
   }
+  std::sort(victims.begin(), victims.end());
+  victims.erase(std::unique(victims.begin(), victims.end()), victims.end());
+  victims.erase(
+      std::remove_if(victims.begin(), victims.end(), [](Pending* p) { return p->failed; }),
+      victims.end());
   for (Pending* p : victims) {
     p->error = "aborted: " + reason;
     p->failed = true;
@@ -687,8 +710,6 @@ void SimgridBackend::abort(const std::string& reason) {
   // Victims are held by their requests, which stay alive while their owners wait, and
   // releaseHalf makes SimGrid calls (other actors may run meanwhile): hold them here too.
   std::vector<std::shared_ptr<Pending>> held;
-  std::sort(victims.begin(), victims.end());
-  victims.erase(std::unique(victims.begin(), victims.end()), victims.end());
   for (Pending* p : victims) held.push_back(p->shared_from_this());
   for (auto& p : held) releaseHalf(*p);
 }

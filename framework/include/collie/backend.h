@@ -158,7 +158,8 @@ class Backend {
   // Afterwards every pending wait() of this group ends at once, not at its timeout, and every
   // post fails; both throw CommError with "aborted: <first reason>". Abort is this group's:
   // a peer learns of it through its own requests' failures or timeouts (in-process backends
-  // end the requests of peers that wait for this rank too). plugin-check tests all of it.
+  // end the requests of peers that wait for this rank too). plugin-check tests the abort rules
+  // and a receive that outlives its group (check/conformance.h).
   virtual void abort(const std::string& reason) = 0;
 
   // The simulator's side of a backend (collie/simulation.h): its clock, its platform's

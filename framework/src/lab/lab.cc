@@ -35,7 +35,7 @@ constexpr const char* kPrefix = "collie-";
 constexpr const char* kSwitch = "collie-sw";  // the namespace of the bridge
 constexpr const char* kNetnsDir = "/run/netns";
 constexpr const char* kStateDir = "/run/collie-lab";
-constexpr const char* kSubnet = "198.18.0";  // .1 .. .kMaxHosts, /24
+constexpr const char* kSubnet = "198.18.0";  // .1 .. .LabSpec::kMaxHosts, /24
 
 fs::path statePath() { return fs::path(kStateDir) / "state.json"; }
 fs::path utsPath(const std::string& host) { return fs::path(kStateDir) / "uts" / host; }
