@@ -22,11 +22,12 @@ inline Decision acceptOnly(const char* scheduler, Collective implemented,
 // (allreduce, broadcast, barrier are)".
 inline Decision acceptOnly(const char* scheduler, std::initializer_list<Collective> implemented,
                            const CollectiveArgs& args) {
-  std::string names;
   for (Collective c : implemented) {
-    if (c == args.coll) return Decision::yes();
-    names += (names.empty() ? "" : ", ") + std::string(collectiveName(c));
+    if (c == args.coll) return Decision::yes();  // before any string: accepts() is on the hot path
   }
+  std::string names;
+  for (Collective c : implemented)
+    names += (names.empty() ? "" : ", ") + std::string(collectiveName(c));
   return Decision::no(std::string(scheduler) + ": " + collectiveName(args.coll) +
                       " is not implemented (" + names +
                       (implemented.size() == 1 ? " is)" : " are)"));
