@@ -16,6 +16,7 @@
 #include <ostream>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "collie/error.h"
 #include "collie/params.h"
@@ -24,132 +25,43 @@
 #include "util/files.h"
 
 namespace collie::train {
-namespace {
 
 using nlohmann::json;
 
-json rebalancesJson(const std::vector<Rebalance>& changes) {
-  json out = json::array();
-  for (const auto& c : changes)
-    out.push_back({{"after_step", c.after_step}, {"micro_batch", c.micro_batch}});
-  return out;
+// nlohmann's converters for the records inside a Result, found by argument-dependent lookup.
+void to_json(json& j, const SyncCheck& s) {
+  j = json::object();
+  forEachSyncField(s, [&](const char* key, const auto& value) { j[key] = value; });
+}
+void from_json(const json& j, SyncCheck& s) {
+  forEachSyncField(s, [&](const char* key, auto& value) { j.at(key).get_to(value); });
+}
+void to_json(json& j, const Rebalance& c) {
+  j = json::object();
+  forEachRebalanceField(c, [&](const char* key, const auto& value) { j[key] = value; });
+}
+void from_json(const json& j, Rebalance& c) {
+  forEachRebalanceField(c, [&](const char* key, auto& value) { j.at(key).get_to(value); });
 }
 
+namespace {
+
 json toJson(const Result& r) {
-  json j = {{"run", r.run},
-            {"name", r.name},
-            {"model", r.model},
-            {"scheduler", r.scheduler},
-            {"backend", r.backend},
-            {"ranks", r.ranks},
-            {"parameters", r.parameters},
-            {"flops_per_token", r.flops_per_token},
-            {"steps", r.steps},
-            {"timed_steps", r.timed_steps},
-            {"world_batch_samples", r.world_batch_samples},
-            {"world_batch_tokens", r.world_batch_tokens},
-            {"micro_batch", r.micro_batch},
-            {"grad_weighting", r.tokens_weighting ? "tokens" : "uniform"},
-            {"step_s", r.step_seconds},
-            {"tokens_per_s", r.tokens_per_second},
-            {"comm_s", r.comm_seconds},
-            {"exposed_comm_s", r.exposed_seconds},
-            {"allgather_s", r.gather_seconds},
-            {"exposed_allgather_s", r.gather_exposed_seconds},
-            {"device", r.device},
-            {"comm_memory", r.comm_memory},
-            {"allreduce_bytes", r.allreduce_bytes},
-            {"buckets", r.buckets},
-            {"sharding", r.sharding},
-            {"parameter_bytes", r.parameter_bytes},
-            {"gradient_bytes", r.gradient_bytes},
-            {"gathered_peak_bytes", r.gathered_peak_bytes},
-            {"optimizer_bytes", r.optimizer_bytes},
-            {"peak_rss_bytes", r.peak_rss_bytes},
-            {"predicted_comm_s",
-             std::isnan(r.predicted_comm_seconds) ? json(nullptr) : json(r.predicted_comm_seconds)},
-            {"link_alpha_s", r.link_alpha},
-            {"link_beta_s_per_byte", r.link_beta},
-            {"link_between_nodes", r.between_nodes},
-            {"compute_s", r.compute_seconds},
-            {"straggler_score", r.straggler_score},
-            {"straggler_wait_s", r.straggler_wait_seconds},
-            {"arrived_last", r.arrived_last},
-            {"step_at_fastest_s", r.step_at_fastest_seconds},
-            {"straggler_steps", r.straggler_steps},
-            {"rebalances", rebalancesJson(r.rebalances)},
-            {"first_loss", r.first_loss},
-            {"last_loss", r.last_loss},
-            {"sync",
-             {{"step", r.sync.step},
-              {"parameters", r.sync.parameters},
-              {"identical", r.sync.identical},
-              {"max_spread", r.sync.max_spread},
-              {"first_parameter", r.sync.first_parameter},
-              {"ranks", r.sync.ranks},
-              {"differing", r.sync.differing}}},
-            {"token_budgets", r.token_budgets},
-            {"peak_flops", r.peak_flops}};
+  json j = json::object();
+  forEachField(r, [&](const char* key, const auto& value) { j[key] = value; });
+  j["grad_weighting"] = r.tokens_weighting ? "tokens" : "uniform";
+  j["predicted_comm_s"] =
+      std::isnan(r.predicted_comm_seconds) ? json(nullptr) : json(r.predicted_comm_seconds);
   return j;
 }
 
+// Every row of the table is required: a result file comes from the collie that reads it.
 Result fromJson(const json& j) {
   Result r;
-  r.run = j.at("run");
-  r.name = j.at("name");
-  r.model = j.at("model");
-  r.scheduler = j.at("scheduler");
-  r.backend = j.at("backend");
-  r.ranks = j.at("ranks");
-  r.parameters = j.at("parameters");
-  r.flops_per_token = j.at("flops_per_token");
-  r.steps = j.at("steps");
-  r.timed_steps = j.at("timed_steps");
-  r.world_batch_samples = j.at("world_batch_samples");
-  r.world_batch_tokens = j.at("world_batch_tokens");
-  r.micro_batch = j.at("micro_batch").get<std::vector<int>>();
+  forEachField(r, [&](const char* key, auto& value) { j.at(key).get_to(value); });
   r.tokens_weighting = j.at("grad_weighting") == "tokens";
-  r.step_seconds = j.at("step_s");
-  r.tokens_per_second = j.at("tokens_per_s");
-  r.comm_seconds = j.at("comm_s");
-  r.exposed_seconds = j.at("exposed_comm_s");
-  r.gather_seconds = j.value("allgather_s", 0.0);
-  r.gather_exposed_seconds = j.value("exposed_allgather_s", 0.0);
-  r.device = j.value("device", "cpu");
-  r.comm_memory = j.value("comm_memory", "host memory");
-  r.allreduce_bytes = j.at("allreduce_bytes");
-  r.buckets = j.at("buckets");
-  r.sharding = j.value("sharding", "none");
-  r.parameter_bytes = j.value("parameter_bytes", uint64_t{0});
-  r.gradient_bytes = j.value("gradient_bytes", uint64_t{0});
-  r.gathered_peak_bytes = j.value("gathered_peak_bytes", uint64_t{0});
-  r.optimizer_bytes = j.value("optimizer_bytes", uint64_t{0});
-  r.peak_rss_bytes = j.value("peak_rss_bytes", std::vector<double>{});
-  r.predicted_comm_seconds =
-      j.at("predicted_comm_s").is_null() ? kNoPrediction : j.at("predicted_comm_s").get<double>();
-  r.link_alpha = j.at("link_alpha_s");
-  r.link_beta = j.at("link_beta_s_per_byte");
-  r.between_nodes = j.at("link_between_nodes");
-  r.compute_seconds = j.at("compute_s").get<std::vector<double>>();
-  r.straggler_score = j.value("straggler_score", std::vector<double>{});
-  r.straggler_wait_seconds = j.value("straggler_wait_s", std::vector<double>{});
-  r.arrived_last = j.value("arrived_last", std::vector<double>{});
-  r.step_at_fastest_seconds = j.value("step_at_fastest_s", 0.0);
-  r.straggler_steps = j.value("straggler_steps", 0);
-  for (const auto& change : j.value("rebalances", json::array()))
-    r.rebalances.push_back({change.at("after_step"), change.at("micro_batch")});
-  r.first_loss = j.at("first_loss");
-  r.last_loss = j.at("last_loss");
-  const json& s = j.at("sync");
-  r.sync.step = s.at("step");
-  r.sync.parameters = s.at("parameters");
-  r.sync.identical = s.at("identical");
-  r.sync.max_spread = s.at("max_spread");
-  r.sync.first_parameter = s.at("first_parameter");
-  r.sync.ranks = s.at("ranks").get<std::vector<int>>();
-  r.sync.differing = s.at("differing");
-  r.token_budgets = j.at("token_budgets").get<std::vector<double>>();
-  r.peak_flops = j.at("peak_flops");
+  const json& predicted = j.at("predicted_comm_s");
+  r.predicted_comm_seconds = predicted.is_null() ? kNoPrediction : predicted.get<double>();
   r.weight_sample = j.value("weight_sample", std::vector<double>{});
   return r;
 }
@@ -510,23 +422,20 @@ std::string progressLine(int64_t step, int64_t steps, double loss, const StepSta
 }
 
 std::vector<double> RankSummary::pack() const {
-  return {step,           compute,       comm,
-          exposed,        gather,        gather_exposed,
-          first_loss_sum, last_loss_sum, static_cast<double>(timed_steps)};
+  std::vector<double> values;
+  forEachValue(*this, [&](const auto& value) { values.push_back(static_cast<double>(value)); });
+  return values;
 }
 
-RankSummary RankSummary::unpack(const std::vector<double>& v) {
-  COLLIE_CHECK(v.size() == 9, "a rank summary has 9 values, found ", v.size());
+RankSummary RankSummary::unpack(const std::vector<double>& values) {
   RankSummary s;
-  s.step = v[0];
-  s.compute = v[1];
-  s.comm = v[2];
-  s.exposed = v[3];
-  s.gather = v[4];
-  s.gather_exposed = v[5];
-  s.first_loss_sum = v[6];
-  s.last_loss_sum = v[7];
-  s.timed_steps = static_cast<int64_t>(v[8]);
+  const size_t expected = s.pack().size();
+  COLLIE_CHECK(values.size() == expected, "a rank summary has ", expected, " values, found ",
+               values.size());
+  size_t i = 0;
+  forEachValue(s, [&](auto& value) {
+    value = static_cast<std::remove_reference_t<decltype(value)>>(values[i++]);
+  });
   return s;
 }
 

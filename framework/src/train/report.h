@@ -42,6 +42,19 @@ struct RankSummary {
   double first_loss_sum = 0, last_loss_sum = 0;  // loss x this rank's samples per micro-batch
   int64_t timed_steps = 0;
 
+  // Every field, in the order pack() carries them: a new one is its member and its line.
+  template <typename S, typename Visit>
+  static void forEachValue(S& s, Visit&& visit) {
+    visit(s.step);
+    visit(s.compute);
+    visit(s.comm);
+    visit(s.exposed);
+    visit(s.gather);
+    visit(s.gather_exposed);
+    visit(s.first_loss_sum);
+    visit(s.last_loss_sum);
+    visit(s.timed_steps);
+  }
   std::vector<double> pack() const;
   static RankSummary unpack(const std::vector<double>& values);
 };

@@ -40,8 +40,9 @@
 #include "train/optimizer.h"
 #include "train/reducer.h"
 #include "train/report.h"
-#include "train/stragglers.h"
+#include "train/step_watchers.h"
 #include "train/sync.h"
+#include "train/training_state.h"
 
 namespace collie::train {
 
@@ -132,43 +133,28 @@ class RankTrainer {
     lr_ = lrSchedule(spec_, sharding_.globalBatch());
   }
 
+  // The run, top to bottom: set up what the steps share, continue from a checkpoint, step,
+  // then check the weights and gather every rank's numbers.
   Result run() {
-    if (rank_ == 0) {
-      logInfo(fmt::format(
-          "training {} ({} parameters, {:.3g} FLOP/token) on {}, {} ranks, micro-batches {} x {} "
-          "accumulation",
-          e_.model.label, detail::withCommas(model_->parameterCount()), model_->flopsPerToken(),
-          source_->describe(), world_, microBatchText(), spec_.grad_accum));
-    }
+    announce();
     const CostModel cost =
         measure::calibrate(comm_.backend(), control_, comm_.topology(), DType::kF32).model;
     for (auto& rule : rules_) rule.choice.scheduler->useCostModel(cost);
     Reducer reducer(params_, spec_.bucket_bytes, comm_, spec_.overlap, spec_.sharding,
                     unitIndices());
     reducer_ = &reducer;
-    reducer.broadcastParameters();
-    std::unique_ptr<UnitGate> gate;
     GateInstalled installed(*model_);
-    if (sharded()) {
-      requireShardingCollectives(reducer);
-      if (reducer.shardsParameters()) {
-        reducer.keepShards();  // rank 0's values, broadcast
-        reducer.endStep();     // and only they stay
-        gate = makeUnitGate(reducer);
-        installed.set(gate.get());
-      }
-      shards_ = reducer.parameterShards();
-      optimizer_ = makeOptimizer(spec_, shards_);
-    } else {
-      optimizer_ = makeOptimizer(spec_, params_);
-    }
+    const std::unique_ptr<UnitGate> gate = shardAndMakeOptimizer(reducer, &installed);
+    TrainingState state(e_, rank_, world_, control_, names_, params_, shards_, *optimizer_, reducer,
+                        sharding_);
     RunCheckpoints checkpoints(spec_);
-    const int64_t start = resume(checkpoints);
+    const int64_t start = state.resume(checkpoints);
     StepLog log(out_dir_, rank_, start > 0);
-    const double predicted = predictComm(reducer, cost);
+    StragglerMonitor stragglers(spec_, rank_, world_, control_, comm_.topology());
+    Rebalancer rebalancer(spec_, rank_, world_, control_);
+    Result result = describeRun(reducer, cost, predictComm(reducer, cost));
 
     std::vector<StepStats> stats;
-    Result result = describeRun(reducer, cost, predicted);
     const auto started = Clock::now();
     for (int64_t s = start; s < spec_.steps; ++s) {
       faults_.beforeStep(s + 1);
@@ -179,41 +165,26 @@ class RankTrainer {
       if ((s + 1) % spec_.log_every == 0 || s + 1 == spec_.steps) {
         progress(s, stats.back(), since(started) / static_cast<double>(s - start + 1));
       }
-      watchStragglers(s, start, stats.back());
-      rebalance(s, start, stats.back());
+      stragglers.afterStep(s, start, stats.back());
+      if (rebalancer.afterStep(s, start, stats.back(), &sharding_))
+        mb_ = sharding_.micro_batch[rank_];
       if (spec_.verify_sync_every > 0 && (s + 1) % spec_.verify_sync_every == 0 &&
           s + 1 != spec_.steps) {
         withParameters([&] { enforce(verifyWeights(comm_, control_, params_, names_, s + 1)); });
       }
-      if (checkpoints.dueAfter(s + 1)) saveState(checkpoints, s + 1);
+      if (checkpoints.dueAfter(s + 1)) state.save(checkpoints, s + 1);
     }
+
     withParameters([&] {
       result.sync = verifyWeights(comm_, control_, params_, names_, spec_.steps);
       result.weight_sample = sampleWeights();
     });
     enforce(result.sync);
-    std::vector<RankSummary> ranks;
-    for (const auto& packed : control_.allGather(summariseSteps(stats).pack()))
-      ranks.push_back(RankSummary::unpack(packed));
-    combineRanks(ranks, sharding_.globalBatch() / spec_.grad_accum, &result);
-    result.allreduce_bytes = stats.empty() ? 0 : stats.back().sync.bytes;
-    result.comm_memory = commMemory(stats);
-    result.micro_batch = sharding_.micro_batch;
-    result.rebalances = rebalances_;
-    if (!attributions_.empty()) {
-      const StragglerReport report = summarise(attributions_);
-      result.straggler_score = report.score;
-      result.straggler_wait_seconds = report.wait;
-      result.arrived_last = report.last_share;
-      result.step_at_fastest_seconds = report.step_at_fastest;
-      result.straggler_steps = report.steps;
-    }
-    measureHeld(reducer, &result);
+    gatherTimings(stats, &result);
+    result.rebalances = rebalancer.taken();
+    stragglers.report(&result);
+    measureMemory(reducer, &result);
     if (tracer_) writeExperimentTrace(*tracer_, comm_, control_, e_, out_dir_);
-    struct rusage usage {};
-    ::getrusage(RUSAGE_SELF, &usage);  // ru_maxrss: KiB (of the process: ranks as threads share it)
-    for (const auto& r : control_.allGather({static_cast<double>(usage.ru_maxrss) * 1024}))
-      result.peak_rss_bytes.push_back(r[0]);
     return result;
   }
 
@@ -272,186 +243,6 @@ class RankTrainer {
     return units;
   }
 
-  // The optimizer's state tensors by name ("exp_avg/3": of parameter 3 unsharded, of bucket
-  // 3's block sharded), and the kinds of state they hold ("exp_avg", "exp_avg_sq").
-  std::map<std::string, at::Tensor> optimizerState() const {
-    std::map<std::string, at::Tensor> out;
-    for (auto& [name, tensor] : optimizer_->state()) out.emplace(name, tensor);
-    return out;
-  }
-  std::vector<std::string> stateKinds() const {
-    std::vector<std::string> kinds;
-    for (const auto& [name, tensor] : optimizer_->state()) {
-      const std::string kind = name.substr(0, name.rfind('/'));
-      if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) kinds.push_back(kind);
-    }
-    return kinds;
-  }
-  // A state tensor's name in checkpoints: the parameter's, or "exp_avg/NAME".
-  std::string stateKey(const std::string& kind, size_t k) const {
-    return kind.empty() ? names_[k] : kind + "/" + names_[k];
-  }
-
-  // Sharded: a piece of rank r's block of a state kind ("" for the parameters' values) and
-  // where it lies in its bucket's block: of every parameter, the elements inside the block.
-  struct BlockPiece {
-    Piece piece;
-    std::string kind;
-    size_t bucket;
-    int64_t at;  // elements into the block
-  };
-  std::vector<BlockPiece> blockPieces(int r) const {
-    std::vector<std::string> kinds = {""};
-    for (const auto& kind : stateKinds()) kinds.push_back(kind);
-    std::vector<BlockPiece> out;
-    for (const auto& kind : kinds) {
-      for (size_t k = 0; k < params_.size(); ++k) {
-        const size_t b = reducer_->bucketOf(k);
-        const int64_t block = reducer_->shardNumel(b), begin = reducer_->offsetOf(k);
-        const int64_t end = begin + params_[k].numel();
-        const int64_t lo = std::max(begin, r * block), hi = std::min(end, (r + 1) * block);
-        // An empty tensor is rank 0's, so that the files still list it.
-        if (lo < hi || (begin == end && r == 0)) {
-          out.push_back({Piece{stateKey(kind, k), params_[k].sizes().vec(), lo - begin,
-                               std::max<int64_t>(hi - lo, 0)},
-                         kind, b, lo - r * block});
-        }
-      }
-    }
-    return out;
-  }
-  // Where each of rank r's block pieces lives in this rank's tensors (r == rank_).
-  std::vector<std::pair<Piece, at::Tensor>> blockTargets() const {
-    const auto state = optimizerState();
-    std::vector<std::pair<Piece, at::Tensor>> out;
-    for (const BlockPiece& p : blockPieces(rank_)) {
-      const at::Tensor& block =
-          p.kind.empty() ? shards_[p.bucket] : state.at(fmt::format("{}/{}", p.kind, p.bucket));
-      out.emplace_back(p.piece, block.narrow(0, p.at, p.piece.numel));
-    }
-    return out;
-  }
-  // Unsharded: every state tensor whole, parameters first.
-  std::vector<std::pair<Piece, at::Tensor>> wholeTargets() const {
-    const auto state = optimizerState();
-    std::vector<std::pair<Piece, at::Tensor>> out;
-    auto add = [&](const std::string& kind, size_t k, const at::Tensor& t) {
-      out.emplace_back(Piece{stateKey(kind, k), t.sizes().vec(), 0, t.numel()}, t.view({-1}));
-    };
-    for (size_t k = 0; k < params_.size(); ++k) add("", k, params_[k].detach());
-    for (const auto& kind : stateKinds()) {
-      for (size_t k = 0; k < params_.size(); ++k)
-        add(kind, k, state.at(fmt::format("{}/{}", kind, k)));
-    }
-    return out;
-  }
-
-  // Writes the checkpoint of `step`. Unsharded, rank 0 writes every tensor whole into one
-  // file (every rank holds the same, as verified); sharded, every rank writes its blocks
-  // and, once every rank has, the same manifest.
-  void saveState(const RunCheckpoints& checkpoints, int64_t step) {
-    const CheckpointInfo info{step, runIdentity(e_), sharding_.micro_batch, spec_.grad_accum,
-                              config::shardedStateName(spec_.sharding)};
-    if (!sharded()) {
-      if (rank_ != 0) return;
-      const std::string dir = checkpoints.createStepDir(step);
-      writeManifest(dir, info, {writeShard(dir, 0, 1, info, wholeTargets())}, 0);
-      checkpoints.prune();
-      logInfo("checkpoint: " + dir);
-      return;
-    }
-    // A rank that cannot write says so to the others, which stop too rather than wait.
-    std::string dir, failure;
-    ShardFile mine;
-    try {
-      dir = checkpoints.createStepDir(step);
-      mine = writeShard(dir, rank_, world_, info, blockTargets());
-    } catch (const CheckpointError& e) {
-      failure = e.what();
-    }
-    const auto written = control_.allGather(
-        {failure.empty() ? 1.0 : 0.0, static_cast<double>(mine.bytes),
-         static_cast<double>(mine.digest >> 32), static_cast<double>(mine.digest & 0xFFFFFFFFu)});
-    std::vector<ShardFile> files;
-    for (int r = 0; r < world_; ++r) {
-      if (written[r][0] == 0) {
-        throw CheckpointError(r == rank_ ? failure
-                                         : fmt::format("checkpoint of step {}: rank {} could not "
-                                                       "write its shard (its log says why)",
-                                                       step, r));
-      }
-      ShardFile file{
-          shardFileName(r, world_),
-          static_cast<uint64_t>(written[r][1]),
-          (static_cast<uint64_t>(written[r][2]) << 32) | static_cast<uint64_t>(written[r][3]),
-          {}};
-      for (const BlockPiece& p : blockPieces(r)) file.pieces.push_back(p.piece);
-      files.push_back(std::move(file));
-    }
-    writeManifest(dir, info, files, rank_);
-    checkpoints.prune();
-    if (rank_ == 0) logInfo(fmt::format("checkpoint: {} ({} shards)", dir, world_));
-  }
-
-  // Whether `reader`'s checkpoint can continue this run: the same model, optimizer and data
-  // seed, and the same samples per step (their split over ranks, so the world size, may
-  // differ: the sums are then added in another order).
-  void checkResumable(const CheckpointReader& reader) const {
-    const CheckpointInfo& info = reader.info();
-    const std::string mine =
-        reader.formatOne() ? formatOneIdentity(e_, sharding_.micro_batch) : runIdentity(e_);
-    if (info.identity != mine) {
-      throw CheckpointError("checkpoint " + reader.path() +
-                            " was written by another run: it holds " + info.identity +
-                            ", this run is " + mine +
-                            ". HINT: point train.checkpoint_dir elsewhere or set "
-                            "train.resume: false");
-    }
-    if (reader.formatOne()) {
-      if (rank_ == 0) {
-        logInfo("checkpoint " + reader.path() +
-                " is in format 1 (one .ckpt file): it loads, and this run writes its "
-                "checkpoints in format 2 (a directory of safetensors shards)");
-      }
-      return;
-    }
-    const int64_t samples = sharding_.globalBatch() / spec_.grad_accum;
-    if (info.samplesPerMicroBatch() != samples || info.grad_accum != spec_.grad_accum) {
-      throw CheckpointError(fmt::format(
-          "checkpoint {} was written by a run of {} samples per micro-batch step (micro_batch "
-          "[{}]) x grad_accum {}, this run takes {} x {}: its steps would read other samples. "
-          "HINT: keep the sum of the micro-batches and grad_accum when resuming (their split "
-          "over ranks may change), or set train.resume: false",
-          reader.path(), info.samplesPerMicroBatch(), fmt::join(info.micro_batch, ", "),
-          info.grad_accum, samples, spec_.grad_accum));
-    }
-    if (info.micro_batch != sharding_.micro_batch && rank_ == 0) {
-      logInfo(fmt::format(
-          "checkpoint {} was written by {} ranks (micro_batch [{}], sharding: {}); this run "
-          "has {} (micro_batch [{}]): the same samples per step, re-sharded on load, their "
-          "gradients added in another order",
-          reader.path(), info.worldSize(), fmt::join(info.micro_batch, ", "), info.sharding, world_,
-          fmt::join(sharding_.micro_batch, ", ")));
-    }
-  }
-
-  // Loads `reader`'s tensors into the parameters and the optimizer state: unsharded, every
-  // tensor whole; sharded, this rank's blocks (from whichever files hold them: any world
-  // size, sharding or bucket size wrote them), the parameters' then all-gathered.
-  void restoreState(CheckpointReader& reader) {
-    at::NoGradGuard no_grad;
-    const size_t expected = params_.size() * (1 + stateKinds().size());
-    if (reader.tensors().size() != expected) {
-      throw CheckpointError(fmt::format("checkpoint {}: holds {} tensors, this run has {}",
-                                        reader.path(), reader.tensors().size(), expected));
-    }
-    if (!sharded()) return reader.read(wholeTargets());
-    for (auto& shard : shards_) shard.zero_();  // the padding
-    for (auto& [name, tensor] : optimizer_->state()) tensor.zero_();
-    reader.read(blockTargets());
-    if (!shardsParameters()) reducer_->gatherParameters();  // stage 3 gathers when it computes
-  }
-
   // The collectives bucket b takes every step, sizes only: an all-reduce, or sharded a
   // reduce-scatter of the bucket and an all-gather of its blocks.
   std::vector<CollectiveArgs> stepCollectives(const Reducer& reducer, size_t b) const {
@@ -495,44 +286,6 @@ class RankTrainer {
             formatBytes(std::max(args.data.count, args.output.count) * 4), world_, why));
       }
     }
-  }
-
-  // Continues from a checkpoint: the step to start from, 0 without one. Rank 0 decides which
-  // (its newest) and every rank loads that file, after every rank has said it holds the same
-  // bytes: on several nodes without a shared file system, each rank's newest file may differ.
-  int64_t resume(const RunCheckpoints& checkpoints) {
-    std::string path;
-    int64_t step = rank_ == 0 ? checkpoints.newest(&path) : 0;
-    uint64_t digest = step > 0 ? checkpointDigest(path) : 0;
-    const auto chosen =
-        control_.allGather({static_cast<double>(step), static_cast<double>(digest >> 32),
-                            static_cast<double>(digest & 0xFFFFFFFFu)})[0];
-    step = static_cast<int64_t>(chosen[0]);
-    digest = (static_cast<uint64_t>(chosen[1]) << 32) | static_cast<uint64_t>(chosen[2]);
-    if (step == 0) return 0;
-    path = checkpoints.pathOf(step);
-    const uint64_t mine = checkpointDigest(path);
-    const double verdict = mine == digest ? 0 : mine == 0 ? 1 : 2;  // same, missing, other
-    const auto verdicts = control_.allGather({verdict});
-    for (int r = 0; r < world_; ++r) {
-      if (verdicts[r][0] == 0) continue;
-      throw CheckpointError(fmt::format(
-          "rank {} {} {}, the checkpoint of step {} that rank 0 resumes from. HINT: every rank "
-          "resumes from the same file; train.checkpoint_dir must hold it on every node (a "
-          "shared file system, or copy it there)",
-          r, verdicts[r][0] == 1 ? "has no" : "holds other bytes in", path, step));
-    }
-    CheckpointReader reader(path);
-    if (reader.info().step != step) {
-      throw CheckpointError(
-          fmt::format("checkpoint {}: its content holds another step ({}) than its name ({})", path,
-                      reader.info().step, step));
-    }
-    checkResumable(reader);
-    restoreState(reader);
-    optimizer_->setSteps(step);
-    if (rank_ == 0) logInfo(fmt::format("resumed from {} at step {}", path, step));
-    return step;
   }
 
   // `count` samples from sample `first` on, as (count, T + 1) tokens on the rank's device.
@@ -812,93 +565,46 @@ class RankTrainer {
     return total;
   }
 
-  // Straggler attribution: this rank's timings of the steps since the last gathering are
-  // all-gathered every straggler_every steps (and after the last step), every rank
-  // attributes them alike, and rank 0 warns about a rank that stays below the threshold.
-  // The run's first step (warm-up) is left out.
-  void watchStragglers(int64_t s, int64_t start, const StepStats& st) {
-    if (spec_.straggler_every == 0 || world_ == 1) return;
-    if (s > start) {
-      StragglerSample sample{st.step, st.forward + st.backward, {}};
-      for (const auto& c : st.sync.collectives) sample.collectives.push_back(c.seconds);
-      pending_.push_back(std::move(sample));
-    }
-    if (static_cast<int>(pending_.size()) < spec_.straggler_every && s + 1 != spec_.steps) return;
-    const auto gathered = control_.allGather(packSamples(pending_));
-    pending_.clear();
-    std::vector<std::vector<StragglerSample>> per_rank;
-    for (const auto& packed : gathered) per_rank.push_back(unpackSamples(packed));
-    std::vector<StepAttribution> window;
-    for (size_t k = 0; k < per_rank.front().size(); ++k) {
-      std::vector<StragglerSample> ranks;
-      for (const auto& samples : per_rank) ranks.push_back(samples.at(k));
-      window.push_back(attributeStep(ranks));
-    }
-    if (window.empty()) return;
-    attributions_.insert(attributions_.end(), window.begin(), window.end());
-    for (const int r : watch_.update(window)) {
-      const StragglerReport& report = watch_.recent();
-      if (rank_ != 0) continue;
-      const Topology& t = comm_.topology();
-      const std::string host =
-          r < static_cast<int>(t.node_of_rank.size()) ? t.node_names[t.node_of_rank[r]] : "?";
-      logWarn(fmt::format(
-          "straggler: rank {} (host {}) scored below {} over the last {} steps (step {}): score "
-          "{:.2f}, "
-          "its compute takes {:.4f} s against the fastest rank's {:.4f} s; the others waited "
-          "{:.4f} s per step for it",
-          r, host, watch_.threshold(), watch_.window(), s + 1, report.score[r],
-          report.median_compute[r],
-          *std::min_element(report.median_compute.begin(), report.median_compute.end()),
-          report.wait.empty() ? 0.0 : *std::max_element(report.wait.begin(), report.wait.end())));
-    }
+  void announce() const {
+    if (rank_ != 0) return;
+    logInfo(fmt::format(
+        "training {} ({} parameters, {:.3g} FLOP/token) on {}, {} ranks, micro-batches {} x {} "
+        "accumulation",
+        e_.model.label, detail::withCommas(model_->parameterCount()), model_->flopsPerToken(),
+        source_->describe(), world_, microBatchText(), spec_.grad_accum));
   }
 
-  // micro_batch: auto, during the run: every rebalance_every steps every rank's median
-  // compute time per sample over those steps is all-gathered, and the global batch split
-  // again, halfway towards the proportion of the speeds (data.cc resplit; the same split on
-  // every rank). The new split is taken only when it predicts the slowest rank's compute (its
-  // samples times its time per sample) at least rebalance_hysteresis shorter than the current one,
-  // so measurement noise does not move samples back and forth. The step reads the same samples
-  // whatever the split and tokens weighting weighs each by 1/global, so the update is the same.
-  void rebalance(int64_t s, int64_t start, const StepStats& st) {
-    if (!spec_.auto_micro_batch || spec_.rebalance_every == 0 || world_ == 1) return;
-    if (s > start) {  // the first step allocates
-      per_sample_.push_back((st.forward + st.backward) /
-                            (static_cast<double>(st.micro_batch) * spec_.grad_accum));
+  // Gives every rank rank 0's parameters, shards what train.sharding shards (stage 3 keeps
+  // only this rank's blocks and installs the gate that gathers a unit's values when the
+  // model computes), and makes the optimizer over what this rank updates.
+  std::unique_ptr<UnitGate> shardAndMakeOptimizer(Reducer& reducer, GateInstalled* installed) {
+    reducer.broadcastParameters();
+    std::unique_ptr<UnitGate> gate;
+    if (!sharded()) {
+      optimizer_ = makeOptimizer(spec_, params_);
+      return gate;
     }
-    if (static_cast<int>(per_sample_.size()) < spec_.rebalance_every || s + 1 == spec_.steps)
-      return;
-    const double mine = measure::median(per_sample_);
-    per_sample_.clear();
-    std::vector<double> per_sample;
-    for (const auto& r : control_.allGather({mine})) per_sample.push_back(r[0]);
-    const std::vector<int> now = sharding_.micro_batch;
-    const Resplit change = resplit(spec_.global_batch, now, per_sample, spec_.rebalance_hysteresis);
-    if (rank_ == 0) {
-      std::vector<std::string> parts;
-      for (int r = 0; r < world_; ++r) {
-        parts.push_back(fmt::format("rank {} {:.1f} samples/s {}", r, 1 / per_sample[r],
-                                    change.take ? fmt::format("{} -> {}", now[r], change.split[r])
-                                                : std::to_string(now[r])));
-      }
-      const double accum = spec_.grad_accum;
-      const std::string line = fmt::format(
-          "micro_batch auto after step {}: {}; the slowest rank's compute {:.4f} s, {:.4f} s "
-          "with [{}]",
-          s + 1, detail::join(parts, ", "), change.slowest_now * accum, change.slowest_next * accum,
-          fmt::join(change.split, ", "));
-      if (change.take) {
-        logInfo(line);
-      } else {
-        logDebug(line +
-                 fmt::format(" (kept: not {:.0f}% shorter)", 100 * spec_.rebalance_hysteresis));
-      }
+    requireShardingCollectives(reducer);
+    if (reducer.shardsParameters()) {
+      reducer.keepShards();  // rank 0's values, broadcast
+      reducer.endStep();     // and only they stay
+      gate = makeUnitGate(reducer);
+      installed->set(gate.get());
     }
-    if (!change.take) return;
-    sharding_.micro_batch = change.split;
-    mb_ = change.split[rank_];
-    rebalances_.push_back({s + 1, change.split});
+    shards_ = reducer.parameterShards();
+    optimizer_ = makeOptimizer(spec_, shards_);
+    return gate;
+  }
+
+  // Every rank's means over the timed steps, combined into the job's (train/report.h).
+  void gatherTimings(const std::vector<StepStats>& stats, Result* result) {
+    std::vector<RankSummary> ranks;
+    for (const auto& packed : control_.allGather(summariseSteps(stats).pack()))
+      ranks.push_back(RankSummary::unpack(packed));
+    combineRanks(ranks, sharding_.globalBatch() / spec_.grad_accum, result);
+    result->allreduce_bytes = stats.empty() ? 0 : stats.back().sync.bytes;
+    result->comm_memory = commMemory(stats);
+    result->micro_batch = sharding_.micro_batch;
   }
 
   Result describeRun(const Reducer& reducer, const CostModel& cost, double predicted) const {
@@ -941,8 +647,10 @@ class RankTrainer {
     return "device memory";
   }
 
-  // What rank 0 holds between steps, by kind: the buffers themselves, not a formula.
-  void measureHeld(const Reducer& reducer, Result* r) {
+  // Memory: what rank 0 holds between steps, by kind (the buffers themselves, not a
+  // formula), and every rank's peak resident memory (of its process: ranks as threads share
+  // one).
+  void measureMemory(const Reducer& reducer, Result* r) {
     const HeldBytes held = reducer.held();
     r->parameter_bytes = held.parameters;
     r->gradient_bytes = held.gradients;
@@ -950,6 +658,10 @@ class RankTrainer {
     r->optimizer_bytes = 0;
     for (auto& [name, tensor] : optimizer_->state())
       r->optimizer_bytes += static_cast<uint64_t>(tensor.numel()) * 4;
+    struct rusage usage {};
+    ::getrusage(RUSAGE_SELF, &usage);  // ru_maxrss: KiB
+    for (const auto& rank : control_.allGather({static_cast<double>(usage.ru_maxrss) * 1024}))
+      r->peak_rss_bytes.push_back(rank[0]);
   }
 
   // kWeightSamples of the weights, evenly spaced over all parameters in named order.
@@ -991,17 +703,12 @@ class RankTrainer {
   ModelShape shape_;
   std::unique_ptr<TokenSource> source_;
   Sharding sharding_;
-  std::vector<double> per_sample_;     // auto: compute seconds per sample since the last split
-  std::vector<Rebalance> rebalances_;  // auto: the splits taken during the run
-  int mb_ = 0;                         // this rank's samples per micro-batch
+  int mb_ = 0;  // this rank's samples per micro-batch
   std::vector<std::string> names_;
   std::vector<at::Tensor> params_;
   std::unique_ptr<Optimizer> optimizer_;
-  Reducer* reducer_ = nullptr;            // while run() runs
-  std::vector<at::Tensor> shards_;        // sharded: this rank's block of every bucket's parameters
-  std::vector<StragglerSample> pending_;  // this rank's steps not gathered yet
-  std::vector<StepAttribution> attributions_;  // every gathered step, for the summary
-  StragglerWatch watch_{world_, spec_.straggler_threshold, spec_.straggler_window};
+  Reducer* reducer_ = nullptr;      // while run() runs
+  std::vector<at::Tensor> shards_;  // sharded: this rank's block of every bucket's parameters
   LrSchedule lr_;
 };
 

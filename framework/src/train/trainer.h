@@ -86,6 +86,77 @@ struct Result {
   double peak_flops = 0;              // per rank, from the config (0: unknown)
 };
 
+// The fields of a Result and their names in the result file and summary.json, one row each:
+// train/report.cc writes and reads JSON by walking them, so a new number is its member above
+// and its row here. `visit(name, member)` is called with a const or mutable member as `r`
+// is. Two fields keep a form of their own in JSON and are not rows: tokens_weighting
+// ("grad_weighting": "tokens" or "uniform") and predicted_comm_seconds (null without a
+// model); weight_sample travels in the result file only.
+template <typename R, typename Visit>
+void forEachField(R& r, Visit&& visit) {
+  visit("run", r.run);
+  visit("name", r.name);
+  visit("model", r.model);
+  visit("scheduler", r.scheduler);
+  visit("backend", r.backend);
+  visit("ranks", r.ranks);
+  visit("parameters", r.parameters);
+  visit("flops_per_token", r.flops_per_token);
+  visit("steps", r.steps);
+  visit("timed_steps", r.timed_steps);
+  visit("world_batch_samples", r.world_batch_samples);
+  visit("world_batch_tokens", r.world_batch_tokens);
+  visit("micro_batch", r.micro_batch);
+  visit("rebalances", r.rebalances);
+  visit("step_s", r.step_seconds);
+  visit("tokens_per_s", r.tokens_per_second);
+  visit("comm_s", r.comm_seconds);
+  visit("exposed_comm_s", r.exposed_seconds);
+  visit("allgather_s", r.gather_seconds);
+  visit("exposed_allgather_s", r.gather_exposed_seconds);
+  visit("device", r.device);
+  visit("comm_memory", r.comm_memory);
+  visit("allreduce_bytes", r.allreduce_bytes);
+  visit("sharding", r.sharding);
+  visit("parameter_bytes", r.parameter_bytes);
+  visit("gradient_bytes", r.gradient_bytes);
+  visit("optimizer_bytes", r.optimizer_bytes);
+  visit("gathered_peak_bytes", r.gathered_peak_bytes);
+  visit("peak_rss_bytes", r.peak_rss_bytes);
+  visit("buckets", r.buckets);
+  visit("link_alpha_s", r.link_alpha);
+  visit("link_beta_s_per_byte", r.link_beta);
+  visit("link_between_nodes", r.between_nodes);
+  visit("compute_s", r.compute_seconds);
+  visit("straggler_score", r.straggler_score);
+  visit("straggler_wait_s", r.straggler_wait_seconds);
+  visit("arrived_last", r.arrived_last);
+  visit("step_at_fastest_s", r.step_at_fastest_seconds);
+  visit("straggler_steps", r.straggler_steps);
+  visit("first_loss", r.first_loss);
+  visit("last_loss", r.last_loss);
+  visit("sync", r.sync);
+  visit("token_budgets", r.token_budgets);
+  visit("peak_flops", r.peak_flops);
+}
+
+// The same for the parts of a Result that are records of their own.
+template <typename S, typename Visit>
+void forEachSyncField(S& s, Visit&& visit) {
+  visit("step", s.step);
+  visit("parameters", s.parameters);
+  visit("identical", s.identical);
+  visit("max_spread", s.max_spread);
+  visit("first_parameter", s.first_parameter);
+  visit("ranks", s.ranks);
+  visit("differing", s.differing);
+}
+template <typename C, typename Visit>
+void forEachRebalanceField(C& c, Visit&& visit) {
+  visit("after_step", c.after_step);
+  visit("micro_batch", c.micro_batch);
+}
+
 // Runs a train experiment with its ranks as threads of this process (loopback backend).
 // `out_dir` receives rank-R.jsonl, one line per step. Throws Error on failure.
 Result run(const PluginLoader& loader, const config::Experiment& e, const std::string& out_dir);

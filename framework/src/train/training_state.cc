@@ -1,0 +1,229 @@
+// What a checkpoint holds of a run and how the run gets it back (train/training_state.h).
+#include "train/training_state.h"
+
+#include <ATen/ops/zeros.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+
+#include "collie/error.h"
+#include "collie/log.h"
+
+namespace collie::train {
+
+TrainingState::TrainingState(const config::Experiment& e, int rank, int world, Control& control,
+                             const std::vector<std::string>& names,
+                             const std::vector<at::Tensor>& params,
+                             const std::vector<at::Tensor>& shards, Optimizer& optimizer,
+                             Reducer& reducer, const Sharding& sharding)
+    : e_(e),
+      spec_(e.train),
+      rank_(rank),
+      world_(world),
+      control_(control),
+      names_(names),
+      params_(params),
+      shards_(shards),
+      optimizer_(optimizer),
+      reducer_(reducer),
+      sharding_(sharding) {}
+
+std::map<std::string, at::Tensor> TrainingState::optimizerState() const {
+  std::map<std::string, at::Tensor> out;
+  for (auto& [name, tensor] : optimizer_.state()) out.emplace(name, tensor);
+  return out;
+}
+
+std::vector<std::string> TrainingState::stateKinds() const {
+  std::vector<std::string> kinds;
+  for (const auto& [name, tensor] : optimizer_.state()) {
+    const std::string kind = name.substr(0, name.rfind('/'));
+    if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) kinds.push_back(kind);
+  }
+  return kinds;
+}
+
+std::string TrainingState::stateKey(const std::string& kind, size_t k) const {
+  return kind.empty() ? names_[k] : kind + "/" + names_[k];
+}
+
+std::vector<TrainingState::BlockPiece> TrainingState::blockPieces(int r) const {
+  std::vector<std::string> kinds = {""};
+  for (const auto& kind : stateKinds()) kinds.push_back(kind);
+  std::vector<BlockPiece> out;
+  for (const auto& kind : kinds) {
+    for (size_t k = 0; k < params_.size(); ++k) {
+      const size_t b = reducer_.bucketOf(k);
+      const int64_t block = reducer_.shardNumel(b), begin = reducer_.offsetOf(k);
+      const int64_t end = begin + params_[k].numel();
+      const int64_t lo = std::max(begin, r * block), hi = std::min(end, (r + 1) * block);
+      // An empty tensor is rank 0's, so that the files still list it.
+      if (lo < hi || (begin == end && r == 0)) {
+        out.push_back({Piece{stateKey(kind, k), params_[k].sizes().vec(), lo - begin,
+                             std::max<int64_t>(hi - lo, 0)},
+                       kind, b, lo - r * block});
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<std::pair<Piece, at::Tensor>> TrainingState::blockTargets() const {
+  const auto state = optimizerState();
+  std::vector<std::pair<Piece, at::Tensor>> out;
+  for (const BlockPiece& p : blockPieces(rank_)) {
+    const at::Tensor& block =
+        p.kind.empty() ? shards_[p.bucket] : state.at(fmt::format("{}/{}", p.kind, p.bucket));
+    out.emplace_back(p.piece, block.narrow(0, p.at, p.piece.numel));
+  }
+  return out;
+}
+
+std::vector<std::pair<Piece, at::Tensor>> TrainingState::wholeTargets() const {
+  const auto state = optimizerState();
+  std::vector<std::pair<Piece, at::Tensor>> out;
+  auto add = [&](const std::string& kind, size_t k, const at::Tensor& t) {
+    out.emplace_back(Piece{stateKey(kind, k), t.sizes().vec(), 0, t.numel()}, t.view({-1}));
+  };
+  for (size_t k = 0; k < params_.size(); ++k) add("", k, params_[k].detach());
+  for (const auto& kind : stateKinds()) {
+    for (size_t k = 0; k < params_.size(); ++k)
+      add(kind, k, state.at(fmt::format("{}/{}", kind, k)));
+  }
+  return out;
+}
+
+void TrainingState::save(const RunCheckpoints& checkpoints, int64_t step) {
+  const CheckpointInfo info{step, runIdentity(e_), sharding_.micro_batch, spec_.grad_accum,
+                            config::shardedStateName(spec_.sharding)};
+  if (!sharded()) {
+    if (rank_ != 0) return;
+    const std::string dir = checkpoints.createStepDir(step);
+    writeManifest(dir, info, {writeShard(dir, 0, 1, info, wholeTargets())}, 0);
+    checkpoints.prune();
+    logInfo("checkpoint: " + dir);
+    return;
+  }
+  // A rank that cannot write says so to the others, which stop too rather than wait.
+  std::string dir, failure;
+  ShardFile mine;
+  try {
+    dir = checkpoints.createStepDir(step);
+    mine = writeShard(dir, rank_, world_, info, blockTargets());
+  } catch (const CheckpointError& e) {
+    failure = e.what();
+  }
+  const auto written = control_.allGather(
+      {failure.empty() ? 1.0 : 0.0, static_cast<double>(mine.bytes),
+       static_cast<double>(mine.digest >> 32), static_cast<double>(mine.digest & 0xFFFFFFFFu)});
+  std::vector<ShardFile> files;
+  for (int r = 0; r < world_; ++r) {
+    if (written[r][0] == 0) {
+      throw CheckpointError(r == rank_ ? failure
+                                       : fmt::format("checkpoint of step {}: rank {} could not "
+                                                     "write its shard (its log says why)",
+                                                     step, r));
+    }
+    ShardFile file{
+        shardFileName(r, world_),
+        static_cast<uint64_t>(written[r][1]),
+        (static_cast<uint64_t>(written[r][2]) << 32) | static_cast<uint64_t>(written[r][3]),
+        {}};
+    for (const BlockPiece& p : blockPieces(r)) file.pieces.push_back(p.piece);
+    files.push_back(std::move(file));
+  }
+  writeManifest(dir, info, files, rank_);
+  checkpoints.prune();
+  if (rank_ == 0) logInfo(fmt::format("checkpoint: {} ({} shards)", dir, world_));
+}
+
+void TrainingState::checkResumable(const CheckpointReader& reader) const {
+  const CheckpointInfo& info = reader.info();
+  const std::string mine =
+      reader.formatOne() ? formatOneIdentity(e_, sharding_.micro_batch) : runIdentity(e_);
+  if (info.identity != mine) {
+    throw CheckpointError("checkpoint " + reader.path() + " was written by another run: it holds " +
+                          info.identity + ", this run is " + mine +
+                          ". HINT: point train.checkpoint_dir elsewhere or set "
+                          "train.resume: false");
+  }
+  if (reader.formatOne()) {
+    if (rank_ == 0) {
+      logInfo("checkpoint " + reader.path() +
+              " is in format 1 (one .ckpt file): it loads, and this run writes its "
+              "checkpoints in format 2 (a directory of safetensors shards)");
+    }
+    return;
+  }
+  const int64_t samples = sharding_.globalBatch() / spec_.grad_accum;
+  if (info.samplesPerMicroBatch() != samples || info.grad_accum != spec_.grad_accum) {
+    throw CheckpointError(fmt::format(
+        "checkpoint {} was written by a run of {} samples per micro-batch step (micro_batch "
+        "[{}]) x grad_accum {}, this run takes {} x {}: its steps would read other samples. "
+        "HINT: keep the sum of the micro-batches and grad_accum when resuming (their split "
+        "over ranks may change), or set train.resume: false",
+        reader.path(), info.samplesPerMicroBatch(), fmt::join(info.micro_batch, ", "),
+        info.grad_accum, samples, spec_.grad_accum));
+  }
+  if (info.micro_batch != sharding_.micro_batch && rank_ == 0) {
+    logInfo(fmt::format(
+        "checkpoint {} was written by {} ranks (micro_batch [{}], sharding: {}); this run "
+        "has {} (micro_batch [{}]): the same samples per step, re-sharded on load, their "
+        "gradients added in another order",
+        reader.path(), info.worldSize(), fmt::join(info.micro_batch, ", "), info.sharding, world_,
+        fmt::join(sharding_.micro_batch, ", ")));
+  }
+}
+
+void TrainingState::restore(CheckpointReader& reader) {
+  at::NoGradGuard no_grad;
+  const size_t expected = params_.size() * (1 + stateKinds().size());
+  if (reader.tensors().size() != expected) {
+    throw CheckpointError(fmt::format("checkpoint {}: holds {} tensors, this run has {}",
+                                      reader.path(), reader.tensors().size(), expected));
+  }
+  if (!sharded()) return reader.read(wholeTargets());
+  for (auto& shard : shards_) shard.zero_();  // the padding
+  for (auto& [name, tensor] : optimizer_.state()) tensor.zero_();
+  reader.read(blockTargets());
+  if (!shardsParameters()) reducer_.gatherParameters();  // stage 3 gathers when it computes
+}
+
+int64_t TrainingState::resume(const RunCheckpoints& checkpoints) {
+  std::string path;
+  int64_t step = rank_ == 0 ? checkpoints.newest(&path) : 0;
+  uint64_t digest = step > 0 ? checkpointDigest(path) : 0;
+  const auto chosen =
+      control_.allGather({static_cast<double>(step), static_cast<double>(digest >> 32),
+                          static_cast<double>(digest & 0xFFFFFFFFu)})[0];
+  step = static_cast<int64_t>(chosen[0]);
+  digest = (static_cast<uint64_t>(chosen[1]) << 32) | static_cast<uint64_t>(chosen[2]);
+  if (step == 0) return 0;
+  path = checkpoints.pathOf(step);
+  const uint64_t mine = checkpointDigest(path);
+  const double verdict = mine == digest ? 0 : mine == 0 ? 1 : 2;  // same, missing, other
+  const auto verdicts = control_.allGather({verdict});
+  for (int r = 0; r < world_; ++r) {
+    if (verdicts[r][0] == 0) continue;
+    throw CheckpointError(fmt::format(
+        "rank {} {} {}, the checkpoint of step {} that rank 0 resumes from. HINT: every rank "
+        "resumes from the same file; train.checkpoint_dir must hold it on every node (a "
+        "shared file system, or copy it there)",
+        r, verdicts[r][0] == 1 ? "has no" : "holds other bytes in", path, step));
+  }
+  CheckpointReader reader(path);
+  if (reader.info().step != step) {
+    throw CheckpointError(
+        fmt::format("checkpoint {}: its content holds another step ({}) than its name ({})", path,
+                    reader.info().step, step));
+  }
+  checkResumable(reader);
+  restore(reader);
+  optimizer_.setSteps(step);
+  if (rank_ == 0) logInfo(fmt::format("resumed from {} at step {}", path, step));
+  return step;
+}
+
+}  // namespace collie::train

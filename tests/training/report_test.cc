@@ -1,0 +1,202 @@
+// What carries a training result between processes: the result file (rank 0's worker hands
+// it to the launcher) and the per-rank summary the control plane gathers.
+#include "train/report.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "collie/error.h"
+
+namespace collie::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A result whose every field holds a value of its own (none is its default), so that a field
+// the file loses or swaps with another shows.
+Result everyFieldSet() {
+  Result r;
+  r.run = "launch.nproc_per_node=2";
+  r.name = "quick";
+  r.model = "gpt";
+  r.scheduler = "ring";
+  r.backend = "gloo";
+  r.ranks = 2;
+  r.parameters = 123456;
+  r.flops_per_token = 7.5e5;
+  r.steps = 40;
+  r.timed_steps = 39;
+  r.world_batch_samples = 16;
+  r.world_batch_tokens = 4096;
+  r.micro_batch = {3, 5};
+  r.rebalances = {{10, {4, 4}}, {20, {3, 5}}};
+  r.tokens_weighting = false;
+  r.step_seconds = 0.25;
+  r.tokens_per_second = 16384;
+  r.comm_seconds = 0.031;
+  r.exposed_seconds = 0.012;
+  r.gather_seconds = 0.007;
+  r.gather_exposed_seconds = 0.002;
+  r.device = "cuda:0 (test)";
+  r.comm_memory = "host-staged";
+  r.allreduce_bytes = 987654;
+  r.sharding = "parameters";
+  r.parameter_bytes = 111;
+  r.gradient_bytes = 222;
+  r.optimizer_bytes = 333;
+  r.gathered_peak_bytes = 444;
+  r.peak_rss_bytes = {1e9, 2e9};
+  r.buckets = 6;
+  r.predicted_comm_seconds = 0.029;
+  r.link_alpha = 3e-5;
+  r.link_beta = 8e-9;
+  r.between_nodes = true;
+  r.compute_seconds = {0.2, 0.21};
+  r.straggler_score = {1.0, 0.8};
+  r.straggler_wait_seconds = {0.01, 0.0};
+  r.arrived_last = {0.1, 0.9};
+  r.step_at_fastest_seconds = 0.22;
+  r.straggler_steps = 30;
+  r.first_loss = 10.5;
+  r.last_loss = 4.25;
+  r.sync.step = 40;
+  r.sync.parameters = 12;
+  r.sync.identical = false;
+  r.sync.max_spread = 1e-6;
+  r.sync.first_parameter = "wte.weight";
+  r.sync.ranks = {1};
+  r.sync.differing = 3;
+  r.weight_sample = {0.5, -0.25};
+  r.token_budgets = {1e9, 2e9};
+  r.peak_flops = 1e14;
+  return r;
+}
+
+class ResultFile : public ::testing::Test {
+ protected:
+  void TearDown() override { fs::remove(path_); }
+  const std::string path_ =
+      (fs::temp_directory_path() / ("collie-result-" + std::to_string(::getpid()) + ".json"))
+          .string();
+};
+
+TEST_F(ResultFile, KeepsEveryFieldOfAResult) {
+  const Result in = everyFieldSet();
+  saveResult(path_, in);
+  const Result out = loadResult(path_);
+  EXPECT_EQ(out.run, in.run);
+  EXPECT_EQ(out.name, in.name);
+  EXPECT_EQ(out.model, in.model);
+  EXPECT_EQ(out.scheduler, in.scheduler);
+  EXPECT_EQ(out.backend, in.backend);
+  EXPECT_EQ(out.ranks, in.ranks);
+  EXPECT_EQ(out.parameters, in.parameters);
+  EXPECT_EQ(out.flops_per_token, in.flops_per_token);
+  EXPECT_EQ(out.steps, in.steps);
+  EXPECT_EQ(out.timed_steps, in.timed_steps);
+  EXPECT_EQ(out.world_batch_samples, in.world_batch_samples);
+  EXPECT_EQ(out.world_batch_tokens, in.world_batch_tokens);
+  EXPECT_EQ(out.micro_batch, in.micro_batch);
+  ASSERT_EQ(out.rebalances.size(), 2u);
+  EXPECT_EQ(out.rebalances[1].after_step, 20);
+  EXPECT_EQ(out.rebalances[1].micro_batch, (std::vector<int>{3, 5}));
+  EXPECT_EQ(out.tokens_weighting, in.tokens_weighting);
+  EXPECT_EQ(out.step_seconds, in.step_seconds);
+  EXPECT_EQ(out.tokens_per_second, in.tokens_per_second);
+  EXPECT_EQ(out.comm_seconds, in.comm_seconds);
+  EXPECT_EQ(out.exposed_seconds, in.exposed_seconds);
+  EXPECT_EQ(out.gather_seconds, in.gather_seconds);
+  EXPECT_EQ(out.gather_exposed_seconds, in.gather_exposed_seconds);
+  EXPECT_EQ(out.device, in.device);
+  EXPECT_EQ(out.comm_memory, in.comm_memory);
+  EXPECT_EQ(out.allreduce_bytes, in.allreduce_bytes);
+  EXPECT_EQ(out.sharding, in.sharding);
+  EXPECT_EQ(out.parameter_bytes, in.parameter_bytes);
+  EXPECT_EQ(out.gradient_bytes, in.gradient_bytes);
+  EXPECT_EQ(out.optimizer_bytes, in.optimizer_bytes);
+  EXPECT_EQ(out.gathered_peak_bytes, in.gathered_peak_bytes);
+  EXPECT_EQ(out.peak_rss_bytes, in.peak_rss_bytes);
+  EXPECT_EQ(out.buckets, in.buckets);
+  EXPECT_EQ(out.predicted_comm_seconds, in.predicted_comm_seconds);
+  EXPECT_EQ(out.link_alpha, in.link_alpha);
+  EXPECT_EQ(out.link_beta, in.link_beta);
+  EXPECT_EQ(out.between_nodes, in.between_nodes);
+  EXPECT_EQ(out.compute_seconds, in.compute_seconds);
+  EXPECT_EQ(out.straggler_score, in.straggler_score);
+  EXPECT_EQ(out.straggler_wait_seconds, in.straggler_wait_seconds);
+  EXPECT_EQ(out.arrived_last, in.arrived_last);
+  EXPECT_EQ(out.step_at_fastest_seconds, in.step_at_fastest_seconds);
+  EXPECT_EQ(out.straggler_steps, in.straggler_steps);
+  EXPECT_EQ(out.first_loss, in.first_loss);
+  EXPECT_EQ(out.last_loss, in.last_loss);
+  EXPECT_EQ(out.sync.step, in.sync.step);
+  EXPECT_EQ(out.sync.parameters, in.sync.parameters);
+  EXPECT_EQ(out.sync.identical, in.sync.identical);
+  EXPECT_EQ(out.sync.max_spread, in.sync.max_spread);
+  EXPECT_EQ(out.sync.first_parameter, in.sync.first_parameter);
+  EXPECT_EQ(out.sync.ranks, in.sync.ranks);
+  EXPECT_EQ(out.sync.differing, in.sync.differing);
+  EXPECT_EQ(out.weight_sample, in.weight_sample);
+  EXPECT_EQ(out.token_budgets, in.token_budgets);
+  EXPECT_EQ(out.peak_flops, in.peak_flops);
+}
+
+TEST_F(ResultFile, NoPredictionTravelsAsNull) {
+  Result in = everyFieldSet();
+  in.predicted_comm_seconds = std::nan("");
+  saveResult(path_, in);
+  std::ifstream file(path_);
+  EXPECT_TRUE(nlohmann::json::parse(file).at("predicted_comm_s").is_null());
+  EXPECT_TRUE(std::isnan(loadResult(path_).predicted_comm_seconds));
+}
+
+TEST_F(ResultFile, AFileThatLacksAFieldIsRefusedNamingIt) {
+  saveResult(path_, everyFieldSet());
+  nlohmann::json j;
+  {
+    std::ifstream file(path_);
+    j = nlohmann::json::parse(file);
+  }
+  j.erase("exposed_comm_s");
+  std::ofstream(path_) << j.dump();
+  try {
+    loadResult(path_);
+    FAIL() << "a result without exposed_comm_s was read";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("exposed_comm_s"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RankSummary, PacksAndUnpacksEveryValue) {
+  RankSummary in;
+  in.step = 1.5;
+  in.compute = 1.25;
+  in.comm = 0.5;
+  in.exposed = 0.125;
+  in.gather = 0.0625;
+  in.gather_exposed = 0.03125;
+  in.first_loss_sum = 42;
+  in.last_loss_sum = 17;
+  in.timed_steps = 99;
+  const std::vector<double> packed = in.pack();
+  EXPECT_EQ(packed.size(), 9u);
+  const RankSummary out = RankSummary::unpack(packed);
+  EXPECT_EQ(out.step, in.step);
+  EXPECT_EQ(out.compute, in.compute);
+  EXPECT_EQ(out.comm, in.comm);
+  EXPECT_EQ(out.exposed, in.exposed);
+  EXPECT_EQ(out.gather, in.gather);
+  EXPECT_EQ(out.gather_exposed, in.gather_exposed);
+  EXPECT_EQ(out.first_loss_sum, in.first_loss_sum);
+  EXPECT_EQ(out.last_loss_sum, in.last_loss_sum);
+  EXPECT_EQ(out.timed_steps, in.timed_steps);
+  EXPECT_THROW(RankSummary::unpack({1, 2, 3}), InternalError);
+}
+
+}  // namespace
+}  // namespace collie::train
