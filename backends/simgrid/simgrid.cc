@@ -102,6 +102,7 @@ struct Pending : std::enable_shared_from_this<Pending> {
   struct Meeting {
     sg4::Mailbox* mailbox = nullptr;
     int posted = 0;
+    bool matched = false;  // the second side found the first: its half is posted or on its way
     bool spoiled = false;  // a half was cancelled there: never reused
   };
   std::shared_ptr<Meeting> meeting;
@@ -573,7 +574,8 @@ class SimRequest : public Request {
 char g_no_payload = 0;
 
 // Ends the wait on a half that failed (an abort, a size mismatch), from whichever actor
-// finds out, at once. SimGrid wakes the waiters of a cancelled communication only once both
+// finds out, at once (unless its partner had found it already: then when their transfer
+// ends). SimGrid wakes the waiters of a cancelled communication only once both
 // halves are posted (cancelling one still alone in its mailbox takes it out and leaves its
 // waiter asleep until its timeout). So a half still alone is first matched by a zero-byte
 // half posted here, and then the pair is cancelled: both ends wake, nothing is copied, and
@@ -585,12 +587,14 @@ void releaseHalf(Pending& p) {
   Pending::Meeting& m = *p.meeting;
   m.spoiled = true;
   try {
-    if (m.posted < 2 && p.sending) {
+    if (!m.matched && p.sending) {
       p.release = m.mailbox->get_async<void>(&p.released);
-    } else if (m.posted < 2) {
+    } else if (!m.matched) {
       p.release = m.mailbox->put_async(&g_no_payload, 0);
     }
-    p.comm->cancel();
+    if (!m.matched || m.posted == 2) p.comm->cancel();
+    // Else the partner's half is on its way (it found this one before the failure): their
+    // transfer runs to its end, and the waiter then sees `failed`.
   } catch (const simgrid::Exception&) {
   }
   resumeLogRank();
@@ -621,13 +625,6 @@ std::unique_ptr<Request> SimgridBackend::post(int peer, const Buffer& buf, Tag t
   checkTransfer("simgrid", rank_, size(), peer, buf, sending,
                 size_only ? MemoryKind::kNone : MemoryKind::kHost);
   const TransferInfo t{rank_, peer, sending, tag};
-  for (int r : {rank_, peer}) {
-    const auto& box = group_->boxes[r];
-    if (box.aborted.isSet()) {
-      throw CommError("simgrid: " + t.describe() + ": rank " + std::to_string(r) +
-                      " was aborted: " + box.aborted.reason());
-    }
-  }
   // A send waits in the peer's mailbox under (this rank, tag), a receive in ours under
   // (peer, tag), so that both sides look in the same place.
   auto& box = group_->boxes[sending ? peer : rank_];
@@ -641,6 +638,15 @@ std::unique_ptr<Request> SimgridBackend::post(int peer, const Buffer& buf, Tag t
   // let another rank run in between: the mailbox a first side needs is borrowed before.
   sg4::Mailbox* spare = world_->borrowMailbox();
   resumeLogRank();
+  // After the borrowing, which is a SimGrid call: an abort may have come meanwhile.
+  for (int r : {rank_, peer}) {
+    const auto& aborted = group_->boxes[r].aborted;
+    if (aborted.isSet()) {
+      world_->free_mailboxes.push_back(spare);
+      throw CommError("simgrid: " + t.describe() + ": rank " + std::to_string(r) +
+                      " was aborted: " + aborted.reason());
+    }
+  }
   auto it = other_side.find(key);
   if (it == other_side.end()) {
     // First here: wait for the partner on a mailbox of its own.
@@ -673,6 +679,7 @@ std::unique_ptr<Request> SimgridBackend::post(int peer, const Buffer& buf, Tag t
     std::memcpy(to.data, from.data, from.bytes());
   }
   // Second here: post the matching half where the partner's is (or is about to be).
+  other->meeting->matched = true;  // from now on only a cancel of the pair ends it early
   mine->meeting = other->meeting;
   auto request = std::make_unique<SimRequest>(world_, group_, mine, &my_side, key, t);
   postHalf(*world_, *mine, sending);

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "collie/error.h"
 
@@ -144,6 +145,71 @@ TEST_F(ResultFile, KeepsEveryFieldOfAResult) {
   EXPECT_EQ(out.weight_sample, in.weight_sample);
   EXPECT_EQ(out.token_budgets, in.token_budgets);
   EXPECT_EQ(out.peak_flops, in.peak_flops);
+}
+
+// The names are what scripts, benchmarks and users read from summary.json: a renamed key
+// must fail here, not only in them.
+TEST_F(ResultFile, KeepsTheNamesThatSummaryJsonReadersUse) {
+  saveResult(path_, everyFieldSet());
+  std::ifstream file(path_);
+  const nlohmann::json j = nlohmann::json::parse(file);
+  std::set<std::string> keys;
+  for (const auto& item : j.items()) keys.insert(item.key());
+  const std::set<std::string> expected = {"run",
+                                          "name",
+                                          "model",
+                                          "scheduler",
+                                          "backend",
+                                          "ranks",
+                                          "parameters",
+                                          "flops_per_token",
+                                          "steps",
+                                          "timed_steps",
+                                          "world_batch_samples",
+                                          "world_batch_tokens",
+                                          "micro_batch",
+                                          "grad_weighting",
+                                          "step_s",
+                                          "tokens_per_s",
+                                          "comm_s",
+                                          "exposed_comm_s",
+                                          "allgather_s",
+                                          "exposed_allgather_s",
+                                          "device",
+                                          "comm_memory",
+                                          "allreduce_bytes",
+                                          "buckets",
+                                          "sharding",
+                                          "parameter_bytes",
+                                          "gradient_bytes",
+                                          "gathered_peak_bytes",
+                                          "optimizer_bytes",
+                                          "peak_rss_bytes",
+                                          "predicted_comm_s",
+                                          "link_alpha_s",
+                                          "link_beta_s_per_byte",
+                                          "link_between_nodes",
+                                          "compute_s",
+                                          "straggler_score",
+                                          "straggler_wait_s",
+                                          "arrived_last",
+                                          "step_at_fastest_s",
+                                          "straggler_steps",
+                                          "rebalances",
+                                          "first_loss",
+                                          "last_loss",
+                                          "sync",
+                                          "token_budgets",
+                                          "peak_flops",
+                                          "weight_sample"};
+  EXPECT_EQ(keys, expected);
+  EXPECT_EQ(j.at("grad_weighting"), "uniform");
+  EXPECT_EQ(j.at("rebalances").at(0).at("after_step"), 10);
+  EXPECT_EQ(j.at("rebalances").at(0).at("micro_batch"), (std::vector<int>{4, 4}));
+  std::set<std::string> sync;
+  for (const auto& item : j.at("sync").items()) sync.insert(item.key());
+  EXPECT_EQ(sync, (std::set<std::string>{"step", "parameters", "identical", "max_spread",
+                                         "first_parameter", "ranks", "differing"}));
 }
 
 TEST_F(ResultFile, NoPredictionTravelsAsNull) {

@@ -10,6 +10,7 @@
 
 #include "loopback_job.h"
 #include "runtime/control.h"
+#include "train/data.h"
 
 namespace collie::train {
 namespace {
@@ -107,6 +108,11 @@ TEST(StragglerMonitor, ScoresTheRankThatComputesTwiceAsLong) {
       collective.seconds = rank == 1 ? 0.001 : 0.001 + 0.04;  // the others wait for rank 1
       st.sync.collectives.push_back(collective);
       monitor.afterStep(s, 0, st);
+      if (s == 4) {  // steps 1-4 are gathered after step 4, not only at the end
+        Result so_far;
+        monitor.report(&so_far);
+        EXPECT_EQ(so_far.straggler_steps, 4) << "rank " << rank;
+      }
     }
     Result r;
     monitor.report(&r);

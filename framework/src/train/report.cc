@@ -28,7 +28,6 @@ namespace collie::train {
 
 using nlohmann::json;
 
-// nlohmann's converters for the records inside a Result, found by argument-dependent lookup.
 void to_json(json& j, const SyncCheck& s) {
   j = json::object();
   forEachSyncField(s, [&](const char* key, const auto& value) { j[key] = value; });

@@ -9,10 +9,19 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "train/step.h"
 #include "train/trainer.h"
 
 namespace collie::train {
+
+// nlohmann's converters for the records inside a Result (found by argument-dependent
+// lookup), walking the field tables of trainer.h.
+void to_json(nlohmann::json& j, const SyncCheck& s);
+void from_json(const nlohmann::json& j, SyncCheck& s);
+void to_json(nlohmann::json& j, const Rebalance& c);
+void from_json(const nlohmann::json& j, Rebalance& c);
 
 // DIR/rank-R.jsonl: step, rank, the times of StepStats, samples, tokens, tokens/s, loss, lr,
 // grad norm and every collective's provenance. A resumed run appends.

@@ -10,6 +10,7 @@
 #include "collie/log.h"
 #include "core/strings.h"
 #include "measure/calibrate.h"
+#include "train/data.h"
 
 namespace collie::train {
 

@@ -13,12 +13,13 @@
 #include "collie/topology.h"
 #include "config/experiment.h"
 #include "runtime/control.h"
-#include "train/data.h"
 #include "train/step.h"
 #include "train/stragglers.h"
 #include "train/trainer.h"
 
 namespace collie::train {
+
+struct Sharding;  // train/data.h, which includes LibTorch
 
 // This rank's timings of the steps since the last gathering are all-gathered every
 // train.straggler_every steps (and after the last step), every rank attributes them alike,

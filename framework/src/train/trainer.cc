@@ -143,8 +143,8 @@ class RankTrainer {
     Reducer reducer(params_, spec_.bucket_bytes, comm_, spec_.overlap, spec_.sharding,
                     unitIndices());
     reducer_ = &reducer;
-    GateInstalled installed(*model_);
-    const std::unique_ptr<UnitGate> gate = shardAndMakeOptimizer(reducer, &installed);
+    const std::unique_ptr<UnitGate> gate = shardAndMakeOptimizer(reducer);
+    GateInstalled installed(*model_, gate.get());  // taken out of the model before `gate` goes
     TrainingState state(e_, rank_, world_, control_, names_, params_, shards_, *optimizer_, reducer,
                         sharding_);
     RunCheckpoints checkpoints(spec_);
@@ -183,8 +183,8 @@ class RankTrainer {
     gatherTimings(stats, &result);
     result.rebalances = rebalancer.taken();
     stragglers.report(&result);
-    measureMemory(reducer, &result);
     if (tracer_) writeExperimentTrace(*tracer_, comm_, control_, e_, out_dir_);
+    measureMemory(reducer, &result);  // last: the peak includes the trace's gathering
     return result;
   }
 
@@ -192,14 +192,13 @@ class RankTrainer {
   bool sharded() const { return spec_.sharding != config::ShardedState::kNone; }
   bool shardsParameters() const { return spec_.sharding == config::ShardedState::kParameters; }
 
-  // Installs a stage-3 gate in the model for as long as it lives.
+  // Installs a stage-3 gate (or none) in the model for as long as it lives.
   class GateInstalled {
    public:
-    explicit GateInstalled(Model& model) : model_(model) {}
+    GateInstalled(Model& model, UnitGate* gate) : model_(model) { model_.setUnitGate(gate); }
     ~GateInstalled() { model_.setUnitGate(nullptr); }
     GateInstalled(const GateInstalled&) = delete;
     GateInstalled& operator=(const GateInstalled&) = delete;
-    void set(UnitGate* gate) { model_.setUnitGate(gate); }
 
    private:
     Model& model_;
@@ -575,9 +574,9 @@ class RankTrainer {
   }
 
   // Gives every rank rank 0's parameters, shards what train.sharding shards (stage 3 keeps
-  // only this rank's blocks and installs the gate that gathers a unit's values when the
-  // model computes), and makes the optimizer over what this rank updates.
-  std::unique_ptr<UnitGate> shardAndMakeOptimizer(Reducer& reducer, GateInstalled* installed) {
+  // only this rank's blocks and returns the gate that gathers a unit's values when the model
+  // computes), and makes the optimizer over what this rank updates.
+  std::unique_ptr<UnitGate> shardAndMakeOptimizer(Reducer& reducer) {
     reducer.broadcastParameters();
     std::unique_ptr<UnitGate> gate;
     if (!sharded()) {
@@ -589,7 +588,6 @@ class RankTrainer {
       reducer.keepShards();  // rank 0's values, broadcast
       reducer.endStep();     // and only they stay
       gate = makeUnitGate(reducer);
-      installed->set(gate.get());
     }
     shards_ = reducer.parameterShards();
     optimizer_ = makeOptimizer(spec_, shards_);
