@@ -8,8 +8,6 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +22,7 @@
 #include "collie/log.h"
 #include "config/experiment.h"
 #include "util/files.h"
+#include "util/spawn.h"
 #include "util/system.h"
 
 namespace fs = std::filesystem;
@@ -217,39 +216,6 @@ bool same(const Lab& lab, const UpRequest& request, uint64_t rate_bits,
   return true;
 }
 
-// Moves the calling process (a forked child, about to exec) into `host`. Returns "" or why
-// it could not.
-std::string enter(const Host& host) {
-  const std::string net = (fs::path(kNetnsDir) / host.name).string();
-  const std::string uts = utsPath(host.name).string();
-  for (const auto& [path, type] : {std::pair{net, CLONE_NEWNET}, std::pair{uts, CLONE_NEWUTS}}) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return fmt::format("cannot open {}: {}", path, std::strerror(errno));
-    const int rc = ::setns(fd, type);
-    const int error = errno;
-    ::close(fd);
-    if (rc != 0) return fmt::format("cannot enter {}: {}", path, std::strerror(error));
-  }
-  // A mount namespace of its own with the host's /sys, as `ip netns exec` does: tools and
-  // libraries list interfaces in /sys/class/net (UCX does), which would show this machine's.
-  if (::unshare(CLONE_NEWNS) != 0)
-    return fmt::format("cannot make a mount namespace: {}", std::strerror(errno));
-  if (::mount("", "/", nullptr, MS_SLAVE | MS_REC, nullptr) != 0)
-    return fmt::format("cannot keep mounts private: {}", std::strerror(errno));
-  ::umount2("/sys", MNT_DETACH);
-  if (::mount(host.name.c_str(), "/sys", "sysfs", 0, nullptr) != 0)
-    return fmt::format("cannot mount the host's /sys: {}", std::strerror(errno));
-  if (!host.cpus.empty()) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    for (int c : host.cpus) CPU_SET(c, &set);
-    if (::sched_setaffinity(0, sizeof(set), &set) != 0)
-      return fmt::format("cannot run on CPUs {}: {}", fmt::join(host.cpus, ","),
-                         std::strerror(errno));
-  }
-  return "";
-}
-
 }  // namespace
 
 void requirePrivileges() {
@@ -354,34 +320,32 @@ const Host& hostNamed(const Lab& lab, const std::string& name) {
   throw ConfigError(fmt::format("lab: no host '{}'; the lab has {}", name, fmt::join(names, ", ")));
 }
 
-pid_t spawn(const Host& host, const std::vector<std::string>& argv,
-            const std::vector<std::string>& env, const sigset_t* mask) {
-  COLLIE_CHECK(!argv.empty(), "lab: empty command");
-  const pid_t pid = ::fork();
-  if (pid < 0) throw Error(ErrorKind::kInternal, std::string("fork: ") + std::strerror(errno));
-  if (pid > 0) return pid;
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the process that started it
-  if (mask != nullptr) ::pthread_sigmask(SIG_SETMASK, mask, nullptr);
-  const std::string why = enter(host);
-  if (!why.empty()) {
-    std::fprintf(stderr, "collie: error: lab: %s\n", why.c_str());
-    ::_exit(2);
+detail::SpawnOptions inside(const Host& host, const std::vector<std::string>& argv,
+                            const std::vector<std::string>& env) {
+  detail::SpawnOptions options;
+  options.argv = argv;
+  options.environment = detail::environmentWith(env);
+  options.namespaces = {{(fs::path(kNetnsDir) / host.name).string(), CLONE_NEWNET},
+                        {utsPath(host.name).string(), CLONE_NEWUTS}};
+  options.own_sysfs = true;
+  if (!host.cpus.empty()) {
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    for (int c : host.cpus) CPU_SET(c, &cpus);
+    options.cpus = cpus;
   }
-  for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  ::execvp(args[0], args.data());
-  std::fprintf(stderr, "collie: error: lab: cannot run %s: %s\n", args[0], std::strerror(errno));
-  ::_exit(127);
+  return options;
 }
 
 int exec(const Host& host, const std::vector<std::string>& argv) {
-  const pid_t pid = spawn(host, argv);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  COLLIE_CHECK(!argv.empty(), "lab: empty command");
+  pid_t pid = -1;
+  try {
+    pid = detail::spawn(inside(host, argv));
+  } catch (const Error& x) {
+    throw ConfigError(fmt::format("lab: on host {}: {}", host.name, x.what()));
   }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return detail::exitCodeOf(detail::waitFor(pid));
 }
 
 }  // namespace collie::lab

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "util/spawn.h"
+
 namespace collie::lab {
 
 struct Host {
@@ -58,13 +60,14 @@ std::optional<Lab> current();
 // interfaces, CPUs, the links' rate and their qdiscs; or "no lab is up".
 std::string describe();
 
-// Starts `argv` (looked up on PATH) inside `host` — its network and UTS namespaces, its
-// /sys, its CPUs — with `env` (NAME=VALUE) added and the signal mask `mask` (null: this
-// thread's). The child dies with this process. Returns its pid.
-pid_t spawn(const Host& host, const std::vector<std::string>& argv,
-            const std::vector<std::string>& env = {}, const sigset_t* mask = nullptr);
+// How to start `argv` (looked up on PATH) inside `host`: its network and UTS namespaces, its
+// /sys, its CPUs, with `env` (NAME=VALUE) added.
+detail::SpawnOptions inside(const Host& host, const std::vector<std::string>& argv,
+                            const std::vector<std::string>& env = {});
 
-// spawn(), then waits: the command's exit code, 128 + signal when one killed it.
+// Runs `argv` inside `host` and waits: the command's exit code, 128 + signal when one
+// killed it. Throws ConfigError naming the host and the step that failed (a missing
+// namespace, a command not on PATH).
 int exec(const Host& host, const std::vector<std::string>& argv);
 
 // The host named `name` of `lab`, or ConfigError listing the lab's hosts.

@@ -1,24 +1,15 @@
-// The lab's launcher: a `collie launch` per host, started inside the host's namespaces,
-// watched as collie's launcher watches its workers (runtime/teardown.h decides when the
-// others are stopped after one fails).
+// The lab's launcher: a `collie launch` per host, started inside the host's namespaces and
+// watched by collie's launcher loop (runtime/launcher.h), as it watches a run's workers.
 #include "lab/lab_job.h"
 
 #include <fmt/format.h>
-#include <poll.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <algorithm>
-#include <cerrno>
 #include <cstdlib>
-#include <cstring>
 
 #include "collie/error.h"
 #include "collie/log.h"
 #include "lab/lab.h"
 #include "runtime/launcher.h"
-#include "runtime/teardown.h"
-#include "runtime/worker_set.h"
 
 namespace fs = std::filesystem;
 
@@ -27,13 +18,6 @@ namespace {
 
 constexpr const char* kHostVariable = "COLLIE_LAB_HOST";  // set in every host's launcher
 constexpr int kDefaultPort = 29500;
-
-struct HostLauncher {
-  const Host* host = nullptr;
-  int node = 0;
-  pid_t pid = -1;
-  bool running = false;
-};
 
 // The command host `node`'s launcher runs: collie launch, node `node` of the lab's hosts.
 std::vector<std::string> launchArgv(const RunRequest& request, const Lab& lab, size_t index,
@@ -71,67 +55,32 @@ void runOnLab(const RunRequest& request, const config::Experiment& e, size_t ind
                       lab.hosts.size(), lab.rate, e.nproc_per_node, lab.hosts.front().address,
                       port));
 
-  using Clock = Teardown::Clock;
-  BlockedSignals signals;
-  Teardown teardown(std::chrono::seconds(10), std::chrono::seconds(5));
-  std::vector<HostLauncher> launchers;
-  int running = 0;
-  auto signalAll = [&](int sig) {
-    for (const auto& l : launchers) {
-      if (l.running) ::kill(l.pid, sig);
-    }
-  };
-  std::string failure;
-  int exit_code = 0;
-  bool interrupted = false;
+  std::vector<ChildProcess> launchers;
   for (size_t i = 0; i < lab.hosts.size(); ++i) {
-    HostLauncher l{&lab.hosts[i], static_cast<int>(i)};
     // The host's launcher knows it is one (and runs its run, not the lab), and its ranks'
     // bench headers name the link's cap.
-    l.pid = spawn(lab.hosts[i], launchArgv(request, lab, index, static_cast<int>(i), port, out),
-                  {std::string(kHostVariable) + "=" + lab.hosts[i].name,
-                   fmt::format("COLLIE_LAB_LINK_MBIT={:g}", lab.rate_bits / 1e6)},
-                  &signals.previousMask());
-    l.running = true;
-    ++running;
-    launchers.push_back(l);
+    ChildProcess l;
+    l.name = fmt::format("host {}, node {}", lab.hosts[i].name, i);
+    l.start = inside(lab.hosts[i], launchArgv(request, lab, index, static_cast<int>(i), port, out),
+                     {std::string(kHostVariable) + "=" + lab.hosts[i].name,
+                      fmt::format("COLLIE_LAB_LINK_MBIT={:g}", lab.rate_bits / 1e6)});
+    launchers.push_back(std::move(l));
   }
-  while (running > 0) {
-    while (int sig = teardown.due(Clock::now())) signalAll(sig);
-    pollfd fd{signals.fd(), POLLIN, 0};
-    ::poll(&fd, 1, 100);
-    for (int sig : signals.read()) {
-      if (interrupted) {
-        teardown.killNow(Clock::now());
-        continue;
-      }
-      interrupted = true;
-      exit_code = 128 + sig;
-      logWarn(
-          fmt::format("lab: {} received; forwarding it to the hosts' launchers", signalName(sig)));
-      signalAll(sig);
-      teardown.forwarded(Clock::now());
-    }
-    for (auto& l : launchers) {
-      int status = 0;
-      if (!l.running || ::waitpid(l.pid, &status, WNOHANG) != l.pid) continue;
-      l.running = false;
-      --running;
-      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      if (ok || !failure.empty() || interrupted || teardown.stopping()) continue;
-      failure = fmt::format("host {} (node {}) {}", l.host->name, l.node, describeExit(status));
-      exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
-      if (running > 0) {
-        logError(fmt::format("lab: {}; the other host(s) get 10 s to stop on their own", failure));
-      }
-      teardown.failed(Clock::now());
-    }
-  }
-  if (interrupted) throw Interrupted{exit_code};
-  if (failure.empty()) return;
-  const std::string message =
-      fmt::format("run {} ({}) failed on the lab; first failure: {}", index + 1, e.name, failure);
-  if (exit_code == 2) throw ConfigError(message);
+  // Their ranks' lines reach us already prefixed by their own launcher; a host that fails
+  // leaves the others 10 s to stop on their own (their ranks report the failure first).
+  Supervision how;
+  how.who = "lab";
+  how.noun = "host launcher(s)";
+  how.relay_output = false;
+  how.early_exit_is_suspect = false;
+  how.failure_grace = std::chrono::seconds(10);
+  how.kill_grace = std::chrono::seconds(5);
+  const LaunchOutcome outcome = supervise(std::move(launchers), how);
+  if (outcome.interrupted) throw Interrupted{outcome.exit_code};
+  if (outcome.failure.empty()) return;
+  const std::string message = fmt::format("run {} ({}) failed on the lab; first failure: {}",
+                                          index + 1, e.name, outcome.failure);
+  if (outcome.exit_code == 2) throw ConfigError(message);
   throw CommError(message);
 }
 

@@ -1,5 +1,5 @@
-// launchWorkers: one short loop over the worker set's pipes and the signalfd, with the
-// teardown policy deciding when to stop the workers.
+// supervise: one short loop over the children's pipes and the signalfd, with the teardown
+// policy deciding when to stop them; launchWorkers runs it over a run's workers.
 #include "runtime/launcher.h"
 
 #include <arpa/inet.h>
@@ -51,42 +51,48 @@ uint16_t pickFreePort(const std::string& addr) {
 
 LaunchOutcome launchWorkers(const LaunchSpec& spec) {
   COLLIE_CHECK(!spec.argv.empty() && spec.nproc >= 1, "launchWorkers: empty command");
+  Supervision how = spec.watch;
+  how.world = spec.nproc * spec.nnodes;
+  return supervise(workersOf(spec), how);
+}
+
+LaunchOutcome supervise(std::vector<ChildProcess> children, const Supervision& how) {
   using Clock = Teardown::Clock;
-  BlockedSignals signals;  // they arrive through its fd; workers get the old mask back
-  WorkerSet workers(spec, signals.previousMask());
-  Teardown teardown(spec.failure_grace, spec.kill_grace);
+  BlockedSignals signals;  // they arrive through its fd; children get the old mask back
+  WorkerSet workers(std::move(children), signals.previousMask(), how.relay_output);
+  Teardown teardown(how.failure_grace, how.kill_grace);
   LaunchOutcome outcome;
-  const Worker* failed = nullptr;  // the first worker that failed
+  const Worker* failed = nullptr;  // the first child that failed
   if (!workers.startError().empty()) {
     outcome.exit_code = 1;
-    outcome.failure = "could not start every worker (" + workers.startError() + ")";
+    outcome.failure =
+        fmt::format("could not start all its {} ({})", how.noun, workers.startError());
     teardown.failed(Clock::now(), std::chrono::milliseconds(0));
   }
-  std::string left_early;  // the ranks that exited with 0 while others still ran
+  std::string left_early;  // the children that exited with 0 while others still ran
   auto onExit = [&](const Worker& w, int status) {
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (ok && outcome.failure.empty() && !teardown.stopping() && workers.running() > 0) {
-      left_early +=
-          fmt::format("{}rank {} (pid {})", left_early.empty() ? "" : ", ", w.rank, w.pid);
+    if (ok && how.early_exit_is_suspect && outcome.failure.empty() && !teardown.stopping() &&
+        workers.running() > 0) {
+      left_early += fmt::format("{}{} (pid {})", left_early.empty() ? "" : ", ", w.name, w.pid);
     }
     if (ok || !outcome.failure.empty() || outcome.interrupted || teardown.stopping()) return;
-    outcome.failure = fmt::format("rank {} (pid {}) {}", w.rank, w.pid, describeExit(status));
+    outcome.failure = fmt::format("{} (pid {}) {}", w.name, w.pid, describeExit(status));
     outcome.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
     outcome.failed_rank = w.rank;
     outcome.failed_signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     failed = &w;
     if (workers.running() > 0) {
-      logError(fmt::format("launcher: {}; stopping the other {} rank(s)", outcome.failure,
-                           workers.running()));
+      logError(fmt::format("{}: {}; stopping the other {} {}", how.who, outcome.failure,
+                           workers.running(), how.noun));
     }
     teardown.failed(Clock::now());
   };
 
   // The stall watch reads the workers' progress files once a second while none has failed.
-  const bool watching = !spec.progress_dir.empty() && spec.stall_warning.count() > 0;
-  StallWatch stalls(spec.stall_warning, describeLiveness);
+  const bool watching = !how.progress_dir.empty() && how.stall_warning.count() > 0;
+  StallWatch stalls(how.stall_warning, describeLiveness);
   Clock::time_point next_watch = Clock::now();
-  const int world = spec.nproc * spec.nnodes;
 
   Clock::time_point drain_until = Clock::time_point::max();  // a grandchild may hold a pipe
   while (workers.running() > 0 || (workers.pipesOpen() && Clock::now() < drain_until)) {
@@ -94,11 +100,11 @@ LaunchOutcome launchWorkers(const LaunchSpec& spec) {
         Clock::now() >= next_watch) {
       next_watch = Clock::now() + std::chrono::seconds(1);
       try {
-        const std::string line = stalls.observe(readProgress(spec.progress_dir, spec.progress_run),
-                                                world, progressNowMicros());
-        if (!line.empty()) logWarn("launcher: " + line);
+        const std::string line = stalls.observe(readProgress(how.progress_dir, how.progress_run),
+                                                how.world, progressNowMicros());
+        if (!line.empty()) logWarn(how.who + ": " + line);
       } catch (const std::exception& e) {  // the watch helps; it never stops the launcher
-        logDebug(std::string("launcher: stall watch: ") + e.what());
+        logDebug(how.who + ": stall watch: " + e.what());
       }
     }
     if (workers.running() == 0 && drain_until == Clock::time_point::max())
@@ -112,6 +118,7 @@ LaunchOutcome launchWorkers(const LaunchSpec& spec) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now());
       timeout_ms = static_cast<int>(std::clamp<long>(left.count() + 1, 0, 1000));
     }
+    // Without relayed pipes a child's exit wakes the poll through SIGCHLD on the signalfd.
     std::vector<pollfd> fds{{signals.fd(), POLLIN, 0}};
     workers.addPipes(&fds);
     if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) break;
@@ -123,8 +130,8 @@ LaunchOutcome launchWorkers(const LaunchSpec& spec) {
       }
       outcome.interrupted = true;
       outcome.exit_code = 128 + sig;
-      logWarn(fmt::format("launcher: {} received; forwarding it to {} worker(s)", signalName(sig),
-                          workers.running()));
+      logWarn(fmt::format("{}: {} received; forwarding it to {} {}", how.who, signalName(sig),
+                          workers.running(), how.noun));
       workers.signalAll(sig);
       teardown.forwarded(Clock::now());
     }

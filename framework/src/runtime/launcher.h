@@ -1,7 +1,7 @@
-// collie's local launcher: starts this node's workers as processes (fork + exec
-// of a worker command), prefixes their output with the rank, forwards SIGINT/SIGTERM/SIGHUP,
-// and tears the whole group down when one worker fails. Workers die with the launcher
-// (PR_SET_PDEATHSIG), so no process outlives it.
+// collie's local launcher: starts this node's workers as processes (util/spawn.h), prefixes
+// their output with the rank, forwards SIGINT/SIGTERM/SIGHUP, and tears the whole group down
+// when one worker fails. Workers die with the launcher (PR_SET_PDEATHSIG), so no process
+// outlives it. The lab's launcher of emulated hosts is the same loop over other children.
 #pragma once
 
 #include <chrono>
@@ -9,7 +9,30 @@
 #include <string>
 #include <vector>
 
+#include "util/spawn.h"
+
 namespace collie {
+
+// How a launch watches its children.
+struct Supervision {
+  std::string who = "launcher";  // how its log lines begin
+  std::string noun = "rank(s)";  // what its children are, in its log lines
+  // Prefix each line a child prints with "[rank N] " (false: children write to our output).
+  bool relay_output = true;
+  // A child that exits 0 while others run has left the job, which is named beside a later
+  // failure as its likely cause (false: children may finish at different times).
+  bool early_exit_is_suspect = true;
+  // After the first child fails, how long the others may take to report their own error
+  // before they are sent SIGTERM; then how long before SIGKILL.
+  std::chrono::milliseconds failure_grace{5000};
+  std::chrono::milliseconds kill_grace{5000};
+  // The workers' progress files (runtime/progress.h) for one run: once a collective has
+  // waited stall_warning, the launcher names the ranks it waits for ("" or 0: no watch).
+  std::string progress_dir;
+  std::chrono::milliseconds stall_warning{0};
+  int progress_run = -1;  // the run the files must name (their matrix index)
+  int world = 0;          // the job's ranks, every node's
+};
 
 struct LaunchSpec {
   std::vector<std::string> argv;  // the worker command; argv[0] is a path
@@ -25,15 +48,7 @@ struct LaunchSpec {
   int threads_per_rank = 1;            // OMP_NUM_THREADS of each worker
   bool cpu_affinity = false;           // give each worker threads_per_rank CPUs of its own
   std::vector<std::string> extra_env;  // NAME=VALUE for every worker
-  // After the first worker fails, how long the others may take to report their own error
-  // before they are sent SIGTERM; then how long before SIGKILL.
-  std::chrono::milliseconds failure_grace{5000};
-  std::chrono::milliseconds kill_grace{5000};
-  // The workers' progress files (runtime/progress.h) for run `experiment`: once a collective
-  // has waited stall_warning, the launcher names the ranks it waits for ("" or 0: no watch).
-  std::string progress_dir;
-  std::chrono::milliseconds stall_warning{0};
-  int progress_run = -1;  // the run the files must name (their matrix index)
+  Supervision watch;                   // its graces and stall watch (`world` is set from above)
 };
 
 struct LaunchOutcome {
@@ -54,6 +69,21 @@ struct Interrupted {
 
 // Runs the workers to completion. Never leaves a child behind.
 LaunchOutcome launchWorkers(const LaunchSpec& spec);
+
+// One process a launch starts and watches.
+struct ChildProcess {
+  detail::SpawnOptions start;  // its output pipes and signal mask are the launch's to set
+  int rank = -1;               // the rank it is (-1: not a rank, such as a host's launcher)
+  std::string name;            // how messages call it: "rank 2", "host collie-h1, node 1"
+};
+
+// The children of `spec` (spec.nproc workers, their environments and CPUs).
+std::vector<ChildProcess> workersOf(const LaunchSpec& spec);
+
+// Starts `children`, then watches them until every one has exited: signals forwarded, the
+// others stopped after one fails, the stall watch when `how` names progress files. Never
+// leaves a child behind. launchWorkers is supervise(workersOf(spec), spec.watch).
+LaunchOutcome supervise(std::vector<ChildProcess> children, const Supervision& how);
 
 // The path of this executable, for a launcher that starts collie itself as its workers.
 std::string selfExecutable();

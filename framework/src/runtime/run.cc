@@ -1,4 +1,5 @@
-// The three roles of `collie run`: launcher, collie worker, rank of an outside launcher.
+// The roles of `collie run`: launcher, collie worker, a simulation's child, rank of an outside
+// launcher.
 #include "runtime/run.h"
 
 #include <fmt/format.h>
@@ -12,10 +13,12 @@
 
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 
 #include "collie/config.h"
 #include "collie/device_memory.h"
@@ -28,6 +31,7 @@
 #include "runtime/progress.h"
 #include "runtime/tcp_store.h"
 #include "util/files.h"
+#include "util/spawn.h"
 
 namespace fs = std::filesystem;
 
@@ -127,79 +131,112 @@ void runRank(ProcessJob& job, const PluginLoader& loader, const config::Experime
   });
 }
 
+// The command that runs this file again as the user asked (its --set, --log-level), with
+// its output into `out`: a run's workers, and a simulation's child.
+std::vector<std::string> collieAgain(const RunRequest& request, const fs::path& out) {
+  std::vector<std::string> argv = {selfExecutable()};
+  if (!request.log_level.empty()) argv.insert(argv.end(), {"--log-level", request.log_level});
+  argv.insert(argv.end(), {"run", request.config, "--out", out.string()});
+  for (const auto& s : request.sets) argv.insert(argv.end(), {"--set", s});
+  return argv;
+}
+
+// A simulation's child is told its run and where to leave its result by these; a failure
+// leaves its message in RESULT.error, and its kind in the exit code.
+constexpr const char* kSimulationRun = "COLLIE_SIMULATION_RUN";
+constexpr const char* kSimulationResult = "COLLIE_SIMULATION_RESULT";
+constexpr int kExitPluginError = 3;
+constexpr int kExitInternalError = 4;
+
+fs::path errorPathOf(const std::string& result_path) { return result_path + ".error"; }
+
 // A simulated run (a backend that runs its ranks itself: SimGrid) in a child process of its
 // own: SimGrid runs one simulation per process (its engine and models cannot be set up
-// again), so every run of a file, and every matrix point, gets a fresh one. The child hands
-// its result over in `result_path` as a worker does; a failure comes back with its kind
-// (exit code, message) and is thrown here again.
-void runSimulationInChild(ExperimentKind& kind, const PluginLoader& loader,
-                          const config::Experiment& e, const fs::path& out,
-                          const fs::path& result_path) {
-  int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
-    throw Error(ErrorKind::kInternal,
-                std::string("pipe() failed for a simulation: ") + std::strerror(errno));
-  }
+// again), so every run of a file, and every matrix point, gets a fresh one: collie again,
+// started as the launcher starts its workers. The child hands its result over in
+// `result_path` as a worker does; a failure comes back with its kind and message and is
+// thrown here again.
+void runSimulationInChild(ExperimentKind& kind, const RunRequest& request,
+                          const config::Experiment& e, size_t index, const fs::path& out) {
+  const std::string result_path = resultPath(out, index).string();
+  fs::remove(result_path);
+  fs::remove(errorPathOf(result_path));
+  detail::SpawnOptions child;
+  child.argv = collieAgain(request, out);
+  child.environment =
+      detail::environmentWith({fmt::format("{}={}", kSimulationRun, index),
+                               fmt::format("{}={}", kSimulationResult, result_path)});
   std::cout.flush();
   std::cerr.flush();
-  const pid_t child = ::fork();
-  if (child < 0) {
-    const std::string why = std::strerror(errno);
-    ::close(pipe_fds[0]);
-    ::close(pipe_fds[1]);
-    throw Error(ErrorKind::kInternal, "fork() failed for a simulation: " + why);
-  }
-  if (child == 0) {
-    ::close(pipe_fds[0]);
-    int code = 0;
-    std::string message;
-    try {
-      kind.runInThreads(loader, e, out);
-      kind.saveLast(result_path.string());
-    } catch (const Error& x) {
-      code = x.kind() == ErrorKind::kConfig ? 2 : x.kind() == ErrorKind::kPlugin ? 3 : 1;
-      message = x.what();
-    } catch (const std::exception& x) {
-      code = 4;
-      message = x.what();
-    }
-    size_t done = 0;
-    while (done < message.size()) {
-      const ssize_t n = ::write(pipe_fds[1], message.data() + done, message.size() - done);
-      if (n <= 0) break;
-      done += static_cast<size_t>(n);
-    }
-    std::cout.flush();
-    std::cerr.flush();
-    ::_exit(code);
-  }
-  ::close(pipe_fds[1]);
-  std::string message;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(pipe_fds[0], buf, sizeof(buf))) > 0;) message.append(buf, n);
-  ::close(pipe_fds[0]);
-  int status = 0;
-  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
-  }
+  const int status = detail::waitFor(detail::spawn(child));
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-    kind.load(result_path.string());
+    kind.load(result_path);
     fs::remove(result_path);
     return;
   }
+  std::string message;
+  {
+    std::ifstream in(errorPathOf(result_path));
+    message.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  fs::remove(errorPathOf(result_path));
   if (WIFSIGNALED(status)) {
     throw CommError(fmt::format("the simulation of {} stopped with signal {} ({})", e.name,
                                 WTERMSIG(status), ::strsignal(WTERMSIG(status))));
   }
+  if (message.empty()) {
+    message = fmt::format("the simulation of {} exited with code {} and no message", e.name,
+                          WEXITSTATUS(status));
+  }
   switch (WEXITSTATUS(status)) {
-    case 2:
+    case kExitBadInput:
       throw ConfigError(message);
-    case 3:
+    case kExitPluginError:
       throw PluginError(message);
-    case 4:
+    case kExitInternalError:
       throw Error(ErrorKind::kInternal, message);
     default:
       throw CommError(message);
   }
+}
+
+// The child runSimulationInChild started: the one run its parent names, in threads of this
+// process; its result, or its failure's message, where the parent reads it. Returns the
+// exit code that tells the parent the failure's kind.
+int runAsSimulationChild(const RunRequest& request, const std::vector<config::Experiment>& runs,
+                         ExperimentKind& kind, const std::string& result_path) {
+  int code = 0;
+  std::string message;
+  try {
+    const char* run = std::getenv(kSimulationRun);
+    char* end = nullptr;
+    const long index = run != nullptr ? std::strtol(run, &end, 10) : -1;
+    if (run == nullptr || *end != '\0' || index < 0 || index >= static_cast<long>(runs.size())) {
+      throw ConfigError(fmt::format("{}={} is not a run of {}, which has {} run(s)", kSimulationRun,
+                                    run != nullptr ? run : "(unset)", request.config, runs.size()));
+    }
+    const config::Experiment& e = runs[static_cast<size_t>(index)];
+    PluginLoader loader;
+    openPlugins(loader, {e});
+    kind.runInThreads(loader, e, request.out);
+    kind.saveLast(result_path);
+  } catch (const Error& x) {
+    code = x.kind() == ErrorKind::kConfig   ? kExitBadInput
+           : x.kind() == ErrorKind::kPlugin ? kExitPluginError
+                                            : 1;
+    message = x.what();
+  } catch (const std::exception& x) {
+    code = kExitInternalError;
+    message = x.what();
+  }
+  if (code != 0) {
+    try {
+      detail::writeFileAtomically(errorPathOf(result_path).string(), message);
+    } catch (const std::exception&) {
+      std::cerr << "collie: error: " << message << "\n";  // the parent's message is then bare
+    }
+  }
+  return code;
 }
 
 // A worker collie's launcher started: one run of the file; rank 0 hands its result over.
@@ -258,10 +295,7 @@ void writeErrorFile(const fs::path& out, const config::Experiment& e, size_t ind
 void launchRun(const RunRequest& request, const config::Experiment& e, size_t index,
                const fs::path& out) {
   LaunchSpec spec;
-  spec.argv = {selfExecutable(), "run", request.config, "--out", out.string()};
-  for (const auto& s : request.sets) spec.argv.insert(spec.argv.end(), {"--set", s});
-  if (!request.log_level.empty())
-    spec.argv.insert(spec.argv.begin() + 1, {"--log-level", request.log_level});
+  spec.argv = collieAgain(request, out);
   spec.nproc = e.nproc_per_node;
   spec.nnodes = request.nnodes;
   spec.node_rank = request.node_rank;
@@ -275,9 +309,9 @@ void launchRun(const RunRequest& request, const config::Experiment& e, size_t in
   fs::remove(out / "error.json");  // from an earlier run into the same folder
   // Node 0's launcher watches for stalls (the others would repeat its line).
   if (request.node_rank == 0) {
-    spec.progress_dir = progressFolder(out.string());
-    spec.stall_warning = e.debug.stall_warning;
-    spec.progress_run = e.matrix_index;
+    spec.watch.progress_dir = progressFolder(out.string());
+    spec.watch.stall_warning = e.debug.stall_warning;
+    spec.watch.progress_run = e.matrix_index;
   }
   const bool training = e.kind == config::Experiment::Kind::kTrain;
   if (e.max_restarts > 0 && training && e.train.checkpoint_dir.empty()) {
@@ -292,7 +326,8 @@ void launchRun(const RunRequest& request, const config::Experiment& e, size_t in
     spec.master_port =
         port != 0 ? static_cast<uint16_t>(port + index) : pickFreePort(spec.master_addr);
     std::error_code ec;
-    if (request.node_rank == 0) fs::remove_all(spec.progress_dir, ec);  // an earlier attempt's
+    if (request.node_rank == 0)
+      fs::remove_all(spec.watch.progress_dir, ec);  // an earlier attempt's
     LaunchOutcome outcome = launchWorkers(spec);
     if (outcome.interrupted) {
       logError("interrupted: every worker was stopped");
@@ -369,6 +404,8 @@ int runExperiments(const RunRequest& request, const std::vector<config::Experime
                    const RunParts& parts) {
   const auto& first = runs.front();
   std::unique_ptr<ExperimentKind> kind = parts.kind(first.kind);
+  if (const char* result = std::getenv(kSimulationResult))
+    return runAsSimulationChild(request, runs, *kind, result);
   const WorkerEnv env = detectWorkerEnv();
   const Role role = roleOf(env);
   if (role == Role::kCollieWorker) return runAsCollieWorker(request, runs, env, *kind);
@@ -453,7 +490,7 @@ int runExperiments(const RunRequest& request, const std::vector<config::Experime
     if (job) {
       runRank(*job, loader, e, i, *kind, out);
     } else if (simulated) {
-      runSimulationInChild(*kind, loader, e, out, resultPath(out, i));
+      runSimulationInChild(*kind, request, e, i, out);
     } else if (threads) {
       kind->runInThreads(loader, e, out);
     } else {

@@ -1,10 +1,9 @@
-// fork + exec of the workers, their output relayed line by line, their exits reaped.
+// The workers, started by spawn(), their output relayed line by line, their exits reaped.
 #include "runtime/worker_set.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sched.h>
-#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -16,8 +15,7 @@
 
 #include "collie/error.h"
 #include "collie/log.h"
-
-extern char** environ;
+#include "util/spawn.h"
 
 namespace collie {
 namespace {
@@ -90,33 +88,24 @@ void emitLines(int fd, const std::string& prefix, std::string& pending, const ch
   }
 }
 
-// The environment of worker `w`: ours minus launcher variables we set, plus them.
+// The environment of worker `w`: ours, with the launcher's variables set for it (and those
+// it leaves unset removed, so that none leaks in from the launcher's own environment).
 std::vector<std::string> workerEnvironment(const LaunchSpec& spec, const Worker& w) {
-  static const char* kOurs[] = {
-      "RANK",        "WORLD_SIZE",        "LOCAL_RANK",    "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-      "MASTER_PORT", "COLLIE_EXPERIMENT", "COLLIE_RESULT", "OMP_NUM_THREADS",  "GROUP_RANK",
-      "NODE_RANK"};
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string entry = *e;
-    std::string name = entry.substr(0, entry.find('='));
-    bool ours = false;
-    for (const char* o : kOurs) ours = ours || name == o;
-    if (!ours) env.push_back(entry);
-  }
   const int world = spec.nproc * spec.nnodes;
-  env.push_back(fmt::format("RANK={}", w.rank));
-  env.push_back(fmt::format("WORLD_SIZE={}", world));
-  env.push_back(fmt::format("LOCAL_RANK={}", w.local_rank));
-  env.push_back(fmt::format("LOCAL_WORLD_SIZE={}", spec.nproc));
-  env.push_back(fmt::format("GROUP_RANK={}", spec.node_rank));
-  env.push_back("MASTER_ADDR=" + spec.master_addr);
-  env.push_back(fmt::format("MASTER_PORT={}", spec.master_port));
-  env.push_back(fmt::format("COLLIE_EXPERIMENT={}", spec.experiment));
-  if (!spec.result_path.empty()) env.push_back("COLLIE_RESULT=" + spec.result_path);
-  env.push_back(fmt::format("OMP_NUM_THREADS={}", spec.threads_per_rank));
-  env.insert(env.end(), spec.extra_env.begin(), spec.extra_env.end());
-  return env;
+  std::vector<std::string> set = {
+      fmt::format("RANK={}", w.rank),
+      fmt::format("WORLD_SIZE={}", world),
+      fmt::format("LOCAL_RANK={}", w.local_rank),
+      fmt::format("LOCAL_WORLD_SIZE={}", spec.nproc),
+      fmt::format("GROUP_RANK={}", spec.node_rank),
+      "MASTER_ADDR=" + spec.master_addr,
+      fmt::format("MASTER_PORT={}", spec.master_port),
+      fmt::format("COLLIE_EXPERIMENT={}", spec.experiment),
+      fmt::format("OMP_NUM_THREADS={}", spec.threads_per_rank),
+  };
+  if (!spec.result_path.empty()) set.push_back("COLLIE_RESULT=" + spec.result_path);
+  set.insert(set.end(), spec.extra_env.begin(), spec.extra_env.end());
+  return detail::environmentWith(set, {"COLLIE_RESULT", "NODE_RANK"});
 }
 
 // With launch.cpu_affinity: CPU sets that give every worker threads_per_rank CPUs of its own,
@@ -223,55 +212,55 @@ std::vector<int> BlockedSignals::read() {
   return signals;
 }
 
-WorkerSet::WorkerSet(const LaunchSpec& spec, const sigset_t& child_mask) : workers_(spec.nproc) {
-  auto cpu_sets = cpuSets(spec);
-  std::vector<char*> argv;
-  for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  const pid_t launcher = ::getpid();
+std::vector<ChildProcess> workersOf(const LaunchSpec& spec) {
+  const std::vector<cpu_set_t> cpu_sets = cpuSets(spec);
+  std::vector<ChildProcess> children(spec.nproc);
   for (int i = 0; i < spec.nproc; ++i) {
-    Worker& w = workers_[i];
+    Worker w;
     w.local_rank = i;
     w.rank = spec.node_rank * spec.nproc + i;
-    int out[2], err[2];
-    if (::pipe2(out, O_CLOEXEC) != 0) {
+    ChildProcess& c = children[i];
+    c.rank = w.rank;
+    c.name = fmt::format("rank {}", w.rank);
+    c.start.argv = spec.argv;
+    c.start.environment = workerEnvironment(spec, w);
+    if (!cpu_sets.empty()) c.start.cpus = cpu_sets[i];
+  }
+  return children;
+}
+
+WorkerSet::WorkerSet(std::vector<ChildProcess> children, const sigset_t& child_mask, bool relay)
+    : workers_(children.size()) {
+  for (size_t i = 0; i < children.size(); ++i) {
+    Worker& w = workers_[i];
+    w.local_rank = static_cast<int>(i);
+    w.rank = children[i].rank;
+    w.name = children[i].name;
+    detail::SpawnOptions& options = children[i].start;
+    options.signal_mask = child_mask;
+    int out[2] = {-1, -1}, err[2] = {-1, -1};
+    auto closeAll = [&] {
+      for (int fd : {out[0], out[1], err[0], err[1]}) {
+        if (fd >= 0) ::close(fd);
+      }
+    };
+    if (relay && (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)) {
       start_error_ = std::string("pipe: ") + std::strerror(errno);
+      closeAll();
       return;
     }
-    if (::pipe2(err, O_CLOEXEC) != 0) {
-      start_error_ = std::string("pipe: ") + std::strerror(errno);
-      ::close(out[0]);
-      ::close(out[1]);
+    options.stdout_fd = out[1];
+    options.stderr_fd = err[1];
+    try {
+      w.pid = detail::spawn(options);
+    } catch (const Error& x) {
+      start_error_ = x.what();
+      closeAll();
       return;
     }
-    // Everything the child touches is prepared before fork (the parent may have threads).
-    std::vector<std::string> env = workerEnvironment(spec, w);
-    std::vector<char*> envp;
-    for (auto& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != launcher) _exit(127);  // the launcher died before prctl
-      ::dup2(out[1], STDOUT_FILENO);
-      ::dup2(err[1], STDERR_FILENO);
-      if (!cpu_sets.empty()) sched_setaffinity(0, sizeof(cpu_set_t), &cpu_sets[i]);
-      pthread_sigmask(SIG_SETMASK, &child_mask, nullptr);
-      ::execve(argv[0], argv.data(), envp.data());
-      const char msg[] = "collie launcher: exec of the worker failed\n";
-      ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
-      (void)ignored;
-      _exit(127);
+    for (int fd : {out[1], err[1]}) {
+      if (fd >= 0) ::close(fd);
     }
-    ::close(out[1]);
-    ::close(err[1]);
-    if (pid < 0) {
-      ::close(out[0]);
-      ::close(err[0]);
-      start_error_ = std::string("fork: ") + std::strerror(errno);
-      return;
-    }
-    w.pid = pid;
     w.running = true;
     w.fds[0] = out[0];
     w.fds[1] = err[0];

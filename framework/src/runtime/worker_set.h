@@ -43,8 +43,9 @@ class BlockedSignals {
 };
 
 struct Worker {
+  int rank = -1;     // -1: not a rank (a host's launcher)
+  std::string name;  // "rank 2", "host collie-h1, node 1"
   int local_rank = 0;
-  int rank = 0;
   pid_t pid = -1;
   bool running = false;
   int fds[2] = {-1, -1};  // stdout, stderr pipes (read ends)
@@ -52,13 +53,17 @@ struct Worker {
   std::string last_error;  // the last "collie: error: ..." line it printed
 };
 
-// This node's workers of one launch. Never leaves a child behind: the destructor SIGKILLs
-// and reaps whatever still runs.
+// The children of one launch (this node's workers). Never leaves a child behind: the
+// destructor SIGKILLs and reaps whatever still runs.
 class WorkerSet {
  public:
-  // Forks and execs spec.nproc workers (children get `child_mask` and die with this
-  // process). Stops at the first worker that cannot be started: startError() says why.
-  WorkerSet(const LaunchSpec& spec, const sigset_t& child_mask);
+  // Starts every child with `child_mask`; with `relay`, each one's stdout and stderr are
+  // pipes that relay() reads. Stops at the first child that cannot be started: startError()
+  // says why.
+  WorkerSet(std::vector<ChildProcess> children, const sigset_t& child_mask, bool relay);
+  // spec's workers (workersOf), relayed.
+  WorkerSet(const LaunchSpec& spec, const sigset_t& child_mask)
+      : WorkerSet(workersOf(spec), child_mask, true) {}
   ~WorkerSet();
   WorkerSet(const WorkerSet&) = delete;
   WorkerSet& operator=(const WorkerSet&) = delete;

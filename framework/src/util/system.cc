@@ -1,6 +1,8 @@
 // Process introspection through /proc.
 #include "util/system.h"
 
+#include "util/spawn.h"
+
 #include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -82,22 +84,20 @@ int runProgram(const std::vector<std::string>& argv, std::string* output) {
   if (argv.empty()) return 127;
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return 127;
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(pipe_fds[0]);
-    ::close(pipe_fds[1]);
-    return 127;
-  }
-  if (pid == 0) {
-    ::dup2(pipe_fds[1], STDOUT_FILENO);
-    ::dup2(pipe_fds[1], STDERR_FILENO);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execvp(args[0], args.data());
-    ::_exit(127);
+  SpawnOptions options;
+  options.argv = argv;
+  options.stdout_fd = options.stderr_fd = pipe_fds[1];
+  pid_t pid = -1;
+  try {
+    pid = spawn(options);
+  } catch (const std::exception& x) {
+    *output = x.what();
   }
   ::close(pipe_fds[1]);
+  if (pid < 0) {
+    ::close(pipe_fds[0]);
+    return 127;
+  }
   char buffer[4096];
   for (;;) {
     const ssize_t n = ::read(pipe_fds[0], buffer, sizeof(buffer));
@@ -108,11 +108,9 @@ int runProgram(const std::vector<std::string>& argv, std::string* output) {
     }
   }
   ::close(pipe_fds[0]);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  const int status = waitFor(pid);
   while (!output->empty() && (output->back() == '\n' || output->back() == ' ')) output->pop_back();
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return exitCodeOf(status);
 }
 
 }  // namespace collie::detail

@@ -24,8 +24,8 @@ double loadAverage();
 int linkSpeedMbps(const std::string& name);
 
 // Runs `argv` (looked up on PATH, no shell) and waits for it; its stdout and stderr together
-// go to `output`. Returns its exit code: 127 when it cannot be run, 128 + signal when one
-// killed it.
+// go to `output`. Returns its exit code: 127 when it cannot be run (`output` then says why),
+// 128 + signal when one killed it.
 int runProgram(const std::vector<std::string>& argv, std::string* output);
 
 }  // namespace collie::detail

@@ -1,0 +1,159 @@
+// spawn(): what the child gets (its environment, CPUs, signal mask, output), and every step
+// that can fail reported by the parent with the step and the reason, the child reaped.
+#include "util/spawn.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collie/error.h"
+
+namespace collie::detail {
+namespace {
+
+// Runs `options` with its stdout into a pipe; returns what it printed and its exit code.
+std::pair<std::string, int> outputOf(SpawnOptions options) {
+  int fds[2];
+  EXPECT_EQ(::pipe2(fds, O_CLOEXEC), 0);
+  options.stdout_fd = fds[1];
+  const pid_t pid = spawn(options);
+  ::close(fds[1]);
+  std::string out;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof(buffer))) > 0;) out.append(buffer, n);
+  ::close(fds[0]);
+  return {out, exitCodeOf(waitFor(pid))};
+}
+
+// No child of this process is left unreaped (a failed start must not leave a zombie).
+bool noChildLeft() { return ::waitpid(-1, nullptr, WNOHANG) < 0 && errno == ECHILD; }
+
+std::string refusal(const SpawnOptions& options) {
+  try {
+    const pid_t pid = spawn(options);
+    waitFor(pid);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(it started)";
+}
+
+TEST(Spawn, TheChildGetsTheEnvironmentItIsGiven) {
+  ::setenv("COLLIE_SPAWN_TEST_KEPT", "kept", 1);
+  ::setenv("COLLIE_SPAWN_TEST_GONE", "gone", 1);
+  ::setenv("COLLIE_SPAWN_TEST_REPLACED", "old", 1);
+  SpawnOptions o;
+  o.argv = {"env"};  // looked up on PATH
+  o.environment = environmentWith({"COLLIE_SPAWN_TEST_REPLACED=new", "COLLIE_SPAWN_TEST_ADDED=1"},
+                                  {"COLLIE_SPAWN_TEST_GONE"});
+  const auto [out, code] = outputOf(o);
+  EXPECT_EQ(code, 0);
+  EXPECT_NE(out.find("COLLIE_SPAWN_TEST_KEPT=kept\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("COLLIE_SPAWN_TEST_REPLACED=new\n"), std::string::npos) << out;
+  EXPECT_EQ(out.find("COLLIE_SPAWN_TEST_REPLACED=old"), std::string::npos) << out;
+  EXPECT_NE(out.find("COLLIE_SPAWN_TEST_ADDED=1\n"), std::string::npos) << out;
+  EXPECT_EQ(out.find("COLLIE_SPAWN_TEST_GONE"), std::string::npos) << out;
+  ::unsetenv("COLLIE_SPAWN_TEST_KEPT");
+  ::unsetenv("COLLIE_SPAWN_TEST_GONE");
+  ::unsetenv("COLLIE_SPAWN_TEST_REPLACED");
+}
+
+TEST(Spawn, TheChildRunsOnItsCpusWithItsSignalMask) {
+  cpu_set_t mine;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(mine), &mine), 0);
+  int last = -1;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &mine)) last = c;
+  }
+  SpawnOptions o;
+  o.argv = {"grep", "-E", "^(Cpus_allowed_list|SigBlk):", "/proc/self/status"};
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(last, &one);
+  o.cpus = one;
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGUSR2);  // 12: bit 11 of SigBlk
+  o.signal_mask = mask;
+  const auto [out, code] = outputOf(o);
+  EXPECT_EQ(code, 0);
+  EXPECT_NE(out.find("Cpus_allowed_list:\t" + std::to_string(last) + "\n"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("SigBlk:\t0000000000000800\n"), std::string::npos) << out;
+}
+
+TEST(Spawn, EveryFailedStepIsNamedAndTheChildReaped) {
+  SpawnOptions missing;
+  missing.argv = {"collie-no-such-program"};
+  EXPECT_EQ(refusal(missing), "cannot run collie-no-such-program: not found on PATH");
+
+  // Executable, but neither a program nor a script: exec itself refuses it in the child.
+  char script[] = "/tmp/collie-spawn-test-XXXXXX";
+  const int fd = ::mkstemp(script);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::write(fd, "\x7f""ELF?", 5), 5);
+  ::close(fd);
+  ::chmod(script, 0755);
+  SpawnOptions not_a_program;
+  not_a_program.argv = {script};
+  EXPECT_EQ(refusal(not_a_program), std::string("cannot run ") + script + ": Exec format error");
+  ::unlink(script);
+  EXPECT_TRUE(noChildLeft());
+
+  SpawnOptions no_namespace;
+  no_namespace.argv = {"/bin/true"};
+  no_namespace.namespaces = {{"/run/netns/collie-no-such-host", CLONE_NEWNET}};
+  EXPECT_EQ(refusal(no_namespace),
+            "cannot run /bin/true: cannot open /run/netns/collie-no-such-host: No such file or "
+            "directory");
+
+  // A file that is not a namespace opens, and setns refuses it in the child.
+  SpawnOptions wrong_namespace;
+  wrong_namespace.argv = {"/bin/true"};
+  wrong_namespace.namespaces = {{"/etc/hostname", CLONE_NEWNET}};
+  EXPECT_EQ(refusal(wrong_namespace),
+            "cannot run /bin/true: cannot enter /etc/hostname: Invalid argument");
+  EXPECT_TRUE(noChildLeft());
+}
+
+TEST(Spawn, ExitCodesAndSignalsReadAsAShellReportsThem) {
+  SpawnOptions exits;
+  exits.argv = {"/bin/sh", "-c", "exit 3"};
+  EXPECT_EQ(exitCodeOf(waitFor(spawn(exits))), 3);
+  SpawnOptions killed;
+  killed.argv = {"/bin/sh", "-c", "kill -9 $$"};
+  EXPECT_EQ(exitCodeOf(waitFor(spawn(killed))), 128 + SIGKILL);
+}
+
+// While another thread allocates without pause (and so holds malloc's lock at any moment),
+// children keep starting: one whose child called malloc between fork and exec would hang.
+TEST(Spawn, StartsWhileAnotherThreadAllocates) {
+  std::atomic<bool> stop{false};
+  std::thread allocator([&] {
+    while (!stop) {
+      std::vector<std::string> churn(64, std::string(1000, 'x'));
+    }
+  });
+  int started = 0;
+  for (int i = 0; i < 200; ++i) {
+    SpawnOptions o;
+    o.argv = {"/bin/true"};
+    o.environment = environmentWith({"COLLIE_SPAWN_TEST=" + std::to_string(i)});
+    started += exitCodeOf(waitFor(spawn(o))) == 0;
+  }
+  stop = true;
+  allocator.join();
+  EXPECT_EQ(started, 200);
+}
+
+}  // namespace
+}  // namespace collie::detail
