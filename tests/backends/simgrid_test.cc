@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <vector>
 
@@ -298,6 +299,35 @@ TEST(Simgrid, TrainingAndTooFewHostsAreRefusedWithExitTwo) {
   EXPECT_EQ(bench.exit_code, 2) << bench.output;
   EXPECT_NE(bench.output.find("has 1 host(s) and the job 8 ranks"), std::string::npos)
       << bench.output;
+  // The simulation's child failed: its message reaches the user once, through the launcher,
+  // and nothing of the hand-over is left in the output folder.
+  size_t errors = 0;
+  for (size_t at = 0; (at = bench.output.find("collie: error:", at)) != std::string::npos; ++at)
+    ++errors;
+  EXPECT_EQ(errors, 1u) << bench.output;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(COLLIE_TEST_BINARY_DIR) +
+                                                               "/runs/simgrid-small")) {
+    EXPECT_EQ(entry.path().filename().string().rfind(".rank0-results", 0), std::string::npos)
+        << entry.path();
+  }
+}
+
+// A simulation's child reads the file again; when the run it was sent for is no longer in
+// it as the launcher read it (the file was edited meanwhile), it refuses, saying so.
+TEST(Simgrid, AChildWhoseRunChangedRefusesIt) {
+  const std::string result = std::string(COLLIE_TEST_BINARY_DIR) + "/runs/simgrid-child.json";
+  std::filesystem::remove(result + ".error");
+  auto child = runCollie({"run", std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/simulate.yaml",
+                          "--out", std::string(COLLIE_TEST_BINARY_DIR) + "/runs/simgrid-child"},
+                         {"COLLIE_SIMULATION_RUN=0", "COLLIE_SIMULATION_DIGEST=0123456789abcdef",
+                          "COLLIE_SIMULATION_RESULT=" + result});
+  EXPECT_EQ(child.exit_code, 2) << child.output;
+  std::ifstream in(result + ".error");
+  const std::string message((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(message.find("simulate.yaml changed while collie ran it"), std::string::npos)
+      << message;
+  EXPECT_FALSE(std::filesystem::exists(result));
+  std::filesystem::remove(result + ".error");
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // Bench output: the nccl-tests style table with predictions, CSV, JSON and gnuplot plots.
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -15,6 +17,7 @@
 #include "collie/error.h"
 #include "collie/params.h"
 #include "util/files.h"
+#include "util/spawn.h"
 
 namespace collie::bench {
 namespace {
@@ -194,12 +197,6 @@ std::ofstream openOutput(const std::string& path) {
   std::ofstream out(path);
   if (!out) throw Error(ErrorKind::kInternal, "cannot write " + path);
   return out;
-}
-
-std::string quoteForShell(const std::string& text) {
-  std::string out = "'";
-  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
 }
 
 // `text` as a gnuplot string literal that holds data only: single-quoted (gnuplot expands
@@ -487,20 +484,29 @@ bool plotPair(const std::string& dir, const std::string& suffix, const std::vect
       }
     }
   }
-  std::string command =
-      "cd " + quoteForShell(dir) + " && gnuplot " + script + " 2>gnuplot" + suffix + ".log";
-  if (std::system(command.c_str()) != 0) {
-    *why = "gnuplot failed; see " + (fs::path(dir) / ("gnuplot" + suffix + ".log")).string();
-    return false;
+  // gnuplot itself, no shell: the folder's name is a path, never a command.
+  const std::string log = (fs::path(dir) / ("gnuplot" + suffix + ".log")).string();
+  const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  detail::SpawnOptions gnuplot;
+  gnuplot.argv = {"gnuplot", script};
+  gnuplot.working_directory = dir;
+  gnuplot.stderr_fd = log_fd;
+  int code = 127;
+  try {
+    code = detail::exitCodeOf(detail::waitFor(detail::spawn(gnuplot)));
+  } catch (const Error& x) {
+    *why = std::string("gnuplot could not be started: ") + x.what();
   }
-  return true;
+  if (log_fd >= 0) ::close(log_fd);
+  if (code != 0 && why->empty()) *why = "gnuplot failed; see " + log;
+  return code == 0;
 }
 
 }  // namespace
 
 std::vector<std::string> writePlots(const std::string& dir, const std::vector<Row>& rows,
                                     std::string* why) {
-  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+  if (detail::findProgram("gnuplot").empty()) {
     *why = "gnuplot is not installed (scripts/setup.sh installs gnuplot-nox)";
     return {};
   }

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -324,7 +325,9 @@ detail::SpawnOptions inside(const Host& host, const std::vector<std::string>& ar
                             const std::vector<std::string>& env) {
   detail::SpawnOptions options;
   options.argv = argv;
-  options.environment = detail::environmentWith(env);
+  // A process in a host is a new start, not a simulation's child of this one.
+  options.environment = detail::environmentWith(
+      env, {"COLLIE_SIMULATION_RUN", "COLLIE_SIMULATION_DIGEST", "COLLIE_SIMULATION_RESULT"});
   options.namespaces = {{(fs::path(kNetnsDir) / host.name).string(), CLONE_NEWNET},
                         {utsPath(host.name).string(), CLONE_NEWUTS}};
   options.own_sysfs = true;
@@ -343,7 +346,9 @@ int exec(const Host& host, const std::vector<std::string>& argv) {
   try {
     pid = detail::spawn(inside(host, argv));
   } catch (const Error& x) {
-    throw ConfigError(fmt::format("lab: on host {}: {}", host.name, x.what()));
+    // As a shell reports a command it cannot run.
+    std::fprintf(stderr, "collie: error: lab: on host %s: %s\n", host.name.c_str(), x.what());
+    return 127;
   }
   return detail::exitCodeOf(detail::waitFor(pid));
 }

@@ -66,8 +66,8 @@ detail::SpawnOptions inside(const Host& host, const std::vector<std::string>& ar
                             const std::vector<std::string>& env = {});
 
 // Runs `argv` inside `host` and waits: the command's exit code, 128 + signal when one
-// killed it. Throws ConfigError naming the host and the step that failed (a missing
-// namespace, a command not on PATH).
+// killed it, 127 when it cannot be started (a missing namespace, a command not on PATH:
+// the reason, naming the host, on stderr).
 int exec(const Host& host, const std::vector<std::string>& argv);
 
 // The host named `name` of `lab`, or ConfigError listing the lab's hosts.

@@ -80,7 +80,8 @@ void runOnLab(const RunRequest& request, const config::Experiment& e, size_t ind
   if (outcome.failure.empty()) return;
   const std::string message = fmt::format("run {} ({}) failed on the lab; first failure: {}",
                                           index + 1, e.name, outcome.failure);
-  if (outcome.exit_code == 2) throw ConfigError(message);
+  // A host whose launcher cannot be started (its namespace is gone) is the lab's setup.
+  if (outcome.exit_code == 2 || outcome.not_started) throw ConfigError(message);
   throw CommError(message);
 }
 

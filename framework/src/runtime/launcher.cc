@@ -64,9 +64,11 @@ LaunchOutcome supervise(std::vector<ChildProcess> children, const Supervision& h
   LaunchOutcome outcome;
   const Worker* failed = nullptr;  // the first child that failed
   if (!workers.startError().empty()) {
-    outcome.exit_code = 1;
-    outcome.failure =
-        fmt::format("could not start all its {} ({})", how.noun, workers.startError());
+    // Never started: as a shell reports a command it cannot run, and not worth a restart.
+    outcome.exit_code = 127;
+    outcome.not_started = true;
+    outcome.failure = "could not be started: " + workers.startError();
+    if (const Worker* w = workers.notStarted()) outcome.failed_rank = w->rank;
     teardown.failed(Clock::now(), std::chrono::milliseconds(0));
   }
   std::string left_early;  // the children that exited with 0 while others still ran
@@ -113,12 +115,13 @@ LaunchOutcome supervise(std::vector<ChildProcess> children, const Supervision& h
 
     Clock::time_point next = std::min(teardown.next(), drain_until);
     if (watching) next = std::min(next, next_watch);
-    int timeout_ms = 1000;
+    // Without relayed pipes a child's exit wakes the poll through SIGCHLD on the signalfd,
+    // which another thread of the process may take instead: look at least every 100 ms.
+    int timeout_ms = how.relay_output ? 1000 : 100;
     if (next != Clock::time_point::max()) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now());
-      timeout_ms = static_cast<int>(std::clamp<long>(left.count() + 1, 0, 1000));
+      timeout_ms = static_cast<int>(std::clamp<long>(left.count() + 1, 0, timeout_ms));
     }
-    // Without relayed pipes a child's exit wakes the poll through SIGCHLD on the signalfd.
     std::vector<pollfd> fds{{signals.fd(), POLLIN, 0}};
     workers.addPipes(&fds);
     if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) break;

@@ -59,6 +59,9 @@ struct LaunchOutcome {
   int failed_rank = -1;   // the first worker that failed (-1: none, or none started)
   int failed_signal = 0;  // the signal that killed it (0: it exited)
   bool interrupted = false;
+  // A child could not be started (spawn() refused it: exit code 127, failure "could not be
+  // started: rank 1: cannot run ..."): the same every time, so never restarted.
+  bool not_started = false;
 };
 
 // The launcher was interrupted (SIGINT, SIGTERM, SIGHUP) and stopped its workers: collie

@@ -13,10 +13,12 @@
 
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <iterator>
 
@@ -141,37 +143,49 @@ std::vector<std::string> collieAgain(const RunRequest& request, const fs::path& 
   return argv;
 }
 
-// A simulation's child is told its run and where to leave its result by these; a failure
-// leaves its message in RESULT.error, and its kind in the exit code.
+// A simulation's child is told its run, what that run must read as (a digest of its resolved
+// config: the file is read again) and where to leave its result by these; a failure leaves
+// its message in RESULT.error, and its kind in the exit code.
 constexpr const char* kSimulationRun = "COLLIE_SIMULATION_RUN";
+constexpr const char* kSimulationDigest = "COLLIE_SIMULATION_DIGEST";
 constexpr const char* kSimulationResult = "COLLIE_SIMULATION_RESULT";
 constexpr int kExitPluginError = 3;
 constexpr int kExitInternalError = 4;
 
 fs::path errorPathOf(const std::string& result_path) { return result_path + ".error"; }
 
+// The resolved config of `e` (defaults filled in, --set applied) as a short digest.
+std::string digestOf(const config::Experiment& e) {
+  YAML::Emitter emitter;
+  emitter << e.resolved;
+  return fmt::format("{:016x}", std::hash<std::string>{}(emitter.c_str()));
+}
+
 // A simulated run (a backend that runs its ranks itself: SimGrid) in a child process of its
 // own: SimGrid runs one simulation per process (its engine and models cannot be set up
-// again), so every run of a file, and every matrix point, gets a fresh one: collie again,
-// started as the launcher starts its workers. The child hands its result over in
-// `result_path` as a worker does; a failure comes back with its kind and message and is
-// thrown here again.
+// again), so every run of a file, and every matrix point, gets a fresh one: this very
+// executable again (/proc/self/exe, even if the file was replaced since), started as the
+// launcher starts its workers. The child hands its result over in `result_path` as a worker
+// does; a failure comes back with its kind and message and is thrown here again.
 void runSimulationInChild(ExperimentKind& kind, const RunRequest& request,
                           const config::Experiment& e, size_t index, const fs::path& out) {
   const std::string result_path = resultPath(out, index).string();
-  fs::remove(result_path);
-  fs::remove(errorPathOf(result_path));
+  std::error_code ec;
+  fs::remove(result_path, ec);
+  fs::remove(errorPathOf(result_path), ec);
   detail::SpawnOptions child;
   child.argv = collieAgain(request, out);
+  child.argv.front() = "/proc/self/exe";
   child.environment =
       detail::environmentWith({fmt::format("{}={}", kSimulationRun, index),
+                               fmt::format("{}={}", kSimulationDigest, digestOf(e)),
                                fmt::format("{}={}", kSimulationResult, result_path)});
   std::cout.flush();
   std::cerr.flush();
   const int status = detail::waitFor(detail::spawn(child));
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
     kind.load(result_path);
-    fs::remove(result_path);
+    fs::remove(result_path, ec);
     return;
   }
   std::string message;
@@ -179,13 +193,13 @@ void runSimulationInChild(ExperimentKind& kind, const RunRequest& request,
     std::ifstream in(errorPathOf(result_path));
     message.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
-  fs::remove(errorPathOf(result_path));
+  fs::remove(errorPathOf(result_path), ec);
   if (WIFSIGNALED(status)) {
     throw CommError(fmt::format("the simulation of {} stopped with signal {} ({})", e.name,
                                 WTERMSIG(status), ::strsignal(WTERMSIG(status))));
   }
-  if (message.empty()) {
-    message = fmt::format("the simulation of {} exited with code {} and no message", e.name,
+  if (message.empty()) {  // it failed before it could leave a message: it printed its own
+    message = fmt::format("the simulation of {} exited with code {} (its error is above)", e.name,
                           WEXITSTATUS(status));
   }
   switch (WEXITSTATUS(status)) {
@@ -200,22 +214,35 @@ void runSimulationInChild(ExperimentKind& kind, const RunRequest& request,
   }
 }
 
+// The run a simulation's child was started for: the one whose index and digest its parent
+// gave. ConfigError when the file no longer has it (it was edited since the parent read it).
+const config::Experiment& simulatedRun(const RunRequest& request,
+                                       const std::vector<config::Experiment>& runs) {
+  const char* run = std::getenv(kSimulationRun);
+  const char* digest = std::getenv(kSimulationDigest);
+  char* end = nullptr;
+  const long index = run != nullptr ? std::strtol(run, &end, 10) : -1;
+  if (run == nullptr || *end != '\0' || index < 0 || index >= static_cast<long>(runs.size()) ||
+      digest == nullptr || digestOf(runs[static_cast<size_t>(index)]) != digest) {
+    throw ConfigError(fmt::format(
+        "{} changed while collie ran it: run {} of it is no longer what the first reading "
+        "found. HINT: run it again; edit an experiment file only when no run of it is under way",
+        request.config, run != nullptr ? run : "(unset)"));
+  }
+  return runs[static_cast<size_t>(index)];
+}
+
 // The child runSimulationInChild started: the one run its parent names, in threads of this
-// process; its result, or its failure's message, where the parent reads it. Returns the
-// exit code that tells the parent the failure's kind.
-int runAsSimulationChild(const RunRequest& request, const std::vector<config::Experiment>& runs,
-                         ExperimentKind& kind, const std::string& result_path) {
+// process; its result, or its failure's message, where the parent reads it. Ends the process
+// with the exit code that tells the parent the failure's kind, as the forked child SimGrid
+// needs did: nothing of the simulation's state is torn down (_Exit, no static destructor).
+[[noreturn]] void runAsSimulationChild(const RunRequest& request,
+                                       const std::vector<config::Experiment>& runs,
+                                       ExperimentKind& kind, const std::string& result_path) {
   int code = 0;
   std::string message;
   try {
-    const char* run = std::getenv(kSimulationRun);
-    char* end = nullptr;
-    const long index = run != nullptr ? std::strtol(run, &end, 10) : -1;
-    if (run == nullptr || *end != '\0' || index < 0 || index >= static_cast<long>(runs.size())) {
-      throw ConfigError(fmt::format("{}={} is not a run of {}, which has {} run(s)", kSimulationRun,
-                                    run != nullptr ? run : "(unset)", request.config, runs.size()));
-    }
-    const config::Experiment& e = runs[static_cast<size_t>(index)];
+    const config::Experiment& e = simulatedRun(request, runs);
     PluginLoader loader;
     openPlugins(loader, {e});
     kind.runInThreads(loader, e, request.out);
@@ -236,7 +263,10 @@ int runAsSimulationChild(const RunRequest& request, const std::vector<config::Ex
       std::cerr << "collie: error: " << message << "\n";  // the parent's message is then bare
     }
   }
-  return code;
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  std::_Exit(code);
 }
 
 // A worker collie's launcher started: one run of the file; rank 0 hands its result over.
@@ -335,7 +365,8 @@ void launchRun(const RunRequest& request, const config::Experiment& e, size_t in
     }
     if (outcome.failure.empty()) return;
     // Bad input fails the same way every time: never restarted.
-    if (attempt < e.max_restarts && outcome.exit_code != kExitBadInput && request.nnodes == 1) {
+    if (attempt < e.max_restarts && outcome.exit_code != kExitBadInput && !outcome.not_started &&
+        request.nnodes == 1) {
       logWarn(fmt::format("run {} ({}) failed: {}; restarting all {} workers (restart {} of {}){}",
                           index + 1, e.name, outcome.failure, e.nproc_per_node, attempt + 1,
                           e.max_restarts,
@@ -404,8 +435,9 @@ int runExperiments(const RunRequest& request, const std::vector<config::Experime
                    const RunParts& parts) {
   const auto& first = runs.front();
   std::unique_ptr<ExperimentKind> kind = parts.kind(first.kind);
-  if (const char* result = std::getenv(kSimulationResult))
-    return runAsSimulationChild(request, runs, *kind, result);
+  const char* simulation_result = std::getenv(kSimulationResult);
+  if (simulation_result != nullptr && std::getenv(kSimulationRun) != nullptr)
+    runAsSimulationChild(request, runs, *kind, simulation_result);
   const WorkerEnv env = detectWorkerEnv();
   const Role role = roleOf(env);
   if (role == Role::kCollieWorker) return runAsCollieWorker(request, runs, env, *kind);

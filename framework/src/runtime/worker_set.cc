@@ -105,7 +105,8 @@ std::vector<std::string> workerEnvironment(const LaunchSpec& spec, const Worker&
   };
   if (!spec.result_path.empty()) set.push_back("COLLIE_RESULT=" + spec.result_path);
   set.insert(set.end(), spec.extra_env.begin(), spec.extra_env.end());
-  return detail::environmentWith(set, {"COLLIE_RESULT", "NODE_RANK"});
+  return detail::environmentWith(set, {"COLLIE_RESULT", "NODE_RANK", "COLLIE_SIMULATION_RUN",
+                                       "COLLIE_SIMULATION_DIGEST", "COLLIE_SIMULATION_RESULT"});
 }
 
 // With launch.cpu_affinity: CPU sets that give every worker threads_per_rank CPUs of its own,
@@ -254,7 +255,8 @@ WorkerSet::WorkerSet(std::vector<ChildProcess> children, const sigset_t& child_m
     try {
       w.pid = detail::spawn(options);
     } catch (const Error& x) {
-      start_error_ = x.what();
+      start_error_ = w.name + ": " + x.what();
+      start_failed_ = static_cast<int>(i);
       closeAll();
       return;
     }
@@ -325,15 +327,13 @@ void WorkerSet::relay(const std::vector<pollfd>& fds, size_t first) {
 }
 
 void WorkerSet::reap(const std::function<void(const Worker&, int status)>& on_exit) {
-  int status = 0;
-  pid_t pid;
-  while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
-    for (auto& w : workers_) {
-      if (w.pid != pid || !w.running) continue;
-      w.running = false;
-      --running_;
-      on_exit(w, status);
-    }
+  // Each of ours by its pid: a child another part of the process started is not ours to reap.
+  for (auto& w : workers_) {
+    int status = 0;
+    if (!w.running || ::waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
+    w.running = false;
+    --running_;
+    on_exit(w, status);
   }
 }
 

@@ -69,6 +69,10 @@ class WorkerSet {
   WorkerSet& operator=(const WorkerSet&) = delete;
 
   const std::string& startError() const { return start_error_; }
+  // The child that could not be started ("" before startError()'s is the pipe's): its rank.
+  const Worker* notStarted() const {
+    return start_failed_ < 0 ? nullptr : &workers_[start_failed_];
+  }
   int running() const { return running_; }
   bool pipesOpen() const;
   void signalAll(int sig);
@@ -85,6 +89,7 @@ class WorkerSet {
   std::vector<std::pair<int, int>> polled_;  // (worker, stream) of each pollfd addPipes added
   int running_ = 0;
   std::string start_error_;
+  int start_failed_ = -1;  // the child spawn() refused (-1: none)
 };
 
 // "exited with code 2", "was killed by signal 9 (SIGKILL)".

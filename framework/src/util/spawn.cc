@@ -1,4 +1,4 @@
-// spawn(): fork, a few system calls, exec. The child reports a failed step through a pipe
+// spawn(): _Fork, a few system calls, exec. The child reports a failed step through a pipe
 // that exec closes (O_CLOEXEC): the parent reads end-of-file when the program started, or
 // the step and errno when it did not.
 #include "util/spawn.h"
@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 
@@ -23,7 +24,15 @@ namespace collie::detail {
 namespace {
 
 // What the child was doing when it failed; `index` is the namespace's, for kEnterNamespace.
-enum class Step : int { kEnterNamespace, kOwnMounts, kMountSys, kCpus, kOutput, kExec };
+enum class Step : int {
+  kEnterNamespace,
+  kOwnMounts,
+  kMountSys,
+  kCpus,
+  kWorkingDirectory,
+  kOutput,
+  kExec
+};
 
 struct ChildFailure {
   Step step;
@@ -31,9 +40,9 @@ struct ChildFailure {
   int error;
 };
 
-// argv[0] as the path exec gets: itself when it has a '/', else the first executable file
-// of that name in PATH's folders (as execvp looks, but before fork). "" when none.
-std::string resolveProgram(const std::string& name) {
+}  // namespace
+
+std::string findProgram(const std::string& name) {
   if (name.find('/') != std::string::npos) return name;
   const char* path = std::getenv("PATH");
   const std::string folders =
@@ -53,6 +62,8 @@ std::string resolveProgram(const std::string& name) {
   }
 }
 
+namespace {
+
 std::vector<char*> pointersTo(std::vector<std::string>& strings) {
   std::vector<char*> pointers;
   for (auto& s : strings) pointers.push_back(s.data());
@@ -69,15 +80,26 @@ bool redirect(int fd, int target) {
 }
 
 // The child's side: only async-signal-safe calls, then exec or _exit.
-[[noreturn]] void becomeChild(const SpawnOptions& o, pid_t parent, int report,
-                              const std::vector<int>& namespace_fds, const char* program,
-                              char* const* argv, char* const* envp) {
+[[noreturn]] void becomeChild(const SpawnOptions& o, pid_t parent, const sigset_t& parent_mask,
+                              int report, const std::vector<int>& namespace_fds,
+                              const char* program, char* const* argv, char* const* envp) {
   auto fail = [report](Step step, int index) {
     const ChildFailure failure{step, index, errno};
     ssize_t ignored = ::write(report, &failure, sizeof(failure));
     (void)ignored;
     ::_exit(127);
   };
+  // Every signal is blocked (the parent blocked them around the fork): no handler of the
+  // parent's runs here. Those it caught go back to their default before the mask is opened
+  // (exec would do so too); those it ignores stay ignored, as across exec.
+  for (int sig = 1; sig < NSIG; ++sig) {
+    struct sigaction action {};
+    if (::sigaction(sig, nullptr, &action) != 0) continue;
+    if (action.sa_handler == SIG_DFL || action.sa_handler == SIG_IGN) continue;
+    action.sa_handler = SIG_DFL;
+    action.sa_flags = 0;
+    ::sigaction(sig, &action, nullptr);
+  }
   if (o.die_with_parent) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);  // the parent died before prctl
@@ -93,9 +115,11 @@ bool redirect(int fd, int target) {
     if (::mount("sysfs", "/sys", "sysfs", 0, nullptr) != 0) fail(Step::kMountSys, 0);
   }
   if (o.cpus && ::sched_setaffinity(0, sizeof(cpu_set_t), &*o.cpus) != 0) fail(Step::kCpus, 0);
+  if (!o.working_directory.empty() && ::chdir(o.working_directory.c_str()) != 0)
+    fail(Step::kWorkingDirectory, 0);
   if (!redirect(o.stdout_fd, STDOUT_FILENO) || !redirect(o.stderr_fd, STDERR_FILENO))
     fail(Step::kOutput, 0);
-  if (o.signal_mask) ::pthread_sigmask(SIG_SETMASK, &*o.signal_mask, nullptr);
+  ::pthread_sigmask(SIG_SETMASK, o.signal_mask ? &*o.signal_mask : &parent_mask, nullptr);
   ::execve(program, argv, envp);
   fail(Step::kExec, 0);
   ::_exit(127);  // not reached: fail() exits
@@ -112,6 +136,8 @@ std::string describeFailure(const SpawnOptions& o, const ChildFailure& f) {
       return "cannot mount its network namespace's /sys: " + why;
     case Step::kCpus:
       return "cannot run on the CPUs asked for: " + why;
+    case Step::kWorkingDirectory:
+      return fmt::format("cannot work in {}: {}", o.working_directory, why);
     case Step::kOutput:
       return "cannot redirect its output: " + why;
     case Step::kExec:
@@ -145,7 +171,7 @@ pid_t spawn(const SpawnOptions& options) {
     return InternalError(fmt::format("cannot run {}: {}", name, why));
   };
   // Everything the child touches, made now.
-  std::string program = resolveProgram(name);
+  std::string program = findProgram(name);
   if (program.empty()) throw refuse("not found on PATH");
   std::vector<std::string> args = options.argv;
   std::vector<std::string> env =
@@ -172,12 +198,18 @@ pid_t spawn(const SpawnOptions& options) {
     throw refuse("pipe: " + why);
   }
   const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
+  // _Fork runs no pthread_atfork handler (LibTorch's, CUDA's, OpenMP's would run library
+  // code in the child), and every signal stays blocked until the child chose its mask.
+  sigset_t all, parent_mask;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &parent_mask);
+  const pid_t pid = ::_Fork();
   if (pid == 0) {
-    becomeChild(options, parent, report[1], namespace_fds, program.c_str(), argv.data(),
-                envp.data());
+    becomeChild(options, parent, parent_mask, report[1], namespace_fds, program.c_str(),
+                argv.data(), envp.data());
   }
   const int fork_error = errno;
+  ::pthread_sigmask(SIG_SETMASK, &parent_mask, nullptr);
   ::close(report[1]);
   closeAll();
   if (pid < 0) {
@@ -189,7 +221,8 @@ pid_t spawn(const SpawnOptions& options) {
   while ((n = ::read(report[0], &failure, sizeof(failure))) < 0 && errno == EINTR) {
   }
   ::close(report[0]);
-  if (n == 0) return pid;  // exec closed the pipe: the program runs
+  if (n == 0) return pid;           // exec closed the pipe: the program runs
+  if (n < 0) ::kill(pid, SIGKILL);  // no word from it: it is not left running unseen
   waitFor(pid);
   if (n != static_cast<ssize_t>(sizeof(failure))) throw refuse("its child failed to start");
   throw refuse(describeFailure(options, failure));

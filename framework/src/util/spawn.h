@@ -1,8 +1,11 @@
 // The one way collie starts a process (its workers, the lab's host launchers, a simulation's
-// child, a helper program such as `ip`): everything the child needs is made in the parent
-// before fork(), and between fork and exec the child makes only async-signal-safe system
-// calls. A parent with threads (a backend's progress thread, an allocator's lock held by one
-// of them) can therefore fork safely; the child ends in exec or _exit, never in collie's code.
+// child, a helper program such as `ip` or gnuplot): everything the child needs is made in the
+// parent before the fork, and between fork and exec the child makes only async-signal-safe
+// system calls. The fork is _Fork() (no pthread_atfork handler runs) with every signal
+// blocked, so no library's code and no signal handler runs in the child either. A parent
+// with threads (a backend's progress thread, LibTorch's pools) can therefore start processes
+// safely; the child ends in exec or _exit, never in collie's code. No shell: a file that is
+// not a program (a script without "#!") is refused with "Exec format error".
 #pragma once
 
 #include <sched.h>
@@ -29,10 +32,14 @@ struct SpawnOptions {
   // The child's whole environment, NAME=VALUE each; environmentWith() makes one from this
   // process's. Empty: this process's environment as it is.
   std::vector<std::string> environment;
+  // The child's working directory ("": this process's).
+  std::string working_directory;
   // Made the child's stdout and stderr (-1: this process's).
   int stdout_fd = -1;
   int stderr_fd = -1;
   // The child's signal mask (none: this thread's), and the CPUs it may run on (none: any).
+  // Handlers do not cross exec: what this process catches is the default in the child, what
+  // it ignores stays ignored.
   std::optional<sigset_t> signal_mask;
   std::optional<cpu_set_t> cpus;
   // The child is killed (SIGKILL) when the thread that started it ends, and does not start
@@ -45,6 +52,10 @@ struct SpawnOptions {
   // in /sys/class/net).
   bool own_sysfs = false;
 };
+
+// The path exec would run for `name`: itself when it has a '/', else the first executable
+// file of that name in PATH's folders. "" when there is none.
+std::string findProgram(const std::string& name);
 
 // This process's environment with `set` (NAME=VALUE each) replacing or adding those names,
 // and every name in `unset` removed.
