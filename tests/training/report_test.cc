@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #include "collie/error.h"
 
@@ -236,6 +237,39 @@ TEST_F(ResultFile, AFileThatLacksAFieldIsRefusedNamingIt) {
   } catch (const InternalError& e) {
     EXPECT_NE(std::string(e.what()).find("exposed_comm_s"), std::string::npos) << e.what();
   }
+}
+
+// The summary's table: the field rows' columns in their order, each value in its style,
+// then the derived columns; a second run of the same model on one rank is the speed-up's
+// reference.
+TEST(Summary, PrintsTheFieldColumnsThenTheDerivedOnes) {
+  Result two = everyFieldSet();
+  two.sharding = "none";
+  Result one = two;
+  one.run = "launch.nproc_per_node=1";
+  one.ranks = 1;
+  one.micro_batch = {8};
+  one.tokens_per_second = 8192;
+  one.straggler_score.clear();
+  std::ostringstream out;
+  printSummary(out, {one, two});
+  const std::string text = out.str();
+  std::istringstream lines(text);
+  std::string header, first, second;
+  std::getline(lines, header);  // "# Training: ..."
+  std::getline(lines, header);
+  std::getline(lines, first);
+  std::getline(lines, second);
+  EXPECT_EQ(header,
+            "# run                        ranks micro-batch  step (s)  world batch   tokens/s  "
+            "comm (s)  exposed (s) speed-up efficiency   loss first->last   20 tok/param  "
+            "straggler score per rank")
+      << text;
+  EXPECT_EQ(second,
+            "  nproc_per_node=2               2       [3,5]     0.250        4,096     16,384    "
+            "0.0310       0.0120     2.00     100.0%    10.500 -> 4.250        2.5 min  1.00 0.80")
+      << text;
+  EXPECT_EQ(first.find("  nproc_per_node=1               1         [8]     0.250"), 0u) << text;
 }
 
 TEST(RankSummary, PacksAndUnpacksEveryValue) {

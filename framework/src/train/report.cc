@@ -47,7 +47,7 @@ namespace {
 
 json toJson(const Result& r) {
   json j = json::object();
-  forEachField(r, [&](const char* key, const auto& value) { j[key] = value; });
+  forEachField(r, [&](const char* key, const auto& value, auto&&...) { j[key] = value; });
   j["grad_weighting"] = r.tokens_weighting ? "tokens" : "uniform";
   j["predicted_comm_s"] =
       std::isnan(r.predicted_comm_seconds) ? json(nullptr) : json(r.predicted_comm_seconds);
@@ -57,7 +57,7 @@ json toJson(const Result& r) {
 // Every row of the table is required: a result file comes from the collie that reads it.
 Result fromJson(const json& j) {
   Result r;
-  forEachField(r, [&](const char* key, auto& value) { j.at(key).get_to(value); });
+  forEachField(r, [&](const char* key, auto& value, auto&&...) { j.at(key).get_to(value); });
   r.tokens_weighting = j.at("grad_weighting") == "tokens";
   const json& predicted = j.at("predicted_comm_s");
   r.predicted_comm_seconds = predicted.is_null() ? kNoPrediction : predicted.get<double>();
@@ -79,10 +79,6 @@ std::string count(double value) {
   if (value >= 1e6) return fmt::format("{:.2f} M", value / 1e6);
   if (value >= 1e3) return fmt::format("{:.1f} k", value / 1e3);
   return fmt::format("{:.0f}", value);
-}
-
-std::string microBatchText(const Result& r) {
-  return fmt::format("[{}]", fmt::join(r.micro_batch, ","));
 }
 
 // "grad_weighting=uniform, nproc_per_node=2" for "train.grad_weighting=uniform, launch...".
@@ -262,6 +258,92 @@ void printDetails(std::ostream& out, const Result& r) {
 
 }  // namespace
 
+namespace {
+
+// A field's value as its column writes it.
+template <typename T>
+std::string cell(const T& value, Style style) {
+  if constexpr (std::is_arithmetic_v<T>) {
+    switch (style) {
+      case Style::kFixed3:
+        return fmt::format("{:.3f}", static_cast<double>(value));
+      case Style::kFixed4:
+        return fmt::format("{:.4f}", static_cast<double>(value));
+      case Style::kThousands:
+      case Style::kList:
+        break;
+    }
+    return detail::withCommas(std::llround(static_cast<double>(value)));
+  } else if constexpr (std::is_same_v<T, std::vector<int>>) {
+    return fmt::format("[{}]", fmt::join(value, ","));
+  } else {
+    static_assert(std::is_arithmetic_v<T>, "a column for a field of this type: add its Style");
+    return "";
+  }
+}
+
+// What the derived columns read besides a run's own fields: the other runs.
+struct Runs {
+  const std::vector<Result>& all;
+  std::vector<WeightSpread> spreads;   // per run: max |w - w_ref| against its reference
+  std::set<const Result*> referenced;  // reference runs another run is compared with
+  bool any_sharded = false, any_scored = false;
+};
+
+// A column made from several fields or from other runs. Shown when `shown` says so (null:
+// always); `text` writes a run's cell.
+struct DerivedColumn {
+  const char* header;
+  int width;
+  bool (*shown)(const Runs&);
+  std::string (*text)(const Result&, size_t index, const Runs&);
+};
+
+// Speed-up and efficiency are against the 1-rank run of the same model in the file.
+double speedup(const Result& r, const Runs& runs) {
+  const Result* solo = soloRun(runs.all, r);
+  return solo ? r.tokens_per_second / solo->tokens_per_second : NAN;
+}
+
+const DerivedColumn kDerivedColumns[] = {
+    {"speed-up", 9, nullptr,
+     [](const Result& r, size_t, const Runs& runs) {
+       const double x = speedup(r, runs);
+       return std::isnan(x) ? std::string("-") : fmt::format("{:.2f}", x);
+     }},
+    {"efficiency", 11, nullptr,
+     [](const Result& r, size_t, const Runs& runs) {
+       const double x = speedup(r, runs);
+       return std::isnan(x) ? std::string("-") : fmt::format("{:.1f}%", 100 * x / r.ranks);
+     }},
+    {"loss first->last", 19, nullptr,
+     [](const Result& r, size_t, const Runs&) {
+       return fmt::format("{:.3f} -> {:.3f}", r.first_loss, r.last_loss);
+     }},
+    // The state each rank holds (parameters + gradients + optimizer), when some run shards it.
+    {"state/rank (MB)", 17, [](const Runs& runs) { return runs.any_sharded; },
+     [](const Result& r, size_t, const Runs&) {
+       const uint64_t state = r.parameter_bytes + r.gradient_bytes + r.optimizer_bytes;
+       return fmt::format("{:.2f}", static_cast<double>(state) / 1e6);
+     }},
+    {"20 tok/param", 15, nullptr,
+     [](const Result& r, size_t, const Runs&) {
+       return duration(20.0 * r.parameters / r.tokens_per_second);
+     }},
+    // max |w - w_ref| at the end against the first run that took the exact same steps, when
+    // some run has another run to compare with.
+    {"|dw| vs ref", 14, [](const Runs& runs) { return !runs.referenced.empty(); },
+     [](const Result& r, size_t i, const Runs& runs) {
+       const WeightSpread& spread = runs.spreads[i];
+       if (spread.reference == &r) return std::string(runs.referenced.count(&r) ? "ref" : "-");
+       if (spread.reference == nullptr) return std::string("-");
+       return spread.max_abs_diff == 0 ? std::string("0")
+                                       : fmt::format("{:.2e}", spread.max_abs_diff);
+     }},
+};
+
+}  // namespace
+
 void printSummary(std::ostream& out, const std::vector<Result>& results) {
   if (results.empty()) return;
   const Result& first = results.front();
@@ -269,64 +351,41 @@ void printSummary(std::ostream& out, const std::vector<Result>& results) {
       << detail::withCommas(first.parameters) << " parameters, "
       << fmt::format("{:.3g}", first.flops_per_token) << " FLOP/token), " << first.scheduler
       << " over " << first.backend << "\n";
-  std::ostringstream table;
-  table << std::left << std::setw(28) << "# run" << std::right << std::setw(6) << "ranks"
-        << std::setw(12) << "micro-batch" << std::setw(10) << "step (s)" << std::setw(13)
-        << "world batch" << std::setw(11) << "tokens/s" << std::setw(9) << "speed-up"
-        << std::setw(11) << "efficiency" << std::setw(10) << "comm (s)" << std::setw(13)
-        << "exposed (s)" << std::setw(19) << "loss first->last";
-  // The state each rank holds (parameters + gradients + optimizer), when some run shards it.
-  const bool any_sharded = std::any_of(results.begin(), results.end(),
-                                       [](const Result& r) { return r.sharding != "none"; });
-  if (any_sharded) table << std::setw(17) << "state/rank (MB)";
-  table << std::setw(15) << "20 tok/param";
-  // max |w - w_ref| at the end against the first run that took the exact same steps, when
-  // some run has another run to compare with.
-  std::vector<WeightSpread> spreads;
-  std::set<const Result*> referenced;  // reference runs another run is compared with
+  Runs runs{results, {}, {}, false, false};
   for (const auto& r : results) {
-    spreads.push_back(weightSpread(results, r));
-    if (spreads.back().reference != nullptr && spreads.back().reference != &r)
-      referenced.insert(spreads.back().reference);
+    runs.spreads.push_back(weightSpread(results, r));
+    if (runs.spreads.back().reference != nullptr && runs.spreads.back().reference != &r)
+      runs.referenced.insert(runs.spreads.back().reference);
+    runs.any_sharded = runs.any_sharded || r.sharding != "none";
+    runs.any_scored = runs.any_scored || !r.straggler_score.empty();
   }
-  const bool any_compared = !referenced.empty();
-  if (any_compared) table << std::setw(14) << "|dw| vs ref";
-  const bool any_scored = std::any_of(results.begin(), results.end(),
-                                      [](const Result& r) { return !r.straggler_score.empty(); });
-  if (any_scored) table << "  straggler score per rank";
+  std::vector<const DerivedColumn*> derived;
+  for (const auto& d : kDerivedColumns) {
+    if (d.shown == nullptr || d.shown(runs)) derived.push_back(&d);
+  }
+  // The header, then a row per run: its label, the fields' columns, the derived ones, and
+  // the straggler scores (a list as long as the run's ranks) last.
+  std::ostringstream table;
+  auto put = [&table](int width, const std::string& text) {
+    table << std::right << std::setw(width) << text;
+  };
+  table << std::left << std::setw(28) << "# run";
+  forEachField(first, [&](const char*, const auto&, auto&&... column) {
+    (put(column.width, column.header), ...);
+  });
+  for (const auto* d : derived) put(d->width, d->header);
+  if (runs.any_scored) table << "  straggler score per rank";
   table << "\n";
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
-    const Result* solo = soloRun(results, r);
-    const double speedup = solo ? r.tokens_per_second / solo->tokens_per_second : NAN;
     std::string label = r.run.empty() ? r.name : shortRun(r.run);
     if (label.size() > 26) label = label.substr(0, 25) + "~";
-    table << std::left << std::setw(28) << ("  " + label) << std::right << std::setw(6) << r.ranks
-          << std::setw(12) << microBatchText(r) << std::setw(10)
-          << fmt::format("{:.3f}", r.step_seconds) << std::setw(13)
-          << detail::withCommas(r.world_batch_tokens) << std::setw(11)
-          << detail::withCommas(std::llround(r.tokens_per_second)) << std::setw(9)
-          << (solo ? fmt::format("{:.2f}", speedup) : "-") << std::setw(11)
-          << (solo ? fmt::format("{:.1f}%", 100 * speedup / r.ranks) : "-") << std::setw(10)
-          << fmt::format("{:.4f}", r.comm_seconds) << std::setw(13)
-          << fmt::format("{:.4f}", r.exposed_seconds) << std::setw(19)
-          << (fmt::format("{:.3f}", r.first_loss) + " -> " + fmt::format("{:.3f}", r.last_loss));
-    if (any_sharded) {
-      const uint64_t state = r.parameter_bytes + r.gradient_bytes + r.optimizer_bytes;
-      table << std::setw(17) << fmt::format("{:.2f}", static_cast<double>(state) / 1e6);
-    }
-    table << std::setw(15) << duration(20.0 * r.parameters / r.tokens_per_second);
-    if (any_compared) {
-      const WeightSpread& spread = spreads[i];
-      std::string text = "-";
-      if (spread.reference == &r) {
-        if (referenced.count(&r)) text = "ref";  // its own, and another run's
-      } else if (spread.reference != nullptr) {
-        text = spread.max_abs_diff == 0 ? "0" : fmt::format("{:.2e}", spread.max_abs_diff);
-      }
-      table << std::setw(14) << text;
-    }
-    if (any_scored && !r.straggler_score.empty())
+    table << std::left << std::setw(28) << ("  " + label);
+    forEachField(r, [&](const char*, const auto& value, auto&&... column) {
+      (put(column.width, cell(value, column.style)), ...);
+    });
+    for (const auto* d : derived) put(d->width, d->text(r, i, runs));
+    if (runs.any_scored && !r.straggler_score.empty())
       table << "  " << fmt::format("{:.2f}", fmt::join(r.straggler_score, " "));
     table << "\n";
   }

@@ -86,12 +86,24 @@ struct Result {
   double peak_flops = 0;              // per rank, from the config (0: unknown)
 };
 
-// The fields of a Result and their names in the result file and summary.json, one row each:
-// train/report.cc writes and reads JSON by walking them, so a new number is its member above
-// and its row here. `visit(name, member)` is called with a const or mutable member as `r`
-// is. Two fields keep a form of their own in JSON and are not rows: tokens_weighting
-// ("grad_weighting": "tokens" or "uniform") and predicted_comm_seconds (null without a
-// model); weight_sample travels in the result file only.
+// How a field reads as a column of the printed summary's table: its header, its width and
+// how a value is written ("0.123", "0.1234", "12,345", "[8,8,6]").
+enum class Style { kFixed3, kFixed4, kThousands, kList };
+struct Column {
+  const char* header;
+  int width;
+  Style style;
+};
+
+// The fields of a Result, one row each: the name in the result file and summary.json, and
+// for those the summary's table shows, their column (in this order, after the run's label;
+// report.cc adds the columns derived from several fields or runs after them). train/report.cc
+// writes and reads JSON and prints the table by walking the rows, so a new number is its
+// member above and its row here. `visit(name, member)` or `visit(name, member, column)` is
+// called with a const or mutable member as `r` is. Two fields keep a form of their own in
+// JSON and are not rows: tokens_weighting ("grad_weighting": "tokens" or "uniform") and
+// predicted_comm_seconds (null without a model); weight_sample travels in the result file
+// only.
 template <typename R, typename Visit>
 void forEachField(R& r, Visit&& visit) {
   visit("run", r.run);
@@ -99,19 +111,19 @@ void forEachField(R& r, Visit&& visit) {
   visit("model", r.model);
   visit("scheduler", r.scheduler);
   visit("backend", r.backend);
-  visit("ranks", r.ranks);
+  visit("ranks", r.ranks, Column{"ranks", 6, Style::kThousands});
+  visit("micro_batch", r.micro_batch, Column{"micro-batch", 12, Style::kList});
+  visit("step_s", r.step_seconds, Column{"step (s)", 10, Style::kFixed3});
+  visit("world_batch_tokens", r.world_batch_tokens, Column{"world batch", 13, Style::kThousands});
+  visit("tokens_per_s", r.tokens_per_second, Column{"tokens/s", 11, Style::kThousands});
+  visit("comm_s", r.comm_seconds, Column{"comm (s)", 10, Style::kFixed4});
+  visit("exposed_comm_s", r.exposed_seconds, Column{"exposed (s)", 13, Style::kFixed4});
   visit("parameters", r.parameters);
   visit("flops_per_token", r.flops_per_token);
   visit("steps", r.steps);
   visit("timed_steps", r.timed_steps);
   visit("world_batch_samples", r.world_batch_samples);
-  visit("world_batch_tokens", r.world_batch_tokens);
-  visit("micro_batch", r.micro_batch);
   visit("rebalances", r.rebalances);
-  visit("step_s", r.step_seconds);
-  visit("tokens_per_s", r.tokens_per_second);
-  visit("comm_s", r.comm_seconds);
-  visit("exposed_comm_s", r.exposed_seconds);
   visit("allgather_s", r.gather_seconds);
   visit("exposed_allgather_s", r.gather_exposed_seconds);
   visit("device", r.device);
