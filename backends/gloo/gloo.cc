@@ -829,25 +829,23 @@ class GlooBackend : public Backend {
     native.bound.resize(data.bytes());
     void* bound = native.bound.data();  // a vector's storage stays put when it is moved
     const auto& name = shared_->algorithm;
-    switch (data.dtype) {
-      case DType::kF32:
-        native.algorithm = makeAlgorithm<float>(name, context_, bound, data.count, op);
-        break;
-      case DType::kF64:
-        native.algorithm = makeAlgorithm<double>(name, context_, bound, data.count, op);
-        break;
-      case DType::kF16:
-        native.algorithm = makeAlgorithm<gloo::float16>(name, context_, bound, data.count, op);
-        break;
-      case DType::kI32:
-        native.algorithm = makeAlgorithm<int32_t>(name, context_, bound, data.count, op);
-        break;
-      case DType::kI64:
-        native.algorithm = makeAlgorithm<int64_t>(name, context_, bound, data.count, op);
-        break;
-      case DType::kBF16:
-        break;
-    }
+    native.algorithm = [&]() -> std::unique_ptr<gloo::Algorithm> {
+      switch (data.dtype) {
+        case DType::kF32:
+          return makeAlgorithm<float>(name, context_, bound, data.count, op);
+        case DType::kF64:
+          return makeAlgorithm<double>(name, context_, bound, data.count, op);
+        case DType::kF16:
+          return makeAlgorithm<gloo::float16>(name, context_, bound, data.count, op);
+        case DType::kI32:
+          return makeAlgorithm<int32_t>(name, context_, bound, data.count, op);
+        case DType::kI64:
+          return makeAlgorithm<int64_t>(name, context_, bound, data.count, op);
+        case DType::kBF16:
+          break;
+      }
+      return nullptr;
+    }();
     *created = true;
     natives_.push_front(std::move(native));
     // Every rank holds the same entries, so every rank evicts the same ones.

@@ -131,16 +131,13 @@ class HalvingDoublingScheduler : public Scheduler {
 
  private:
   void allReduce(const CollectiveArgs& args, Backend& backend) {
-    const int n = backend.size();
     const Buffer& data = args.data;
-    if (n == 1 || data.count == 0) return finishAverage(data, args.op, n);
-    const patterns::Fold f = patterns::fold(backend.rank(), n);
-    if (!schedules::foldIn(data, args.op, f, args.seq, kFold, kUnfold, backend)) return;
-    halving(data, args.op, f.core_index, f.core_size, args.seq, backend);
-    finishAverage(elements(data, patterns::block(data.count, f.core_size, f.core_index)), args.op,
-                  n);
-    doubling(data, f.core_index, f.core_size, args.seq, backend);
-    schedules::foldOut(data, f, args.seq, kUnfold, backend);
+    schedules::allReduceOnCore(args, kFold, kUnfold, backend, [&](const patterns::Fold& f) {
+      halving(data, args.op, f.core_index, f.core_size, args.seq, backend);
+      finishAverage(elements(data, patterns::block(data.count, f.core_size, f.core_index)), args.op,
+                    backend.size());
+      doubling(data, f.core_index, f.core_size, args.seq, backend);
+    });
   }
 
   // Off powers of two the core reduces exactly as allReduce() does (so every element is the

@@ -25,26 +25,14 @@ class RecursiveDoublingScheduler : public Scheduler {
 
   void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {
     schedules::requireOnly("recursive_doubling", Collective::kAllReduce, args);
-    const int n = backend.size();
-    const Buffer& data = args.data;
-    if (n == 1 || data.count == 0) return finishAverage(data, args.op, n);
-    const patterns::Fold f = patterns::fold(backend.rank(), n);
-    if (!schedules::foldIn(data, args.op, f, args.seq, kFold, kUnfold, backend)) return;
-    ScratchBuffer incoming(data, data.count);
-    // After step k the 2^(k+1) core ranks that agree on their low bits above k hold the same
-    // partial result, bit for bit: each side adds the same two operands.
-    for (int k = 0; k < patterns::log2Exact(f.core_size); ++k) {
-      const int peer = patterns::coreRank(f.core_index ^ (1 << k), n);
-      auto recv = backend.irecv(peer, incoming.view(), makeTag(args.seq, kExchange, k));
-      auto send = backend.isend(peer, data, makeTag(args.seq, kExchange, k));
-      // The send first: data is read by it until it completes, and over Gloo a receive
-      // waited for first costs a wake-up more (benchmarks/overhead.cc).
-      send->wait(backend.timeout());
-      recv->wait(backend.timeout());
-      reduceInto(data, incoming.view(), args.op);
-    }
-    finishAverage(data, args.op, n);
-    schedules::foldOut(data, f, args.seq, kUnfold, backend);
+    schedules::allReduceOnCore(args, kFold, kUnfold, backend, [&](const patterns::Fold& f) {
+      // After step k the 2^(k+1) core ranks that agree on their low bits above k hold the
+      // same partial result, bit for bit: each side adds the same two operands.
+      schedules::exchangeWhole(
+          args.data, args.op, args.seq, kExchange, patterns::log2Exact(f.core_size),
+          [&f](int k) { return f.core_index ^ (1 << k); }, backend);
+      finishAverage(args.data, args.op, backend.size());
+    });
   }
 
   // α-β-γ (README): log2(p) exchanges of the whole message between core partners, each
@@ -55,15 +43,9 @@ class RecursiveDoublingScheduler : public Scheduler {
     const int n = topology.world_size;
     if (args.coll != Collective::kAllReduce) return kNoPrediction;
     if (n == 1) return 0;
-    const int p = patterns::powerOfTwoFloor(n);
     const double m = static_cast<double>(args.data.bytes());
-    double t = 0;
-    for (int k = 0; k < patterns::log2Exact(p); ++k) {
-      std::vector<Flow> step;
-      for (int v = 0; v < p; ++v)
-        step.push_back({patterns::coreRank(v, n), patterns::coreRank(v ^ (1 << k), n), m});
-      t += stepSeconds(step, topology, model) + m * model.gamma;
-    }
+    const double t = schedules::predictWholeExchanges(n, m, topology, model,
+                                                      [](int v, int k) { return v ^ (1 << k); });
     return t + schedules::predictFold(n, m, topology, model);
   }
 };

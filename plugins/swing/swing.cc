@@ -43,23 +43,20 @@ class SwingScheduler : public Scheduler {
 
   void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {
     schedules::requireOnly("swing", Collective::kAllReduce, args);
-    const int n = backend.size();
     const Buffer& data = args.data;
-    if (n == 1 || data.count == 0) return finishAverage(data, args.op, n);
-    const patterns::Fold f = patterns::fold(backend.rank(), n);
-    if (!schedules::foldIn(data, args.op, f, args.seq, kFold, kUnfold, backend)) return;
-    if (latency_) {
-      exchange(data, args.op, f, args.seq, backend);
-      finishAverage(data, args.op, n);
-    } else {
+    schedules::allReduceOnCore(args, kFold, kUnfold, backend, [&](const patterns::Fold& f) {
+      if (latency_) {
+        exchange(data, args.op, f, args.seq, backend);
+        finishAverage(data, args.op, backend.size());
+        return;
+      }
       const patterns::SwingLayout& layout = layoutFor(f.core_size);
       reduceScatter(data, args.op, f, layout, args.seq, backend);
       Range mine = patterns::blockSpan(data.count, f.core_size, layout.slot(f.core_index),
                                        layout.slot(f.core_index) + 1);
-      finishAverage(elements(data, mine), args.op, n);
+      finishAverage(elements(data, mine), args.op, backend.size());
       allGather(data, f, layout, args.seq, backend);
-    }
-    schedules::foldOut(data, f, args.seq, kUnfold, backend);
+    });
   }
 
   // α-β-γ (README): at step s every core rank exchanges with its swing peer at distance
@@ -74,16 +71,18 @@ class SwingScheduler : public Scheduler {
     if (n == 1) return 0;
     const int p = patterns::powerOfTwoFloor(n);
     const double m = static_cast<double>(args.data.bytes());
-    double t = latency_ ? 0 : (p - 1.0) / p * m * model.gamma;
+    auto peer = [p](int v, int s) { return patterns::swingPeer(v, s, p); };
+    if (latency_) {
+      return schedules::predictWholeExchanges(n, m, topology, model, peer) +
+             schedules::predictFold(n, m, topology, model);
+    }
+    double t = (p - 1.0) / p * m * model.gamma;
     for (int s = 0; s < patterns::log2Exact(p); ++s) {
-      const double bytes = latency_ ? m : m / static_cast<double>(2 << s);
       std::vector<Flow> step;
-      for (int v = 0; v < p; ++v) {
-        step.push_back(
-            {patterns::coreRank(v, n), patterns::coreRank(patterns::swingPeer(v, s, p), n), bytes});
-      }
-      t += latency_ ? stepSeconds(step, topology, model) + m * model.gamma
-                    : 2 * stepSeconds(step, topology, model);
+      for (int v = 0; v < p; ++v)
+        step.push_back({patterns::coreRank(v, n), patterns::coreRank(peer(v, s), n),
+                        m / static_cast<double>(2 << s)});
+      t += 2 * stepSeconds(step, topology, model);
     }
     return t + schedules::predictFold(n, m, topology, model);
   }
@@ -95,18 +94,12 @@ class SwingScheduler : public Scheduler {
   // rounded float sums; tests/unit/patterns_test.cc shows both).
   void exchange(const Buffer& data, ReduceOp op, const patterns::Fold& f, uint64_t seq,
                 Backend& backend) {
-    const int n = backend.size();
-    ScratchBuffer incoming(data, data.count);
-    for (int s = patterns::log2Exact(f.core_size) - 1; s >= 0; --s) {
-      const int peer = patterns::coreRank(patterns::swingPeer(f.core_index, s, f.core_size), n);
-      auto recv = backend.irecv(peer, incoming.view(), makeTag(seq, kExchange, s));
-      auto send = backend.isend(peer, data, makeTag(seq, kExchange, s));
-      // The send first: data is read by it until it completes, and over Gloo a receive
-      // waited for first costs a wake-up more (benchmarks/overhead.cc).
-      send->wait(backend.timeout());
-      recv->wait(backend.timeout());
-      reduceInto(data, incoming.view(), op);
-    }
+    // Step i talks to the peer of swing step steps - 1 - i: the farthest first.
+    const int steps = patterns::log2Exact(f.core_size);
+    schedules::exchangeWhole(
+        data, op, seq, kExchange, steps,
+        [&](int i) { return patterns::swingPeer(f.core_index, steps - 1 - i, f.core_size); },
+        backend);
   }
 
   // Bandwidth variant, reduce-scatter: at step t keep the span the layout gives this rank and

@@ -129,8 +129,11 @@ struct PluginContext {
 
 namespace detail {
 
-template <typename Base, typename Type>
-int32_t createPlugin(const void* context, void** object, char* error, size_t error_len) noexcept {
+// Runs `body` and turns what it throws into a descriptor's status, the message copied into
+// `error` (never more than error_len bytes, always terminated): ConfigError is
+// COLLIE_BAD_PARAMS, any other exception COLLIE_FAILED.
+template <typename Body>
+int32_t statusOf(char* error, size_t error_len, Body&& body) noexcept {
   auto fail = [&](int32_t status, const char* what) {
     if (error_len > 0) {
       std::strncpy(error, what, error_len - 1);
@@ -139,8 +142,7 @@ int32_t createPlugin(const void* context, void** object, char* error, size_t err
     return status;
   };
   try {
-    const auto& ctx = *static_cast<const PluginContext*>(context);
-    *object = static_cast<Base*>(new Type(ctx));
+    body();
     return COLLIE_OK;
   } catch (const ConfigError& e) {
     return fail(COLLIE_BAD_PARAMS, e.what());
@@ -149,6 +151,13 @@ int32_t createPlugin(const void* context, void** object, char* error, size_t err
   } catch (...) {
     return fail(COLLIE_FAILED, "unknown exception");
   }
+}
+
+template <typename Base, typename Type>
+int32_t createPlugin(const void* context, void** object, char* error, size_t error_len) noexcept {
+  return statusOf(error, error_len, [&] {
+    *object = static_cast<Base*>(new Type(*static_cast<const PluginContext*>(context)));
+  });
 }
 
 template <typename Base>
@@ -161,24 +170,10 @@ void destroyPlugin(void* object) noexcept {
 template <void (*Runner)(const PluginContext&, int, const std::function<void(int)>&)>
 int32_t runRanks(const void* context, int32_t world, void (*body)(void*, int32_t), void* user,
                  char* error, size_t error_len) noexcept {
-  auto fail = [&](int32_t status, const char* what) {
-    if (error_len > 0) {
-      std::strncpy(error, what, error_len - 1);
-      error[error_len - 1] = '\0';
-    }
-    return status;
-  };
-  try {
+  return statusOf(error, error_len, [&] {
     Runner(*static_cast<const PluginContext*>(context), world,
            [body, user](int rank) { body(user, rank); });
-    return COLLIE_OK;
-  } catch (const ConfigError& e) {
-    return fail(COLLIE_BAD_PARAMS, e.what());
-  } catch (const std::exception& e) {
-    return fail(COLLIE_FAILED, e.what());
-  } catch (...) {
-    return fail(COLLIE_FAILED, "unknown exception");
-  }
+  });
 }
 
 }  // namespace detail

@@ -28,31 +28,24 @@ Schema Schema::list(Schema item, size_t min_items) {
   return s;
 }
 Schema Schema::string() { return Schema(); }
-Schema Schema::integer(int64_t min, int64_t max) {
+Schema Schema::ranged(Type type, double min, double max) {
   Schema s;
-  s.type_ = Type::kInt;
-  s.min_ = static_cast<double>(min);
-  s.max_ = static_cast<double>(max);
-  return s;
-}
-Schema Schema::number(double min, double max) {
-  Schema s;
-  s.type_ = Type::kFloat;
+  s.type_ = type;
   s.min_ = min;
   s.max_ = max;
   return s;
 }
+Schema Schema::integer(int64_t min, int64_t max) {
+  return ranged(Type::kInt, static_cast<double>(min), static_cast<double>(max));
+}
+Schema Schema::number(double min, double max) { return ranged(Type::kFloat, min, max); }
 Schema Schema::boolean() {
   Schema s;
   s.type_ = Type::kBool;
   return s;
 }
 Schema Schema::bytes(uint64_t min, uint64_t max) {
-  Schema s;
-  s.type_ = Type::kBytes;
-  s.min_ = static_cast<double>(min);
-  s.max_ = static_cast<double>(max);
-  return s;
+  return ranged(Type::kBytes, static_cast<double>(min), static_cast<double>(max));
 }
 Schema Schema::duration() {
   Schema s;

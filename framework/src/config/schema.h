@@ -99,6 +99,9 @@ class Schema {
   std::string expected() const;
 
  private:
+  // A scalar of `type` between min and max.
+  static Schema ranged(Type type, double min, double max);
+
   Type type_ = Type::kString;
   std::string doc_;
   std::vector<std::pair<std::string, Schema>> fields_;

@@ -67,29 +67,26 @@ WorkerEnv detectWorkerEnv(const std::function<const char*(const char*)>& getenv)
   WorkerEnv w;
   const char* rank_var = nullptr;
   const char* world_var = nullptr;
+  // The four numbers under one launcher's names (no local world size: left as it is).
+  auto read = [&](const char* rank, const char* world, const char* local_rank,
+                  const char* local_world) {
+    rank_var = rank;
+    world_var = world;
+    w.rank = env.integer(rank, -1, 0, kMaxRanks);
+    w.world = env.integer(world, -1, 1, kMaxRanks);
+    w.local_rank = env.integer(local_rank, w.rank, 0, kMaxRanks);
+    if (local_world != nullptr) w.local_world = env.integer(local_world, w.world, 1, kMaxRanks);
+  };
   if (env.has("RANK") || env.has("WORLD_SIZE")) {
     w.source = env.has("COLLIE_EXPERIMENT") ? "collie" : "torchrun";
-    rank_var = "RANK";
-    world_var = "WORLD_SIZE";
-    w.rank = env.integer("RANK", -1, 0, kMaxRanks);
-    w.world = env.integer("WORLD_SIZE", -1, 1, kMaxRanks);
-    w.local_rank = env.integer("LOCAL_RANK", w.rank, 0, kMaxRanks);
-    w.local_world = env.integer("LOCAL_WORLD_SIZE", w.world, 1, kMaxRanks);
+    read("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
   } else if (env.has("OMPI_COMM_WORLD_RANK")) {
     w.source = "Open MPI";
-    rank_var = "OMPI_COMM_WORLD_RANK";
-    world_var = "OMPI_COMM_WORLD_SIZE";
-    w.rank = env.integer("OMPI_COMM_WORLD_RANK", -1, 0, kMaxRanks);
-    w.world = env.integer("OMPI_COMM_WORLD_SIZE", -1, 1, kMaxRanks);
-    w.local_rank = env.integer("OMPI_COMM_WORLD_LOCAL_RANK", w.rank, 0, kMaxRanks);
-    w.local_world = env.integer("OMPI_COMM_WORLD_LOCAL_SIZE", w.world, 1, kMaxRanks);
+    read("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+         "OMPI_COMM_WORLD_LOCAL_SIZE");
   } else if (env.has("SLURM_PROCID") && env.has("SLURM_NTASKS")) {
     w.source = "Slurm";
-    rank_var = "SLURM_PROCID";
-    world_var = "SLURM_NTASKS";
-    w.rank = env.integer("SLURM_PROCID", -1, 0, kMaxRanks);
-    w.world = env.integer("SLURM_NTASKS", -1, 1, kMaxRanks);
-    w.local_rank = env.integer("SLURM_LOCALID", w.rank, 0, kMaxRanks);
+    read("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr);
     // SLURM_NTASKS_PER_NODE may read "2(x3)"; the step's node count tells one node from many.
     long nodes = env.integer("SLURM_STEP_NUM_NODES", env.integer("SLURM_NNODES", 1, 1, kMaxRanks),
                              1, kMaxRanks);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "collie/patterns/blocks.h"
 #include "collie/patterns/tree.h"
 #include "collie/plugin.h"
+#include "collie/schedules/accept.h"
 #include "collie/schedules/small.h"
 
 namespace collie::schedules {
@@ -271,5 +273,45 @@ double predictSingleTree(const CollectiveArgs& args, uint64_t segment_bytes,
   const double s = std::max(1.0, std::ceil(m / static_cast<double>(segment_bytes)));
   return predictTrees({shapes}, m / s, s, reduce, topology, model);
 }
+
+// A scheduler of one tree (tree, knomial): all-reduce, broadcast and barrier over the shape
+// shapeOf(rank, root, n) gives, run by singleTree() and runTrees() in segments of
+// `segment_bytes` and priced by predictSingleTree(). A scheduler of this family is its
+// shape.
+class SingleTreeScheduler : public Scheduler {
+ public:
+  SingleTreeScheduler(const char* name, uint64_t segment_bytes)
+      : name_(name), segment_bytes_(segment_bytes) {}
+
+  Decision accepts(const CollectiveArgs& args, const Topology&) const override {
+    return acceptOnly(name_, {Collective::kAllReduce, Collective::kBroadcast, Collective::kBarrier},
+                      args);
+  }
+
+  void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {
+    const int n = backend.size();
+    if (n == 1) return finishAverage(args.data, args.op, n);
+    const int rank = backend.rank();
+    auto part = singleTree(args, segment_bytes_, kUp, kDown,
+                           [&](int root) { return shapeOf(rank, root, n); });
+    runTrees(std::array<TreePart, 1>{part}, args.op, n, args.seq, backend);
+  }
+
+  double predictSeconds(const CollectiveArgs& args, const Topology& topology,
+                        const CostModel& model) const override {
+    const int n = topology.world_size;
+    return predictSingleTree(args, segment_bytes_, topology, model,
+                             [&](int rank, int root) { return shapeOf(rank, root, n); });
+  }
+
+ protected:
+  // Rank `rank`'s place in the tree rooted at `root` over n ranks.
+  virtual patterns::TreeShape shapeOf(int rank, int root, int n) const = 0;
+
+ private:
+  enum Phase : uint32_t { kUp = 1, kDown = 2 };
+  const char* name_;
+  uint64_t segment_bytes_;
+};
 
 }  // namespace collie::schedules
