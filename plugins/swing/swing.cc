@@ -94,7 +94,8 @@ class SwingScheduler : public Scheduler {
   // rounded float sums; tests/unit/patterns_test.cc shows both).
   void exchange(const Buffer& data, ReduceOp op, const patterns::Fold& f, uint64_t seq,
                 Backend& backend) {
-    // Step i talks to the peer of swing step steps - 1 - i: the farthest first.
+    // Step i talks to the peer of swing step steps - 1 - i: the farthest first (a tag, and
+    // so a timeout's message, names i).
     const int steps = patterns::log2Exact(f.core_size);
     schedules::exchangeWhole(
         data, op, seq, kExchange, steps,

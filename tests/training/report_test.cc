@@ -240,9 +240,10 @@ TEST_F(ResultFile, AFileThatLacksAFieldIsRefusedNamingIt) {
 }
 
 // The summary's table: the field rows' columns in their order, each value in its style,
-// then the derived columns; a second run of the same model on one rank is the speed-up's
+// with the derived columns after the field each follows (speed-up and efficiency after
+// tokens/s, the rest at the end); a second run of the same model on one rank is the speed-up's
 // reference.
-TEST(Summary, PrintsTheFieldColumnsThenTheDerivedOnes) {
+TEST(Summary, PrintsTheFieldColumnsWithTheDerivedOnesInPlace) {
   Result two = everyFieldSet();
   two.sharding = "none";
   Result one = two;
@@ -261,13 +262,13 @@ TEST(Summary, PrintsTheFieldColumnsThenTheDerivedOnes) {
   std::getline(lines, first);
   std::getline(lines, second);
   EXPECT_EQ(header,
-            "# run                        ranks micro-batch  step (s)  world batch   tokens/s  "
-            "comm (s)  exposed (s) speed-up efficiency   loss first->last   20 tok/param  "
+            "# run                        ranks micro-batch  step (s)  world batch   tokens/s "
+            "speed-up efficiency  comm (s)  exposed (s)   loss first->last   20 tok/param  "
             "straggler score per rank")
       << text;
   EXPECT_EQ(second,
-            "  nproc_per_node=2               2       [3,5]     0.250        4,096     16,384    "
-            "0.0310       0.0120     2.00     100.0%    10.500 -> 4.250        2.5 min  1.00 0.80")
+            "  nproc_per_node=2               2       [3,5]     0.250        4,096     16,384     "
+            "2.00     100.0%    0.0310       0.0120    10.500 -> 4.250        2.5 min  1.00 0.80")
       << text;
   EXPECT_EQ(first.find("  nproc_per_node=1               1         [8]     0.250"), 0u) << text;
 }

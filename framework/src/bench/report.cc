@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -487,6 +489,10 @@ bool plotPair(const std::string& dir, const std::string& suffix, const std::vect
   // gnuplot itself, no shell: the folder's name is a path, never a command.
   const std::string log = (fs::path(dir) / ("gnuplot" + suffix + ".log")).string();
   const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (log_fd < 0) {
+    *why = "cannot write " + log + ": " + std::strerror(errno);
+    return false;
+  }
   detail::SpawnOptions gnuplot;
   gnuplot.argv = {"gnuplot", script};
   gnuplot.working_directory = dir;
@@ -497,7 +503,7 @@ bool plotPair(const std::string& dir, const std::string& suffix, const std::vect
   } catch (const Error& x) {
     *why = std::string("gnuplot could not be started: ") + x.what();
   }
-  if (log_fd >= 0) ::close(log_fd);
+  ::close(log_fd);
   if (code != 0 && why->empty()) *why = "gnuplot failed; see " + log;
   return code == 0;
 }

@@ -64,11 +64,14 @@ LaunchOutcome supervise(std::vector<ChildProcess> children, const Supervision& h
   LaunchOutcome outcome;
   const Worker* failed = nullptr;  // the first child that failed
   if (!workers.startError().empty()) {
-    // Never started: as a shell reports a command it cannot run, and not worth a restart.
-    outcome.exit_code = 127;
-    outcome.not_started = true;
+    outcome.exit_code = 1;  // out of a resource (a pipe): it may go better another time
     outcome.failure = "could not be started: " + workers.startError();
-    if (const Worker* w = workers.notStarted()) outcome.failed_rank = w->rank;
+    if (const Worker* w = workers.notStarted()) {
+      // spawn() refused it: as a shell reports a command it cannot run, and never restarted.
+      outcome.exit_code = 127;
+      outcome.not_started = true;
+      outcome.failed_rank = w->rank;
+    }
     teardown.failed(Clock::now(), std::chrono::milliseconds(0));
   }
   std::string left_early;  // the children that exited with 0 while others still ran

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iomanip>
 #include <numeric>
@@ -290,9 +291,11 @@ struct Runs {
   bool any_sharded = false, any_scored = false;
 };
 
-// A column made from several fields or from other runs. Shown when `shown` says so (null:
-// always); `text` writes a run's cell.
+// A column made from several fields or from other runs, printed after the field column
+// named `after` (null: after every field column). Shown when `shown` says so (null: always);
+// `text` writes a run's cell.
 struct DerivedColumn {
+  const char* after;
   const char* header;
   int width;
   bool (*shown)(const Runs&);
@@ -306,33 +309,33 @@ double speedup(const Result& r, const Runs& runs) {
 }
 
 const DerivedColumn kDerivedColumns[] = {
-    {"speed-up", 9, nullptr,
+    {"tokens_per_s", "speed-up", 9, nullptr,
      [](const Result& r, size_t, const Runs& runs) {
        const double x = speedup(r, runs);
        return std::isnan(x) ? std::string("-") : fmt::format("{:.2f}", x);
      }},
-    {"efficiency", 11, nullptr,
+    {"tokens_per_s", "efficiency", 11, nullptr,
      [](const Result& r, size_t, const Runs& runs) {
        const double x = speedup(r, runs);
        return std::isnan(x) ? std::string("-") : fmt::format("{:.1f}%", 100 * x / r.ranks);
      }},
-    {"loss first->last", 19, nullptr,
+    {nullptr, "loss first->last", 19, nullptr,
      [](const Result& r, size_t, const Runs&) {
        return fmt::format("{:.3f} -> {:.3f}", r.first_loss, r.last_loss);
      }},
     // The state each rank holds (parameters + gradients + optimizer), when some run shards it.
-    {"state/rank (MB)", 17, [](const Runs& runs) { return runs.any_sharded; },
+    {nullptr, "state/rank (MB)", 17, [](const Runs& runs) { return runs.any_sharded; },
      [](const Result& r, size_t, const Runs&) {
        const uint64_t state = r.parameter_bytes + r.gradient_bytes + r.optimizer_bytes;
        return fmt::format("{:.2f}", static_cast<double>(state) / 1e6);
      }},
-    {"20 tok/param", 15, nullptr,
+    {nullptr, "20 tok/param", 15, nullptr,
      [](const Result& r, size_t, const Runs&) {
        return duration(20.0 * r.parameters / r.tokens_per_second);
      }},
     // max |w - w_ref| at the end against the first run that took the exact same steps, when
     // some run has another run to compare with.
-    {"|dw| vs ref", 14, [](const Runs& runs) { return !runs.referenced.empty(); },
+    {nullptr, "|dw| vs ref", 14, [](const Runs& runs) { return !runs.referenced.empty(); },
      [](const Result& r, size_t i, const Runs& runs) {
        const WeightSpread& spread = runs.spreads[i];
        if (spread.reference == &r) return std::string(runs.referenced.count(&r) ? "ref" : "-");
@@ -370,10 +373,18 @@ void printSummary(std::ostream& out, const std::vector<Result>& results) {
     table << std::right << std::setw(width) << text;
   };
   table << std::left << std::setw(28) << "# run";
-  forEachField(first, [&](const char*, const auto&, auto&&... column) {
+  // The derived columns that follow field `key` (null: the last ones), through `write`.
+  auto derivedAfter = [&derived](const char* key, auto&& write) {
+    for (const auto* d : derived) {
+      if (key == nullptr ? d->after == nullptr : d->after != nullptr && !std::strcmp(d->after, key))
+        write(*d);
+    }
+  };
+  forEachField(first, [&](const char* key, const auto&, auto&&... column) {
     (put(column.width, column.header), ...);
+    derivedAfter(key, [&](const DerivedColumn& d) { put(d.width, d.header); });
   });
-  for (const auto* d : derived) put(d->width, d->header);
+  derivedAfter(nullptr, [&](const DerivedColumn& d) { put(d.width, d.header); });
   if (runs.any_scored) table << "  straggler score per rank";
   table << "\n";
   for (size_t i = 0; i < results.size(); ++i) {
@@ -381,10 +392,12 @@ void printSummary(std::ostream& out, const std::vector<Result>& results) {
     std::string label = r.run.empty() ? r.name : shortRun(r.run);
     if (label.size() > 26) label = label.substr(0, 25) + "~";
     table << std::left << std::setw(28) << ("  " + label);
-    forEachField(r, [&](const char*, const auto& value, auto&&... column) {
+    auto derivedCell = [&](const DerivedColumn& d) { put(d.width, d.text(r, i, runs)); };
+    forEachField(r, [&](const char* key, const auto& value, auto&&... column) {
       (put(column.width, cell(value, column.style)), ...);
+      derivedAfter(key, derivedCell);
     });
-    for (const auto* d : derived) put(d->width, d->text(r, i, runs));
+    derivedAfter(nullptr, derivedCell);
     if (runs.any_scored && !r.straggler_score.empty())
       table << "  " << fmt::format("{:.2f}", fmt::join(r.straggler_score, " "));
     table << "\n";

@@ -97,9 +97,11 @@ struct Column {
 
 // The fields of a Result, one row each: the name in the result file and summary.json, and
 // for those the summary's table shows, their column (in this order, after the run's label;
-// report.cc adds the columns derived from several fields or runs after them). train/report.cc
-// writes and reads JSON and prints the table by walking the rows, so a new number is its
-// member above and its row here. `visit(name, member)` or `visit(name, member, column)` is
+// report.cc's table of columns derived from several fields or runs says which field each
+// follows). train/report.cc writes and reads JSON and prints the table by walking the rows,
+// so a new number is its member above and its row here (a number of a new kind, another
+// Style and its case in report.cc's cell(); a number made from several fields, a derived
+// column). `visit(name, member)` or `visit(name, member, column)` is
 // called with a const or mutable member as `r` is. Two fields keep a form of their own in
 // JSON and are not rows: tokens_weighting ("grad_weighting": "tokens" or "uniform") and
 // predicted_comm_seconds (null without a model); weight_sample travels in the result file

@@ -15,6 +15,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "collie/error.h"
 
@@ -173,6 +174,9 @@ pid_t spawn(const SpawnOptions& options) {
   // Everything the child touches, made now.
   std::string program = findProgram(name);
   if (program.empty()) throw refuse("not found on PATH");
+  // The child changes folder before exec: a relative path is made absolute here.
+  if (!options.working_directory.empty() && program.front() != '/')
+    program = std::filesystem::absolute(program).string();
   std::vector<std::string> args = options.argv;
   std::vector<std::string> env =
       options.environment.empty() ? environmentWith({}) : options.environment;

@@ -54,7 +54,8 @@ void allReduceOnCore(const CollectiveArgs& args, uint32_t fold_phase, uint32_t u
 // The core of recursive_doubling and of swing's latency variant: at each of `steps` steps i
 // this core rank swaps its whole buffer with core rank `peer(i)` and adds in what it
 // received. Every core rank ends with the same bits when each pair adds the same two
-// operands (the schedules' order of steps sees to it). Allocates nothing (the hot path).
+// operands (the schedules' order of steps sees to it). Step i's messages carry step i in
+// their tag (a timeout names it). Allocates nothing (the hot path).
 template <typename PeerOf>
 void exchangeWhole(const Buffer& data, ReduceOp op, uint64_t seq, uint32_t phase, int steps,
                    PeerOf peer, Backend& backend) {
