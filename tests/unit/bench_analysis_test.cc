@@ -61,6 +61,47 @@ TEST(BenchAnalysis, ACrossoverIsNamedOnlyBetweenDistinguishableSizes) {
   EXPECT_FALSE(v[3].distinguishable());
 }
 
+// Rows whose measured fastest is tree up to 1 KiB, tied at 2 KiB, ring from 4 KiB; the
+// predictions (points) are given per size as (tree, ring) medians.
+std::vector<Row> measuredTreeThenRing(const std::vector<std::pair<double, double>>& predicted) {
+  std::vector<Row> rows = {row("tree", 1024, 10, 11, 12), row("ring", 1024, 20, 21, 22),   // tree
+                           row("tree", 2048, 20, 25, 30), row("ring", 2048, 24, 26, 28),   // a tie
+                           row("tree", 4096, 50, 51, 52), row("ring", 4096, 30, 31, 32),   // ring
+                           row("tree", 8192, 90, 95, 99), row("ring", 8192, 50, 55, 60)};  // ring
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& [tree, ring] = predicted[i / 2];
+    rows[i].predicted_us = i % 2 == 0 ? tree : ring;
+  }
+  return rows;
+}
+
+TEST(BenchAnalysis, APredictedCrossoverAgreesWhenItFallsWhereTheMeasurementPutsIt) {
+  // Predicted: tree at 1 and 2 KiB, ring from 4 KiB: between 2 and 4 KiB, inside the
+  // measured 1 to 4 KiB (whose middle is a tie).
+  const auto inside = checkCrossovers(measuredTreeThenRing({{1, 2}, {1, 2}, {2, 1}, {2, 1}}));
+  ASSERT_EQ(inside.predicted.size(), 1u);
+  EXPECT_TRUE(inside.predicted[0].agrees);
+  ASSERT_TRUE(inside.predicted[0].measured.has_value());
+  EXPECT_EQ(inside.predicted[0].measured->below, 1024u);
+  EXPECT_EQ(inside.predicted[0].measured->above, 4096u);
+  EXPECT_TRUE(inside.unpredicted.empty());
+  // Predicted one size too late (between 4 and 8 KiB): beside the measured one, not agreeing.
+  const auto late = checkCrossovers(measuredTreeThenRing({{1, 2}, {1, 2}, {1, 2}, {2, 1}}));
+  ASSERT_EQ(late.predicted.size(), 1u);
+  EXPECT_FALSE(late.predicted[0].agrees);
+  ASSERT_TRUE(late.predicted[0].measured.has_value());
+  EXPECT_EQ(late.predicted[0].predicted.below, 4096u);
+  EXPECT_EQ(late.predicted[0].predicted.above, 8192u);
+  // Predicted the other way round: no measured crossover of that direction, and the measured
+  // one is not predicted.
+  const auto reversed = checkCrossovers(measuredTreeThenRing({{2, 1}, {2, 1}, {1, 2}, {1, 2}}));
+  ASSERT_EQ(reversed.predicted.size(), 1u);
+  EXPECT_FALSE(reversed.predicted[0].agrees);
+  EXPECT_FALSE(reversed.predicted[0].measured.has_value());
+  ASSERT_EQ(reversed.unpredicted.size(), 1u);
+  EXPECT_EQ(reversed.unpredicted[0].from, "tree");
+}
+
 TEST(BenchAnalysis, NoiseAloneMakesNoCrossover) {
   // The medians alternate, as noise makes them, but every range overlaps.
   std::vector<Row> rows;

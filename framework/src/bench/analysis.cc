@@ -87,6 +87,33 @@ std::vector<Crossover> crossovers(const std::vector<Row>& rows, bool predicted) 
   return found;
 }
 
+CrossoverChecks checkCrossovers(const std::vector<Row>& rows) {
+  const std::vector<Crossover> measured = crossovers(rows, false);
+  std::vector<bool> matched(measured.size(), false);
+  CrossoverChecks checks;
+  for (const Crossover& p : crossovers(rows, true)) {
+    CrossoverCheck check{p, std::nullopt, false};
+    for (size_t i = 0; i < measured.size(); ++i) {
+      const Crossover& m = measured[i];
+      if (m.run != p.run || m.from != p.from || m.to != p.to) continue;
+      // The change lies strictly between `below` (the old winner's) and `above` (the new
+      // one's): the two agree when some point lies between both pairs.
+      const bool overlaps = p.below < m.above && m.below < p.above;
+      // The nearest one of the pair, an agreeing one first.
+      if (!check.measured || (overlaps && !check.agrees)) {
+        check.measured = m;
+        check.agrees = overlaps;
+        matched[i] = true;
+      }
+    }
+    checks.predicted.push_back(std::move(check));
+  }
+  for (size_t i = 0; i < measured.size(); ++i) {
+    if (!matched[i]) checks.unpredicted.push_back(measured[i]);
+  }
+  return checks;
+}
+
 std::vector<AutoVerdict> autoVerdicts(const std::vector<Row>& rows) {
   std::vector<AutoVerdict> found;
   const auto judged = verdicts(rows, false);

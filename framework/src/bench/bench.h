@@ -4,6 +4,7 @@
 
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,25 @@ struct Crossover {
   std::string from, to;
 };
 std::vector<Crossover> crossovers(const std::vector<Row>& rows, bool predicted);
+
+// A predicted crossover set beside the measurement: `measured` is the measured crossover of
+// its run between the same two schedulers in the same direction (none: the measurement
+// shows no such change where the spread tells the schedulers apart). They agree when the
+// change can lie at the same point for both: each puts it strictly between its `below` and
+// `above`, and the measured interval spans the sizes where the two are tied, so a prediction
+// that overlaps it is as close as the spread over repeats can judge.
+struct CrossoverCheck {
+  Crossover predicted;
+  std::optional<Crossover> measured;
+  bool agrees = false;
+};
+// Every predicted crossover, checked; and the measured crossovers that no predicted one
+// matches (`unpredicted`).
+struct CrossoverChecks {
+  std::vector<CrossoverCheck> predicted;
+  std::vector<Crossover> unpredicted;
+};
+CrossoverChecks checkCrossovers(const std::vector<Row>& rows);
 
 // How an `auto` entry did at one size of one run: what it ran and, where one scheduler is
 // distinguishably fastest (verdicts()), how its median compares with that one's. It is as

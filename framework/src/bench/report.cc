@@ -93,6 +93,33 @@ std::string joined(const std::vector<std::string>& names) {
   return out;
 }
 
+// "tree -> ring between 128 KiB and 1 MiB"
+std::string between(const Crossover& c) {
+  return fmt::format("{} -> {} between {} and {}", c.from, c.to, formatBytes(c.below),
+                     formatBytes(c.above));
+}
+
+// The predicted crossovers, each beside the measured one it should match: whether the two
+// agree within the spread, where the measurement put it instead, or that it measured none;
+// then the measured crossovers that no prediction has.
+void predictedCrossovers(std::ostream& out, const std::vector<Row>& rows) {
+  const CrossoverChecks checks = checkCrossovers(rows);
+  out << "# Crossovers (predicted):" << (checks.predicted.empty() ? " none" : "") << "\n";
+  for (const CrossoverCheck& c : checks.predicted) {
+    out << "#   " << between(c.predicted) << ": ";
+    if (c.agrees) {
+      out << "as measured (" << formatBytes(c.measured->below) << " to "
+          << formatBytes(c.measured->above) << ", ties within the spread included)\n";
+    } else if (c.measured) {
+      out << "measured between " << formatBytes(c.measured->below) << " and "
+          << formatBytes(c.measured->above) << " instead\n";
+    } else {
+      out << "not measured (no such change where the ranges tell the two apart)\n";
+    }
+  }
+  for (const Crossover& c : checks.unpredicted) out << "#   not predicted: " << between(c) << "\n";
+}
+
 // Which scheduler is fastest: crossovers between sizes where the fastest is distinguishable,
 // and the sizes where it is not (measured ranges overlap). One size (a barrier): its verdict.
 void fastest(std::ostream& out, const std::vector<Row>& rows) {
@@ -109,13 +136,13 @@ void fastest(std::ostream& out, const std::vector<Row>& rows) {
                              : "indistinguishable: " + joined(v.tied) + " (their ranges overlap)");
       continue;
     }
-    auto found = crossovers(rows, predicted);
-    out << "# Crossovers (" << what << "):" << (found.empty() ? " none" : "") << "\n";
-    for (const auto& c : found) {
-      out << fmt::format("#   {} -> {} between {} and {}\n", c.from, c.to, formatBytes(c.below),
-                         formatBytes(c.above));
+    if (predicted) {
+      predictedCrossovers(out, rows);
+      continue;
     }
-    if (predicted) continue;
+    auto found = crossovers(rows, false);
+    out << "# Crossovers (" << what << "):" << (found.empty() ? " none" : "") << "\n";
+    for (const auto& c : found) out << "#   " << between(c) << "\n";
     std::string ties;
     for (const auto& v : sizes) {
       if (!v.tied.empty())
