@@ -8,8 +8,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
+#include "bench/policy.h"
 #include "collie/config.h"
 #include "config/rules.h"
 #include "run_command.h"
@@ -460,6 +462,50 @@ TEST(CliBench, EmittedRulesKeepEachSchedulersParams) {
   else
     EXPECT_NE(r.output.find("one way not resolved (streamed, 2 sizes"), std::string::npos)
         << r.output;
+  std::filesystem::remove_all(dir);
+}
+
+// --emit-policy writes Open MPI's rules from the same choices --emit-rules makes, read back as
+// written, and says what each size range became; a train experiment and a collective Open
+// MPI's rules cannot name are refused before anything runs.
+TEST(CliBench, EmitPolicyWritesOpenMpisRulesFromTheRulesForAuto) {
+  auto dir =
+      std::filesystem::temp_directory_path() / ("collie-policy-" + std::to_string(::getpid()));
+  const std::string rules = (dir / "rules.yaml").string();
+  const std::string policy = (dir / "policy").string();
+  std::filesystem::create_directories(dir);
+  auto r = testing::runCollie({"run", kRingVsTree, "--out", dir.string(), "--emit-rules", rules,
+                               "--emit-policy", policy, "--set", "bench.max_bytes=64KiB", "--set",
+                               "bench.iters=2"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string file = policy + "/openmpi-coll-tuned.rules";
+  EXPECT_NE(r.output.find("# Open MPI policy: " + file), std::string::npos) << r.output;
+  std::ifstream in(file);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Each rule for auto is a range of the policy: ring as Open MPI's ring (4), tree as Open
+  // MPI's own decision (0).
+  const RulesFile written = config::readRulesFile(rules);
+  const bench::OpenMpiPolicy read = bench::readOpenMpiRules(text, written.world_size);
+  ASSERT_EQ(read.ranges.size(), written.rules.size()) << text;
+  for (size_t i = 0; i < read.ranges.size(); ++i) {
+    const std::string plugin = written.rules[i].choice.plugin;
+    EXPECT_EQ(read.ranges[i].algorithm.id, plugin == "ring" ? 4 : 0) << plugin << "\n" << text;
+    EXPECT_NE(r.output.find(bench::rangeText(read.ranges[i].min_bytes) + ": " + plugin),
+              std::string::npos)
+        << r.output;
+  }
+  auto train =
+      testing::runCollie({"run", std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/quickstart.yaml",
+                          "--emit-policy", policy});
+  EXPECT_EQ(train.exit_code, 2) << train.output;
+  EXPECT_NE(train.output.find("--emit-policy: "), std::string::npos) << train.output;
+  auto broadcast = testing::runCollie({"run", kRingVsTree, "--out", dir.string(), "--emit-policy",
+                                       policy, "--set", "bench.collective=broadcast", "--set",
+                                       "bench.schedulers=[tree]"});
+  EXPECT_EQ(broadcast.exit_code, 2) << broadcast.output;
+  EXPECT_NE(broadcast.output.find("no Open MPI equivalent for any broadcast scheduler"),
+            std::string::npos)
+      << broadcast.output;
   std::filesystem::remove_all(dir);
 }
 

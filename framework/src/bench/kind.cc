@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "bench/bench.h"
+#include "bench/policy.h"
 #include "collie/config.h"
 #include "collie/error.h"
 #include "collie/log.h"
@@ -27,9 +28,19 @@ class BenchKind : public ExperimentKind {
   void checkRequest(const RunRequest& request, const std::vector<config::Experiment>& runs,
                     const PluginLoader&) const override {
     const config::Experiment& first = runs.front();
+    // Refused before the sweep, not after it.
+    if (!request.emit_policy.empty()) {
+      std::error_code ec;
+      fs::create_directories(request.emit_policy, ec);
+      if (ec || !fs::is_directory(request.emit_policy)) {
+        throw ConfigError(fmt::format("--emit-policy {}: cannot make the folder: {}",
+                                      request.emit_policy, ec ? ec.message() : "not a folder"));
+      }
+      openMpiPolicyFor(first);  // a collective Open MPI's rules cannot name
+    }
     const std::string rules = rulesPath(request, first);
     if (rules.empty()) return;
-    fs::path folder = fs::absolute(rules).parent_path();  // fail before the sweep, not after it
+    fs::path folder = fs::absolute(rules).parent_path();
     if (!fs::is_directory(folder)) {
       throw ConfigError(
           fmt::format("--emit-rules {}: folder {} does not exist", rules, folder.string()));
@@ -107,16 +118,50 @@ class BenchKind : public ExperimentKind {
       }
     }
     const std::string rules_path = rulesPath(request, first);
-    if (rules_path.empty()) return;
+    if (rules_path.empty() && request.emit_policy.empty()) return;
     RulesFile rules = bestRules(results_.front().rows, first.bench.schedulers);
     if (rules.rules.empty()) {
       throw Error(ErrorKind::kInternal, "--emit-rules: no correct measurement to make rules from");
     }
-    config::writeRulesFile(rules_path, rules,
-                           "written by collie " COLLIE_VERSION " from " + request.config +
-                               ": the fastest measured scheduler per size range; use with "
-                               "{plugin: auto, params: {rules_file: THIS_FILE}}");
-    std::cout << "# Rules for auto: " << rules_path << std::endl;
+    if (!rules_path.empty()) {
+      config::writeRulesFile(rules_path, rules,
+                             "written by collie " COLLIE_VERSION " from " + request.config +
+                                 ": the fastest measured scheduler per size range; use with "
+                                 "{plugin: auto, params: {rules_file: THIS_FILE}}");
+      std::cout << "# Rules for auto: " << rules_path << std::endl;
+    }
+    if (!request.emit_policy.empty()) writePolicy(request, rules);
+  }
+
+  // The policy files of --emit-policy, and what each size range became.
+  static void writePolicy(const RunRequest& request, const RulesFile& rules) {
+    const OpenMpiPolicy policy = openMpiPolicy(rules);
+    const std::string path = writeOpenMpiRules(
+        request.emit_policy, policy,
+        "Open MPI coll/tuned dynamic rules, written by collie " COLLIE_VERSION " from " +
+            request.config +
+            fmt::format(": the fastest measured {} per size range on {} ranks", rules.collective,
+                        rules.world_size));
+    std::cout << "# Open MPI policy: " << path
+              << " (mpirun --mca coll_tuned_use_dynamic_rules 1 --mca "
+                 "coll_tuned_dynamic_rules_filename "
+              << path << ")" << std::endl;
+    for (const auto& r : policy.ranges) {
+      std::cout << "#   " << rangeText(r.min_bytes) << ": " << r.scheduler
+                << (r.algorithm.id == 0
+                        ? std::string(": no equivalent in Open MPI 4.1, which decides itself")
+                        : fmt::format(" -> Open MPI's {} ({})", r.algorithm.name, r.algorithm.id))
+                << std::endl;
+    }
+  }
+
+  // Refuses a sweep whose policy Open MPI's rules cannot hold (its collective).
+  static void openMpiPolicyFor(const config::Experiment& e) {
+    RulesFile probe;
+    probe.collective = collectiveName(e.bench.collective);
+    probe.world_size = 1;
+    probe.rules.push_back({0, RuleChoice{"ring", {}}});
+    openMpiPolicy(probe);
   }
 
   std::vector<Result> results_;

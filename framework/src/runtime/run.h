@@ -23,6 +23,7 @@ struct RunRequest {
   std::string out;                // --out ("": output.dir/NAME-TIMESTAMP)
   std::string log_level;          // --log-level, handed on to the workers
   std::string emit_rules;         // --emit-rules
+  std::string emit_policy;        // --emit-policy: a folder for other libraries' policy files
   // collie launch: this node's place among several (collie run: one node).
   int nnodes = 1, node_rank = 0;
   std::string master_addr;  // "": launch.master_addr

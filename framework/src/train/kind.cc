@@ -20,9 +20,11 @@ class TrainKind : public ExperimentKind {
   void checkRequest(const RunRequest& request, const std::vector<config::Experiment>& runs,
                     const PluginLoader& loader) const override {
     const config::Experiment& first = runs.front();
-    if (!request.emit_rules.empty()) {
+    for (const auto& [flag, value] : {std::pair{"--emit-rules", &request.emit_rules},
+                                      std::pair{"--emit-policy", &request.emit_policy}}) {
+      if (value->empty()) continue;
       throw ConfigError(
-          fmt::format("--emit-rules: {} is a train experiment; rules come from a bench: experiment",
+          fmt::format("{}: {} is a train experiment; rules come from a bench: experiment", flag,
                       request.config));
     }
     // Said once here, before any rank starts, rather than by every rank (they check too).

@@ -1,0 +1,79 @@
+// The Open MPI policy: collie's schedulers mapped to the Open MPI 4.1 algorithms that run the
+// same schedule, the classic rules text, and the strict reader that checks it.
+#include "bench/policy.h"
+
+#include <gtest/gtest.h>
+
+#include "collie/error.h"
+
+namespace collie::bench {
+namespace {
+
+RulesFile measured() {
+  RulesFile rules;
+  rules.collective = "allreduce";
+  rules.world_size = 4;
+  rules.rules = {{32 << 10, RuleChoice{"recursive_doubling", {}}},
+                 {1 << 20, RuleChoice{"tree", {{"segment_bytes", "65536"}}}},
+                 {0, RuleChoice{"/opt/collie/libcollie_scheduler_ring.so", {}}}};
+  return rules;
+}
+
+TEST(OpenMpiPolicy, EachRangeGetsTheEquivalentAlgorithmOrOpenMpisOwnDecision) {
+  const OpenMpiPolicy policy = openMpiPolicy(measured());
+  EXPECT_EQ(policy.collective_id, 2);
+  EXPECT_EQ(policy.world_size, 4);
+  ASSERT_EQ(policy.ranges.size(), 3u);
+  EXPECT_EQ(policy.ranges[0].min_bytes, 0u);
+  EXPECT_EQ(policy.ranges[0].algorithm.id, 3);
+  EXPECT_EQ(policy.ranges[1].min_bytes, (32u << 10) + 1);
+  EXPECT_EQ(policy.ranges[1].algorithm.id, 0);  // no Open MPI algorithm is collie's tree
+  EXPECT_EQ(policy.ranges[1].scheduler, "tree{segment_bytes: 65536}");
+  EXPECT_EQ(policy.ranges[2].min_bytes, (1u << 20) + 1);
+  EXPECT_EQ(policy.ranges[2].algorithm.id, 4);  // a path to the ring plugin is ring
+  EXPECT_EQ(openMpiEquivalent("allreduce", RuleChoice{"halving_doubling", {}}).name,
+            "rabenseifner");
+  EXPECT_EQ(openMpiEquivalent("allgather", RuleChoice{"bruck", {}}).id, 2);
+  EXPECT_EQ(openMpiEquivalent("allgather", RuleChoice{"recursive_doubling", {}}).id, 0);
+}
+
+TEST(OpenMpiPolicy, TheTextReadsBackForTheMeasuredGroupOnly) {
+  const std::string text = openMpiRulesText(openMpiPolicy(measured()), "a test");
+  const OpenMpiPolicy four = readOpenMpiRules(text, 4);
+  ASSERT_EQ(four.ranges.size(), 3u);
+  EXPECT_EQ(four.ranges[1].min_bytes, (32u << 10) + 1);
+  EXPECT_EQ(four.ranges[2].algorithm.id, 4);
+  for (int other : {2, 3, 5, 64}) {
+    const OpenMpiPolicy policy = readOpenMpiRules(text, other);
+    ASSERT_EQ(policy.ranges.size(), 1u) << other;
+    EXPECT_EQ(policy.ranges[0].algorithm.id, 0) << other;  // Open MPI's own decision
+  }
+}
+
+TEST(OpenMpiPolicy, AMalformedFileIsRefusedNamingWhy) {
+  auto refusal = [](const std::string& text) {
+    try {
+      readOpenMpiRules(text, 4);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(read)");
+  };
+  EXPECT_NE(refusal("1 2 1 4 1 16 4 0 0").find("the first message size must be 0"),
+            std::string::npos);
+  EXPECT_NE(refusal("1 2 1 4 2 0 4 0 0 0 3 0 0").find("message sizes must ascend"),
+            std::string::npos);
+  EXPECT_NE(refusal("1 2 1 4 2 0 4 0 0").find("ends where a message size"), std::string::npos);
+  EXPECT_NE(refusal("1 2 1 4 1 0 4 0 0 7").find("numbers after the last rule"), std::string::npos);
+  EXPECT_NE(refusal("1 2 1 4 1 0 -4 0 0").find("'-' where an algorithm"), std::string::npos);
+  EXPECT_EQ(refusal("# a comment 12\n1 2 1 4 1 0 4 0 0 # ring\n"), "(read)");
+}
+
+TEST(OpenMpiPolicy, ACollectiveOpenMpisRulesCannotNameIsRefused) {
+  RulesFile rules = measured();
+  rules.collective = "broadcast";
+  EXPECT_THROW(openMpiPolicy(rules), ConfigError);
+}
+
+}  // namespace
+}  // namespace collie::bench
