@@ -4,7 +4,8 @@
 # then checks in parts, each ending in one PASS, FAIL or SKIPPED line:
 #   0. the machine (GPUs, PyTorch, CUDA, NCCL) and the build;
 #   1. nccl, one rank: nccl_test, device_test and the trainer's GPU test; a bench of the native
-#      and ring schedulers; configs/micro-pllm-108m.yaml trained for a few steps (bf16 autocast,
+#      and ring schedulers; the same bench with collie's NCCL tuner loaded (NCCL_TUNER_PLUGIN,
+#      NCCL_DEBUG=INFO shows NCCL loading it); configs/micro-pllm-108m.yaml trained for a few steps (bf16 autocast,
 #      activation checkpointing) and the same model and batch in PyTorch eager
 #      (benchmarks/ddp_gpt.py), tokens/s side by side;
 #   2. gloo and ucx, host-staged: configs/zero.yaml's GPT on 2 ranks sharing the GPU ends where
@@ -49,11 +50,12 @@ packages=(libyaml-cpp-dev libyaml-cpp0.7 libspdlog-dev libspdlog1.10 libfmt-dev 
 not_fetched=(libc6 libgcc-s1 libstdc++6 libstdc++-12-dev adduser libhiredis-dev libibverbs-dev
              catch2)
 # The parts, in the summary's order.
-parts=(0a 0b 1a 1b 1c 1d 1e 2a 2b 2c 2d 3a 3b 3c 4a 4b 4c)
+parts=(0a 0b 1a 1b 1c 1d 1f 1e 2a 2b 2c 2d 3a 3b 3c 4a 4b 4c)
 declare -A title=(
   [0a]="machine" [0b]="build" [1a]="nccl_test, one GPU" [1b]="device_test"
   [1c]="trainer_test GpuTraining.*" [1d]="bench over nccl, 1 rank, native and ring"
   [1e]="108M GPT over nccl, 1 rank, against PyTorch eager"
+  [1f]="NCCL loads collie's tuner (libnccl-tuner-collie.so, NCCL_DEBUG=INFO)"
   [2a]="Debian's Gloo against PyTorch's" [2b]="gloo, 2 ranks on one GPU, host-staged"
   [2c]="ucx, 2 ranks on one GPU, host-staged" [2d]="ZeRO stage 3 peak GPU memory (ucx)"
   [3a]="plugin-check ring over loopback, memory: device"
@@ -278,7 +280,7 @@ build_collie() {
   targets=(collie collie_backend_loopback collie_backend_nccl collie_backend_gloo
            collie_backend_ucx collie_model_gpt collie_model_mlp collie_scheduler_ring
            collie_scheduler_native collie_scheduler_tree collie_scheduler_halving_doubling
-           nccl_test device_test trainer_test)
+           nccl_tuner_collie nccl_test device_test trainer_test)
   run_logged 240 "$work/logs/build.log" "${build_pin[@]}" cmake --build "$build" -j "$jobs" --target "${targets[@]}"
   rc=$?
   if ((rc != 0)); then
@@ -393,7 +395,26 @@ part_108m() {  # alone on the GPU: its tokens/s are the comparison
   fi
 }
 
-lane_nccl() {  # 1a-1d
+part_tuner() {  # 1f: NCCL loads collie's tuner and reads the policy it is given
+  local rc log=$work/logs/bench-nccl-tuner.txt policy=$work/logs/nccl-tuner.policy
+  room 1f 10 || return
+  printf '# ring for every size on one rank\nallreduce 1 0 ring\n' >"$policy"
+  run_logged 120 "$log" env CUDA_VISIBLE_DEVICES="$gpu" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=ALL \
+    NCCL_TUNER_PLUGIN="$build/lib/libnccl-tuner-collie.so" COLLIE_NCCL_POLICY="$policy" \
+    "$collie" run "$work/logs/bench-nccl.yaml" --out "$work/runs/bench-nccl-tuner" \
+    --set 'bench.schedulers=[native]'
+  rc=$?
+  grep -E "collie tuner: |TUNER/Plugin" "$log" | head -5 | details 1f
+  if ((rc != 0)); then
+    result 1f FAIL "collie run: $(why $rc "$log")"
+  elif grep -q "collie tuner: 1 size range" "$log"; then
+    result 1f PASS "NCCL loaded the tuner, which read the policy: $(grep -m1 'collie tuner: ' "$log")"
+  else
+    result 1f FAIL "NCCL_DEBUG=INFO shows no line of collie's tuner (see $log)"
+  fi
+}
+
+lane_nccl() {  # 1a-1d, 1f
   gtest_part 1a "$gpu" nccl_test
   # The cases one GPU skips for want of a second; part 4a runs them on two.
   awk '/: Skipped$/ {getline msg} /^\[  SKIPPED \] .*\([0-9]+ ms\)$/ {if (msg ~ /^needs [0-9]+ GPUs/) print $4; msg = ""}' \
@@ -401,6 +422,7 @@ lane_nccl() {  # 1a-1d
   gtest_part 1b "$gpu" device_test
   gtest_part 1c "$gpu" trainer_test --gtest_filter='GpuTraining.*'
   bench_part 1d bench-nccl "$work/logs/bench-nccl.yaml"
+  part_tuner
 }
 
 # ---- 2: gloo and ucx, host-staged ----------------------------------------------------------

@@ -10,6 +10,7 @@
 #include "collie/error.h"
 #include "collie/log.h"
 #include "config/rules.h"
+#include "runtime/launcher.h"
 
 namespace fs = std::filesystem;
 
@@ -133,26 +134,41 @@ class BenchKind : public ExperimentKind {
     if (!request.emit_policy.empty()) writePolicy(request, rules);
   }
 
-  // The policy files of --emit-policy, and what each size range became.
+  // The policy files of --emit-policy, and what each size range became in each.
   static void writePolicy(const RunRequest& request, const RulesFile& rules) {
+    const std::string measured = fmt::format("written by collie " COLLIE_VERSION
+                                             " from {}: the fastest measured {} per "
+                                             "size range on {} ranks",
+                                             request.config, rules.collective, rules.world_size);
     const OpenMpiPolicy policy = openMpiPolicy(rules);
-    const std::string path = writeOpenMpiRules(
-        request.emit_policy, policy,
-        "Open MPI coll/tuned dynamic rules, written by collie " COLLIE_VERSION " from " +
-            request.config +
-            fmt::format(": the fastest measured {} per size range on {} ranks", rules.collective,
-                        rules.world_size));
-    std::cout << "# Open MPI policy: " << path
+    const std::string nccl =
+        writeNcclPolicy(request.emit_policy, rules, "NCCL tuner policy, " + measured);
+    const std::string open_mpi = writeOpenMpiRules(
+        request.emit_policy, policy, "Open MPI coll/tuned dynamic rules, " + measured);
+    std::cout << "# NCCL policy: " << nccl << " (NCCL_TUNER_PLUGIN=" << ncclTunerPath()
+              << " COLLIE_NCCL_POLICY=" << nccl << ")" << std::endl;
+    std::cout << "# Open MPI policy: " << open_mpi
               << " (mpirun --mca coll_tuned_use_dynamic_rules 1 --mca "
                  "coll_tuned_dynamic_rules_filename "
-              << path << ")" << std::endl;
+              << open_mpi << ")" << std::endl;
+    size_t i = 0;
     for (const auto& r : policy.ranges) {
-      std::cout << "#   " << rangeText(r.min_bytes) << ": " << r.scheduler
-                << (r.algorithm.id == 0
-                        ? std::string(": no equivalent in Open MPI 4.1, which decides itself")
-                        : fmt::format(" -> Open MPI's {} ({})", r.algorithm.name, r.algorithm.id))
+      const std::string algorithm = ncclEquivalent(rules.collective, rules.rules[i++].choice);
+      std::cout << "#   " << rangeText(r.min_bytes) << ": " << r.scheduler << ": NCCL "
+                << (algorithm.empty() ? std::string("decides") : algorithm) << ", Open MPI "
+                << (r.algorithm.id == 0 ? std::string("decides")
+                                        : fmt::format("{} ({})", r.algorithm.name, r.algorithm.id))
                 << std::endl;
     }
+    std::cout << "#   (decides: no algorithm of that library runs the collie scheduler's schedule)"
+              << std::endl;
+  }
+
+  // Where NCCL finds collie's tuner: beside libcollie_core in this build or installation.
+  static std::string ncclTunerPath() {
+    const fs::path lib =
+        fs::path(selfExecutable()).parent_path().parent_path() / "lib" / "libnccl-tuner-collie.so";
+    return fs::exists(lib) ? lib.string() : "libnccl-tuner-collie.so (not built here)";
   }
 
   // Refuses a sweep whose policy Open MPI's rules cannot hold (its collective).

@@ -100,6 +100,34 @@ class Numbers {
   int line_ = 1;
 };
 
+// Calls visit(first byte, choice) for each rule's size range: a rule covers the sizes above
+// the previous rule's max_bytes, the last one every larger size.
+template <typename Visit>
+void forEachRange(const RulesFile& rules, Visit&& visit) {
+  uint64_t from = 0;
+  for (const auto& rule : rules.rules) {
+    visit(from, rule.choice);
+    if (rule.max_bytes == 0) break;
+    from = rule.max_bytes + 1;
+  }
+}
+
+// `text` on one line: a file name in a comment must not end it.
+std::string oneLine(std::string text) {
+  for (char& c : text) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return text;
+}
+
+// collie scheduler -> the NCCL algorithm that runs its schedule: NCCL's ring is collie's
+// ring, and NCCL's tree is the double binary tree collie's double_binary_tree builds.
+constexpr Equivalent kNcclEquivalents[] = {
+    {"allreduce", "ring", 1, "ring"},
+    {"allreduce", "double_binary_tree", 0, "tree"},
+    {"allgather", "ring", 1, "ring"},
+};
+
 }  // namespace
 
 std::string rangeText(uint64_t min_bytes) {
@@ -133,23 +161,15 @@ OpenMpiPolicy openMpiPolicy(const RulesFile& rules) {
   }
   policy.collective_id = ids->open_mpi;
   policy.world_size = rules.world_size;
-  uint64_t from = 0;
-  for (const auto& rule : rules.rules) {
-    policy.ranges.push_back(
-        {from, openMpiEquivalent(rules.collective, rule.choice), rule.choice.name()});
-    if (rule.max_bytes == 0) break;  // the last rule: every larger size
-    from = rule.max_bytes + 1;
-  }
+  forEachRange(rules, [&](uint64_t from, const RuleChoice& choice) {
+    policy.ranges.push_back({from, openMpiEquivalent(rules.collective, choice), choice.name()});
+  });
   return policy;
 }
 
 std::string openMpiRulesText(const OpenMpiPolicy& policy, const std::string& comment) {
   const int world = policy.world_size;
-  std::string line = comment;  // a file name in it must not end the comment
-  for (char& c : line) {
-    if (c == '\n' || c == '\r') c = ' ';
-  }
-  std::string text = "# " + line + "\n";
+  std::string text = "# " + oneLine(comment) + "\n";
   text += fmt::format(
       "# Use: mpirun --mca coll_tuned_use_dynamic_rules 1 "
       "--mca coll_tuned_dynamic_rules_filename THIS_FILE\n"
@@ -233,6 +253,36 @@ std::string writeOpenMpiRules(const std::string& dir, const OpenMpiPolicy& polic
   }
   const std::string path = (fs::path(dir) / "openmpi-coll-tuned.rules").string();
   detail::writeFileAtomically(path, text);
+  return path;
+}
+
+std::string ncclEquivalent(const std::string& collective, const RuleChoice& choice) {
+  const std::string name = pluginName(choice.plugin);
+  for (const auto& e : kNcclEquivalents) {
+    if (collective == e.collective && name == e.scheduler) return e.name;
+  }
+  return "";
+}
+
+std::string ncclPolicyText(const RulesFile& rules, const std::string& comment) {
+  std::string text = "# " + oneLine(comment) + "\n";
+  text +=
+      "# Use: NCCL_TUNER_PLUGIN=/path/to/libnccl-tuner-collie.so COLLIE_NCCL_POLICY=THIS_FILE\n"
+      "# COLLECTIVE RANKS FROM_BYTES ALGORITHM: NCCL runs ALGORITHM from FROM_BYTES on for\n"
+      "# communicators of RANKS ranks; '-' (no NCCL algorithm runs the collie scheduler's\n"
+      "# schedule) and other sizes leave NCCL's own choice.\n";
+  forEachRange(rules, [&](uint64_t from, const RuleChoice& choice) {
+    const std::string algorithm = ncclEquivalent(rules.collective, choice);
+    text += fmt::format("{} {} {} {}  # {}: {}\n", rules.collective, rules.world_size, from,
+                        algorithm.empty() ? "-" : algorithm, rangeText(from), choice.name());
+  });
+  return text;
+}
+
+std::string writeNcclPolicy(const std::string& dir, const RulesFile& rules,
+                            const std::string& comment) {
+  const std::string path = (fs::path(dir) / "nccl-tuner.policy").string();
+  detail::writeFileAtomically(path, ncclPolicyText(rules, comment));
   return path;
 }
 

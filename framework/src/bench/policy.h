@@ -1,8 +1,8 @@
 // auto's decisions for other libraries (`collie run --emit-policy DIR`): the fastest measured
-// scheduler per size range, as Open MPI's coll/tuned dynamic rules, each collie scheduler
-// mapped to the Open MPI 4.1 algorithm that computes the same schedule (or to Open MPI's own
-// decision where none does). Open MPI ignores a malformed rules file without a word, so the
-// writer reads its own file back and refuses one that does not say what it meant.
+// scheduler per size range, as NCCL's tuner policy and as Open MPI's coll/tuned dynamic rules, each
+// collie scheduler mapped to the Open MPI 4.1 algorithm that computes the same schedule (or to Open
+// MPI's own decision where none does). Open MPI ignores a malformed rules file without a word, so
+// the writer reads its own file back and refuses one that does not say what it meant.
 #pragma once
 
 #include <cstdint>
@@ -55,5 +55,15 @@ OpenMpiPolicy readOpenMpiRules(const std::string& text, int world_size);
 // not hold the policy), and returns its path.
 std::string writeOpenMpiRules(const std::string& dir, const OpenMpiPolicy& policy,
                               const std::string& comment);
+
+// NCCL's side (tools/nccl_tuner: libnccl-tuner-collie.so reads the file): the NCCL
+// algorithm ("ring", "tree") that runs `choice`'s schedule, or "" when none does.
+std::string ncclEquivalent(const std::string& collective, const RuleChoice& choice);
+// The tuner's policy of `rules`: one line "COLLECTIVE RANKS FROM_BYTES ALGORITHM" per size
+// range ('-': NCCL decides), '#' comments.
+std::string ncclPolicyText(const RulesFile& rules, const std::string& comment);
+// Writes it as DIR/nccl-tuner.policy; returns the path.
+std::string writeNcclPolicy(const std::string& dir, const RulesFile& rules,
+                            const std::string& comment);
 
 }  // namespace collie::bench
