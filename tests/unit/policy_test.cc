@@ -31,8 +31,8 @@ TEST(OpenMpiPolicy, EachRangeGetsTheEquivalentAlgorithmOrOpenMpisOwnDecision) {
   EXPECT_EQ(policy.ranges[1].scheduler, "tree{segment_bytes: 65536}");
   EXPECT_EQ(policy.ranges[2].min_bytes, (1u << 20) + 1);
   EXPECT_EQ(policy.ranges[2].algorithm.id, 4);  // a path to the ring plugin is ring
-  EXPECT_EQ(openMpiEquivalent("allreduce", RuleChoice{"halving_doubling", {}}).name,
-            "rabenseifner");
+  // halving_doubling halves farthest partner first, Open MPI's rabenseifner nearest first.
+  EXPECT_EQ(openMpiEquivalent("allreduce", RuleChoice{"halving_doubling", {}}).id, 0);
   EXPECT_EQ(openMpiEquivalent("allgather", RuleChoice{"bruck", {}}).id, 2);
   EXPECT_EQ(openMpiEquivalent("allgather", RuleChoice{"recursive_doubling", {}}).id, 0);
 }
@@ -67,6 +67,23 @@ TEST(OpenMpiPolicy, AMalformedFileIsRefusedNamingWhy) {
   EXPECT_NE(refusal("1 2 1 4 1 0 4 0 0 7").find("numbers after the last rule"), std::string::npos);
   EXPECT_NE(refusal("1 2 1 4 1 0 -4 0 0").find("'-' where an algorithm"), std::string::npos);
   EXPECT_EQ(refusal("# a comment 12\n1 2 1 4 1 0 4 0 0 # ring\n"), "(read)");
+}
+
+// A measured range that ends at a size, as the last one, leaves larger sizes to Open MPI;
+// rules whose sizes do not ascend are not written.
+TEST(OpenMpiPolicy, RangesAreWhatTheRulesCoverAndNoMore) {
+  RulesFile ends = measured();
+  ends.rules.back().max_bytes = 8 << 20;
+  const OpenMpiPolicy policy = openMpiPolicy(ends);
+  ASSERT_EQ(policy.ranges.size(), 4u);
+  EXPECT_EQ(policy.ranges[3].min_bytes, (8u << 20) + 1);
+  EXPECT_EQ(policy.ranges[3].algorithm.id, 0);
+  RulesFile shadowed = measured();
+  shadowed.rules[1].max_bytes = 1024;  // below the first rule's 32 KiB
+  EXPECT_THROW(openMpiPolicy(shadowed), InternalError);
+  RulesFile early_any = measured();
+  early_any.rules[0].max_bytes = 0;  // "any size" before the last rule
+  EXPECT_THROW(openMpiPolicy(early_any), InternalError);
 }
 
 TEST(OpenMpiPolicy, ACollectiveOpenMpisRulesCannotNameIsRefused) {

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -91,14 +92,15 @@ std::string readPolicy(const std::string& path, size_t ranks, std::vector<Range>
   return "";
 }
 
-Result init(size_t n_ranks, size_t, Logger log, void** context) {
-  auto* state = new Context;
-  *context = state;
+Result init(size_t n_ranks, size_t, Logger log, void** context) noexcept try {
+  *context = nullptr;
+  auto state = std::make_unique<Context>();
   const char* path = std::getenv("COLLIE_NCCL_POLICY");
   if (path == nullptr || *path == '\0') {
     if (log != nullptr)
       log(kLogWarn, kLogTuning, __FILE__, __LINE__,
           "collie tuner: COLLIE_NCCL_POLICY is not set: NCCL decides every collective");
+    *context = state.release();
     return kSuccess;
   }
   const std::string why = readPolicy(path, n_ranks, &state->ranges);
@@ -106,19 +108,20 @@ Result init(size_t n_ranks, size_t, Logger log, void** context) {
     if (log != nullptr)
       log(kLogWarn, kLogTuning, __FILE__, __LINE__, "collie tuner: %s", why.c_str());
     std::fprintf(stderr, "collie tuner: %s\n", why.c_str());
-    delete state;
-    *context = nullptr;
     return kInvalidUsage;
   }
   if (log != nullptr)
     log(kLogInfo, kLogTuning, __FILE__, __LINE__,
         "collie tuner: %zu size range(s) from %s for %zu ranks", state->ranges.size(), path,
         n_ranks);
+  *context = state.release();
   return kSuccess;
+} catch (...) {  // out of memory: NCCL decides, and no exception crosses into NCCL
+  return kInternalError;
 }
 
 Result getCollInfo(void* context, Function collective, size_t bytes, int, float** cost_table,
-                   int algorithms, int protocols, int, int*) {
+                   int algorithms, int protocols, int, int*) noexcept {
   const auto* state = static_cast<const Context*>(context);
   if (state == nullptr || cost_table == nullptr || protocols > kProtocols) return kSuccess;
   const Range* chosen = nullptr;
@@ -139,7 +142,7 @@ Result getCollInfo(void* context, Function collective, size_t bytes, int, float*
   return kSuccess;
 }
 
-Result destroy(void* context) {
+Result destroy(void* context) noexcept {
   delete static_cast<Context*>(context);
   return kSuccess;
 }

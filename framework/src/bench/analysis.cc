@@ -93,19 +93,21 @@ CrossoverChecks checkCrossovers(const std::vector<Row>& rows) {
   CrossoverChecks checks;
   for (const Crossover& p : crossovers(rows, true)) {
     CrossoverCheck check{p, std::nullopt, false};
+    size_t kept = measured.size();  // the measured crossover set beside this one
     for (size_t i = 0; i < measured.size(); ++i) {
       const Crossover& m = measured[i];
       if (m.run != p.run || m.from != p.from || m.to != p.to) continue;
       // The change lies strictly between `below` (the old winner's) and `above` (the new
       // one's): the two agree when some point lies between both pairs.
       const bool overlaps = p.below < m.above && m.below < p.above;
-      // The nearest one of the pair, an agreeing one first.
+      // The first of the pair in size order, unless a later one agrees.
       if (!check.measured || (overlaps && !check.agrees)) {
         check.measured = m;
         check.agrees = overlaps;
-        matched[i] = true;
+        kept = i;
       }
     }
+    if (kept < measured.size()) matched[kept] = true;
     checks.predicted.push_back(std::move(check));
   }
   for (size_t i = 0; i < measured.size(); ++i) {
@@ -175,6 +177,9 @@ RulesFile bestRules(const std::vector<Row>& rows,
   for (size_t i = 0; i < sizes.size(); ++i) {
     const bool last = i + 1 == sizes.size();
     if (!last && chosen[i + 1] == chosen[i]) continue;
+    // A rule's max_bytes 0 means "any size": a measured 0-byte size (a minimum below one
+    // element) ends no range but the last, or every larger size would get its choice.
+    if (!last && sizes[i]->bytes == 0) continue;
     file.rules.push_back({last ? 0 : sizes[i]->bytes, choiceOf(chosen[i])});
   }
   return file;

@@ -31,13 +31,13 @@ class BenchKind : public ExperimentKind {
     const config::Experiment& first = runs.front();
     // Refused before the sweep, not after it.
     if (!request.emit_policy.empty()) {
+      openMpiPolicyFor(first);  // a collective Open MPI's rules cannot name
       std::error_code ec;
       fs::create_directories(request.emit_policy, ec);
       if (ec || !fs::is_directory(request.emit_policy)) {
         throw ConfigError(fmt::format("--emit-policy {}: cannot make the folder: {}",
                                       request.emit_policy, ec ? ec.message() : "not a folder"));
       }
-      openMpiPolicyFor(first);  // a collective Open MPI's rules cannot name
     }
     const std::string rules = rulesPath(request, first);
     if (rules.empty()) return;
@@ -122,7 +122,8 @@ class BenchKind : public ExperimentKind {
     if (rules_path.empty() && request.emit_policy.empty()) return;
     RulesFile rules = bestRules(results_.front().rows, first.bench.schedulers);
     if (rules.rules.empty()) {
-      throw Error(ErrorKind::kInternal, "--emit-rules: no correct measurement to make rules from");
+      throw CommError(fmt::format("{}: no correct measurement to make rules from",
+                                  rules_path.empty() ? "--emit-policy" : "--emit-rules"));
     }
     if (!rules_path.empty()) {
       config::writeRulesFile(rules_path, rules,
@@ -137,23 +138,37 @@ class BenchKind : public ExperimentKind {
   // The policy files of --emit-policy, and what each size range became in each.
   static void writePolicy(const RunRequest& request, const RulesFile& rules) {
     const std::string measured = fmt::format("written by collie " COLLIE_VERSION
-                                             " from {}: the fastest measured {} per "
-                                             "size range on {} ranks",
-                                             request.config, rules.collective, rules.world_size);
+                                             " from {} (its first run): the fastest measured {} "
+                                             "per size range on {} ranks over {}",
+                                             request.config, rules.collective, rules.world_size,
+                                             rules.backend.empty() ? "its backend" : rules.backend);
     const OpenMpiPolicy policy = openMpiPolicy(rules);
     const std::string nccl =
         writeNcclPolicy(request.emit_policy, rules, "NCCL tuner policy, " + measured);
     const std::string open_mpi = writeOpenMpiRules(
         request.emit_policy, policy, "Open MPI coll/tuned dynamic rules, " + measured);
-    std::cout << "# NCCL policy: " << nccl << " (NCCL_TUNER_PLUGIN=" << ncclTunerPath()
+    const std::string tuner = ncclTunerPath();
+    std::cout << "# NCCL policy: " << nccl
+              << " (NCCL_TUNER_PLUGIN=" << (tuner.empty() ? "libnccl-tuner-collie.so" : tuner)
               << " COLLIE_NCCL_POLICY=" << nccl << ")" << std::endl;
+    if (tuner.empty()) {
+      std::cout << "#   (libnccl-tuner-collie.so is not built here: cmake --build build --target "
+                   "nccl_tuner_collie)"
+                << std::endl;
+    }
     std::cout << "# Open MPI policy: " << open_mpi
               << " (mpirun --mca coll_tuned_use_dynamic_rules 1 --mca "
                  "coll_tuned_dynamic_rules_filename "
               << open_mpi << ")" << std::endl;
-    size_t i = 0;
-    for (const auto& r : policy.ranges) {
-      const std::string algorithm = ncclEquivalent(rules.collective, rules.rules[i++].choice);
+    if (rules.world_size < 2) {
+      logWarn(
+          "--emit-policy: measured on one rank; Open MPI and NCCL choose no algorithm for "
+          "a communicator of one rank, so the policy changes nothing");
+    }
+    for (size_t i = 0; i < policy.ranges.size(); ++i) {
+      const auto& r = policy.ranges[i];
+      const std::string algorithm =
+          i < rules.rules.size() ? ncclEquivalent(rules.collective, rules.rules[i].choice) : "";
       std::cout << "#   " << rangeText(r.min_bytes) << ": " << r.scheduler << ": NCCL "
                 << (algorithm.empty() ? std::string("decides") : algorithm) << ", Open MPI "
                 << (r.algorithm.id == 0 ? std::string("decides")
@@ -165,10 +180,14 @@ class BenchKind : public ExperimentKind {
   }
 
   // Where NCCL finds collie's tuner: beside libcollie_core in this build or installation.
+  // "" when neither has it.
   static std::string ncclTunerPath() {
-    const fs::path lib =
-        fs::path(selfExecutable()).parent_path().parent_path() / "lib" / "libnccl-tuner-collie.so";
-    return fs::exists(lib) ? lib.string() : "libnccl-tuner-collie.so (not built here)";
+    for (const fs::path& lib : {fs::path(selfExecutable()).parent_path().parent_path() / "lib",
+                                fs::path(COLLIE_INSTALL_PLUGIN_DIR).parent_path()}) {
+      if (fs::exists(lib / "libnccl-tuner-collie.so"))
+        return (lib / "libnccl-tuner-collie.so").string();
+    }
+    return "";
   }
 
   // Refuses a sweep whose policy Open MPI's rules cannot hold (its collective).

@@ -35,10 +35,12 @@ struct Equivalent {
   int id;
   const char* name;
 };
+// halving_doubling is not Open MPI's rabenseifner: collie halves with the farthest partner
+// first and folds whole messages, Open MPI doubles its distance from the nearest and swaps
+// halves in its fold, so the messages cross different links.
 constexpr Equivalent kEquivalents[] = {
     {"allreduce", "ring", 4, "ring"},
     {"allreduce", "recursive_doubling", 3, "recursive_doubling"},
-    {"allreduce", "halving_doubling", 6, "rabenseifner"},
     {"allgather", "ring", 4, "ring"},
     {"allgather", "bruck", 2, "bruck"},
 };
@@ -102,14 +104,23 @@ class Numbers {
 
 // Calls visit(first byte, choice) for each rule's size range: a rule covers the sizes above
 // the previous rule's max_bytes, the last one every larger size.
+// Rules whose sizes do not ascend, or "any size" (0) before the last, are refused; after a
+// last rule that ends at a size, larger sizes get no choice (visit(from, nullopt)).
 template <typename Visit>
 void forEachRange(const RulesFile& rules, Visit&& visit) {
   uint64_t from = 0;
-  for (const auto& rule : rules.rules) {
-    visit(from, rule.choice);
-    if (rule.max_bytes == 0) break;
+  for (size_t i = 0; i < rules.rules.size(); ++i) {
+    const auto& rule = rules.rules[i];
+    const bool last = i + 1 == rules.rules.size();
+    if ((rule.max_bytes == 0 && !last) || (rule.max_bytes != 0 && rule.max_bytes < from) ||
+        rule.max_bytes == UINT64_MAX) {
+      throw InternalError("--emit-policy: the rules' sizes do not ascend to a last 'any size'");
+    }
+    visit(from, std::optional<RuleChoice>(rule.choice));
+    if (rule.max_bytes == 0) return;
     from = rule.max_bytes + 1;
   }
+  visit(from, std::optional<RuleChoice>());
 }
 
 // `text` on one line: a file name in a comment must not end it.
@@ -121,7 +132,8 @@ std::string oneLine(std::string text) {
 }
 
 // collie scheduler -> the NCCL algorithm that runs its schedule: NCCL's ring is collie's
-// ring, and NCCL's tree is the double binary tree collie's double_binary_tree builds.
+// ring, and NCCL's tree is the double binary tree collie's double_binary_tree builds between
+// nodes (inside a node NCCL chains the ranks: the two match with one rank per node).
 constexpr Equivalent kNcclEquivalents[] = {
     {"allreduce", "ring", 1, "ring"},
     {"allreduce", "double_binary_tree", 0, "tree"},
@@ -161,8 +173,10 @@ OpenMpiPolicy openMpiPolicy(const RulesFile& rules) {
   }
   policy.collective_id = ids->open_mpi;
   policy.world_size = rules.world_size;
-  forEachRange(rules, [&](uint64_t from, const RuleChoice& choice) {
-    policy.ranges.push_back({from, openMpiEquivalent(rules.collective, choice), choice.name()});
+  forEachRange(rules, [&](uint64_t from, const std::optional<RuleChoice>& choice) {
+    policy.ranges.push_back(
+        {from, choice ? openMpiEquivalent(rules.collective, *choice) : OpenMpiAlgorithm{},
+         choice ? oneLine(choice->name()) : "not measured"});
   });
   return policy;
 }
@@ -271,10 +285,11 @@ std::string ncclPolicyText(const RulesFile& rules, const std::string& comment) {
       "# COLLECTIVE RANKS FROM_BYTES ALGORITHM: NCCL runs ALGORITHM from FROM_BYTES on for\n"
       "# communicators of RANKS ranks; '-' (no NCCL algorithm runs the collie scheduler's\n"
       "# schedule) and other sizes leave NCCL's own choice.\n";
-  forEachRange(rules, [&](uint64_t from, const RuleChoice& choice) {
-    const std::string algorithm = ncclEquivalent(rules.collective, choice);
+  forEachRange(rules, [&](uint64_t from, const std::optional<RuleChoice>& choice) {
+    const std::string algorithm = choice ? ncclEquivalent(rules.collective, *choice) : "";
     text += fmt::format("{} {} {} {}  # {}: {}\n", rules.collective, rules.world_size, from,
-                        algorithm.empty() ? "-" : algorithm, rangeText(from), choice.name());
+                        algorithm.empty() ? "-" : algorithm, rangeText(from),
+                        choice ? oneLine(choice->name()) : "not measured");
   });
   return text;
 }

@@ -154,8 +154,9 @@ int dispatch(int argc, char** argv) {
   run->add_option("--emit-rules", opt.run.emit_rules,
                   "write the fastest measured scheduler per size range, as rules for auto");
   run->add_option("--emit-policy", opt.run.emit_policy,
-                  "write the same choices into DIR for other libraries: Open MPI's coll/tuned "
-                  "dynamic rules (openmpi-coll-tuned.rules)")
+                  "write the same choices into DIR for other libraries: NCCL's (nccl-tuner.policy, "
+                  "for libnccl-tuner-collie.so) and Open MPI's coll/tuned dynamic rules "
+                  "(openmpi-coll-tuned.rules)")
       ->type_name("DIR");
   auto* launch = app.add_subcommand(
       "launch", "run an experiment across nodes: start this node's workers (one per rank)");
