@@ -48,6 +48,10 @@ class BenchKind : public ExperimentKind {
     }
   }
 
+  // A bench runs on a simulator, and a restart measures again from the start.
+  void checkSimulated(const config::Experiment&) const override {}
+  Restart restartOf(const config::Experiment&) const override { return {}; }
+
   void runInThreads(const PluginLoader& loader, const config::Experiment& e,
                     const fs::path& out) override {
     results_.push_back(run(loader, e, out.string()));

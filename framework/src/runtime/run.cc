@@ -322,8 +322,8 @@ void writeErrorFile(const fs::path& out, const config::Experiment& e, size_t ind
 // The launcher's part of run `index`: this node's workers, restarted after a failure as
 // launch.max_restarts allows. On node 0 the result is then at resultPath(out, index); a
 // failure that ends the run is also in OUT/error.json.
-void launchRun(const RunRequest& request, const config::Experiment& e, size_t index,
-               const fs::path& out) {
+void launchRun(const RunRequest& request, const ExperimentKind& kind, const config::Experiment& e,
+               size_t index, const fs::path& out) {
   LaunchSpec spec;
   spec.argv = collieAgain(request, out);
   spec.nproc = e.nproc_per_node;
@@ -343,13 +343,8 @@ void launchRun(const RunRequest& request, const config::Experiment& e, size_t in
     spec.watch.stall_warning = e.debug.stall_warning;
     spec.watch.progress_run = e.matrix_index;
   }
-  const bool training = e.kind == config::Experiment::Kind::kTrain;
-  if (e.max_restarts > 0 && training && e.train.checkpoint_dir.empty()) {
-    logWarn(fmt::format(
-        "launch.max_restarts is {} but train.checkpoint_dir is not set: a restart trains "
-        "from step 0",
-        e.max_restarts));
-  }
+  const ExperimentKind::Restart restart = kind.restartOf(e);
+  if (e.max_restarts > 0 && !restart.warning.empty()) logWarn(restart.warning);
   for (int attempt = 0;; ++attempt) {
     // Consecutive runs of one file use consecutive ports, so that a late rank never reaches
     // the previous run's store; a restart reuses its run's port (the old store is gone).
@@ -369,10 +364,7 @@ void launchRun(const RunRequest& request, const config::Experiment& e, size_t in
         request.nnodes == 1) {
       logWarn(fmt::format("run {} ({}) failed: {}; restarting all {} workers (restart {} of {}){}",
                           index + 1, e.name, outcome.failure, e.nproc_per_node, attempt + 1,
-                          e.max_restarts,
-                          training && !e.train.checkpoint_dir.empty()
-                              ? " from the newest checkpoint in " + e.train.checkpoint_dir
-                              : std::string()));
+                          e.max_restarts, restart.from));
       continue;
     }
     std::string message =
@@ -471,13 +463,7 @@ int runExperiments(const RunRequest& request, const std::vector<config::Experime
     const bool threads = runsInProcess(loader, e.backend.plugin);
     const bool simulated =
         threads && pluginInfo(*loader.open(PluginKind::kBackend, e.backend.plugin)).runs_ranks;
-    if (simulated && e.kind == config::Experiment::Kind::kTrain) {
-      throw ConfigError(fmt::format(
-          "backend '{}' simulates its ranks (SimGrid actors in simulated time), which the bench "
-          "and plugin-check use; training runs on a real backend. HINT: use gloo, ucx, nccl or "
-          "loopback for train experiments",
-          e.backend.label));
-    }
+    if (simulated) kind->checkSimulated(e);
     if (!simulated && e.nproc_per_node > config::kMostLocalRanks) {
       throw ConfigError(fmt::format(
           "launch.nproc_per_node {} is more ranks than one machine runs ({} at most); only a "
@@ -529,7 +515,7 @@ int runExperiments(const RunRequest& request, const std::vector<config::Experime
       if (on_lab) {
         parts.run_on_lab(request, e, i, out);  // node 0 of the lab leaves the result here
       } else {
-        launchRun(request, e, i, out);
+        launchRun(request, *kind, e, i, out);
         // Node 0's launcher reports; on a lab host, the launcher that started the hosts does.
         if (request.node_rank != 0 || request.only_run >= 0) continue;
       }

@@ -43,6 +43,16 @@ class ExperimentKind {
   // Refuses, before anything runs, what the request asks that this kind cannot do.
   virtual void checkRequest(const RunRequest& request, const std::vector<config::Experiment>& runs,
                             const PluginLoader& loader) const = 0;
+  // Refuses run `e` over a backend that simulates its ranks (SimGrid), when this kind needs a
+  // real one; says nothing otherwise. ConfigError naming the backend.
+  virtual void checkSimulated(const config::Experiment& e) const = 0;
+  // Where a restart of run `e` (launch.max_restarts) takes up: " from the newest checkpoint
+  // in DIR", or "" from the start; and a warning for the user when that loses work ("").
+  struct Restart {
+    std::string from;
+    std::string warning;
+  };
+  virtual Restart restartOf(const config::Experiment& e) const = 0;
   // Runs `e` with its ranks as threads of this process (an in-process backend).
   virtual void runInThreads(const PluginLoader& loader, const config::Experiment& e,
                             const std::filesystem::path& out) = 0;

@@ -36,6 +36,23 @@ class TrainKind : public ExperimentKind {
     if (first.train.cuda) rankDevice("cuda", 0);
   }
 
+  void checkSimulated(const config::Experiment& e) const override {
+    throw ConfigError(fmt::format(
+        "backend '{}' simulates its ranks (SimGrid actors in simulated time), which the bench "
+        "and plugin-check use; training runs on a real backend. HINT: use gloo, ucx, nccl or "
+        "loopback for train experiments",
+        e.backend.label));
+  }
+
+  Restart restartOf(const config::Experiment& e) const override {
+    if (e.train.checkpoint_dir.empty()) {
+      return {"", fmt::format("launch.max_restarts is {} but train.checkpoint_dir is not set: a "
+                              "restart trains from step 0",
+                              e.max_restarts)};
+    }
+    return {" from the newest checkpoint in " + e.train.checkpoint_dir, ""};
+  }
+
   void runInThreads(const PluginLoader& loader, const config::Experiment& e,
                     const fs::path& out) override {
     results_.push_back(run(loader, e, out.string()));
