@@ -102,6 +102,19 @@ TEST(BenchAnalysis, APredictedCrossoverAgreesWhenItFallsWhereTheMeasurementPutsI
   EXPECT_EQ(reversed.unpredicted[0].from, "tree");
 }
 
+// A size below one element is measured as 0 bytes; a rule's max_bytes 0 means "any size",
+// so that size must not end a range before the last (it would give its winner every size).
+TEST(BenchAnalysis, AZeroByteSizeEndsNoRuleButTheLast) {
+  const std::vector<Row> rows = {row("tree", 0, 1, 2, 3),     row("ring", 0, 10, 11, 12),
+                                 row("tree", 8, 30, 31, 32),  row("ring", 8, 10, 11, 12),
+                                 row("tree", 16, 30, 31, 32), row("ring", 16, 10, 11, 12)};
+  const RulesFile rules = bestRules(rows, {});
+  ASSERT_FALSE(rules.rules.empty());
+  for (size_t i = 0; i + 1 < rules.rules.size(); ++i) EXPECT_NE(rules.rules[i].max_bytes, 0u) << i;
+  EXPECT_EQ(rules.rules.back().max_bytes, 0u);
+  EXPECT_EQ(rules.rules.back().choice.plugin, "ring");
+}
+
 TEST(BenchAnalysis, NoiseAloneMakesNoCrossover) {
   // The medians alternate, as noise makes them, but every range overlaps.
   std::vector<Row> rows;

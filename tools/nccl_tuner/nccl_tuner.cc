@@ -116,7 +116,8 @@ Result init(size_t n_ranks, size_t, Logger log, void** context) noexcept try {
         n_ranks);
   *context = state.release();
   return kSuccess;
-} catch (...) {  // out of memory: NCCL decides, and no exception crosses into NCCL
+} catch (...) {  // out of memory: the communicator's set-up fails, and no exception crosses
+                 // into NCCL
   return kInternalError;
 }
 

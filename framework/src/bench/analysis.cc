@@ -96,7 +96,8 @@ CrossoverChecks checkCrossovers(const std::vector<Row>& rows) {
     size_t kept = measured.size();  // the measured crossover set beside this one
     for (size_t i = 0; i < measured.size(); ++i) {
       const Crossover& m = measured[i];
-      if (m.run != p.run || m.from != p.from || m.to != p.to) continue;
+      // One predicted crossover to one measured: one already set beside another is not.
+      if (matched[i] || m.run != p.run || m.from != p.from || m.to != p.to) continue;
       // The change lies strictly between `below` (the old winner's) and `above` (the new
       // one's): the two agree when some point lies between both pairs.
       const bool overlaps = p.below < m.above && m.below < p.above;

@@ -126,8 +126,9 @@ class BenchKind : public ExperimentKind {
     if (rules_path.empty() && request.emit_policy.empty()) return;
     RulesFile rules = bestRules(results_.front().rows, first.bench.schedulers);
     if (rules.rules.empty()) {
-      throw CommError(fmt::format("{}: no correct measurement to make rules from",
-                                  rules_path.empty() ? "--emit-policy" : "--emit-rules"));
+      throw Error(ErrorKind::kInternal,
+                  fmt::format("{}: no correct measurement to make rules from",
+                              rules_path.empty() ? "--emit-policy" : "--emit-rules"));
     }
     if (!rules_path.empty()) {
       config::writeRulesFile(rules_path, rules,
@@ -183,7 +184,8 @@ class BenchKind : public ExperimentKind {
               << std::endl;
   }
 
-  // Where NCCL finds collie's tuner: beside libcollie_core in this build or installation.
+  // Where NCCL finds collie's tuner: this build's lib folder (beside bin/collie), or the
+  // installation's library folder.
   // "" when neither has it.
   static std::string ncclTunerPath() {
     for (const fs::path& lib : {fs::path(selfExecutable()).parent_path().parent_path() / "lib",

@@ -28,7 +28,7 @@ constexpr CollectiveIds kCollectiveIds[] = {{"allreduce", 2}, {"allgather", 0}};
 // collie scheduler -> the coll_tuned algorithm that sends the same messages in the same
 // order (Open MPI 4.1: `ompi_info --param coll tuned --level 9` lists them). collie's ring
 // cuts a block into chunks it sends one after another, which changes no message's path or
-// order of reduction; halving_doubling is Rabenseifner's recursive halving then doubling.
+// order of reduction.
 struct Equivalent {
   const char* collective;
   const char* scheduler;
