@@ -27,12 +27,11 @@ namespace {
 constexpr int kExitRunFailed = 1;
 
 // The kind of the plugin NAME names: its descriptor says, for a path; the file that exists,
-// for a bare name.
+// for a bare name (found without loading any: a scan would load every plugin, models and
+// their LibTorch included, in every worker).
 PluginKind kindOf(const PluginLoader& loader, const std::string& name) {
   if (name.find('/') != std::string::npos) return pluginInfo(*openPluginFile(name, nullptr)).kind;
-  for (const auto& info : loader.scan().found) {
-    if (info.kind == PluginKind::kBackend && info.name == name) return PluginKind::kBackend;
-  }
+  if (!loader.find(PluginKind::kBackend, name).empty()) return PluginKind::kBackend;
   return PluginKind::kScheduler;  // open() then explains what was not found
 }
 

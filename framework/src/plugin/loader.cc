@@ -277,18 +277,24 @@ std::vector<std::string> PluginLoader::openedFiles() const {
   return {opened_.begin(), opened_.end()};
 }
 
+std::string PluginLoader::find(PluginKind kind, const std::string& name) const {
+  for (const auto& dir : dirs_) {
+    fs::path candidate = fs::path(dir) / fileName(kind, name);
+    std::error_code ec;
+    if (fs::exists(candidate, ec)) return candidate.string();
+  }
+  return "";
+}
+
 std::shared_ptr<PluginLibrary> PluginLoader::resolve(PluginKind kind,
                                                      const std::string& name_or_path) const {
   if (name_or_path.find('/') != std::string::npos) return openPluginFile(name_or_path, &kind);
-  std::string file = fileName(kind, name_or_path);
-  for (const auto& dir : dirs_) {
-    fs::path candidate = fs::path(dir) / file;
-    std::error_code ec;
-    if (!fs::exists(candidate, ec)) continue;
-    auto library = openPluginFile(candidate.string(), &kind);
+  const std::string file = fileName(kind, name_or_path);
+  if (const std::string candidate = find(kind, name_or_path); !candidate.empty()) {
+    auto library = openPluginFile(candidate, &kind);
     if (library->info.name != name_or_path) {
       reject(
-          candidate.string(),
+          candidate,
           "declares name '" + library->info.name + "' but was looked up as '" + name_or_path + "'",
           "the file name must be " + fileName(kind, library->info.name));
     }

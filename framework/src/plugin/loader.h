@@ -58,6 +58,10 @@ class PluginLoader {
   // Every libcollie_*.so in the search path, validated (descriptors only; no create()).
   Scan scan() const;
 
+  // The file a bare name of `kind` resolves to along the search path ("" when there is
+  // none); nothing is loaded.
+  std::string find(PluginKind kind, const std::string& name) const;
+
   // Resolves a bare name ("ring": libcollie_scheduler_ring.so along the search path) or a
   // path (anything with '/') and validates it for `kind`. Throws PluginError.
   std::shared_ptr<PluginLibrary> open(PluginKind kind, const std::string& name_or_path) const;
