@@ -43,6 +43,7 @@ if(Torch_VERSION)
 else()
   set(COLLIE_TORCH_VERSION "unknown")
 endif()
+set(COLLIE_TORCH_CUDA 0)
 add_library(collie_torch INTERFACE)
 target_include_directories(collie_torch SYSTEM INTERFACE "${COLLIE_TORCH_INCLUDE_DIR}")
 target_link_libraries(collie_torch INTERFACE "${COLLIE_TORCH_CPU_LIBRARY}" "${COLLIE_C10_LIBRARY}")
@@ -50,6 +51,7 @@ if(COLLIE_TORCH_CUDA_LIBRARY AND COLLIE_C10_CUDA_LIBRARY)
   # The plugin fingerprint records it: a plugin built against the CPU-only LibTorch of the
   # same version is another build.
   string(APPEND COLLIE_TORCH_VERSION "+cuda")
+  set(COLLIE_TORCH_CUDA 1)
   target_link_libraries(collie_torch INTERFACE -Wl,--no-as-needed "${COLLIE_TORCH_CUDA_LIBRARY}"
                         "${COLLIE_C10_CUDA_LIBRARY}" -Wl,--as-needed)
 endif()

@@ -1,4 +1,5 @@
-# cmake --install: the executable, libcollie_core, the public headers, the shipped plugins and
+# cmake --install: the executable and its libraries (libcollie_app, libcollie_torch),
+# libcollie_core, the public headers, the shipped plugins and
 # a CMake package so that out-of-tree plugins can find_package(collie).
 include(CMakePackageConfigHelpers)
 
@@ -6,6 +7,7 @@ install(TARGETS collie collie_core EXPORT collieTargets
   RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}"
   LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}"
   INCLUDES DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
+install(TARGETS collie_app collie_torch_runtime LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}")
 install(DIRECTORY framework/include/collie DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
   FILES_MATCHING PATTERN "*.h" PATTERN "*.in" EXCLUDE)
 install(FILES "${CMAKE_BINARY_DIR}/generated/collie/config.h"

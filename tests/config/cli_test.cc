@@ -172,6 +172,30 @@ TEST(Cli, MissingPluginIsAHardErrorWithAHint) {
   expectBadInput(r, "no backend plugin named 'mpi'");
 }
 
+// An installation without libcollie_torch.so (the part that links LibTorch): a bench still
+// runs, since nothing but training loads it, and training names the file it cannot load.
+TEST(Cli, TrainingWithoutTheLibTorchPartNamesTheMissingFile) {
+  namespace fs = std::filesystem;
+  const fs::path lib = fs::path(COLLIE_TEST_BINARY).parent_path().parent_path() / "lib";
+  const fs::path dir = fs::path(writeTempFile("no-libtorch-part.txt", "")).parent_path() / "lib";
+  fs::create_directories(dir);
+  for (const std::string& file :
+       {std::string("libcollie_app.so"), "libcollie_core.so." + std::to_string(COLLIE_ABI_MAJOR)}) {
+    fs::copy_file(lib / file, dir / file, fs::copy_options::overwrite_existing);
+  }
+  // The copies come first on the library path, so they are the ones this collie runs with.
+  const std::vector<std::string> env = {"LD_LIBRARY_PATH=" + dir.string(),
+                                        "COLLIE_PLUGIN_PATH=" + (lib / "collie").string()};
+  auto r = runCollie(args({"run", kRingVsTree}, kShort), env);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const std::string quickstart = std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/quickstart.yaml";
+  r = runCollie({"run", quickstart, "--set", "train.steps=2"}, env);
+  expectBadInput(r, "cannot load collie's LibTorch part " + (dir / "libcollie_torch.so").string());
+  r = runCollie({"--version"}, env);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("LibTorch (for training): not loadable"), std::string::npos) << r.output;
+}
+
 TEST(Cli, UnknownPluginParamIsRejected) {
   auto r = runCollie(args({"run", kRingVsTree, "--set",
                            "bench.schedulers=[{plugin: ring, params: {chunk_byte: 4KiB}}]"},

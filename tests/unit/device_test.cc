@@ -68,13 +68,13 @@ TEST(HostStaging, NeededOnlyForDeviceBuffersTheBackendCannotMove) {
 }
 
 TEST(HostStaging, StagedCopiesAreOtherMemoryAndResultsComeBack) {
-  HostStaging staging;
+  auto staging = makeHostStaging();
   at::Tensor data = at::arange(7, at::kFloat), output = at::zeros({21}, at::kFloat);
   CollectiveArgs args;
   args.coll = Collective::kAllGather;
   args.data = bufferOf(data);
   args.output = bufferOf(output);
-  CollectiveArgs staged = staging.stageIn(args);
+  CollectiveArgs staged = staging->stageIn(args);
   ASSERT_NE(staged.data.data, args.data.data);
   ASSERT_NE(staged.output.data, args.output.data);
   EXPECT_EQ(staged.data.memory, MemoryKind::kHost);
@@ -83,16 +83,16 @@ TEST(HostStaging, StagedCopiesAreOtherMemoryAndResultsComeBack) {
   for (int i = 0; i < 7; ++i) EXPECT_EQ(in[i], static_cast<float>(i));
   auto* out = static_cast<float*>(staged.output.data);
   for (int i = 0; i < 21; ++i) out[i] = static_cast<float>(100 + i);
-  staging.stageOut(args, staged);
+  staging->stageOut(args, staged);
   EXPECT_EQ(output[20].item<float>(), 120.0f);
   EXPECT_EQ(data[6].item<float>(), 6.0f);  // an all-gather's input is not written back
-  EXPECT_GE(staging.heldBytes(), 28u * 4u);
+  EXPECT_GE(staging->heldBytes(), 28u * 4u);
   // The next staging of a larger message grows the buffers; a smaller one reuses them.
   args.coll = Collective::kAllReduce;
   args.output = Buffer();
-  const size_t held = staging.heldBytes();
-  staging.stageIn(args);
-  EXPECT_EQ(staging.heldBytes(), held);
+  const size_t held = staging->heldBytes();
+  staging->stageIn(args);
+  EXPECT_EQ(staging->heldBytes(), held);
 }
 
 // Every collective of the trainer and the weight check, on 3 loopback ranks, through host

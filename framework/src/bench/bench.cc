@@ -3,8 +3,6 @@
 
 #include <fmt/format.h>
 
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -315,7 +313,6 @@ double busFactor(Collective coll, int n) {
 
 Result run(const PluginLoader& loader, const config::Experiment& experiment,
            const std::string& out_dir) {
-  at::set_num_threads(experiment.threads_per_rank);
   return runInProcessForRank0<Result>(
       loader, experiment.backend, experiment.nproc_per_node, [&](std::shared_ptr<Backend> backend) {
         const Topology topology = topologyOf(*backend, experiment.topology);
@@ -326,7 +323,6 @@ Result run(const PluginLoader& loader, const config::Experiment& experiment,
 Result runRank(const PluginLoader& loader, const config::Experiment& experiment,
                std::shared_ptr<Backend> backend, const Topology& topology,
                const std::string& out_dir) {
-  at::set_num_threads(experiment.threads_per_rank);
   RankBench bench(loader, experiment, std::move(backend), topology, out_dir);
   return bench.run();
 }

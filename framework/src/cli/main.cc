@@ -19,14 +19,13 @@
 #include "lab/lab.h"
 #include "lab/lab_job.h"
 #include "plugin/loader.h"
-#include "runtime/device.h"
 #include "runtime/environment.h"
 #include "runtime/flight_recorder.h"
 #include "runtime/job.h"
 #include "runtime/launcher.h"
 #include "runtime/progress.h"
 #include "runtime/run.h"
-#include "train/trainer.h"
+#include "runtime/torch_runtime.h"
 #include "util/system.h"
 
 namespace collie {
@@ -51,7 +50,8 @@ void applyLogLevel(const std::string& cli_level, LogLevel config_level) {
 }
 
 std::unique_ptr<ExperimentKind> kindFor(config::Experiment::Kind kind) {
-  return kind == config::Experiment::Kind::kTrain ? train::makeKind() : bench::makeKind();
+  if (kind == config::Experiment::Kind::kTrain) return torchRuntime().train_kind();
+  return bench::makeKind();
 }
 
 int runCommand(const RunRequest& request) {
@@ -129,6 +129,12 @@ void printVersion() {
             << "build fingerprint: " << COLLIE_BUILD_FINGERPRINT
             << " (model plugins: " << COLLIE_TORCH_FINGERPRINT << ")\n"
             << "BLAS: " << detail::blasInUse() << "\n";
+  // What training runs with: LibTorch is loaded only by the processes that train.
+  try {
+    std::cout << "LibTorch (for training): " << torchRuntime().describe() << "\n";
+  } catch (const Error& e) {
+    std::cout << "LibTorch (for training): not loadable: " << e.what() << "\n";
+  }
 }
 
 void addConfigOptions(CLI::App* cmd, RunRequest& opt) {

@@ -17,10 +17,11 @@
 #include "config/experiment.h"
 #include "plugin/loader.h"
 #include "runtime/control.h"
-#include "runtime/device.h"
 #include "runtime/environment.h"
 #include "runtime/faults.h"
 #include "runtime/flight_recorder.h"
+#include "runtime/staging.h"
+#include "runtime/torch_runtime.h"
 #include "runtime/trace.h"
 
 namespace collie {
@@ -127,7 +128,7 @@ bool Communicator::runScheduler(Scheduler& scheduler, const CollectiveArgs& args
     scheduler.run(args, *backend_, topology_);
     return false;
   }
-  if (!staging_) staging_ = std::make_unique<HostStaging>();
+  if (!staging_) staging_ = torchRuntime().host_staging();
   const CollectiveArgs staged = staging_->stageIn(args);
   scheduler.run(staged, *backend_, topology_);
   staging_->stageOut(args, staged);

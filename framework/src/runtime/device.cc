@@ -192,10 +192,11 @@ DeviceMemoryOps cudaOps() {
   return ops;
 }
 
-// The table is there from the start of every process that links the application and a
-// LibTorch with CUDA (without one, device buffers are refused by the core, naming why); the
-// emulated device replaces it in installDeviceMemory().
-const bool kCudaInstalled = cudaInterface() != nullptr && (setDeviceMemoryOps(cudaOps()), true);
+// The table is installed as this library loads, in a process whose LibTorch has CUDA, unless
+// the emulated device was installed first (installDeviceMemory); without either, device
+// buffers are refused by the core, naming why.
+const bool kCudaInstalled = cudaInterface() != nullptr && deviceMemoryOps().allocate == nullptr &&
+                            (setDeviceMemoryOps(cudaOps()), true);
 
 bool emulated() { return deviceMemoryOps().owns != nullptr; }
 
@@ -242,20 +243,10 @@ bool tensorsOnTheEmulatedDevice() { return g_tensors_emulated.load(); }
 
 }  // namespace
 
-void installDeviceMemory(const char* setting) {
+bool emulatedDevice() {
   (void)kCudaInstalled;
-  const std::string value = setting == nullptr ? "" : setting;
-  if (value.empty() || value == "0") return;
-  if (value != "1") {
-    throw ConfigError(fmt::format(
-        "COLLIE_EMULATED_DEVICE={}: expected 1 (on) or 0 (off). HINT: 1 stands an emulated "
-        "device in for a GPU, for checking device-only paths without one (docs/running.md)",
-        value));
-  }
-  if (!emulated()) setDeviceMemoryOps(emulatedDeviceOps());
+  return emulated();
 }
-
-bool emulatedDevice() { return emulated(); }
 
 int cudaDeviceCount() {
   const auto* cuda = cudaInterface();
@@ -321,105 +312,103 @@ Buffer bufferOf(const at::Tensor& t) {
 
 // ---- host staging ------------------------------------------------------------------------
 
-struct HostStaging::Slot {
-  at::Tensor host;        // (bytes) uint8, pinned where CUDA is there
-  void* event = nullptr;  // recorded behind the last copy back from `host`
-  int event_device = -1;
-  ~Slot() {
-    if (event != nullptr) {
-      if (const auto* cuda = cudaInterface())
-        cuda->destroyEvent(event, static_cast<c10::DeviceIndex>(event_device));
+namespace {
+
+class TensorStaging final : public HostStaging {
+ public:
+  ~TensorStaging() override {
+    for (auto& slot : slots_) {
+      if (slot) slot->settle();  // a copy back may still read its memory
     }
   }
-  // Blocks until the last copy back from `host` has finished.
-  void settle() {
-    if (event == nullptr) return;
-    const auto& cuda = requireCuda("host staging");
-    while (!cuda.queryEvent(event)) std::this_thread::yield();
+
+  CollectiveArgs stageIn(const CollectiveArgs& args) override {
+    CollectiveArgs staged = args;
+    auto stage = [&](size_t index, const Buffer& original, bool copy) {
+      Buffer host = original;
+      host.memory = MemoryKind::kHost;
+      host.device = 0;
+      host.data = acquire(index, original.bytes(), original).host.data_ptr();
+      // Blocking: the host reads it next (a copy out of device memory waits for its stream).
+      if (copy && original.count > 0) copyInto(host, original);
+      return host;
+    };
+    staged.data = stage(0, args.data, true);
+    if (writesOutput(args)) staged.output = stage(1, args.output, false);
+    return staged;
   }
+
+  void stageOut(const CollectiveArgs& original, const CollectiveArgs& staged) override {
+    const bool output = writesOutput(original);
+    const Buffer& to = output ? original.output : original.data;
+    const Buffer& from = output ? staged.output : staged.data;
+    if (to.count == 0) return;
+    Slot& slot = *slots_[output ? 1 : 0];
+    const bool gpu = to.memory == MemoryKind::kCuda && !emulated();
+    if (!gpu) return copyInto(to, from);
+    // To a GPU: queued on the caller's stream from pinned memory, not waited for.
+    detail::wrap(to).copy_(detail::wrap(from), /*non_blocking=*/true);
+    const auto& cuda = requireCuda("host staging");
+    if (slot.event != nullptr && slot.event_device != to.device) {
+      cuda.destroyEvent(slot.event, static_cast<c10::DeviceIndex>(slot.event_device));
+      slot.event = nullptr;
+    }
+    const auto index = static_cast<c10::DeviceIndex>(to.device);
+    cuda.record(&slot.event, cuda.getStream(c10::Device(c10::kCUDA, index)), index,
+                c10::EventFlag::PYTORCH_DEFAULT);
+    slot.event_device = to.device;
+  }
+
+  size_t heldBytes() const override {
+    size_t bytes = 0;
+    for (const auto& slot : slots_) {
+      if (slot && slot->host.defined()) bytes += static_cast<size_t>(slot->host.numel());
+    }
+    return bytes;
+  }
+
+ private:
+  struct Slot {
+    at::Tensor host;        // (bytes) uint8, pinned where CUDA is there
+    void* event = nullptr;  // recorded behind the last copy back from `host`
+    int event_device = -1;
+    ~Slot() {
+      if (event != nullptr) {
+        if (const auto* cuda = cudaInterface())
+          cuda->destroyEvent(event, static_cast<c10::DeviceIndex>(event_device));
+      }
+    }
+    // Blocks until the last copy back from `host` has finished.
+    void settle() {
+      if (event == nullptr) return;
+      const auto& cuda = requireCuda("host staging");
+      while (!cuda.queryEvent(event)) std::this_thread::yield();
+    }
+  };
+
+  static bool writesOutput(const CollectiveArgs& args) {
+    return args.coll == Collective::kReduceScatter || args.coll == Collective::kAllGather;
+  }
+
+  // A host buffer of at least `bytes` whose last copy back has finished.
+  Slot& acquire(size_t index, size_t bytes, const Buffer& like) {
+    if (slots_.size() <= index) slots_.resize(index + 1);
+    if (!slots_[index]) slots_[index] = std::make_unique<Slot>();
+    Slot& slot = *slots_[index];
+    slot.settle();
+    if (!slot.host.defined() || static_cast<size_t>(slot.host.numel()) < bytes) {
+      auto options = at::TensorOptions().dtype(at::kByte);
+      if (like.memory == MemoryKind::kCuda && !emulated()) options = options.pinned_memory(true);
+      slot.host = at::empty({static_cast<int64_t>(bytes)}, options);
+    }
+    return slot;
+  }
+
+  std::vector<std::unique_ptr<Slot>> slots_;  // [0]: data, [1]: output
 };
 
-HostStaging::HostStaging() = default;
-HostStaging::~HostStaging() {
-  for (auto& slot : slots_) {
-    if (slot) slot->settle();  // a copy back may still read its memory
-  }
-}
+}  // namespace
 
-bool HostStaging::needed(const CollectiveArgs& args, const Capabilities& caps, bool force) {
-  if (args.coll == Collective::kBarrier) return false;
-  auto device = [&](const Buffer& b) {
-    return b.memory == MemoryKind::kCuda || (force && b.memory == MemoryKind::kHost);
-  };
-  return !caps.cuda_memory && (device(args.data) || device(args.output));
-}
-
-CollectiveArgs HostStaging::asStaged(const CollectiveArgs& args) {
-  CollectiveArgs staged = args;
-  staged.data.memory = staged.output.memory = MemoryKind::kHost;
-  staged.data.device = staged.output.device = 0;
-  return staged;
-}
-
-HostStaging::Slot& HostStaging::acquire(size_t index, size_t bytes, const Buffer& like) {
-  if (slots_.size() <= index) slots_.resize(index + 1);
-  if (!slots_[index]) slots_[index] = std::make_unique<Slot>();
-  Slot& slot = *slots_[index];
-  slot.settle();
-  if (!slot.host.defined() || static_cast<size_t>(slot.host.numel()) < bytes) {
-    auto options = at::TensorOptions().dtype(at::kByte);
-    if (like.memory == MemoryKind::kCuda && !emulated()) options = options.pinned_memory(true);
-    slot.host = at::empty({static_cast<int64_t>(bytes)}, options);
-  }
-  return slot;
-}
-
-CollectiveArgs HostStaging::stageIn(const CollectiveArgs& args) {
-  CollectiveArgs staged = args;
-  auto stage = [&](size_t index, const Buffer& original, bool copy) {
-    Buffer host = original;
-    host.memory = MemoryKind::kHost;
-    host.device = 0;
-    host.data = acquire(index, original.bytes(), original).host.data_ptr();
-    // Blocking: the host reads it next (a copy out of device memory waits for its stream).
-    if (copy && original.count > 0) copyInto(host, original);
-    return host;
-  };
-  const bool writes_output =
-      args.coll == Collective::kReduceScatter || args.coll == Collective::kAllGather;
-  staged.data = stage(0, args.data, true);
-  if (writes_output) staged.output = stage(1, args.output, false);
-  return staged;
-}
-
-void HostStaging::stageOut(const CollectiveArgs& original, const CollectiveArgs& staged) {
-  const bool writes_output =
-      original.coll == Collective::kReduceScatter || original.coll == Collective::kAllGather;
-  const Buffer& to = writes_output ? original.output : original.data;
-  const Buffer& from = writes_output ? staged.output : staged.data;
-  if (to.count == 0) return;
-  Slot& slot = *slots_[writes_output ? 1 : 0];
-  const bool gpu = to.memory == MemoryKind::kCuda && !emulated();
-  if (!gpu) return copyInto(to, from);
-  // To a GPU: queued on the caller's stream from pinned memory, not waited for.
-  detail::wrap(to).copy_(detail::wrap(from), /*non_blocking=*/true);
-  const auto& cuda = requireCuda("host staging");
-  if (slot.event != nullptr && slot.event_device != to.device) {
-    cuda.destroyEvent(slot.event, static_cast<c10::DeviceIndex>(slot.event_device));
-    slot.event = nullptr;
-  }
-  const auto index = static_cast<c10::DeviceIndex>(to.device);
-  cuda.record(&slot.event, cuda.getStream(c10::Device(c10::kCUDA, index)), index,
-              c10::EventFlag::PYTORCH_DEFAULT);
-  slot.event_device = to.device;
-}
-
-size_t HostStaging::heldBytes() const {
-  size_t bytes = 0;
-  for (const auto& slot : slots_) {
-    if (slot && slot->host.defined()) bytes += static_cast<size_t>(slot->host.numel());
-  }
-  return bytes;
-}
+std::unique_ptr<HostStaging> makeHostStaging() { return std::make_unique<TensorStaging>(); }
 
 }  // namespace collie

@@ -2,7 +2,8 @@
 // devices as LibTorch sees them, the stream order hooks for backends with streams of their
 // own, tensor views as collie buffers, and host staging for backends that move host memory
 // only. Device-generic: it builds against a CPU-only LibTorch too, and reaches CUDA through
-// LibTorch's device interfaces when the LibTorch it runs with has them.
+// LibTorch's device interfaces when the LibTorch it runs with has them. Part of
+// libcollie_torch.so (runtime/torch_runtime.h); its CUDA table is installed as that loads.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -13,13 +14,10 @@
 
 #include "collie/backend.h"
 #include "collie/collective.h"
+#include "runtime/staging.h"
 
 namespace collie {
 
-// The process's device memory (collie/device_memory.h): CUDA through LibTorch, installed when
-// the process starts, or the emulated device when `setting` (COLLIE_EMULATED_DEVICE) is "1".
-// Throws ConfigError for any value but "", "0" and "1". Call before any device buffer exists.
-void installDeviceMemory(const char* setting);
 // True when the emulated device is installed: train.device: cuda then puts every tensor of
 // the process in its memory, and a tensor's buffer is device memory.
 bool emulatedDevice();
@@ -48,38 +46,9 @@ void installDeviceStreamHooks();
 // dtype collie has no name for.
 Buffer bufferOf(const at::Tensor& t);
 
-// Host staging (train.device: cuda over a backend without device memory): a collective's
-// device buffers are copied into pinned host buffers, the collective runs on them, and the
-// results are copied back. The copy out runs on the caller's current stream and is waited
-// for; the copy back is queued on that stream and not waited for, so that it overlaps
-// whatever the caller does next (the next bucket's collective); its host buffer is reused
-// only once that copy has finished. One per Communicator; not thread-safe.
-class HostStaging {
- public:
-  HostStaging();
-  ~HostStaging();
-  HostStaging(const HostStaging&) = delete;
-  HostStaging& operator=(const HostStaging&) = delete;
-
-  // Whether `args` must pass through host memory on a backend with `caps`: a buffer in
-  // device memory that the backend cannot move. `force` stages host buffers too (tests: CPU
-  // tensors standing in for device memory).
-  static bool needed(const CollectiveArgs& args, const Capabilities& caps, bool force = false);
-  // `args` as they will run once staged: every buffer in host memory (same pointers), for
-  // a scheduler's accepts(), which may look at the memory kind.
-  static CollectiveArgs asStaged(const CollectiveArgs& args);
-  // Host copies of args' buffers (data and output), the input's bytes copied in.
-  CollectiveArgs stageIn(const CollectiveArgs& args);
-  // Copies the results (the buffer a collective writes) from `staged` back into `original`.
-  void stageOut(const CollectiveArgs& original, const CollectiveArgs& staged);
-  // Bytes of host memory it holds now.
-  size_t heldBytes() const;
-
- private:
-  struct Slot;
-  // A host buffer of at least `bytes` whose last copy back has finished.
-  Slot& acquire(size_t index, size_t bytes, const Buffer& like);
-  std::vector<std::unique_ptr<Slot>> slots_;  // [0]: data, [1]: output
-};
+// Host staging (runtime/staging.h) with LibTorch's copies: pinned host buffers where CUDA is
+// there, the copy back queued on the caller's stream and waited for only before its host
+// buffer is reused. One per Communicator; not thread-safe.
+std::unique_ptr<HostStaging> makeHostStaging();
 
 }  // namespace collie

@@ -1,5 +1,6 @@
 // The train experiment's table for the runtime's roles (runtime/run.h): train, hand over,
-// print the summary and write summary.json.
+// print the summary and write summary.json; and the entry of libcollie_torch.so, which hands
+// the table and host staging to the application (runtime/torch_runtime.h).
 #include <fmt/format.h>
 
 #include <iostream>
@@ -7,6 +8,7 @@
 #include "collie/error.h"
 #include "plugin/loader.h"
 #include "runtime/device.h"
+#include "runtime/torch_runtime.h"
 #include "train/report.h"
 #include "train/trainer.h"
 
@@ -84,3 +86,10 @@ class TrainKind : public ExperimentKind {
 std::unique_ptr<ExperimentKind> makeKind() { return std::make_unique<TrainKind>(); }
 
 }  // namespace collie::train
+
+extern "C" __attribute__((visibility("default"))) const collie::TorchRuntime*
+collie_torch_runtime() {
+  static const collie::TorchRuntime runtime{collie::kTorchRuntimeBuild, &collie::train::makeKind,
+                                            &collie::makeHostStaging, &collie::torchDescription};
+  return &runtime;
+}
