@@ -7,7 +7,7 @@ set -euo pipefail
 # What building collie and running the main job (configs/quickstart.yaml: gloo) need.
 main=(
   build-essential cmake ninja-build ccache pkg-config git file python3
-  libtorch-dev libopenblas0-pthread
+  libtorch-dev libopenblas0-pthread libtcmalloc-minimal4
   libyaml-cpp-dev libboost-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libxxhash-dev libgloo-dev
 )

@@ -599,5 +599,14 @@ TEST(CliBlas, OpenBlasWinsOverTheReferenceBlas) {
   EXPECT_NE(r.output.find("openblas"), std::string::npos) << r.output;
 }
 
+// collie runs on tcmalloc (linked into the executable), whose returned memory ZeRO's savings
+// need; every worker is this executable again.
+TEST(CliMalloc, TheExecutableRunsOnTcmalloc) {
+  auto r = testing::runCollie({"--version"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("malloc: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("libtcmalloc"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace collie

@@ -567,6 +567,46 @@ train:
   }
 }
 
+// Each rank's memory at its peak during a step, by use (train/memory_ledger.h): the state the
+// set-up made stays live, the forward's activations are there, and stage 3 holds some of its
+// gathered units, never all; unsharded, none.
+TEST(StepMemory, EachRanksPeakAddsUpItsUsesAndStage3CountsItsGatheredUnits) {
+  const char* gpt = R"(
+name: trainer-test-step-memory
+launch: {nproc_per_node: 2}
+backend: {plugin: loopback, params: {timeout: 30s}}
+model: {plugin: gpt, params: {layers: 6, d_model: 32, heads: 2, seq_len: 8, vocab: 64}}
+train: {steps: 3, micro_batch: 4, bucket_bytes: 16KiB, log_every: 100}
+)";
+  auto train = [&](const std::string& name, const std::string& sharding) {
+    auto experiments = config::loadExperiments(testing::writeTempFile(name + ".yaml", gpt),
+                                               {"train.sharding=" + sharding});
+    return train::run(testing::buildTreeLoader(), experiments.at(0), scratch(name).string());
+  };
+  const auto plain = train("step-memory-none", "none");
+  const auto sharded = train("step-memory-parameters", "parameters");
+  for (const auto* r : {&plain, &sharded}) {
+    SCOPED_TRACE(r->sharding);
+    ASSERT_EQ(r->step_memory.size(), 2u);
+    for (const auto& m : r->step_memory) {
+      EXPECT_EQ(m.process_ranks, 2);  // ranks as threads
+      EXPECT_DOUBLE_EQ(m.tracked, m.set_up + m.forward + m.backward + m.gathered + m.gradient_sync +
+                                      m.optimizer + m.other);
+      EXPECT_GE(m.set_up + m.optimizer,
+                static_cast<double>(r->parameter_bytes + r->gradient_bytes + r->optimizer_bytes));
+      EXPECT_GT(m.forward, 0.0);
+      EXPECT_GE(m.resident, m.resident_at_start);
+      EXPECT_GT(m.resident_at_start, m.tracked_at_start);
+    }
+  }
+  for (const auto& m : plain.step_memory) EXPECT_EQ(m.gathered, 0.0);
+  for (const auto& m : sharded.step_memory) {
+    EXPECT_GT(m.gathered, 0.0);
+    EXPECT_LT(m.gathered, static_cast<double>(plain.parameter_bytes));
+  }
+  EXPECT_LT(sharded.step_memory[0].tracked, plain.step_memory[0].tracked);
+}
+
 // Stage 3 needs the model's units: a model without them is refused before training, as is
 // one whose units name a parameter its module lacks (the plugin's bug).
 TEST(ShardingConfig, AModelWithoutUnitsCannotShardItsParameters) {

@@ -128,7 +128,8 @@ void printVersion() {
             << COLLIE_ABI_MINOR << ")\n"
             << "build fingerprint: " << COLLIE_BUILD_FINGERPRINT
             << " (model plugins: " << COLLIE_TORCH_FINGERPRINT << ")\n"
-            << "BLAS: " << detail::blasInUse() << "\n";
+            << "BLAS: " << detail::blasInUse() << "\n"
+            << "malloc: " << detail::mallocInUse() << "\n";
   // What training runs with: LibTorch is loaded only by the processes that train.
   try {
     std::cout << "LibTorch (for training): " << torchRuntime().describe() << "\n";

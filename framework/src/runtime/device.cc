@@ -19,6 +19,7 @@
 #include "collie/device_memory.h"
 #include "collie/error.h"
 #include "runtime/aten.h"
+#include "runtime/cpu_allocator.h"
 
 namespace collie {
 namespace detail {
@@ -206,26 +207,12 @@ bool emulated() { return deviceMemoryOps().owns != nullptr; }
 // process allocates from then on is the emulated device's memory (ATen computes on it as on
 // any CPU tensor), while host memory that is not a tensor (the framework's own messages,
 // std::vector) stays host memory.
-class EmulatedAllocator final : public c10::Allocator {
- public:
-  // LibTorch 2.3 made allocate non-const and added copy_data.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
-  c10::DataPtr allocate(size_t bytes) override { return take(bytes); }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
-#else
-  c10::DataPtr allocate(size_t bytes) const override { return take(bytes); }
-#endif
-  c10::DeleterFnPtr raw_deleter() const override { return &release; }
-
- private:
-  static c10::DataPtr take(size_t bytes) {
-    void* p = bytes == 0 ? nullptr : deviceMemoryOps().allocate(bytes, 0);
-    return {p, p, &release, c10::Device(c10::kCPU)};
-  }
-  static void release(void* p) { deviceMemoryOps().release(p, 0); }
-};
+void releaseEmulated(void* p) { deviceMemoryOps().release(p, 0); }
+c10::DataPtr takeEmulated(size_t bytes) {
+  void* p = bytes == 0 ? nullptr : deviceMemoryOps().allocate(bytes, 0);
+  return {p, p, &releaseEmulated, c10::Device(c10::kCPU)};
+}
+using EmulatedAllocator = detail::CpuAllocator<&takeEmulated, &releaseEmulated>;
 
 std::atomic<bool> g_tensors_emulated{false};
 

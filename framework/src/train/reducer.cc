@@ -331,6 +331,7 @@ void Reducer::reduce(Bucket& bucket) {
 
 void Reducer::communicationLoop() {
   Tracer::setThreadTrack(TraceTrack::kCommunication);
+  const MemoryLedger::Bind counted(ledger_, MemoryUse::kGradientSync);
   useDevice(options_.device());  // the thread's current device: where its copies queue
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
@@ -460,6 +461,7 @@ void Reducer::freeValues(Bucket& bucket) {
 }
 
 Provenance Reducer::gatherNow(size_t b) {
+  const MemoryLedger::Use counted(MemoryUse::kGathered);
   Bucket& bucket = buckets_[b];
   resizeStorage(bucket.values, static_cast<size_t>(bucket.values.numel()) * 4);
   return allGatherInto(b, bucket.kept, bucket.values);

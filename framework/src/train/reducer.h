@@ -43,6 +43,7 @@
 #include "collie/model.h"
 #include "config/experiment.h"
 #include "runtime/communicator.h"
+#include "train/memory_ledger.h"
 #include "train/step.h"
 
 namespace collie::train {
@@ -197,6 +198,8 @@ class Reducer {
   std::vector<std::vector<size_t>> unit_buckets_;  // per unit, its buckets
   std::vector<size_t> root_buckets_;
   Communicator& comm_;
+  // The constructing rank's: its communication thread counts its memory there.
+  MemoryLedger* ledger_ = MemoryLedger::current();
   bool overlap_;
   config::ShardedState sharding_;
   int64_t group_ = 1, rank_ = 0;  // the group's size and this rank, for padding and blocks

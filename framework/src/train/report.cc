@@ -36,6 +36,13 @@ void to_json(json& j, const SyncCheck& s) {
 void from_json(const json& j, SyncCheck& s) {
   forEachSyncField(s, [&](const char* key, auto& value) { j.at(key).get_to(value); });
 }
+void to_json(json& j, const StepMemory& m) {
+  j = json::object();
+  forEachStepMemoryField(m, [&](const char* key, const auto& value) { j[key] = value; });
+}
+void from_json(const json& j, StepMemory& m) {
+  forEachStepMemoryField(m, [&](const char* key, auto& value) { j.at(key).get_to(value); });
+}
 void to_json(json& j, const Rebalance& c) {
   j = json::object();
   forEachRebalanceField(c, [&](const char* key, const auto& value) { j[key] = value; });
@@ -45,6 +52,65 @@ void from_json(const json& j, Rebalance& c) {
 }
 
 namespace {
+
+// Each rank's memory at its peak during the steps, by use; more than four ranks: the one
+// with the largest resident peak (every rank's is in summary.json).
+void printStepMemory(std::ostream& out, const std::string& tag, const Result& r) {
+  if (r.step_memory.empty()) return;
+  const auto mb = [](double bytes) { return fmt::format("{:.1f}", bytes / 1e6); };
+  if (r.step_memory.front().tracked == 0) {
+    out << "# " << tag
+        << "memory by use: not measured (the tensors are not in LibTorch's CPU allocator on "
+        << r.device
+        << "); resident peak over the steps, rank 0: " << mb(r.step_memory.front().resident)
+        << " MB\n";
+    return;
+  }
+  std::vector<size_t> shown(r.step_memory.size());
+  std::iota(shown.begin(), shown.end(), size_t{0});
+  if (shown.size() > 4) {
+    shown = {static_cast<size_t>(std::max_element(r.step_memory.begin(), r.step_memory.end(),
+                                                  [](const StepMemory& a, const StepMemory& b) {
+                                                    return a.resident < b.resident;
+                                                  }) -
+                                 r.step_memory.begin())};
+  }
+  for (size_t rank : shown) {
+    const StepMemory& m = r.step_memory[rank];
+    std::string uses;
+    forEachStepMemoryField(m, [&](const char* key, auto value) {
+      const std::string name = key;
+      if (name.size() < 6 || name.substr(name.size() - 6) != "_bytes") return;
+      if (name.rfind("resident", 0) == 0 || name.rfind("tracked", 0) == 0 || value == 0) return;
+      std::string use = name.substr(0, name.size() - 6);  // less "_bytes"
+      std::replace(use.begin(), use.end(), '_', ' ');
+      uses += fmt::format("{}{} {}", uses.empty() ? "" : " + ", use, mb(value));
+    });
+    // The resident set is a process's: it tells the rest apart only for a rank of its own.
+    const std::string resident =
+        m.process_ranks == 1
+            ? fmt::format(
+                  "resident {} when the steps began (the libraries, the set-up), peak "
+                  "{}: +{} during the steps, of which LibTorch's blocks +{} and {:+.1f} "
+                  "outside them (the C library's heap kept after frees, transports, "
+                  "scratch)",
+                  mb(m.resident_at_start), mb(m.resident), mb(m.resident - m.resident_at_start),
+                  mb(m.tracked - m.tracked_at_start),
+                  ((m.resident - m.resident_at_start) - (m.tracked - m.tracked_at_start)) / 1e6)
+            : fmt::format(
+                  "resident {} when the steps began, peak {}, of the process its {} "
+                  "ranks share",
+                  mb(m.resident_at_start), mb(m.resident), m.process_ranks);
+    out << "# " << tag
+        << fmt::format(
+               "memory at rank {}'s peak during the steps (MB): LibTorch's blocks {} = "
+               "{}; {}{}\n",
+               rank, mb(m.tracked), uses, resident,
+               shown.size() < r.step_memory.size()
+                   ? " (the largest rank; every rank's in summary.json)"
+                   : "");
+  }
+}
 
 json toJson(const Result& r) {
   json j = json::object();
@@ -235,6 +301,7 @@ void printDetails(std::ostream& out, const Result& r) {
                  "{:.2f} MB in all)\n",
                  mb(r.gathered_peak_bytes), mb(r.parameter_bytes * r.ranks));
     }
+    printStepMemory(out, tag, r);
   }
   const double achieved = r.flops_per_token * r.tokens_per_second / r.ranks;
   out << "# " << tag << "model FLOP/s per rank: " << fmt::format("{:.3g}", achieved);

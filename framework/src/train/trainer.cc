@@ -11,7 +11,9 @@
 #include <fmt/ranges.h>
 #include <sys/resource.h>
 #include <torch/utils.h>
+#include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -37,6 +39,7 @@
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/lr_schedule.h"
+#include "train/memory_ledger.h"
 #include "train/optimizer.h"
 #include "train/reducer.h"
 #include "train/report.h"
@@ -156,6 +159,12 @@ class RankTrainer {
 
     std::vector<StepStats> stats;
     const auto started = Clock::now();
+    // Memory: what the steps allocate outside the parts that say otherwise is "other"; the
+    // resident peak is the steps' (and what runs between them), where the kernel restarts it.
+    const MemoryLedger::Use steps(MemoryUse::kOther);
+    releaseFreeMemory();  // what the set-up freed (stage 3: the whole model) goes back
+    StepsMemory memory{static_cast<double>(residentBytes()), static_cast<double>(ledger_.live())};
+    const bool resident_restarted = restartResidentPeak();
     for (int64_t s = start; s < spec_.steps; ++s) {
       faults_.beforeStep(s + 1);
       if (ProgressBoard* board = comm_.progress()) board->setStep(s + 1);
@@ -175,6 +184,7 @@ class RankTrainer {
       if (checkpoints.dueAfter(s + 1)) state.save(checkpoints, s + 1);
     }
 
+    memory.resident_peak = resident_restarted ? static_cast<double>(residentPeakBytes()) : -1;
     withParameters([&] {
       result.sync = verifyWeights(comm_, control_, params_, names_, spec_.steps);
       result.weight_sample = sampleWeights();
@@ -184,7 +194,7 @@ class RankTrainer {
     result.rebalances = rebalancer.taken();
     stragglers.report(&result);
     if (tracer_) writeExperimentTrace(*tracer_, comm_, control_, e_, out_dir_);
-    measureMemory(reducer, &result);  // last: the peak includes the trace's gathering
+    measureMemory(reducer, memory, &result);  // last: its getrusage peak is the whole run's
     return result;
   }
 
@@ -381,6 +391,7 @@ class RankTrainer {
   }
 
   StepStats step(int64_t s, Reducer& reducer) {
+    const MemoryLedger::PeakWindow counted(ledger_);
     StepStats st;
     if (tracer_) tracer_->setStep(s + 1);
     const TraceSpan traced(tracer_.get(), "step");
@@ -402,6 +413,7 @@ class RankTrainer {
       at::Tensor loss;
       {
         const TraceSpan forward(tracer_.get(), "forward", k);
+        const MemoryLedger::Use counted(MemoryUse::kForward);
         if (shardsParameters()) reducer.gatherRoot();
         loss = lossOf(tokens);
       }
@@ -417,6 +429,7 @@ class RankTrainer {
       t = Clock::now();
       {
         const TraceSpan backward(tracer_.get(), "backward", k);
+        const MemoryLedger::Use counted(MemoryUse::kBackward);
         (loss * scale).backward();
         if (shardsParameters()) reducer.afterBackward();
       }
@@ -426,11 +439,13 @@ class RankTrainer {
     st.loss = loss_sum / spec_.grad_accum;
     {
       const TraceSpan waited(tracer_.get(), "gradient sync");
+      const MemoryLedger::Use counted(MemoryUse::kGradientSync);
       st.sync = reducer.finish();
     }
     auto t = Clock::now();
     {
       const TraceSpan optimizer(tracer_.get(), "optimizer");
+      const MemoryLedger::Use counted(MemoryUse::kOptimizer);
       if (sharded()) {
         for (size_t b = 0; b < shards_.size(); ++b)
           shards_[b].mutable_grad() = reducer.gradShard(b);
@@ -443,6 +458,7 @@ class RankTrainer {
     st.optimizer = since(t);
     if (sharded() && !shardsParameters()) {  // stage 3 gathers in the next forward
       // Timed as communication, all of it exposed; sync.bytes stays the gradient's bytes.
+      const MemoryLedger::Use counted(MemoryUse::kGathered);
       const SyncTiming gathered = reducer.gatherParameters();
       st.sync.comm_seconds += gathered.comm_seconds;
       st.sync.exposed_seconds += gathered.exposed_seconds;
@@ -650,10 +666,16 @@ class RankTrainer {
     return "device memory";
   }
 
+  // The resident set and LibTorch's blocks when the steps began, and the resident peak over
+  // them (-1: the kernel would not restart it, the run's peak stands in).
+  struct StepsMemory {
+    double resident_at_start = 0, tracked_at_start = 0, resident_peak = -1;
+  };
+
   // Memory: what rank 0 holds between steps, by kind (the buffers themselves, not a
-  // formula), and every rank's peak resident memory (of its process: ranks as threads share
-  // one).
-  void measureMemory(const Reducer& reducer, Result* r) {
+  // formula), every rank's peak resident memory (of its process: ranks as threads share
+  // one), and every rank's memory at its peak during a step, by use (measured).
+  void measureMemory(const Reducer& reducer, const StepsMemory& steps, Result* r) {
     const HeldBytes held = reducer.held();
     r->parameter_bytes = held.parameters;
     r->gradient_bytes = held.gradients;
@@ -663,8 +685,35 @@ class RankTrainer {
       r->optimizer_bytes += static_cast<uint64_t>(tensor.numel()) * 4;
     struct rusage usage {};
     ::getrusage(RUSAGE_SELF, &usage);  // ru_maxrss: KiB
-    for (const auto& rank : control_.allGather({static_cast<double>(usage.ru_maxrss) * 1024}))
+    const double run_peak = static_cast<double>(usage.ru_maxrss) * 1024;
+    const MemoryPeak peak = ledger_.peak();
+    std::vector<double> mine = {run_peak,
+                                steps.resident_peak >= 0 ? steps.resident_peak : run_peak,
+                                static_cast<double>(::getpid()),
+                                steps.resident_at_start,
+                                steps.tracked_at_start,
+                                static_cast<double>(peak.bytes)};
+    for (uint64_t bytes : peak.by_use) mine.push_back(static_cast<double>(bytes));
+    const std::vector<std::vector<double>> ranks = control_.allGather(mine);
+    for (const auto& rank : ranks) {
       r->peak_rss_bytes.push_back(rank[0]);
+      StepMemory m;
+      m.resident = rank[1];
+      m.process_ranks = static_cast<int>(std::count_if(
+          ranks.begin(), ranks.end(), [&](const auto& other) { return other[2] == rank[2]; }));
+      m.resident_at_start = rank[3];
+      m.tracked_at_start = rank[4];
+      m.tracked = rank[5];
+      const auto use = [&](MemoryUse u) { return rank[6 + static_cast<size_t>(u)]; };
+      m.set_up = use(MemoryUse::kSetUp);
+      m.forward = use(MemoryUse::kForward);
+      m.backward = use(MemoryUse::kBackward);
+      m.gathered = use(MemoryUse::kGathered);
+      m.gradient_sync = use(MemoryUse::kGradientSync);
+      m.optimizer = use(MemoryUse::kOptimizer);
+      m.other = use(MemoryUse::kOther);
+      r->step_memory.push_back(m);
+    }
   }
 
   // kWeightSamples of the weights, evenly spaced over all parameters in named order.
@@ -691,6 +740,9 @@ class RankTrainer {
     return fmt::format("[{}]", fmt::join(sharding_.micro_batch, ", "));
   }
 
+  // First, so that everything the rank allocates from here on is counted (train/memory_ledger.h).
+  MemoryLedger& ledger_ = MemoryLedger::create();
+  MemoryLedger::Bind counted_{&ledger_, MemoryUse::kSetUp};
   const config::Experiment& e_;
   const config::TrainSpec& spec_;
   int rank_, world_;
@@ -719,6 +771,7 @@ class RankTrainer {
 
 Result run(const PluginLoader& loader, const config::Experiment& e, const std::string& out_dir) {
   at::set_num_threads(e.threads_per_rank);
+  if (!e.train.cuda) MemoryLedger::install();
   return runInProcessForRank0<Result>(
       loader, e.backend, e.nproc_per_node, [&](std::shared_ptr<Backend> backend) {
         return RankTrainer(loader, e, std::move(backend), e.topology, out_dir).run();
@@ -729,6 +782,7 @@ Result runRank(const PluginLoader& loader, const config::Experiment& e,
                std::shared_ptr<Backend> backend, const Topology& topology,
                const std::string& out_dir) {
   at::set_num_threads(e.threads_per_rank);
+  if (!e.train.cuda) MemoryLedger::install();
   RankTrainer trainer(loader, e, std::move(backend), topology, out_dir);
   return trainer.run();
 }

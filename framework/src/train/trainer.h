@@ -36,6 +36,20 @@ struct Rebalance {
   std::vector<int> micro_batch;
 };
 
+// One rank's memory at its peak during the steps, measured (train/memory_ledger.h): the bytes
+// LibTorch's CPU allocator held for each use at the moment their sum was highest, and the
+// process's resident peak over the steps (ranks that are threads share one process). All 0
+// where the allocator did not hold the tensors (train.device: cuda).
+struct StepMemory {
+  double resident = 0;
+  double resident_at_start = 0;  // when the steps began: the libraries, the set-up's memory
+  int process_ranks = 1;         // ranks in the process whose resident peak that is
+  double tracked = 0;            // the sum of the uses below
+  double tracked_at_start = 0;   // LibTorch's blocks live when the steps began
+  double set_up = 0, forward = 0, backward = 0, gathered = 0, gradient_sync = 0, optimizer = 0,
+         other = 0;
+};
+
 constexpr int kWeightSamples = 4096;
 
 struct Result {
@@ -63,8 +77,9 @@ struct Result {
   std::string sharding = "none";  // train.sharding
   // Held by rank 0 between steps: parameter values, gradients, optimizer state.
   uint64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;
-  uint64_t gathered_peak_bytes = 0;    // stage 3: most values gathered at once in a step
-  std::vector<double> peak_rss_bytes;  // per rank, at the end (getrusage)
+  uint64_t gathered_peak_bytes = 0;     // stage 3: most values gathered at once in a step
+  std::vector<double> peak_rss_bytes;   // per rank, at the end (getrusage)
+  std::vector<StepMemory> step_memory;  // per rank
   int buckets = 0;
   double predicted_comm_seconds = 0;     // from the calibrated α-β-γ model (NaN: no model)
   double link_alpha = 0, link_beta = 0;  // the slowest level: between nodes when there are several
@@ -137,6 +152,7 @@ void forEachField(R& r, Visit&& visit) {
   visit("optimizer_bytes", r.optimizer_bytes);
   visit("gathered_peak_bytes", r.gathered_peak_bytes);
   visit("peak_rss_bytes", r.peak_rss_bytes);
+  visit("step_memory", r.step_memory);
   visit("buckets", r.buckets);
   visit("link_alpha_s", r.link_alpha);
   visit("link_beta_s_per_byte", r.link_beta);
@@ -164,6 +180,21 @@ void forEachSyncField(S& s, Visit&& visit) {
   visit("first_parameter", s.first_parameter);
   visit("ranks", s.ranks);
   visit("differing", s.differing);
+}
+template <typename M, typename Visit>
+void forEachStepMemoryField(M& m, Visit&& visit) {
+  visit("resident_bytes", m.resident);
+  visit("resident_at_start_bytes", m.resident_at_start);
+  visit("process_ranks", m.process_ranks);
+  visit("tracked_bytes", m.tracked);
+  visit("tracked_at_start_bytes", m.tracked_at_start);
+  visit("set_up_bytes", m.set_up);
+  visit("forward_bytes", m.forward);
+  visit("backward_bytes", m.backward);
+  visit("gathered_bytes", m.gathered);
+  visit("gradient_sync_bytes", m.gradient_sync);
+  visit("optimizer_bytes", m.optimizer);
+  visit("other_bytes", m.other);
 }
 template <typename C, typename Visit>
 void forEachRebalanceField(C& c, Visit&& visit) {

@@ -45,6 +45,17 @@ std::string blasInUse() {
   return "none loaded";
 }
 
+std::string mallocInUse() {
+  void* malloc_fn = dlsym(RTLD_DEFAULT, "malloc");
+  Dl_info info{};
+  if (malloc_fn == nullptr || dladdr(malloc_fn, &info) == 0 || info.dli_fname == nullptr) {
+    return "unknown";
+  }
+  std::error_code ec;
+  auto real = std::filesystem::canonical(info.dli_fname, ec);
+  return ec ? std::string(info.dli_fname) : real.string();
+}
+
 std::string hostName() {
   char name[256] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0) return "localhost";

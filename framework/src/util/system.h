@@ -9,6 +9,8 @@ namespace collie::detail {
 // The BLAS library this process has loaded (resolved through the alternatives symlinks),
 // e.g. ".../openblas-pthread/libblas.so.3", or "none loaded".
 std::string blasInUse();
+// The library whose malloc this process calls (collie links tcmalloc), resolved like blasInUse.
+std::string mallocInUse();
 
 // This host's name ("localhost" when it has none).
 std::string hostName();
