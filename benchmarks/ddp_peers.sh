@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # collie's DDP trainer against PyTorch DDP (Python, torchrun, Gloo; Debian's python3-torch)
 # on the same GPT, 1 and 2 processes, 1 thread each, in one run: tokens/s side by side and
-# the ratio collie / PyTorch. Both load the same OpenBLAS.
+# the ratio collie / PyTorch. Both load the same OpenBLAS and run on the same malloc (tcmalloc).
 #   benchmarks/ddp_peers.sh [OUT]        (STEPS=30 ROUNDS=2 RANKS="1 2" to change)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +20,7 @@ for round in $(seq 1 "$rounds"); do
         --out "$out/collie-$scheduler-$ranks-$round" --set launch.nproc_per_node="$ranks" \
         --set train.steps="$steps" --set train.scheduler="$scheduler" > /dev/null
     done
-    LD_PRELOAD="$openblas" OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node="$ranks" \
+    LD_PRELOAD="$preload" OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node="$ranks" \
       --redirects 2 --tee 1 --log_dir "$out/torchrun-logs" benchmarks/ddp_gpt.py \
       --steps "$steps" > "$out/pytorch-$ranks-$round.log" 2>&1
     echo "# round $round, $ranks rank(s) done"

@@ -2,7 +2,7 @@
 # ZeRO against its PyTorch peer, in one run: collie's trainer with train.sharding: none,
 # optimizer (stage 1), gradients (stage 2) and parameters (stage 3), and PyTorch 1.13 DDP with torch.optim.AdamW
 # and with ZeroRedundancyOptimizer (stage 1; both with gradient_as_bucket_view, as collie's
-# buckets; Python, torchrun, Gloo; Debian's python3-torch, the same OpenBLAS), on the same
+# buckets; Python, torchrun, Gloo; Debian's python3-torch, the same OpenBLAS and tcmalloc), on the same
 # GPT and the same number of processes. Prints tokens/s and the peak RSS of every rank, each
 # the median over the rounds, the state collie measured in its buffers beside ZeRO's
 # formula, and the ratios. (PyTorch 1.13's stages 2 and 3, FSDP's SHARD_GRAD_OP and
@@ -39,7 +39,7 @@ for round in $(seq 1 "$rounds"); do
   for optimizer in ddp zero; do
     flag=(--bucket-view)
     [[ "$optimizer" == zero ]] && flag+=(--zero)
-    LD_PRELOAD="$openblas" OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node="$ranks" \
+    LD_PRELOAD="$preload" OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node="$ranks" \
       --redirects 2 --tee 1 --log_dir "$out/torchrun-logs" benchmarks/ddp_gpt.py \
       --steps "$steps" --layers "$layers" --d-model "$d_model" --heads 8 \
       --seq-len "$seq_len" --vocab "$vocab" --micro-batch "$micro_batch" "${flag[@]}" \

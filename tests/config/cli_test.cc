@@ -602,6 +602,7 @@ TEST(CliBlas, OpenBlasWinsOverTheReferenceBlas) {
 // collie runs on tcmalloc (linked into the executable), whose returned memory ZeRO's savings
 // need; every worker is this executable again.
 TEST(CliMalloc, TheExecutableRunsOnTcmalloc) {
+  if (!COLLIE_LINKS_TCMALLOC) GTEST_SKIP() << "built without tcmalloc (libtcmalloc-minimal4)";
   auto r = testing::runCollie({"--version"});
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("malloc: "), std::string::npos) << r.output;

@@ -53,6 +53,21 @@ Result everyFieldSet() {
   r.optimizer_bytes = 333;
   r.gathered_peak_bytes = 444;
   r.peak_rss_bytes = {1e9, 2e9};
+  StepMemory m;
+  m.resident = 9e8;
+  m.resident_at_start = 7e8;
+  m.process_ranks = 1;
+  m.tracked = 4e8;
+  m.tracked_at_start = 2e8;
+  m.set_up = 2e8;
+  m.forward = 1e8;
+  m.backward = 5e7;
+  m.gathered = 3e7;
+  m.gradient_sync = 1e7;
+  m.optimizer = 8e6;
+  m.other = 2e6;
+  r.step_memory = {m, m};
+  r.step_memory[1].process_ranks = 2;
   r.buckets = 6;
   r.predicted_comm_seconds = 0.029;
   r.link_alpha = 3e-5;
@@ -123,6 +138,12 @@ TEST_F(ResultFile, KeepsEveryFieldOfAResult) {
   EXPECT_EQ(out.optimizer_bytes, in.optimizer_bytes);
   EXPECT_EQ(out.gathered_peak_bytes, in.gathered_peak_bytes);
   EXPECT_EQ(out.peak_rss_bytes, in.peak_rss_bytes);
+  ASSERT_EQ(out.step_memory.size(), 2u);
+  // Every field of the record, through its JSON (written and read by one table).
+  const nlohmann::json written = in.step_memory[1], read = out.step_memory[1];
+  EXPECT_EQ(read, written);
+  EXPECT_EQ(out.step_memory[1].process_ranks, 2);
+  EXPECT_EQ(out.step_memory[1].gradient_sync, 1e7);
   EXPECT_EQ(out.buckets, in.buckets);
   EXPECT_EQ(out.predicted_comm_seconds, in.predicted_comm_seconds);
   EXPECT_EQ(out.link_alpha, in.link_alpha);
@@ -186,6 +207,7 @@ TEST_F(ResultFile, KeepsTheNamesThatSummaryJsonReadersUse) {
                                           "gathered_peak_bytes",
                                           "optimizer_bytes",
                                           "peak_rss_bytes",
+                                          "step_memory",
                                           "predicted_comm_s",
                                           "link_alpha_s",
                                           "link_beta_s_per_byte",
@@ -211,6 +233,13 @@ TEST_F(ResultFile, KeepsTheNamesThatSummaryJsonReadersUse) {
   for (const auto& item : j.at("sync").items()) sync.insert(item.key());
   EXPECT_EQ(sync, (std::set<std::string>{"step", "parameters", "identical", "max_spread",
                                          "first_parameter", "ranks", "differing"}));
+  std::set<std::string> memory;
+  for (const auto& item : j.at("step_memory").at(0).items()) memory.insert(item.key());
+  EXPECT_EQ(memory,
+            (std::set<std::string>{"resident_bytes", "resident_at_start_bytes", "process_ranks",
+                                   "tracked_bytes", "tracked_at_start_bytes", "set_up_bytes",
+                                   "forward_bytes", "backward_bytes", "gathered_bytes",
+                                   "gradient_sync_bytes", "optimizer_bytes", "other_bytes"}));
 }
 
 TEST_F(ResultFile, NoPredictionTravelsAsNull) {

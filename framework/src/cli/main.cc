@@ -127,15 +127,18 @@ void printVersion() {
   std::cout << "collie " << COLLIE_VERSION << " (plugin ABI " << COLLIE_ABI_MAJOR << "."
             << COLLIE_ABI_MINOR << ")\n"
             << "build fingerprint: " << COLLIE_BUILD_FINGERPRINT
-            << " (model plugins: " << COLLIE_TORCH_FINGERPRINT << ")\n"
+            << " (model plugins: " << COLLIE_TORCH_FINGERPRINT << ")\n";
+  // What training runs with: LibTorch is loaded only by the processes that train, so load it
+  // here, and then say which BLAS its calls bind to.
+  std::string torch;
+  try {
+    torch = torchRuntime().describe();
+  } catch (const Error& e) {
+    torch = std::string("not loadable: ") + e.what();
+  }
+  std::cout << "LibTorch (for training): " << torch << "\n"
             << "BLAS: " << detail::blasInUse() << "\n"
             << "malloc: " << detail::mallocInUse() << "\n";
-  // What training runs with: LibTorch is loaded only by the processes that train.
-  try {
-    std::cout << "LibTorch (for training): " << torchRuntime().describe() << "\n";
-  } catch (const Error& e) {
-    std::cout << "LibTorch (for training): not loadable: " << e.what() << "\n";
-  }
 }
 
 void addConfigOptions(CLI::App* cmd, RunRequest& opt) {

@@ -5,12 +5,12 @@
 #include <fmt/format.h>
 
 #include <filesystem>
-#include <mutex>
 #include <string>
 
 #include "collie/config.h"
 #include "collie/device_memory.h"
 #include "collie/error.h"
+#include "collie/log.h"
 
 namespace fs = std::filesystem;
 
@@ -30,8 +30,8 @@ fs::path besideAppLibrary() {
 const TorchRuntime* load() {
   const fs::path path = besideAppLibrary() / "libcollie_torch.so";
   // RTLD_GLOBAL: LibTorch's symbols for the model plugins loaded after it, as when the
-  // executable linked LibTorch itself.
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+  // executable linked LibTorch itself; RTLD_LAZY: its calls bind as they are first made.
+  void* handle = dlopen(path.c_str(), RTLD_LAZY | RTLD_GLOBAL);
   if (handle == nullptr) {
     throw PluginError(fmt::format(
         "cannot load collie's LibTorch part {}: {}. HINT: build it (cmake --build build "
@@ -54,9 +54,7 @@ const TorchRuntime* load() {
 }  // namespace
 
 const TorchRuntime& torchRuntime() {
-  static std::once_flag once;
-  static const TorchRuntime* runtime = nullptr;
-  std::call_once(once, [] { runtime = load(); });
+  static const TorchRuntime* const runtime = load();  // tried again after a failure
   return *runtime;
 }
 
@@ -72,7 +70,13 @@ void installDeviceMemory(const char* setting) {
         "device in for a GPU, for checking device-only paths without one (docs/running.md)",
         value));
   }
-  if (COLLIE_TORCH_CUDA) torchRuntime();  // installs CUDA's table as it loads
+  if (!COLLIE_TORCH_CUDA) return;
+  try {
+    torchRuntime();  // installs CUDA's table as it loads
+  } catch (const PluginError& e) {
+    // What moves bytes still runs; a device buffer is refused by the core, naming why.
+    logWarn(std::string("no CUDA device memory in this process: ") + e.what());
+  }
 }
 
 }  // namespace collie

@@ -9,14 +9,15 @@
 #include <memory>
 #include <string>
 
-#include "collie/config.h"
+#include "collie/plugin.h"
 
 #include "runtime/run.h"
 #include "runtime/staging.h"
 
 namespace collie {
 
-// What libcollie_torch.so hands the application (its one exported symbol returns it).
+// What libcollie_torch.so hands the application (its entry point, kTorchRuntimeSymbol,
+// returns it).
 struct TorchRuntime {
   const char* build = nullptr;  // kTorchRuntimeBuild of the build that made it
   std::unique_ptr<ExperimentKind> (*train_kind)() = nullptr;
@@ -25,21 +26,22 @@ struct TorchRuntime {
   std::string (*describe)() = nullptr;
 };
 
-// Both sides' version: the module is refused when it came from another version of collie or
-// was built against another LibTorch.
-inline constexpr const char* kTorchRuntimeBuild =
-    "collie " COLLIE_VERSION " with LibTorch " COLLIE_TORCH_VERSION;
+// Both sides' build: the module is refused when another compiler, C++ ABI, version of collie
+// or LibTorch made it (the table passes C++ objects).
+inline constexpr const char* kTorchRuntimeBuild = COLLIE_TORCH_FINGERPRINT;
 inline constexpr const char* kTorchRuntimeSymbol = "collie_torch_runtime";
 
 // The LibTorch part, loaded on the first call from beside libcollie_app.so. Throws
 // PluginError naming the file and the loader's reason when it cannot be loaded (a build or
-// an installation without it) or comes from another version. Thread-safe.
+// an installation without it) or comes from another build; a later call tries again.
+// Thread-safe.
 const TorchRuntime& torchRuntime();
 
 // The process's device memory, once, when it starts (before any device buffer exists):
 // the emulated device when `setting` (COLLIE_EMULATED_DEVICE) is "1"; CUDA through LibTorch
-// in a build whose LibTorch has CUDA (loading the LibTorch part); none otherwise. Throws
-// ConfigError for any value but "", "0" and "1".
+// in a build whose LibTorch has CUDA (loading the LibTorch part: when it cannot be loaded,
+// a warning, and no device memory); none otherwise. Throws ConfigError for any value but
+// "", "0" and "1".
 void installDeviceMemory(const char* setting);
 
 }  // namespace collie

@@ -1,6 +1,7 @@
 // Where a rank's memory goes during training, measured rather than computed: every block
-// LibTorch allocates on the CPU passes through one allocator that counts it for the rank
-// whose thread made it, under the part of the training running then (set-up, forward,
+// LibTorch allocates on the CPU passes through one allocator, which counts the blocks a
+// rank's threads make (its own and its communication thread; ATen's worker threads count
+// nowhere) for that rank, under the part of the training running then (set-up, forward,
 // backward, stage 3's gathered units, gradient sync, the optimizer). When a rank's live bytes
 // reach a new peak, its ledger keeps what each part held at that moment: the peak's make-up,
 // which adds up to it. What LibTorch does not allocate (small objects of the C++ heap, the
@@ -19,7 +20,7 @@ enum class MemoryUse : int {
   kSetUp,         // before the first step: the model, buckets, shards, optimizer state
   kForward,       // activations and the forward's temporaries
   kBackward,      // gradients on their way into buckets and the backward's temporaries
-  kGathered,      // stage 3: parameter values gathered for a unit
+  kGathered,      // parameter values all-gathered: stage 3's units, stages 1-2 after the update
   kGradientSync,  // the buckets' reductions and their temporaries
   kOptimizer,     // clipping and the optimizer's step (its state, where made lazily)
   kOther,         // anything else during a step (the batch, the loss)

@@ -22,6 +22,8 @@ void to_json(nlohmann::json& j, const SyncCheck& s);
 void from_json(const nlohmann::json& j, SyncCheck& s);
 void to_json(nlohmann::json& j, const Rebalance& c);
 void from_json(const nlohmann::json& j, Rebalance& c);
+void to_json(nlohmann::json& j, const StepMemory& m);
+void from_json(const nlohmann::json& j, StepMemory& m);
 
 // DIR/rank-R.jsonl: step, rank, the times of StepStats, samples, tokens, tokens/s, loss, lr,
 // grad norm and every collective's provenance. A resumed run appends.

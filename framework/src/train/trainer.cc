@@ -46,6 +46,7 @@
 #include "train/step_watchers.h"
 #include "train/sync.h"
 #include "train/training_state.h"
+#include "util/system.h"
 
 namespace collie::train {
 
@@ -91,6 +92,12 @@ class Autocast {
 std::mutex& modelCreationMutex() {
   static std::mutex mu;
   return mu;
+}
+
+// This process among a job's: its host's name and its pid, as one number ranks compare.
+double processId() {
+  const uint64_t host = std::hash<std::string>{}(detail::hostName()) % (uint64_t{1} << 30);
+  return static_cast<double>(host * (uint64_t{1} << 22) + static_cast<uint64_t>(::getpid()));
 }
 
 class RankTrainer {
@@ -162,9 +169,7 @@ class RankTrainer {
     // Memory: what the steps allocate outside the parts that say otherwise is "other"; the
     // resident peak is the steps' (and what runs between them), where the kernel restarts it.
     const MemoryLedger::Use steps(MemoryUse::kOther);
-    releaseFreeMemory();  // what the set-up freed (stage 3: the whole model) goes back
-    StepsMemory memory{static_cast<double>(residentBytes()), static_cast<double>(ledger_.live())};
-    const bool resident_restarted = restartResidentPeak();
+    StepsMemory memory = startStepsMemory();
     for (int64_t s = start; s < spec_.steps; ++s) {
       faults_.beforeStep(s + 1);
       if (ProgressBoard* board = comm_.progress()) board->setStep(s + 1);
@@ -184,7 +189,7 @@ class RankTrainer {
       if (checkpoints.dueAfter(s + 1)) state.save(checkpoints, s + 1);
     }
 
-    memory.resident_peak = resident_restarted ? static_cast<double>(residentPeakBytes()) : -1;
+    if (memory.restarted) memory.resident_peak = static_cast<double>(residentPeakBytes());
     withParameters([&] {
       result.sync = verifyWeights(comm_, control_, params_, names_, spec_.steps);
       result.weight_sample = sampleWeights();
@@ -194,7 +199,7 @@ class RankTrainer {
     result.rebalances = rebalancer.taken();
     stragglers.report(&result);
     if (tracer_) writeExperimentTrace(*tracer_, comm_, control_, e_, out_dir_);
-    measureMemory(reducer, memory, &result);  // last: its getrusage peak is the whole run's
+    measureMemory(reducer, memory, &result);  // last: the run's peak includes the checks
     return result;
   }
 
@@ -666,15 +671,35 @@ class RankTrainer {
     return "device memory";
   }
 
-  // The resident set and LibTorch's blocks when the steps began, and the resident peak over
-  // them (-1: the kernel would not restart it, the run's peak stands in).
+  // The resident set and LibTorch's blocks when the steps began, the resident peak before
+  // them, and over them (-1: the kernel would not restart it, the run's peak stands in).
   struct StepsMemory {
-    double resident_at_start = 0, tracked_at_start = 0, resident_peak = -1;
+    double resident_at_start = 0, tracked_at_start = 0, set_up_peak = 0, resident_peak = -1;
+    bool restarted = false;
   };
 
+  // Before the first step: what the set-up freed (stage 3: the whole model it built) goes
+  // back to the system, and the resident peak starts again from there. Every step between
+  // barriers, since ranks that are threads share one resident set.
+  StepsMemory startStepsMemory() {
+    StepsMemory m;
+    control_.barrier();
+    releaseFreeMemory();
+    control_.barrier();
+    m.resident_at_start = static_cast<double>(residentBytes());
+    m.tracked_at_start = static_cast<double>(ledger_.live());
+    m.set_up_peak = static_cast<double>(residentPeakBytes());
+    control_.barrier();
+    m.restarted = restartResidentPeak();
+    control_.barrier();
+    return m;
+  }
+
   // Memory: what rank 0 holds between steps, by kind (the buffers themselves, not a
-  // formula), every rank's peak resident memory (of its process: ranks as threads share
-  // one), and every rank's memory at its peak during a step, by use (measured).
+  // formula), every rank's peak resident memory over the run (of its process: ranks as
+  // threads share one; restarting the steps' peak resets getrusage's too, so the set-up's
+  // peak is kept beside it), and every rank's memory at its peak during a step, by use
+  // (measured).
   void measureMemory(const Reducer& reducer, const StepsMemory& steps, Result* r) {
     const HeldBytes held = reducer.held();
     r->parameter_bytes = held.parameters;
@@ -685,11 +710,12 @@ class RankTrainer {
       r->optimizer_bytes += static_cast<uint64_t>(tensor.numel()) * 4;
     struct rusage usage {};
     ::getrusage(RUSAGE_SELF, &usage);  // ru_maxrss: KiB
-    const double run_peak = static_cast<double>(usage.ru_maxrss) * 1024;
+    const double run_peak =
+        std::max(static_cast<double>(usage.ru_maxrss) * 1024, steps.set_up_peak);
     const MemoryPeak peak = ledger_.peak();
     std::vector<double> mine = {run_peak,
                                 steps.resident_peak >= 0 ? steps.resident_peak : run_peak,
-                                static_cast<double>(::getpid()),
+                                processId(),
                                 steps.resident_at_start,
                                 steps.tracked_at_start,
                                 static_cast<double>(peak.bytes)};
