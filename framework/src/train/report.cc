@@ -92,8 +92,7 @@ void printStepMemory(std::ostream& out, const std::string& tag, const Result& r)
             ? fmt::format(
                   "resident {} when the steps began (the libraries, the set-up), peak "
                   "{}: +{} during the steps, of which LibTorch's blocks +{} and {:+.1f} "
-                  "outside them (the C library's heap kept after frees, transports, "
-                  "scratch)",
+                  "outside them (free memory malloc kept, transports, scratch)",
                   mb(m.resident_at_start), mb(m.resident), mb(m.resident - m.resident_at_start),
                   mb(m.tracked - m.tracked_at_start),
                   ((m.resident - m.resident_at_start) - (m.tracked - m.tracked_at_start)) / 1e6)
