@@ -20,6 +20,7 @@
 #include "collie/plugin.h"
 #include "config/rules.h"
 #include "core/strings.h"
+#include "util/system.h"
 
 namespace fs = std::filesystem;
 
@@ -180,11 +181,8 @@ void rejectUnreadParams(const Params& params, const PluginLibrary& library) {
 // The folder `collie/` beside the libcollie_core.so this process runs with (found by a
 // function of the core, since the loader itself is linked into the executable).
 std::string besideCoreLibrary() {
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&dtypeSize), &info) == 0 || !info.dli_fname) {
-    return "";
-  }
-  return (fs::path(info.dli_fname).parent_path() / "collie").string();
+  const std::string core = detail::libraryOf(reinterpret_cast<const void*>(&dtypeSize));
+  return core.empty() ? "" : (fs::path(core).parent_path() / "collie").string();
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "collie/device_memory.h"
 #include "collie/error.h"
 #include "collie/log.h"
+#include "util/system.h"
 
 namespace fs = std::filesystem;
 
@@ -20,11 +21,9 @@ namespace {
 // The folder of the libcollie_app.so this process runs with: libcollie_torch.so is built and
 // installed beside it.
 fs::path besideAppLibrary() {
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&torchRuntime), &info) == 0 || info.dli_fname == nullptr) {
-    throw InternalError("cannot tell where libcollie_app.so is (dladdr failed)");
-  }
-  return fs::path(info.dli_fname).parent_path();
+  const std::string app = detail::libraryOf(reinterpret_cast<const void*>(&torchRuntime));
+  if (app.empty()) throw InternalError("cannot tell where libcollie_app.so is (dladdr failed)");
+  return fs::path(app).parent_path();
 }
 
 const TorchRuntime* load() {

@@ -679,8 +679,9 @@ class RankTrainer {
   };
 
   // Before the first step: what the set-up freed (stage 3: the whole model it built) goes
-  // back to the system, and the resident peak starts again from there. Every step between
-  // barriers, since ranks that are threads share one resident set.
+  // back to the system, and the resident peak starts again from there. Each part between
+  // barriers, since ranks that are threads share one resident set, and no rank's first
+  // step may allocate before every rank has restarted the peak.
   StepsMemory startStepsMemory() {
     StepsMemory m;
     control_.barrier();

@@ -19,14 +19,27 @@
 
 namespace collie::detail {
 
+std::string libraryOf(const void* address) {
+  Dl_info info{};
+  if (address == nullptr || dladdr(address, &info) == 0 || info.dli_fname == nullptr) return "";
+  return info.dli_fname;
+}
+
+namespace {
+
+// The real file behind `path` (through the alternatives' symlinks), or `path` itself.
+std::string realFile(const std::string& path) {
+  std::error_code ec;
+  auto real = std::filesystem::canonical(path, ec);
+  return ec ? path : real.string();
+}
+
+}  // namespace
+
 std::string blasInUse() {
   // The library whose sgemm_ this process binds to is the BLAS LibTorch's matmuls call.
-  void* sgemm = dlsym(RTLD_DEFAULT, "sgemm_");
-  Dl_info info{};
-  if (sgemm != nullptr && dladdr(sgemm, &info) != 0 && info.dli_fname != nullptr) {
-    std::error_code ec;
-    auto real = std::filesystem::canonical(info.dli_fname, ec);
-    return ec ? std::string(info.dli_fname) : real.string();
+  if (const std::string sgemm = libraryOf(dlsym(RTLD_DEFAULT, "sgemm_")); !sgemm.empty()) {
+    return realFile(sgemm);
   }
   std::ifstream maps("/proc/self/maps");
   std::string line;
@@ -37,23 +50,15 @@ std::string blasInUse() {
     std::string file = std::filesystem::path(path).filename().string();
     if (file.rfind("libblas.so", 0) == 0 || file.rfind("libopenblas", 0) == 0 ||
         file.rfind("libmkl_rt", 0) == 0) {
-      std::error_code ec;
-      auto real = std::filesystem::canonical(path, ec);
-      return ec ? path : real.string();
+      return realFile(path);
     }
   }
   return "none loaded";
 }
 
 std::string mallocInUse() {
-  void* malloc_fn = dlsym(RTLD_DEFAULT, "malloc");
-  Dl_info info{};
-  if (malloc_fn == nullptr || dladdr(malloc_fn, &info) == 0 || info.dli_fname == nullptr) {
-    return "unknown";
-  }
-  std::error_code ec;
-  auto real = std::filesystem::canonical(info.dli_fname, ec);
-  return ec ? std::string(info.dli_fname) : real.string();
+  const std::string file = libraryOf(dlsym(RTLD_DEFAULT, "malloc"));
+  return file.empty() ? "unknown" : realFile(file);
 }
 
 std::string hostName() {

@@ -6,6 +6,10 @@
 
 namespace collie::detail {
 
+// The file of the loaded library (or executable) that holds `address` (a function or object
+// of it), as the dynamic loader names it; "" when none does.
+std::string libraryOf(const void* address);
+
 // The BLAS library this process has loaded (resolved through the alternatives symlinks),
 // e.g. ".../openblas-pthread/libblas.so.3", or "none loaded".
 std::string blasInUse();
