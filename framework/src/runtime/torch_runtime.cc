@@ -29,8 +29,10 @@ fs::path besideAppLibrary() {
 const TorchRuntime* load() {
   const fs::path path = besideAppLibrary() / "libcollie_torch.so";
   // RTLD_GLOBAL: LibTorch's symbols for the model plugins loaded after it, as when the
-  // executable linked LibTorch itself; RTLD_LAZY: its calls bind as they are first made.
-  void* handle = dlopen(path.c_str(), RTLD_LAZY | RTLD_GLOBAL);
+  // executable linked LibTorch itself; RTLD_NOW: a missing symbol is this error, not a
+  // "symbol lookup error" in the middle of a run.
+  const DeviceMemoryOps before = deviceMemoryOps();  // its loading may install CUDA's
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
   if (handle == nullptr) {
     throw PluginError(fmt::format(
         "cannot load collie's LibTorch part {}: {}. HINT: build it (cmake --build build "
@@ -42,6 +44,7 @@ const TorchRuntime* load() {
   const TorchRuntime* runtime = entry == nullptr ? nullptr : entry();
   if (runtime == nullptr || runtime->build == nullptr ||
       std::string(runtime->build) != kTorchRuntimeBuild) {
+    setDeviceMemoryOps(before);  // nothing of a refused build's stays in use
     throw PluginError(fmt::format(
         "{} is not this build's LibTorch part (it says {}, collie is {}). HINT: rebuild collie",
         path.string(), runtime == nullptr || runtime->build == nullptr ? "nothing" : runtime->build,

@@ -31,7 +31,7 @@ constexpr size_t kHeader = 64;
 static_assert(sizeof(Header) <= kHeader && kHeader % c10::gAlignment == 0);
 
 // LibTorch's CPU allocator with the ledger's counting: the same alloc_cpu and free_cpu as
-// its default one (aligned memory from the C library), each block counted as it comes and
+// its default one (aligned memory from malloc), each block counted as it comes and
 // goes.
 void releaseCounted(void* data) {
   if (data == nullptr) return;

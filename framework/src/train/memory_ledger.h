@@ -5,8 +5,8 @@
 // backward, stage 3's gathered units, gradient sync, the optimizer). When a rank's live bytes
 // reach a new peak, its ledger keeps what each part held at that moment: the peak's make-up,
 // which adds up to it. What LibTorch does not allocate (small objects of the C++ heap, the
-// transports' and collie's scratch buffers, the libraries) and what the C library keeps
-// after a free are the rest of the resident set: its peak less the tracked peak. Free of
+// transports' and collie's scratch buffers, the libraries) and the free memory malloc keeps
+// are the rest of the resident set: its peak less the tracked peak. Free of
 // LibTorch headers.
 #pragma once
 

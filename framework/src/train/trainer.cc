@@ -165,11 +165,11 @@ class RankTrainer {
     Result result = describeRun(reducer, cost, predictComm(reducer, cost));
 
     std::vector<StepStats> stats;
-    const auto started = Clock::now();
     // Memory: what the steps allocate outside the parts that say otherwise is "other"; the
     // resident peak is the steps' (and what runs between them), where the kernel restarts it.
     const MemoryLedger::Use steps(MemoryUse::kOther);
     StepsMemory memory = startStepsMemory();
+    const auto started = Clock::now();
     for (int64_t s = start; s < spec_.steps; ++s) {
       faults_.beforeStep(s + 1);
       if (ProgressBoard* board = comm_.progress()) board->setStep(s + 1);
@@ -189,6 +189,7 @@ class RankTrainer {
       if (checkpoints.dueAfter(s + 1)) state.save(checkpoints, s + 1);
     }
 
+    control_.barrier();  // ranks that are threads read their process's peak once all have stepped
     if (memory.restarted) memory.resident_peak = static_cast<double>(residentPeakBytes());
     withParameters([&] {
       result.sync = verifyWeights(comm_, control_, params_, names_, spec_.steps);
