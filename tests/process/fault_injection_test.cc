@@ -420,4 +420,84 @@ TEST(Launcher, ASigtermThatAnotherThreadCouldTakeStillReachesTheLauncher) {
                               : "the launcher exited with " + std::to_string(WEXITSTATUS(status)));
 }
 
+// The training config of the memory-limit tests: 2 ranks over gloo, launch.memory_limit
+// `limits` (YAML), a model whose training needs some hundreds of MB per rank.
+std::string limitedTo(const std::string& name, const std::string& limits,
+                      const std::string& launch = "") {
+  return writeTempFile(
+      name + ".yaml",
+      "name: " + name + "\nlaunch: {nproc_per_node: 2, memory_limit: " + limits + launch +
+          "}\nbackend: {plugin: gloo, params: {timeout: 10s}}\n"
+          "model: {plugin: mlp, params: {seq_len: 16, vocab: 64, d_embed: 32, hidden: 1024, "
+          "layers: 2}}\ntrain: {steps: 4, micro_batch: 8, log_every: 1000}\n");
+}
+
+bool haveMemoryCgroupV1() {
+  struct stat st {};
+  return ::geteuid() == 0 && ::stat("/sys/fs/cgroup/memory/memory.limit_in_bytes", &st) == 0;
+}
+
+// launch.memory_limit: rank 1 held to 40 MiB (less than a rank needs to start) is killed by
+// the kernel's OOM killer, and the launcher says so, naming the rank and its limit, rather
+// than a bare SIGKILL; rank 0 (2 GiB) is stopped, error.json says out_of_memory, the run is
+// not restarted (it would run out again), and no process or cgroup is left.
+TEST(MemoryLimit, ARankOverItsLimitIsReportedAsSuchAndTheOthersStop) {
+  if (!haveMemoryCgroupV1())
+    GTEST_SKIP() << "needs root and the cgroup v1 memory controller at /sys/fs/cgroup/memory";
+  const std::string out = scratch("memory-limit");
+  const JobRun run =
+      runUnder("collie", limitedTo("memory-limit", "[2GiB, 40MiB]", ", max_restarts: 2"), out, 2);
+  EXPECT_EQ(run.exit_code, 1) << run.log;
+  EXPECT_NE(run.log.find("was killed by the kernel's OOM killer at its memory limit "
+                         "(launch.memory_limit 40.0 MiB"),
+            std::string::npos)
+      << run.log;
+  EXPECT_NE(run.log.find("First failure: rank 1 (pid "), std::string::npos) << run.log;
+  EXPECT_EQ(run.log.find("rank 0 (pid"), std::string::npos) << "rank 0 blamed: " << run.log;
+  EXPECT_EQ(run.log.find("restarting"), std::string::npos) << run.log;
+  const auto error = nlohmann::json::parse(readText(out + "/error.json"));
+  EXPECT_EQ(error["failed_rank"], 1);
+  EXPECT_EQ(error["out_of_memory"], true);
+  EXPECT_EQ(error["signal"], 9);
+  EXPECT_TRUE(noneLeft(out));
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/sys/fs/cgroup/memory/collie", ec))
+    ADD_FAILURE() << entry.path() << " was left behind";
+}
+
+// A limit the ranks stay under changes nothing: the run trains to the end.
+TEST(MemoryLimit, RanksUnderTheirLimitTrainToTheEnd) {
+  if (!haveMemoryCgroupV1())
+    GTEST_SKIP() << "needs root and the cgroup v1 memory controller at /sys/fs/cgroup/memory";
+  const std::string out = scratch("memory-limit-enough");
+  const JobRun run = runUnder("collie", limitedTo("memory-limit-enough", "1GiB"), out, 2);
+  EXPECT_EQ(run.exit_code, 0) << run.log;
+  EXPECT_EQ(run.log.find("OOM killer"), std::string::npos) << run.log;
+}
+
+// A list of another length, ranks that are threads, and the lab are refused before anything
+// runs (exit 2), each saying why.
+TEST(MemoryLimit, WhatCannotHoldARankIsRefused) {
+  const std::string out = scratch("memory-limit-bad");
+  JobRun run = runUnder("collie", limitedTo("memory-limit-bad", "[1GiB, 1GiB, 1GiB]"), out, 2);
+  EXPECT_EQ(run.exit_code, 2) << run.log;
+  EXPECT_NE(run.log.find("launch.memory_limit expected one limit for every rank or 2 (one per "
+                         "rank), found 3"),
+            std::string::npos)
+      << run.log;
+  const std::string threads = writeTempFile(
+      "memory-limit-threads.yaml",
+      "name: t\nlaunch: {nproc_per_node: 2, memory_limit: 1GiB}\nbackend: loopback\n"
+      "model: {plugin: mlp, params: {seq_len: 4, vocab: 16}}\ntrain: {steps: 1, micro_batch: 2}\n");
+  run = runUnder("collie", threads, out, 2);
+  EXPECT_EQ(run.exit_code, 2) << run.log;
+  EXPECT_NE(run.log.find("launch.memory_limit holds each rank's process, but backend "
+                         "'loopback' runs its ranks as threads"),
+            std::string::npos)
+      << run.log;
+  run = runUnder("collie", limitedTo("memory-limit-small", "1MiB"), out, 2);
+  EXPECT_EQ(run.exit_code, 2) << run.log;
+  EXPECT_NE(run.log.find("launch.memory_limit"), std::string::npos) << run.log;
+}
+
 }  // namespace

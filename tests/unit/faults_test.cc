@@ -1,6 +1,8 @@
-// CpuLimit on cgroup v2 (cpu.max, subtree_control, the "0::" membership line), against a mount
-// table, a membership file and a folder standing for the cgroup2 file system, all made by the
-// test: no root, and no cgroup2 cpu controller on the machine needed.
+// CpuLimit and MemoryGroup on cgroup v2 (cpu.max, memory.max, subtree_control, the "0::"
+// membership line) and MemoryGroup on v1, against a mount table, a membership file and
+// folders standing for the cgroup file systems, all made by the test: no root, and no cgroup
+// controller on the machine needed. The kernel's side (a rank really killed at its limit) is
+// tests/process/fault_injection_test.cc's, as root.
 #include "runtime/faults.h"
 
 #include <gtest/gtest.h>
@@ -103,6 +105,95 @@ TEST_F(CgroupV2, AHierarchyWithoutTheCpuControllerIsRefused) {
         << e.what();
   }
   EXPECT_FALSE(fs::exists(root_ / "collie"));
+}
+
+// A worker's memory group on v2: memory.max the limit, no swap (memory.swap.max 0), the
+// controller handed down at each level; the OOM kills and the peak read from the kernel's
+// files; the group gone after.
+TEST_F(CgroupV2, AMemoryGroupHoldsItsLimitAndReadsTheOomKills) {
+  writeText(root_ / "cgroup.controllers", "cpu memory pids\n");
+  const fs::path group = root_ / "collie" / ("job-" + std::to_string(::getpid()) + "-rank-1");
+  {
+    fs::create_directories(group);  // the kernel makes these files with the group
+    writeText(group / "memory.swap.max", "max\n");
+    const MemoryGroup memory(96ull << 20, "rank-1", "launch.memory_limit", files_);
+    EXPECT_EQ(memory.path(), group.string());
+    EXPECT_EQ(memory.procsFile(), (group / "cgroup.procs").string());
+    EXPECT_EQ(readText(group / "memory.max"), std::to_string(96ull << 20));
+    EXPECT_EQ(readText(group / "memory.swap.max"), "0");
+    EXPECT_EQ(readText(root_ / "cgroup.subtree_control"), "+memory");
+    EXPECT_EQ(readText(root_ / "collie" / "cgroup.subtree_control"), "+memory");
+    EXPECT_EQ(memory.oomKills(), 0) << "no memory.events yet";
+    writeText(group / "memory.events", "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\n");
+    writeText(group / "memory.peak", "100663296\n");
+    EXPECT_EQ(memory.oomKills(), 1);
+    EXPECT_EQ(memory.peakBytes(), 100663296u);
+    for (const char* file : {"memory.max", "memory.swap.max", "memory.events", "memory.peak",
+                             "cgroup.subtree_control"})
+      fs::remove(group / file);  // what the kernel's files would not keep: rmdir needs it empty
+  }
+  EXPECT_FALSE(fs::exists(group)) << "the group was left behind";
+}
+
+// v1: memory.limit_in_bytes, then memory.memsw.limit_in_bytes (memory and swap) the same,
+// oom_kill read from memory.oom_control. A hierarchy without the controller is refused.
+TEST_F(CgroupV2, AMemoryGroupOnV1AndAMachineWithoutTheController) {
+  writeText(root_ / "cgroup.controllers", "cpu pids\n");
+  try {
+    MemoryGroup memory(64ull << 20, "rank-0", "launch.memory_limit", files_);
+    FAIL() << "made " << memory.path();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("launch.memory_limit needs the cgroup memory controller"),
+              std::string::npos)
+        << e.what();
+  }
+  const fs::path v1 = dir_ / "v1-memory";
+  fs::create_directories(v1);
+  writeText(dir_ / "mountinfo", readText(dir_ / "mountinfo") + "34 30 0:31 / " + v1.string() +
+                                    " rw,relatime - cgroup cgroup rw,memory\n");
+  const fs::path group = v1 / "collie" / ("job-" + std::to_string(::getpid()) + "-rank-0");
+  fs::create_directories(group);
+  writeText(group / "memory.memsw.limit_in_bytes", "9223372036854771712\n");
+  const MemoryGroup memory(64ull << 20, "rank-0", "launch.memory_limit", files_);
+  EXPECT_EQ(readText(group / "memory.limit_in_bytes"), std::to_string(64ull << 20));
+  EXPECT_EQ(readText(group / "memory.memsw.limit_in_bytes"), std::to_string(64ull << 20));
+  EXPECT_FALSE(fs::exists(group / "memory.max")) << "a v2 file in a v1 group";
+  writeText(group / "memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n");
+  writeText(group / "memory.max_usage_in_bytes", "67108864\n");
+  EXPECT_EQ(memory.oomKills(), 2);
+  EXPECT_EQ(memory.peakBytes(), 67108864u);
+}
+
+// On v2 a process is in one group for every controller: a CPU limit, which moves a rank into
+// a group of its own, would take it out of its memory group, so the two are refused together
+// there, and allowed where cpu and memory are separate v1 hierarchies.
+TEST_F(CgroupV2, AMemoryLimitAndACpuLimitInOneHierarchyAreRefused) {
+  writeText(root_ / "cgroup.controllers", "cpu memory\n");
+  config::Experiment e;
+  e.file = "x.yaml";
+  e.memory_limit = {1ull << 30};
+  EXPECT_NO_THROW(checkMemoryLimit(e, 2, false, false, false, "gloo", files_));
+  e.cpu_share = {0.5};
+  try {
+    checkMemoryLimit(e, 2, false, false, false, "gloo", files_);
+    FAIL() << "a CPU limit and a memory limit in one hierarchy were taken";
+  } catch (const ConfigError& x) {
+    EXPECT_NE(std::string(x.what()).find("the memory and cpu controllers share one cgroup "
+                                         "hierarchy"),
+              std::string::npos)
+        << x.what();
+  }
+  const fs::path cpu = dir_ / "v1-cpu", memory = dir_ / "v1-memory";
+  fs::create_directories(cpu);
+  fs::create_directories(memory);
+  writeText(dir_ / "mountinfo", "31 30 0:28 / " + cpu.string() +
+                                    " rw - cgroup cgroup rw,cpu\n34 30 0:31 / " + memory.string() +
+                                    " rw - cgroup cgroup rw,memory\n");
+  EXPECT_NO_THROW(checkMemoryLimit(e, 2, false, false, false, "gloo", files_));
+  EXPECT_THROW(checkMemoryLimit(e, 2, false, true, false, "gloo", files_), ConfigError)
+      << "under another launcher";
+  EXPECT_THROW(checkMemoryLimit(e, 2, false, false, true, "gloo", files_), ConfigError)
+      << "on the lab";
 }
 
 }  // namespace

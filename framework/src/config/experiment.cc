@@ -654,6 +654,12 @@ const Schema& experimentSchema() {
                              .doc("limit each rank's process to this share of one CPU (cgroup "
                                   "cpu controller, root): one for every rank or one per rank, "
                                   "to emulate unequal machines")},
+           {"memory_limit", S::list(S::bytes(uint64_t{16} << 20, uint64_t{1} << 50), 1)
+                                .into(&Experiment::memory_limit)
+                                .doc("hold each rank's process to this much memory (cgroup "
+                                     "memory controller, root; no swap): one for every rank or "
+                                     "one per rank. A rank that goes over is killed by the "
+                                     "kernel, and the run fails saying so")},
            {"master_addr",
             S::string()
                 .byDefault("127.0.0.1")

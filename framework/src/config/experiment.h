@@ -189,6 +189,9 @@ struct Experiment {
   // launch.cpu_share: each rank's process limited to this share of one CPU (one for every
   // rank, or one per rank; empty: no limit).
   std::vector<double> cpu_share;
+  // launch.memory_limit: each rank's process held to this many bytes by collie's launcher
+  // (one for every rank, or one per rank; empty: no limit).
+  std::vector<uint64_t> memory_limit;
   bool explicit_topology = false;  // labels or ranks_per_node given (else: host names)
   std::string master_addr;
   int master_port = 0;  // 0: the launcher picks a free port

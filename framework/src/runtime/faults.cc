@@ -35,110 +35,16 @@ namespace {
 constexpr long kCfsPeriodUs = 10000;
 constexpr long kMinQuotaUs = 1000;
 
-bool hasWord(const std::string& list, const std::string& word) {
-  for (const auto& w : detail::split(list, ',')) {
-    if (w == word) return true;
-  }
-  return false;
-}
-
-// Where a cgroup hierarchy with the `cpu` controller is mounted ("" when none is): a v1
-// hierarchy holding it, else the v2 (unified) hierarchy when its cgroup.controllers lists it.
-struct CpuController {
-  std::string mount;
-  bool v2 = false;
-};
-CpuController cpuController(const std::string& mountinfo) {
-  std::ifstream in(mountinfo);
-  std::string unified;
-  for (std::string line; std::getline(in, line);) {
-    // "36 25 0:31 / /sys/fs/cgroup/cpu rw,relatime shared:14 - cgroup cgroup rw,cpu"
-    // "30 23 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate"
-    const auto fields = detail::split(line, ' ');
-    const auto dash = std::find(fields.begin(), fields.end(), "-");
-    if (fields.size() < 5 || dash == fields.end() || fields.end() - dash < 4) continue;
-    if (dash[1] == "cgroup" && hasWord(dash[3], "cpu")) return {fields[4], false};
-    if (dash[1] == "cgroup2") unified = fields[4];
-  }
-  if (!unified.empty()) {
-    std::ifstream controllers(unified + "/cgroup.controllers");
-    for (std::string word; controllers >> word;) {
-      if (word == "cpu") return {unified, true};
-    }
-  }
-  return {};
-}
-
-// This process's cgroup in the hierarchy of the `cpu` controller ("/" at its root): v1's
-// line naming cpu, v2's "0::" line.
-std::string currentCpuGroup(bool v2, const std::string& membership) {
-  std::ifstream in(membership);
-  for (std::string line; std::getline(in, line);) {
-    // "4:cpu:/collie/rank-12", "4:cpu,cpuacct:/", "0::/user.slice"
-    const auto first = line.find(':'), second = line.find(':', first + 1);
-    if (first == std::string::npos || second == std::string::npos) continue;
-    const std::string controllers = line.substr(first + 1, second - first - 1);
-    if (v2 ? line.rfind("0::", 0) == 0 : hasWord(controllers, "cpu"))
-      return line.substr(second + 1);
-  }
-  return "/";
-}
-
-void writeControl(const std::string& path, const std::string& value, const std::string& who) {
-  std::ofstream out(path);
-  out << value << std::flush;
-  if (!out) {
-    throw ConfigError(fmt::format("{}: cannot write '{}' to {}: {}. HINT: it needs root", who,
-                                  value, path, std::strerror(errno)));
-  }
-}
-
 }  // namespace
 
 CpuLimit::CpuLimit(double share, const std::string& who, const std::string& tag,
                    const CgroupFiles& files) {
-  const CpuController controller = cpuController(files.mountinfo);
-  if (controller.mount.empty()) {
-    throw ConfigError(who +
-                      " needs the cgroup cpu controller, and this machine has none (no cgroup "
-                      "v1 hierarchy with the cpu option in /proc/self/mountinfo, and no cgroup2 "
-                      "hierarchy whose cgroup.controllers lists cpu)");
-  }
+  const CgroupHierarchy controller = requireHierarchy("cpu", files.mountinfo, who);
   v2_ = controller.v2;
-  const fs::path parent = fs::path(controller.mount) / "collie";
-  std::error_code ec;
-  // Groups of ranks that were killed are left behind empty. Only those of processes that are
-  // gone: another rank's group is empty too between its mkdir and its move into it.
-  for (const auto& entry : fs::directory_iterator(parent, ec)) {
-    const std::string name = entry.path().filename().string();
-    long pid = 0;
-    if (entry.is_directory() && std::sscanf(name.c_str(), "rank-%ld-", &pid) == 1 && pid > 0 &&
-        ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
-      ::rmdir(entry.path().c_str());
-    }
-  }
-  if (v2_) {
-    // cgroup v2 delegates a controller to children only through subtree_control, and only in
-    // groups without processes of their own: collie/ holds none.
-    std::ofstream(controller.mount + "/cgroup.subtree_control") << "+cpu" << std::flush;
-  }
-  const fs::path group = parent / fmt::format("rank-{}-{}", ::getpid(), tag);
-  // The last rank out of another job removes collie/: make it again when it went between.
-  int made = -1;
-  for (int attempt = 0; attempt < 5 && made != 0; ++attempt) {
-    fs::create_directories(parent, ec);
-    if (v2_) writeControl(parent.string() + "/cgroup.subtree_control", "+cpu", who);
-    made = ::mkdir(group.c_str(), 0755);
-    if (made != 0 && errno == EEXIST) made = 0;
-    if (made != 0 && errno != ENOENT) break;
-  }
-  if (made != 0) {
-    throw ConfigError(fmt::format("{}: cannot make the cgroup {}: {}. HINT: it needs root", who,
-                                  group.string(), std::strerror(errno)));
-  }
-  group_ = group.string();
+  // Groups of ranks that were killed are left behind empty; the next one removes them.
+  group_ = makeGroup(controller, "cpu", "rank-", tag, who);
   previous_ =
-      (fs::path(controller.mount) / currentCpuGroup(v2_, files.membership).substr(1)).string();
+      (fs::path(controller.mount) / currentGroup("cpu", v2_, files.membership).substr(1)).string();
   try {
     const long period = std::max(kCfsPeriodUs, static_cast<long>(std::ceil(kMinQuotaUs / share)));
     const long quota = std::max(kMinQuotaUs, static_cast<long>(share * period));
@@ -279,6 +185,46 @@ double cpuShareOf(const config::Experiment& e, int rank, int world, bool threads
         e.file, world, e.cpu_share.size()));
   }
   return e.cpu_share.size() == 1 ? e.cpu_share[0] : e.cpu_share[static_cast<size_t>(rank)];
+}
+
+void checkMemoryLimit(const config::Experiment& e, int world, bool threads, bool outside,
+                      bool on_lab, const std::string& backend, const CgroupFiles& files) {
+  if (e.memory_limit.empty()) return;
+  auto refuse = [&e](const std::string& why) {
+    return ConfigError(fmt::format("{}: launch.memory_limit {}", e.file, why));
+  };
+  if (threads) {
+    throw refuse(fmt::format(
+        "holds each rank's process, but backend '{}' runs its ranks as threads of one process. "
+        "HINT: use backend gloo or ucx",
+        backend));
+  }
+  if (outside) {
+    throw refuse(
+        "is set by collie's launcher as it starts each rank, and another launcher started "
+        "these. HINT: use that launcher's own limit (srun --mem, systemd-run -p MemoryMax=)");
+  }
+  if (on_lab) {
+    throw refuse(
+        "is not available on the lab's emulated hosts: each sees the /sys of its own network "
+        "namespace, without the cgroup hierarchies. HINT: run it without launch.lab");
+  }
+  if (e.memory_limit.size() != 1 && static_cast<int>(e.memory_limit.size()) != world) {
+    throw refuse(fmt::format("expected one limit for every rank or {} (one per rank), found {}",
+                             world, e.memory_limit.size()));
+  }
+  const bool limits_cpu =
+      !e.cpu_share.empty() || std::any_of(e.faults.begin(), e.faults.end(), [](const auto& f) {
+        return f.action == config::FaultSpec::Action::kSlow;
+      });
+  const std::string memory = findHierarchy("memory", files.mountinfo).mount;
+  if (limits_cpu && !memory.empty() && memory == findHierarchy("cpu", files.mountinfo).mount) {
+    throw refuse(fmt::format(
+        "and a CPU limit (launch.cpu_share, a slow fault) cannot both hold a rank here: the "
+        "memory and cpu controllers share one cgroup hierarchy ({}), in which a process is in "
+        "one group, and the CPU limit would move the rank out of its memory group",
+        memory));
+  }
 }
 
 void checkFaultsFit(const config::Experiment& e, int world, bool threads,

@@ -11,16 +11,9 @@
 #include <vector>
 
 #include "config/experiment.h"
+#include "runtime/cgroup.h"
 
 namespace collie {
-
-// Where CpuLimit finds the hierarchies and this process's place in them: the kernel's files,
-// or a mount table and a membership file that a test wrote (with the mount point in it a
-// folder of its own, standing for the cgroup file system).
-struct CgroupFiles {
-  std::string mountinfo = "/proc/self/mountinfo";
-  std::string membership = "/proc/self/cgroup";
-};
 
 // This process in a cgroup of its own under the `cpu` controller (cgroup v1's cfs quota, or
 // v2's cpu.max), limited to `share` of one CPU; back in the cgroup it came from on
@@ -85,6 +78,14 @@ double measureCpuShare(std::chrono::milliseconds duration);
 // 0 for none. Throws ConfigError for a list of another length, or ranks that are threads.
 double cpuShareOf(const config::Experiment& e, int rank, int world, bool threads,
                   const std::string& backend);
+
+// Throws ConfigError for a launch.memory_limit this job cannot take: a list of another length
+// than 1 or `world`, ranks that are threads, ranks another launcher started (`outside`: the
+// limit is one collie's launcher sets as it starts them), the lab's hosts, or a CPU limit in
+// the same cgroup hierarchy (cgroup v2, or v1 with cpu and memory mounted together: a process
+// is in one group of a hierarchy, and the CPU limit moves it out of its memory group).
+void checkMemoryLimit(const config::Experiment& e, int world, bool threads, bool outside,
+                      bool on_lab, const std::string& backend, const CgroupFiles& files = {});
 
 // Throws ConfigError for a fault this job cannot take: a rank outside its `world`, or one
 // that ends, freezes or limits a process (kill, stop, exit, slow) when the ranks are threads

@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <fmt/format.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +16,8 @@
 
 #include "collie/error.h"
 #include "collie/log.h"
+#include "core/strings.h"
+#include "runtime/cgroup.h"
 #include "runtime/progress.h"
 #include "runtime/teardown.h"
 #include "runtime/worker_set.h"
@@ -56,8 +59,28 @@ LaunchOutcome launchWorkers(const LaunchSpec& spec) {
   return supervise(workersOf(spec), how);
 }
 
+namespace {
+
+// How a worker killed by the kernel's OOM killer at its memory limit died: "was killed by
+// the kernel's OOM killer at its memory limit (...)"; "" for any other end.
+std::string killedAtMemoryLimit(const MemoryGroup* group, int status) {
+  if (group == nullptr || !WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL ||
+      group->oomKills() == 0)
+    return "";
+  const uint64_t peak = group->peakBytes();
+  return fmt::format("was killed by the kernel's OOM killer at its memory limit ({} {:.1f} MiB{})",
+                     group->who(), static_cast<double>(group->limit()) / (1 << 20),
+                     peak == 0 ? ""
+                               : fmt::format(", its cgroup's peak {:.1f} MiB",
+                                             static_cast<double>(peak) / (1 << 20)));
+}
+
+}  // namespace
+
 LaunchOutcome supervise(std::vector<ChildProcess> children, const Supervision& how) {
   using Clock = Teardown::Clock;
+  std::vector<std::shared_ptr<const MemoryGroup>> memory;  // each worker's, by its index
+  for (const auto& c : children) memory.push_back(c.memory);
   BlockedSignals signals;  // they arrive through its fd; children get the old mask back
   WorkerSet workers(std::move(children), signals.previousMask(), how.relay_output);
   Teardown teardown(how.failure_grace, how.kill_grace);
@@ -75,14 +98,22 @@ LaunchOutcome supervise(std::vector<ChildProcess> children, const Supervision& h
     teardown.failed(Clock::now(), std::chrono::milliseconds(0));
   }
   std::string left_early;  // the children that exited with 0 while others still ran
+  // Workers killed at their memory limit, described, in the order they were reaped.
+  std::vector<std::pair<const Worker*, std::string>> out_of_memory;
   auto onExit = [&](const Worker& w, int status) {
+    const std::string oom = killedAtMemoryLimit(memory.at(w.local_rank).get(), status);
+    if (!oom.empty())
+      out_of_memory.emplace_back(&w, fmt::format("{} (pid {}) {}", w.name, w.pid, oom));
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     if (ok && how.early_exit_is_suspect && outcome.failure.empty() && !teardown.stopping() &&
         workers.running() > 0) {
       left_early += fmt::format("{}{} (pid {})", left_early.empty() ? "" : ", ", w.name, w.pid);
     }
     if (ok || !outcome.failure.empty() || outcome.interrupted || teardown.stopping()) return;
-    outcome.failure = fmt::format("{} (pid {}) {}", w.name, w.pid, describeExit(status));
+    outcome.failure = oom.empty()
+                          ? fmt::format("{} (pid {}) {}", w.name, w.pid, describeExit(status))
+                          : out_of_memory.back().second;
+    outcome.out_of_memory = !oom.empty();
     outcome.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
     outcome.failed_rank = w.rank;
     outcome.failed_signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
@@ -145,8 +176,27 @@ LaunchOutcome supervise(std::vector<ChildProcess> children, const Supervision& h
     workers.relay(fds, 1);
     workers.reap(onExit);
   }
-  if (failed != nullptr && !failed->last_error.empty()) {
+  if (failed != nullptr && !failed->last_error.empty() && !outcome.out_of_memory) {
     outcome.failure += ": " + failed->last_error;  // its own words, read to the end
+  }
+  if (!out_of_memory.empty() && !outcome.interrupted) {
+    // A worker killed at its memory limit is the cause, even when another's failure (its
+    // peer gone) was reaped first.
+    const std::string first_seen = outcome.out_of_memory ? "" : outcome.failure;
+    outcome.failure = out_of_memory.front().second;
+    outcome.failed_rank = out_of_memory.front().first->rank;
+    outcome.failed_signal = SIGKILL;
+    outcome.exit_code = 1;  // as for any worker a signal ended
+    outcome.out_of_memory = true;
+    if (out_of_memory.size() > 1) {
+      std::vector<std::string> others;
+      for (size_t i = 1; i < out_of_memory.size(); ++i)
+        others.push_back(out_of_memory[i].first->name);
+      outcome.failure += fmt::format("; {} too", detail::join(others, ", "));
+    }
+    if (!first_seen.empty())
+      outcome.failure += fmt::format(" (first seen to fail: {})", first_seen);
+    failed = nullptr;
   }
   if (failed != nullptr && !left_early.empty()) {
     // A rank that returns 0 before the others finish has left the job: that is a failure

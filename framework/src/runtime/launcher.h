@@ -6,12 +6,15 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "util/spawn.h"
 
 namespace collie {
+
+class MemoryGroup;
 
 // How a launch watches its children.
 struct Supervision {
@@ -48,6 +51,9 @@ struct LaunchSpec {
   int threads_per_rank = 1;            // OMP_NUM_THREADS of each worker
   bool cpu_affinity = false;           // give each worker threads_per_rank CPUs of its own
   std::vector<std::string> extra_env;  // NAME=VALUE for every worker
+  // launch.memory_limit in bytes: one for every rank, or one per rank of the job (empty:
+  // none). Each worker starts in a memory cgroup of its own (runtime/cgroup.h).
+  std::vector<uint64_t> memory_limits;
   Supervision watch;                   // its graces and stall watch (`world` is set from above)
 };
 
@@ -62,6 +68,9 @@ struct LaunchOutcome {
   // A child could not be started (spawn() refused it: exit code 127, failure "could not be
   // started: rank 1: cannot run ..."): the same every time, so never restarted.
   bool not_started = false;
+  // The failed worker was killed by the kernel's OOM killer at its memory limit: the same
+  // every time, so never restarted.
+  bool out_of_memory = false;
 };
 
 // The launcher was interrupted (SIGINT, SIGTERM, SIGHUP) and stopped its workers: collie
@@ -78,6 +87,9 @@ struct ChildProcess {
   detail::SpawnOptions start;  // its output pipes and signal mask are the launch's to set
   int rank = -1;               // the rank it is (-1: not a rank, such as a host's launcher)
   std::string name;            // how messages call it: "rank 2", "host collie-h1, node 1"
+  // The memory cgroup it starts in (start.cgroups names it), read when it dies to tell a
+  // kill at its memory limit from another SIGKILL. nullptr: none.
+  std::shared_ptr<const MemoryGroup> memory;
 };
 
 // The children of `spec` (spec.nproc workers, their environments and CPUs).

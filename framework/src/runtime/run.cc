@@ -307,6 +307,7 @@ void writeErrorFile(const fs::path& out, const config::Experiment& e, size_t ind
       {"failed_rank", outcome.failed_rank},
       {"exit_code", outcome.exit_code},
       {"signal", outcome.failed_signal},
+      {"out_of_memory", outcome.out_of_memory},
       {"message", outcome.failure},
       {"restarts", restarts},
       {"max_restarts", e.max_restarts},
@@ -335,6 +336,7 @@ void launchRun(const RunRequest& request, const ExperimentKind& kind, const conf
   spec.result_path = resultPath(out, index).string();
   spec.threads_per_rank = e.threads_per_rank;
   spec.cpu_affinity = e.cpu_affinity;
+  spec.memory_limits = e.memory_limit;
   fs::remove(spec.result_path);
   fs::remove(out / "error.json");  // from an earlier run into the same folder
   // Node 0's launcher watches for stalls (the others would repeat its line).
@@ -359,9 +361,10 @@ void launchRun(const RunRequest& request, const ExperimentKind& kind, const conf
       throw Interrupted{outcome.exit_code};
     }
     if (outcome.failure.empty()) return;
-    // Bad input fails the same way every time: never restarted.
+    // Bad input fails the same way every time, and so does a rank over its memory limit:
+    // never restarted.
     if (attempt < e.max_restarts && outcome.exit_code != kExitBadInput && !outcome.not_started &&
-        request.nnodes == 1) {
+        !outcome.out_of_memory && request.nnodes == 1) {
       logWarn(fmt::format("run {} ({}) failed: {}; restarting all {} workers (restart {} of {}){}",
                           index + 1, e.name, outcome.failure, e.nproc_per_node, attempt + 1,
                           e.max_restarts, restart.from));
@@ -371,6 +374,11 @@ void launchRun(const RunRequest& request, const ExperimentKind& kind, const conf
         fmt::format("run {} ({}) failed; every other rank was stopped. First failure: {}",
                     index + 1, e.name, outcome.failure);
     if (attempt > 0) message += fmt::format(" (after {} restart(s))", attempt);
+    if (outcome.out_of_memory) {
+      message +=
+          ". HINT: raise launch.memory_limit, or need less per rank (a smaller model or "
+          "micro-batch, a higher train.sharding stage)";
+    }
     writeErrorFile(out, e, index, outcome, attempt);
     if (outcome.exit_code == kExitBadInput) throw ConfigError(message);
     throw CommError(message);
@@ -492,6 +500,7 @@ int runExperiments(const RunRequest& request, const std::vector<config::Experime
     }
     checkFaultsFit(e, ranks, threads, e.backend.label);
     cpuShareOf(e, 0, ranks, threads, e.backend.label);  // its length, and threads refused
+    checkMemoryLimit(e, ranks, threads, job != nullptr, on_lab, e.backend.label);
     // The workers this launcher starts (here, or on the lab's hosts) share a job token: a
     // fresh one when it starts them all, else launch.token_file's (node 0 writes it).
     if (!job && !threads && (request.nnodes == 1 || !e.token_file.empty()))

@@ -15,6 +15,7 @@
 
 #include "collie/error.h"
 #include "collie/log.h"
+#include "runtime/cgroup.h"
 #include "util/spawn.h"
 
 namespace collie {
@@ -226,6 +227,15 @@ std::vector<ChildProcess> workersOf(const LaunchSpec& spec) {
     c.start.argv = spec.argv;
     c.start.environment = workerEnvironment(spec, w);
     if (!cpu_sets.empty()) c.start.cpus = cpu_sets[i];
+    if (!spec.memory_limits.empty()) {
+      const uint64_t limit = spec.memory_limits.size() == 1
+                                 ? spec.memory_limits.front()
+                                 : spec.memory_limits.at(static_cast<size_t>(w.rank));
+      auto group = std::make_shared<MemoryGroup>(limit, fmt::format("rank-{}", w.rank),
+                                                 "launch.memory_limit");
+      c.start.cgroups = {group->procsFile()};
+      c.memory = std::move(group);
+    }
   }
   return children;
 }

@@ -30,6 +30,7 @@ enum class Step : int {
   kOwnMounts,
   kMountSys,
   kCpus,
+  kCgroup,
   kWorkingDirectory,
   kOutput,
   kExec
@@ -83,7 +84,8 @@ bool redirect(int fd, int target) {
 // The child's side: only async-signal-safe calls, then exec or _exit.
 [[noreturn]] void becomeChild(const SpawnOptions& o, pid_t parent, const sigset_t& parent_mask,
                               int report, const std::vector<int>& namespace_fds,
-                              const char* program, char* const* argv, char* const* envp) {
+                              const std::vector<int>& cgroup_fds, const char* program,
+                              char* const* argv, char* const* envp) {
   auto fail = [report](Step step, int index) {
     const ChildFailure failure{step, index, errno};
     ssize_t ignored = ::write(report, &failure, sizeof(failure));
@@ -116,6 +118,9 @@ bool redirect(int fd, int target) {
     if (::mount("sysfs", "/sys", "sysfs", 0, nullptr) != 0) fail(Step::kMountSys, 0);
   }
   if (o.cpus && ::sched_setaffinity(0, sizeof(cpu_set_t), &*o.cpus) != 0) fail(Step::kCpus, 0);
+  for (size_t i = 0; i < cgroup_fds.size(); ++i) {
+    if (::write(cgroup_fds[i], "0", 1) != 1) fail(Step::kCgroup, static_cast<int>(i));  // 0: me
+  }
   if (!o.working_directory.empty() && ::chdir(o.working_directory.c_str()) != 0)
     fail(Step::kWorkingDirectory, 0);
   if (!redirect(o.stdout_fd, STDOUT_FILENO) || !redirect(o.stderr_fd, STDERR_FILENO))
@@ -137,6 +142,8 @@ std::string describeFailure(const SpawnOptions& o, const ChildFailure& f) {
       return "cannot mount its network namespace's /sys: " + why;
     case Step::kCpus:
       return "cannot run on the CPUs asked for: " + why;
+    case Step::kCgroup:
+      return fmt::format("cannot enter the cgroup of {}: {}", o.cgroups.at(f.index), why);
     case Step::kWorkingDirectory:
       return fmt::format("cannot work in {}: {}", o.working_directory, why);
     case Step::kOutput:
@@ -182,9 +189,10 @@ pid_t spawn(const SpawnOptions& options) {
       options.environment.empty() ? environmentWith({}) : options.environment;
   const std::vector<char*> argv = pointersTo(args);
   const std::vector<char*> envp = pointersTo(env);
-  std::vector<int> namespace_fds;
-  auto closeAll = [&namespace_fds] {
+  std::vector<int> namespace_fds, cgroup_fds;
+  auto closeAll = [&namespace_fds, &cgroup_fds] {
     for (int fd : namespace_fds) ::close(fd);
+    for (int fd : cgroup_fds) ::close(fd);
   };
   for (const auto& ns : options.namespaces) {
     const int fd = ::open(ns.path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -194,6 +202,15 @@ pid_t spawn(const SpawnOptions& options) {
       throw refuse(fmt::format("cannot open {}: {}", ns.path, why));
     }
     namespace_fds.push_back(fd);
+  }
+  for (const auto& procs : options.cgroups) {
+    const int fd = ::open(procs.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) {
+      const std::string why = std::strerror(errno);
+      closeAll();
+      throw refuse(fmt::format("cannot open {}: {}", procs, why));
+    }
+    cgroup_fds.push_back(fd);
   }
   int report[2];
   if (::pipe2(report, O_CLOEXEC) != 0) {
@@ -209,7 +226,7 @@ pid_t spawn(const SpawnOptions& options) {
   ::pthread_sigmask(SIG_SETMASK, &all, &parent_mask);
   const pid_t pid = ::_Fork();
   if (pid == 0) {
-    becomeChild(options, parent, parent_mask, report[1], namespace_fds, program.c_str(),
+    becomeChild(options, parent, parent_mask, report[1], namespace_fds, cgroup_fds, program.c_str(),
                 argv.data(), envp.data());
   }
   const int fork_error = errno;

@@ -51,6 +51,9 @@ struct SpawnOptions {
   // that network namespace's, as `ip netns exec` does (tools and libraries list interfaces
   // in /sys/class/net).
   bool own_sysfs = false;
+  // cgroup.procs files of groups the child enters before exec (a launcher's memory limit of
+  // a worker): opened here, so that everything the program allocates is counted there.
+  std::vector<std::string> cgroups;
 };
 
 // The path exec would run for `name`: itself when it has a '/', else the first executable
