@@ -8,7 +8,7 @@ output (stdout and stderr together; `.` matches newlines) and no --fail pattern 
 --needs it first checks that this machine has what the command needs, and exits 77 (ctest's
 SKIP_RETURN_CODE) with a line saying what is missing when it does not.
 
-  expect_output.py [--exit N] [--needs cpu-controller] [--pass REGEX]... [--fail REGEX]...
+  expect_output.py [--exit N] [--needs cpu-controller|memory-controller] [--pass REGEX]... [--fail REGEX]...
                    -- COMMAND [ARGS...]
 """
 import argparse
@@ -18,12 +18,12 @@ import subprocess
 import sys
 
 
-def missing_cpu_controller():
-    """What launch.cpu_share lacks here ("" when nothing): root, and a cgroup v1 hierarchy with
-    the cpu option or a cgroup2 one whose cgroup.controllers lists cpu (as runtime/faults.cc
-    looks for them)."""
+def missing_controller(controller, key):
+    """What `key` (launch.cpu_share, launch.memory_limit) lacks here ("" when nothing): root,
+    and a cgroup v1 hierarchy with the `controller` option or a cgroup2 one whose
+    cgroup.controllers lists it (as runtime/cgroup.cc looks for them)."""
     if os.geteuid() != 0:
-        return f"launch.cpu_share needs root to make cgroups (running as uid {os.geteuid()})"
+        return f"{key} needs root to make cgroups (running as uid {os.geteuid()})"
     unified = ""
     with open("/proc/self/mountinfo") as mounts:
         for line in mounts:
@@ -31,20 +31,23 @@ def missing_cpu_controller():
             dash = fields.index("-") if "-" in fields else len(fields)
             if len(fields) < 5 or len(fields) - dash < 4:
                 continue
-            if fields[dash + 1] == "cgroup" and "cpu" in fields[dash + 3].split(","):
+            if fields[dash + 1] == "cgroup" and controller in fields[dash + 3].split(","):
                 return ""
             if fields[dash + 1] == "cgroup2":
                 unified = fields[4]
     if unified and os.path.isfile(os.path.join(unified, "cgroup.controllers")):
         with open(os.path.join(unified, "cgroup.controllers")) as controllers:
-            if "cpu" in controllers.read().split():
+            if controller in controllers.read().split():
                 return ""
-    return ("launch.cpu_share needs the cgroup cpu controller: no cgroup v1 hierarchy with the "
-            "cpu option in /proc/self/mountinfo, and no cgroup2 hierarchy whose "
-            "cgroup.controllers lists cpu")
+    return (f"{key} needs the cgroup {controller} controller: no cgroup v1 hierarchy with the "
+            f"{controller} option in /proc/self/mountinfo, and no cgroup2 hierarchy whose "
+            f"cgroup.controllers lists {controller}")
 
 
-NEEDS = {"cpu-controller": missing_cpu_controller}
+NEEDS = {
+    "cpu-controller": lambda: missing_controller("cpu", "launch.cpu_share"),
+    "memory-controller": lambda: missing_controller("memory", "launch.memory_limit"),
+}
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--exit", type=int, default=0)

@@ -2,6 +2,7 @@
 // it to the launcher) and the per-rank summary the control plane gathers.
 #include "train/report.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -13,6 +14,8 @@
 #include <sstream>
 
 #include "collie/error.h"
+#include "core/strings.h"
+#include "train/memory_fit.h"
 
 namespace collie::train {
 namespace {
@@ -53,6 +56,8 @@ Result everyFieldSet() {
   r.optimizer_bytes = 333;
   r.gathered_peak_bytes = 444;
   r.peak_rss_bytes = {1e9, 2e9};
+  r.units = 12;
+  r.unit_parameters = 3152384;
   StepMemory m;
   m.resident = 9e8;
   m.resident_at_start = 7e8;
@@ -66,6 +71,11 @@ Result everyFieldSet() {
   m.gradient_sync = 1e7;
   m.optimizer = 8e6;
   m.other = 2e6;
+  m.forward_high = 1.2e8;
+  m.file_backed_at_start = 1.5e8;
+  m.set_up_peak = 8e8;
+  m.limit = 2e9;
+  m.limit_given = true;
   r.step_memory = {m, m};
   r.step_memory[1].process_ranks = 2;
   r.buckets = 6;
@@ -208,6 +218,8 @@ TEST_F(ResultFile, KeepsTheNamesThatSummaryJsonReadersUse) {
                                           "optimizer_bytes",
                                           "peak_rss_bytes",
                                           "step_memory",
+                                          "units",
+                                          "unit_parameters",
                                           "predicted_comm_s",
                                           "link_alpha_s",
                                           "link_beta_s_per_byte",
@@ -239,7 +251,9 @@ TEST_F(ResultFile, KeepsTheNamesThatSummaryJsonReadersUse) {
             (std::set<std::string>{"resident_bytes", "resident_at_start_bytes", "process_ranks",
                                    "tracked_bytes", "tracked_at_start_bytes", "set_up_bytes",
                                    "forward_bytes", "backward_bytes", "gathered_bytes",
-                                   "gradient_sync_bytes", "optimizer_bytes", "other_bytes"}));
+                                   "gradient_sync_bytes", "optimizer_bytes", "other_bytes",
+                                   "forward_high_bytes", "file_backed_at_start_bytes",
+                                   "set_up_peak_bytes", "limit_bytes", "limit_given"}));
 }
 
 TEST_F(ResultFile, NoPredictionTravelsAsNull) {
@@ -300,6 +314,45 @@ TEST(Summary, PrintsTheFieldColumnsWithTheDerivedOnesInPlace) {
             "2.00     100.0%    0.0310       0.0120    10.500 -> 4.250        2.5 min  1.00 0.80")
       << text;
   EXPECT_EQ(first.find("  nproc_per_node=1               1         [8]     0.250"), 0u) << text;
+}
+
+// The largest model that fits (train/memory_fit.h): the summary names the rank that fits
+// least and where its memory figure comes from; ranks that are threads (one resident set)
+// and models without units print no line.
+TEST(Summary, NamesTheLargestModelThatFitsTheRankThatFitsLeast) {
+  Result r = everyFieldSet();
+  r.parameters = 12 * r.unit_parameters + 1'000'000;  // the units and a root of 1 M
+  r.step_memory[1].process_ranks = 1;
+  r.step_memory[0].limit = 2e9;
+  r.step_memory[1].limit = 1e9;
+  const MemoryFitShape shape{r.parameters, r.unit_parameters, r.units, true};
+  const MemoryFit tight = fitMemory(r.step_memory[1], shape, 1e9);
+  ASSERT_GT(tight.largest_units, 0);
+  auto summaryOf = [](const Result& one) {
+    std::ostringstream out;
+    printSummary(out, {one});
+    return out.str();
+  };
+  std::string text = summaryOf(r);
+  EXPECT_NE(
+      text.find(fmt::format("largest model that fits: rank 1's memory, 1000.0 MB "
+                            "(launch.memory_limit), holds {} units of 3,152,384 "
+                            "parameters ({} parameters in all; this run: 12)",
+                            tight.largest_units, detail::withCommas(tight.largest_parameters))),
+      std::string::npos)
+      << text;
+  r.step_memory[1].limit_given = false;
+  text = summaryOf(r);
+  EXPECT_NE(text.find("rank 1's memory, 1000.0 MB (its share of its host's memory"),
+            std::string::npos)
+      << text;
+  r.step_memory[1].process_ranks = 2;
+  text = summaryOf(r);
+  EXPECT_EQ(text.find("largest model"), std::string::npos) << text;
+  r.step_memory[1].process_ranks = 1;
+  r.units = 0;
+  text = summaryOf(r);
+  EXPECT_EQ(text.find("largest model"), std::string::npos) << text;
 }
 
 TEST(RankSummary, PacksAndUnpacksEveryValue) {

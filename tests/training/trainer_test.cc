@@ -559,6 +559,13 @@ train:
     EXPECT_LT(sharded.parameter_bytes, plain.parameter_bytes / 2 + 8u * plain.buckets);
     EXPECT_GT(sharded.gathered_peak_bytes, 0u);
     EXPECT_LT(sharded.gathered_peak_bytes, plain.parameter_bytes / 2);
+    // The weight check and its sample go bucket by bucket at stage 3 (one bucket gathered at
+    // a time): every parameter checked, the same samples as unsharded.
+    EXPECT_EQ(sharded.sync.parameters, plain.sync.parameters);
+    EXPECT_EQ(sharded.weight_sample, plain.weight_sample);
+    EXPECT_EQ(sharded.units, 6);
+    EXPECT_EQ(plain.unit_parameters, sharded.unit_parameters);
+    EXPECT_GT(plain.unit_parameters, 0);
     const auto a = finalWeights("gpt-zero0-" + tag), b = finalWeights("gpt-zero3-" + tag);
     ASSERT_EQ(a.size(), b.size());
     for (const auto& [key, tensor] : a) {

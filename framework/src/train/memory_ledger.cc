@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -103,12 +104,15 @@ MemoryLedger* MemoryLedger::current() { return t_ledger; }
 
 void MemoryLedger::add(MemoryUse use, uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  live_[static_cast<int>(use)] += bytes;
+  const int u = static_cast<int>(use);
+  live_[u] += bytes;
   total_ += bytes;
-  if (open_ && total_ > peak_.bytes) {
+  if (!open_) return;
+  if (total_ > peak_.bytes) {
     peak_.bytes = total_;
     peak_.by_use = live_;
   }
+  peak_.highs[u] = std::max(peak_.highs[u], live_[u]);
 }
 
 void MemoryLedger::remove(MemoryUse use, uint64_t bytes) {
@@ -124,6 +128,8 @@ MemoryLedger::PeakWindow::PeakWindow(MemoryLedger& ledger) : ledger_(ledger) {
     ledger_.peak_.bytes = ledger_.total_;
     ledger_.peak_.by_use = ledger_.live_;
   }
+  for (int u = 0; u < kMemoryUses; ++u)
+    ledger_.peak_.highs[u] = std::max(ledger_.peak_.highs[u], ledger_.live_[u]);
 }
 MemoryLedger::PeakWindow::~PeakWindow() {
   std::lock_guard<std::mutex> lock(ledger_.mu_);
@@ -167,6 +173,19 @@ void releaseFreeMemory() {
 
 uint64_t residentBytes() { return statusBytes("VmRSS: %llu kB"); }
 uint64_t residentPeakBytes() { return statusBytes("VmHWM: %llu kB"); }
+uint64_t residentFileBytes() {
+  return statusBytes("RssFile: %llu kB") + statusBytes("RssShmem: %llu kB");
+}
+
+uint64_t hostMemoryBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string line;
+  while (std::getline(meminfo, line)) {
+    unsigned long long kib = 0;
+    if (std::sscanf(line.c_str(), "MemTotal: %llu kB", &kib) == 1) return kib * 1024;
+  }
+  return 0;
+}
 
 bool restartResidentPeak() {
   std::FILE* f = std::fopen("/proc/self/clear_refs", "w");

@@ -29,10 +29,13 @@ inline constexpr int kMemoryUses = 7;
 // "set-up", "forward", ...: as the summary and summary.json name them.
 const char* memoryUseName(MemoryUse use);
 
-// One rank's peak: the most bytes it had live at once, and what each use held then.
+// One rank's peak: the most bytes it had live at once, and what each use held then; and the
+// most each use held at any moment (not at once: a use's high may come before or after the
+// peak), in the same windows.
 struct MemoryPeak {
   uint64_t bytes = 0;
   std::array<uint64_t, kMemoryUses> by_use{};
+  std::array<uint64_t, kMemoryUses> highs{};
 };
 
 class MemoryLedger {
@@ -115,6 +118,12 @@ void releaseFreeMemory();
 // restartResidentPeak() (VmHWM), in bytes; 0 when it cannot be read.
 uint64_t residentBytes();
 uint64_t residentPeakBytes();
+// Of the resident set, the pages backed by files or shared memory (RssFile + RssShmem: the
+// libraries, mostly), which a memory cgroup does not hold against the process the way it
+// holds its own allocations: the kernel drops them under pressure and reads them again.
+uint64_t residentFileBytes();
+// The machine's memory (MemTotal), in bytes; 0 when it cannot be read.
+uint64_t hostMemoryBytes();
 // Restarts the process's resident-set peak from its current size (Linux's clear_refs);
 // false when the kernel refused. Ranks that are threads share one.
 bool restartResidentPeak();

@@ -515,6 +515,28 @@ void Reducer::gatherAll() {
   }
 }
 
+void Reducer::forEachBucketGathered(const std::function<void(size_t b)>& fn) {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    bool gathered_here = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Bucket& bucket = buckets_[b];
+      if (bucket.held != Held::kGathered) {
+        COLLIE_CHECK(bucket.held == Held::kFreed, "bucket ", b, " is being gathered");
+        gatherNow(b);
+        bucket.held = Held::kGathered;
+        gathered_bytes_ += bytesOf(bucket.values);  // between steps: not a step's peak
+        gathered_here = true;
+      }
+    }
+    fn(b);
+    if (gathered_here) {
+      std::lock_guard<std::mutex> lock(mu_);
+      freeValues(buckets_[b]);
+    }
+  }
+}
+
 void Reducer::keepShards() {
   at::NoGradGuard no_grad;
   std::lock_guard<std::mutex> lock(mu_);

@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -93,6 +94,11 @@ class Reducer {
   // Gathers every bucket on the calling thread (between steps: checkpoints, verification),
   // and keeps this rank's blocks of the values after they were written (restore).
   void gatherAll();
+  // Stage 3, between steps: gathers the buckets one at a time on the calling thread (every
+  // rank takes part), calling fn(b) while bucket b's values are there, then frees them again
+  // (a bucket gathered before stays so): what reads every parameter, the weight check, then
+  // holds one bucket's values at a time rather than the whole model's.
+  void forEachBucketGathered(const std::function<void(size_t b)>& fn);
   void keepShards();
   bool shardsParameters() const { return sharding_ == config::ShardedState::kParameters; }
 

@@ -22,6 +22,7 @@
 #include "collie/error.h"
 #include "collie/params.h"
 #include "core/strings.h"
+#include "train/memory_fit.h"
 #include "train/report.h"
 #include "util/files.h"
 
@@ -81,7 +82,12 @@ void printStepMemory(std::ostream& out, const std::string& tag, const Result& r)
     forEachStepMemoryField(m, [&](const char* key, auto value) {
       const std::string name = key;
       if (name.size() < 6 || name.substr(name.size() - 6) != "_bytes") return;
-      if (name.rfind("resident", 0) == 0 || name.rfind("tracked", 0) == 0 || value == 0) return;
+      // The uses only: not the totals, nor what the largest-model fit reads.
+      for (const char* other :
+           {"resident", "tracked", "forward_high", "file_backed", "set_up_peak", "limit"}) {
+        if (name.rfind(other, 0) == 0) return;
+      }
+      if (value == 0) return;
       std::string use = name.substr(0, name.size() - 6);  // less "_bytes"
       std::replace(use.begin(), use.end(), '_', ' ');
       uses += fmt::format("{}{} {}", uses.empty() ? "" : " + ", use, mb(value));
@@ -109,6 +115,47 @@ void printStepMemory(std::ostream& out, const std::string& tag, const Result& r)
                    ? " (the largest rank; every rank's in summary.json)"
                    : "");
   }
+}
+
+// The largest model of this run's shape that fits each rank's memory (train/memory_fit.h),
+// for the rank it fits least: measured on ranks that are processes (a resident set of their
+// own), with the model's units of equal size.
+void printMemoryFit(std::ostream& out, const std::string& tag, const Result& r) {
+  if (r.units <= 0 || r.unit_parameters <= 0 || r.unit_parameters * r.units > r.parameters ||
+      r.step_memory.empty() || r.step_memory.front().tracked == 0)
+    return;
+  for (const StepMemory& m : r.step_memory) {
+    if (m.process_ranks != 1 || m.limit <= 0) return;
+  }
+  const MemoryFitShape shape{r.parameters, r.unit_parameters, r.units, r.sharding == "parameters"};
+  size_t tightest = 0;
+  MemoryFit fit;
+  for (size_t rank = 0; rank < r.step_memory.size(); ++rank) {
+    const MemoryFit mine = fitMemory(r.step_memory[rank], shape, r.step_memory[rank].limit);
+    if (rank == 0 || mine.largest_units < fit.largest_units) {
+      fit = mine;
+      tightest = rank;
+    }
+  }
+  const StepMemory& m = r.step_memory[tightest];
+  const auto mb = [](double bytes) { return fmt::format("{:.1f} MB", bytes / 1e6); };
+  const std::string memory =
+      m.limit_given ? fmt::format("{} (launch.memory_limit)", mb(m.limit))
+                    : fmt::format(
+                          "{} (its share of its host's memory; set launch.memory_limit "
+                          "for another)",
+                          mb(m.limit));
+  out << "# " << tag
+      << fmt::format(
+             "largest model that fits: rank {}'s memory, {}, holds {} units of {} parameters "
+             "({} parameters in all; this run: {}), counting as a memory cgroup does (the "
+             "resident set less the libraries' pages). Measured here: {:.1f} B per parameter, "
+             "{} of activations per unit, {} fixed; this run's peak {}, predicted "
+             "{}\n",
+             tightest, memory, fit.largest_units, detail::withCommas(r.unit_parameters),
+             detail::withCommas(fit.largest_parameters), r.units, fit.bytes_per_parameter,
+             mb(fit.bytes_per_unit), mb(fit.fixed_bytes), mb(fit.measured_peak),
+             mb(predictedPeak(m, shape, r.units)));
 }
 
 json toJson(const Result& r) {
@@ -301,6 +348,7 @@ void printDetails(std::ostream& out, const Result& r) {
                  mb(r.gathered_peak_bytes), mb(r.parameter_bytes * r.ranks));
     }
     printStepMemory(out, tag, r);
+    printMemoryFit(out, tag, r);
   }
   const double achieved = r.flops_per_token * r.tokens_per_second / r.ranks;
   out << "# " << tag << "model FLOP/s per rank: " << fmt::format("{:.3g}", achieved);

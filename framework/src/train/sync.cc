@@ -37,6 +37,17 @@ double spreadOf(Communicator& comm, const at::Tensor& param) {
 
 }  // namespace
 
+void SyncCheck::add(const SyncCheck& more) {
+  parameters += more.parameters;
+  differing += more.differing;
+  identical = identical && more.identical;
+  max_spread = std::max(max_spread, more.max_spread);
+  if (first_parameter.empty()) first_parameter = more.first_parameter;
+  for (int r : more.ranks) {
+    if (std::find(ranks.begin(), ranks.end(), r) == ranks.end()) ranks.push_back(r);
+  }
+}
+
 std::string SyncCheck::describe(int world) const {
   if (identical && world == 1) {
     return fmt::format("weights at step {}: a single rank, nothing to compare", step);

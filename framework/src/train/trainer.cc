@@ -21,6 +21,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <tuple>
 
 #include "collie/autocast.h"
@@ -134,6 +135,7 @@ class RankTrainer {
       params_.push_back(named.value());
     }
     checkParameterCount();
+    unit_parameters_ = unitParameters();
     if (spec_.auto_micro_batch) {
       sharding_.micro_batch = measureSplit();
     } else {
@@ -184,17 +186,14 @@ class RankTrainer {
         mb_ = sharding_.micro_batch[rank_];
       if (spec_.verify_sync_every > 0 && (s + 1) % spec_.verify_sync_every == 0 &&
           s + 1 != spec_.steps) {
-        withParameters([&] { enforce(verifyWeights(comm_, control_, params_, names_, s + 1)); });
+        enforce(checkWeights(s + 1, nullptr));
       }
       if (checkpoints.dueAfter(s + 1)) state.save(checkpoints, s + 1);
     }
 
     control_.barrier();  // ranks that are threads read their process's peak once all have stepped
     if (memory.restarted) memory.resident_peak = static_cast<double>(residentPeakBytes());
-    withParameters([&] {
-      result.sync = verifyWeights(comm_, control_, params_, names_, spec_.steps);
-      result.weight_sample = sampleWeights();
-    });
+    result.sync = checkWeights(spec_.steps, &result.weight_sample);
     enforce(result.sync);
     gatherTimings(stats, &result);
     result.rebalances = rebalancer.taken();
@@ -220,14 +219,47 @@ class RankTrainer {
     Model& model_;
   };
 
-  // Runs `fn` with every parameter's values present: stage 3 gathers them all (every rank
-  // takes part) and frees them after.
-  template <typename F>
-  void withParameters(F fn) {
-    if (!shardsParameters()) return fn();
-    reducer_->gatherAll();
-    fn();
-    reducer_->endStep();
+  // Every rank's weights compared (train/sync.h) after `step`, and with `sample`, rank 0's
+  // weights sampled (sampleWeights). Stage 3 gathers one bucket at a time for it, so that
+  // the check needs no more memory than a step: a model whose steps fit its ranks' memory is
+  // never stopped by its proof.
+  SyncCheck checkWeights(int64_t step, std::vector<double>* sample) {
+    if (sample != nullptr) sample->assign(weightSamples(), 0.0);
+    std::vector<size_t> all(params_.size());
+    std::iota(all.begin(), all.end(), size_t{0});
+    if (!shardsParameters()) {
+      if (sample != nullptr) sampleWeights(all, sample);
+      return verifyWeights(comm_, control_, params_, names_, step);
+    }
+    SyncCheck check;
+    check.step = step;
+    const std::vector<std::vector<size_t>> layout = reducer_->bucketLayout();
+    reducer_->forEachBucketGathered([&](size_t b) {
+      std::vector<at::Tensor> params;
+      std::vector<std::string> names;
+      for (size_t k : layout[b]) {
+        params.push_back(params_[k]);
+        names.push_back(names_[k]);
+      }
+      if (sample != nullptr) sampleWeights(layout[b], sample);
+      check.add(verifyWeights(comm_, control_, params, names, step));
+    });
+    return check;
+  }
+
+  // The parameters of each of the model's units, counted before any sharding.
+  std::vector<int64_t> unitParameters() const {
+    std::map<std::string, int64_t> numel;
+    for (size_t k = 0; k < names_.size(); ++k) numel[names_[k]] = params_[k].numel();
+    std::vector<int64_t> sizes;
+    for (const auto& unit : model_->units()) {
+      sizes.push_back(0);
+      for (const auto& name : unit) {
+        const auto it = numel.find(name);
+        if (it != numel.end()) sizes.back() += it->second;
+      }
+    }
+    return sizes;
   }
 
   // The model's units as parameter indices; a name its module lacks is the plugin's bug.
@@ -641,6 +673,11 @@ class RankTrainer {
     r.backend = e_.backend.label;
     r.ranks = world_;
     r.parameters = model_->parameterCount();
+    r.units = static_cast<int>(unit_parameters_.size());
+    const bool equal_units = !unit_parameters_.empty() &&
+                             std::all_of(unit_parameters_.begin(), unit_parameters_.end(),
+                                         [&](int64_t n) { return n == unit_parameters_.front(); });
+    r.unit_parameters = equal_units ? unit_parameters_.front() : 0;
     r.flops_per_token = model_->flopsPerToken();
     r.steps = spec_.steps;
     r.world_batch_samples = sharding_.globalBatch();
@@ -676,6 +713,7 @@ class RankTrainer {
   // them, and over them (-1: the kernel would not restart it, the run's peak stands in).
   struct StepsMemory {
     double resident_at_start = 0, tracked_at_start = 0, set_up_peak = 0, resident_peak = -1;
+    double file_backed_at_start = 0;
     bool restarted = false;
   };
 
@@ -689,6 +727,7 @@ class RankTrainer {
     releaseFreeMemory();
     control_.barrier();
     m.resident_at_start = static_cast<double>(residentBytes());
+    m.file_backed_at_start = static_cast<double>(residentFileBytes());
     m.tracked_at_start = static_cast<double>(ledger_.live());
     m.set_up_peak = static_cast<double>(residentPeakBytes());
     control_.barrier();
@@ -715,12 +754,23 @@ class RankTrainer {
     const double run_peak =
         std::max(static_cast<double>(usage.ru_maxrss) * 1024, steps.set_up_peak);
     const MemoryPeak peak = ledger_.peak();
-    std::vector<double> mine = {run_peak,
-                                steps.resident_peak >= 0 ? steps.resident_peak : run_peak,
-                                processId(),
-                                steps.resident_at_start,
-                                steps.tracked_at_start,
-                                static_cast<double>(peak.bytes)};
+    const bool limit_given = !e_.memory_limit.empty();
+    const double limit =
+        limit_given ? static_cast<double>(e_.memory_limit.size() == 1 ? e_.memory_limit[0]
+                                                                      : e_.memory_limit[rank_])
+                    : static_cast<double>(hostMemoryBytes()) / e_.nproc_per_node;
+    std::vector<double> mine = {
+        run_peak,
+        steps.resident_peak >= 0 ? steps.resident_peak : run_peak,
+        processId(),
+        steps.resident_at_start,
+        steps.tracked_at_start,
+        steps.file_backed_at_start,
+        steps.set_up_peak,
+        limit,
+        limit_given ? 1.0 : 0.0,
+        static_cast<double>(peak.highs[static_cast<int>(MemoryUse::kForward)]),
+        static_cast<double>(peak.bytes)};
     for (uint64_t bytes : peak.by_use) mine.push_back(static_cast<double>(bytes));
     const std::vector<std::vector<double>> ranks = control_.allGather(mine);
     for (const auto& rank : ranks) {
@@ -731,8 +781,13 @@ class RankTrainer {
           ranks.begin(), ranks.end(), [&](const auto& other) { return other[2] == rank[2]; }));
       m.resident_at_start = rank[3];
       m.tracked_at_start = rank[4];
-      m.tracked = rank[5];
-      const auto use = [&](MemoryUse u) { return rank[6 + static_cast<size_t>(u)]; };
+      m.file_backed_at_start = rank[5];
+      m.set_up_peak = rank[6];
+      m.limit = rank[7];
+      m.limit_given = rank[8] != 0;
+      m.forward_high = rank[9];
+      m.tracked = rank[10];
+      const auto use = [&](MemoryUse u) { return rank[11 + static_cast<size_t>(u)]; };
       m.set_up = use(MemoryUse::kSetUp);
       m.forward = use(MemoryUse::kForward);
       m.backward = use(MemoryUse::kBackward);
@@ -744,24 +799,32 @@ class RankTrainer {
     }
   }
 
-  // kWeightSamples of the weights, evenly spaced over all parameters in named order.
-  std::vector<double> sampleWeights() const {
+  // How many weights sampleWeights takes: kWeightSamples, or every one of a smaller model.
+  size_t weightSamples() const {
     int64_t total = 0;
     for (const auto& p : params_) total += p.numel();
-    std::vector<double> out;
-    if (total == 0) return out;
-    const int64_t n = std::min<int64_t>(kWeightSamples, total);
-    int64_t begin = 0, i = 0;
-    for (const auto& p : params_) {
-      const int64_t end = begin + p.numel();
-      if (i < n && i * total / n < end) {
-        const at::Tensor flat = p.detach().reshape({-1}).to(at::kCPU, at::kDouble).contiguous();
-        const double* values = flat.data_ptr<double>();
-        for (; i < n && i * total / n < end; ++i) out.push_back(values[i * total / n - begin]);
-      }
-      begin = end;
+    return static_cast<size_t>(std::min<int64_t>(kWeightSamples, total));
+  }
+
+  // Weights at weightSamples() positions evenly spaced over all parameters in named order
+  // (sample i is element floor(i * total / n)), those that fall in the parameters `which`
+  // (whose values are present now) written into `out` (of weightSamples() elements).
+  void sampleWeights(const std::vector<size_t>& which, std::vector<double>* out) const {
+    std::vector<int64_t> begins(params_.size() + 1, 0);
+    for (size_t k = 0; k < params_.size(); ++k) begins[k + 1] = begins[k] + params_[k].numel();
+    const int64_t total = begins.back();
+    const auto n = static_cast<int64_t>(out->size());
+    if (n == 0) return;
+    // The first sample at or after element e: the least i with i * total >= e * n.
+    const auto firstAt = [&](int64_t e) { return (e * n + total - 1) / total; };
+    for (size_t k : which) {
+      const int64_t from = firstAt(begins[k]), to = firstAt(begins[k + 1]);
+      if (from >= to) continue;
+      const at::Tensor flat =
+          params_[k].detach().reshape({-1}).to(at::kCPU, at::kDouble).contiguous();
+      const double* values = flat.data_ptr<double>();
+      for (int64_t i = from; i < to; ++i) (*out)[i] = values[i * total / n - begins[k]];
     }
-    return out;
   }
 
   std::string microBatchText() const {
@@ -788,6 +851,7 @@ class RankTrainer {
   Sharding sharding_;
   int mb_ = 0;  // this rank's samples per micro-batch
   std::vector<std::string> names_;
+  std::vector<int64_t> unit_parameters_;  // per unit of the model, unsharded
   std::vector<at::Tensor> params_;
   std::unique_ptr<Optimizer> optimizer_;
   Reducer* reducer_ = nullptr;      // while run() runs

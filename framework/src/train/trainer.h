@@ -27,6 +27,8 @@ struct SyncCheck {
   std::vector<int> ranks;       // ranks whose copy differs from rank 0's
   int differing = 0;            // how many parameters differ
   std::string describe(int world) const;  // one line
+  // Takes in the check of more parameters of the same step (stage 3 checks bucket by bucket).
+  void add(const SyncCheck& more);
 };
 
 // One run's result, the same on every rank (rank 0's view of the job).
@@ -48,6 +50,16 @@ struct StepMemory {
   double tracked_at_start = 0;   // LibTorch's blocks live when the steps began
   double set_up = 0, forward = 0, backward = 0, gathered = 0, gradient_sync = 0, optimizer = 0,
          other = 0;
+  // For the largest model that fits (train/memory_fit.h): the most the forward held at any
+  // moment of a step (its activations at the end of the forward; at the peak, backward may
+  // have freed some); of resident_at_start, the file-backed pages; the resident peak of the
+  // set-up (before the steps); and the rank's memory, its launch.memory_limit (limit_given)
+  // or else its share of its host's (MemTotal / ranks per host).
+  double forward_high = 0;
+  double file_backed_at_start = 0;
+  double set_up_peak = 0;
+  double limit = 0;
+  bool limit_given = false;
 };
 
 constexpr int kWeightSamples = 4096;
@@ -80,6 +92,10 @@ struct Result {
   uint64_t gathered_peak_bytes = 0;     // stage 3: most values gathered at once in a step
   std::vector<double> peak_rss_bytes;   // per rank, at the end (getrusage)
   std::vector<StepMemory> step_memory;  // per rank
+  // The model's units (stage 3's, a GPT's layers) and one unit's parameters (0 when the
+  // model has none, or units of unequal sizes): the scale of the largest model that fits.
+  int units = 0;
+  int64_t unit_parameters = 0;
   int buckets = 0;
   double predicted_comm_seconds = 0;     // from the calibrated α-β-γ model (NaN: no model)
   double link_alpha = 0, link_beta = 0;  // the slowest level: between nodes when there are several
@@ -153,6 +169,8 @@ void forEachField(R& r, Visit&& visit) {
   visit("gathered_peak_bytes", r.gathered_peak_bytes);
   visit("peak_rss_bytes", r.peak_rss_bytes);
   visit("step_memory", r.step_memory);
+  visit("units", r.units);
+  visit("unit_parameters", r.unit_parameters);
   visit("buckets", r.buckets);
   visit("link_alpha_s", r.link_alpha);
   visit("link_beta_s_per_byte", r.link_beta);
@@ -195,6 +213,11 @@ void forEachStepMemoryField(M& m, Visit&& visit) {
   visit("gradient_sync_bytes", m.gradient_sync);
   visit("optimizer_bytes", m.optimizer);
   visit("other_bytes", m.other);
+  visit("forward_high_bytes", m.forward_high);
+  visit("file_backed_at_start_bytes", m.file_backed_at_start);
+  visit("set_up_peak_bytes", m.set_up_peak);
+  visit("limit_bytes", m.limit);
+  visit("limit_given", m.limit_given);
 }
 template <typename C, typename Visit>
 void forEachRebalanceField(C& c, Visit&& visit) {
