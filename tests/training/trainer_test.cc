@@ -577,6 +577,37 @@ train:
 // Each rank's memory at its peak during a step, by use (train/memory_ledger.h): the state the
 // set-up made stays live, the forward's activations are there, and stage 3 holds some of its
 // gathered units, never all; unsharded, none.
+// Stage 2 keeps a bucket's full gradient only until its block is reduced, and at most two
+// buckets' at once: with the reductions held up (rank 1 sleeps before a run of collectives
+// of the first steps, so every rank's reductions wait for it) the backward waits instead of
+// piling up full gradients. The model's gradients are some 50 buckets of 16 KiB and its
+// activations a fraction of that, so a pile-up would be the peak.
+TEST(StepMemory, Stage2HoldsTwoBucketsOfFullGradientsHoweverLateTheReductions) {
+  std::string faults;
+  for (int c = 80; c < 200; c += 6)
+    faults += "{rank: 1, at_collective: " + std::to_string(c) + ", action: delay, delay: 30ms}, ";
+  const std::string config = R"(
+name: trainer-test-full-gradients
+launch: {nproc_per_node: 2}
+backend: {plugin: loopback, params: {timeout: 30s}}
+model: {plugin: gpt, params: {layers: 6, d_model: 64, heads: 2, seq_len: 8, vocab: 64}}
+train: {steps: 3, micro_batch: 1, bucket_bytes: 16KiB, log_every: 100, sharding: gradients}
+faults: [)" + faults + "]\n";
+  auto experiments =
+      config::loadExperiments(testing::writeTempFile("full-gradients.yaml", config), {});
+  const auto r =
+      train::run(testing::buildTreeLoader(), experiments.at(0), scratch("full-gradients").string());
+  ASSERT_GE(r.buckets, 40);
+  const double all = 4.0 * static_cast<double>(r.parameters);  // every gradient, 1.2 MB
+  for (const auto& m : r.step_memory) {
+    // Two full buckets (32 KiB), a parameter's gradient on its way and the backward's
+    // temporaries: 158 KB here, against 1.27 MB with the full gradients piled up.
+    EXPECT_LT(m.backward, all / 4) << "full gradients piled up";
+    EXPECT_GT(m.backward, 2 * 16384);
+  }
+  EXPECT_TRUE(r.sync.identical);
+}
+
 TEST(StepMemory, EachRanksPeakAddsUpItsUsesAndStage3CountsItsGatheredUnits) {
   const char* gpt = R"(
 name: trainer-test-step-memory

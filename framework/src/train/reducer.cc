@@ -182,8 +182,8 @@ void Reducer::beforeAccumulation(size_t param) {
 }
 
 void Reducer::afterAccumulation(size_t param) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (keepsGradients() || armed_) collect(param);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (keepsGradients() || armed_) collect(param, lock);
   Slot& slot = slots_[param];
   if (shardsParameters() && !slot.seen) {
     // Autograd accumulates a parameter's gradient after every use of it has been
@@ -193,11 +193,33 @@ void Reducer::afterAccumulation(size_t param) {
     if (++bucket.accumulated == bucket.params.size() && !bucket.root) freeValues(bucket);
   }
   if (!armed_ || slot.filled) return;
-  fill(param);
+  fill(param, lock);
   if (overlap_) launched_in_backward_ += launchReady();
 }
 
-void Reducer::collect(size_t param) {
+void Reducer::makeFullGradient(Bucket& bucket, std::unique_lock<std::mutex>& lock) {
+  if (bucket.grads.defined()) return;
+  auto full = [&] {
+    int live = 0;
+    for (const auto& b : buckets_) live += b.grads.defined() ? 1 : 0;
+    return live;
+  };
+  auto reducing = [&] {
+    for (const auto& b : buckets_) {
+      if (b.launched && !b.done) return true;
+    }
+    return false;
+  };
+  if (full() >= kFullGradientBuckets && reducing()) {
+    const auto start = Clock::now();
+    cv_.wait(lock,
+             [&] { return full() < kFullGradientBuckets || !reducing() || failure_ != nullptr; });
+    grad_wait_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
+  }
+  bucket.grads = at::zeros({bucket.values.numel()}, options_);
+}
+
+void Reducer::collect(size_t param, std::unique_lock<std::mutex>& lock) {
   at::NoGradGuard no_grad;
   at::Tensor& grad = params_[param].mutable_grad();
   Bucket& bucket = buckets_[slots_[param].bucket];
@@ -211,7 +233,7 @@ void Reducer::collect(size_t param) {
     return;
   }
   if (!grad.defined()) return;
-  if (!bucket.grads.defined()) bucket.grads = at::zeros({bucket.values.numel()}, options_);
+  makeFullGradient(bucket, lock);
   // A second gradient within the last backward adds to what the first one put there.
   at::Tensor view = gradView(param);
   if (slots_[param].filled) {
@@ -222,11 +244,11 @@ void Reducer::collect(size_t param) {
   grad = at::Tensor();  // the bucket holds it now
 }
 
-void Reducer::fill(size_t param) {
+void Reducer::fill(size_t param, std::unique_lock<std::mutex>& lock) {
   Slot& slot = slots_[param];
   Bucket& bucket = buckets_[slot.bucket];
   // Stages 2 and 3: a bucket none of whose parameters had a gradient still reduces (zeros).
-  if (!bucket.grads.defined()) bucket.grads = at::zeros({bucket.values.numel()}, options_);
+  makeFullGradient(bucket, lock);
   slot.filled = true;
   --bucket.pending;
 }
@@ -387,8 +409,8 @@ SyncTiming Reducer::finish() {
   armed_ = false;
   for (size_t k = 0; k < params_.size(); ++k) {
     if (slots_[k].filled) continue;
-    collect(k);  // stage 2: what earlier micro-batches accumulated
-    fill(k);
+    collect(k, lock);  // stage 2: what earlier micro-batches accumulated
+    fill(k, lock);
   }
   launchReady();
   cv_.wait(lock, [&] {
@@ -400,7 +422,8 @@ SyncTiming Reducer::finish() {
   timing.exposed_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   // Stage 3: the step's gathers, and the time compute waited for them.
   timing.comm_seconds += gather_seconds_;
-  timing.exposed_seconds += gather_wait_seconds_;
+  timing.exposed_seconds += gather_wait_seconds_ + grad_wait_seconds_;
+  grad_wait_seconds_ = 0;
   timing.gather_seconds = gather_seconds_;
   timing.gather_exposed_seconds = gather_wait_seconds_;
   timing.collectives = std::move(gathers_);

@@ -175,8 +175,16 @@ class Reducer {
   void afterAccumulation(size_t param);     // the accumulator's post hook
   // Puts parameter k's accumulated gradient into its bucket's buffer when it is not there
   // already (stage 2; or autograd replaced the view by a new tensor). Caller holds mu_.
-  void collect(size_t param);
-  void fill(size_t param);  // marks it ready; caller holds mu_
+  void collect(size_t param, std::unique_lock<std::mutex>& lock);
+  void fill(size_t param, std::unique_lock<std::mutex>& lock);  // marks it ready
+  // Stages 2 and 3: a bucket's full gradient, made when its first gradient arrives and freed
+  // once its block is reduced. While kFullGradientBuckets of them live and a reduction is
+  // under way (which frees one), the backward waits for it, so that the gradients in flight
+  // stay two buckets' worth however far the communication falls behind the compute (as
+  // DeepSpeed's reduce buckets do); never while none is being reduced, since only a
+  // reduction frees room. The wait is exposed communication.
+  void makeFullGradient(Bucket& bucket, std::unique_lock<std::mutex>& lock);
+  static constexpr int kFullGradientBuckets = 2;
   // Hands ready buckets to the communication thread strictly in bucket order, so that every
   // rank issues the same collectives in the same order. Caller holds mu_.
   int launchReady();  // queues the buckets that are complete, in order; how many
@@ -224,6 +232,7 @@ class Reducer {
   // compute waited for them.
   std::vector<Provenance> gathers_;
   double gather_seconds_ = 0, gather_wait_seconds_ = 0;
+  double grad_wait_seconds_ = 0;  // the backward waited for room for a full gradient
   uint64_t gathered_bytes_ = 0, gathered_peak_ = 0;  // stage 3: values gathered now, at most
   std::exception_ptr failure_;
   std::thread thread_;
