@@ -103,6 +103,19 @@ TEST(MemoryFit, TheLargestIsTheMostUnitsUnderTheLimit) {
   EXPECT_EQ(fitMemory(m, kShape, 50 * kMB).largest_units, 0) << "not even one unit fits";
   EXPECT_EQ(fitMemory(m, kShape, 50 * kMB).largest_parameters, 0);
   EXPECT_THROW(fitMemory(m, MemoryFitShape{4'000'000, 0, 4, false}, 1e9), InternalError);
+  EXPECT_THROW(fitMemory(m, MemoryFitShape{3'000'000, 1'000'000, 4, false}, 1e9), InternalError)
+      << "units holding more parameters than the model";
+}
+
+// Without overlap at stages 2 and 3 every bucket's full gradient is made in the backward: the
+// backward's blocks then grow with the parameters, 12 MB more per 4 M parameters here.
+TEST(MemoryFit, WithoutOverlapTheBackwardGrowsWithTheParameters) {
+  const StepMemory m = measured();
+  MemoryFitShape every = kShape;
+  every.backward_is_every_gradient = true;
+  EXPECT_DOUBLE_EQ(predictedPeak(m, every, 4), predictedPeak(m, kShape, 4));
+  EXPECT_DOUBLE_EQ(predictedPeak(m, every, 5) - predictedPeak(m, kShape, 5), 3 * kMB);
+  EXPECT_DOUBLE_EQ(fitMemory(m, every, 1e9).bytes_per_parameter, 19.0);
 }
 
 }  // namespace

@@ -574,9 +574,6 @@ train:
   }
 }
 
-// Each rank's memory at its peak during a step, by use (train/memory_ledger.h): the state the
-// set-up made stays live, the forward's activations are there, and stage 3 holds some of its
-// gathered units, never all; unsharded, none.
 // Stage 2 keeps a bucket's full gradient only until its block is reduced, and at most two
 // buckets' at once: with the reductions held up (rank 1 sleeps before a run of collectives
 // of the first steps, so every rank's reductions wait for it) the backward waits instead of
@@ -608,6 +605,9 @@ faults: [)" + faults + "]\n";
   EXPECT_TRUE(r.sync.identical);
 }
 
+// Each rank's memory at its peak during a step, by use (train/memory_ledger.h): the state the
+// set-up made stays live, the forward's activations are there, and stage 3 holds some of its
+// gathered units, never all; unsharded, none.
 TEST(StepMemory, EachRanksPeakAddsUpItsUsesAndStage3CountsItsGatheredUnits) {
   const char* gpt = R"(
 name: trainer-test-step-memory

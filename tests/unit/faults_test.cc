@@ -116,6 +116,8 @@ TEST_F(CgroupV2, AMemoryGroupHoldsItsLimitAndReadsTheOomKills) {
   {
     fs::create_directories(group);  // the kernel makes these files with the group
     writeText(group / "memory.swap.max", "max\n");
+    // Counts from before the worker (a group of that name left behind) are not its.
+    writeText(group / "memory.events", "low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n");
     const MemoryGroup memory(96ull << 20, "rank-1", "launch.memory_limit", files_);
     EXPECT_EQ(memory.path(), group.string());
     EXPECT_EQ(memory.procsFile(), (group / "cgroup.procs").string());
@@ -123,10 +125,17 @@ TEST_F(CgroupV2, AMemoryGroupHoldsItsLimitAndReadsTheOomKills) {
     EXPECT_EQ(readText(group / "memory.swap.max"), "0");
     EXPECT_EQ(readText(root_ / "cgroup.subtree_control"), "+memory");
     EXPECT_EQ(readText(root_ / "collie" / "cgroup.subtree_control"), "+memory");
-    EXPECT_EQ(memory.oomKills(), 0) << "no memory.events yet";
-    writeText(group / "memory.events", "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\n");
-    writeText(group / "memory.peak", "100663296\n");
+    EXPECT_EQ(memory.oomKills(), 0) << "counted before the worker";
+    EXPECT_FALSE(memory.killedAtLimit());
+    EXPECT_TRUE(memory.swapHeld());
+    // A kill because the machine ran out raises oom_kill but not oom (the group's own limit).
+    writeText(group / "memory.events", "low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\n");
     EXPECT_EQ(memory.oomKills(), 1);
+    EXPECT_FALSE(memory.killedAtLimit()) << "the machine's OOM taken for the limit";
+    writeText(group / "memory.events", "low 0\nhigh 0\nmax 12\noom 2\noom_kill 3\n");
+    writeText(group / "memory.peak", "100663296\n");
+    EXPECT_EQ(memory.oomKills(), 2);
+    EXPECT_TRUE(memory.killedAtLimit());
     EXPECT_EQ(memory.peakBytes(), 100663296u);
     for (const char* file : {"memory.max", "memory.swap.max", "memory.events", "memory.peak",
                              "cgroup.subtree_control"})
@@ -135,8 +144,10 @@ TEST_F(CgroupV2, AMemoryGroupHoldsItsLimitAndReadsTheOomKills) {
   EXPECT_FALSE(fs::exists(group)) << "the group was left behind";
 }
 
-// v1: memory.limit_in_bytes, then memory.memsw.limit_in_bytes (memory and swap) the same,
-// oom_kill read from memory.oom_control. A hierarchy without the controller is refused.
+// v1: the group under the launcher's own, memory.limit_in_bytes, then
+// memory.memsw.limit_in_bytes (memory and swap) the same, oom_kill read from
+// memory.oom_control, the limit reached when the peak is at it. A hierarchy without the
+// controller is refused.
 TEST_F(CgroupV2, AMemoryGroupOnV1AndAMachineWithoutTheController) {
   writeText(root_ / "cgroup.controllers", "cpu pids\n");
   try {
@@ -151,10 +162,14 @@ TEST_F(CgroupV2, AMemoryGroupOnV1AndAMachineWithoutTheController) {
   fs::create_directories(v1);
   writeText(dir_ / "mountinfo", readText(dir_ / "mountinfo") + "34 30 0:31 / " + v1.string() +
                                     " rw,relatime - cgroup cgroup rw,memory\n");
-  const fs::path group = v1 / "collie" / ("job-" + std::to_string(::getpid()) + "-rank-0");
+  // Under the launcher's own group (a Slurm step's), whose limit then holds the workers too.
+  writeText(dir_ / "cgroup", "5:memory:/slurm/step-7\n2:cpuacct:/\n0::/\n");
+  const fs::path group =
+      v1 / "slurm" / "step-7" / "collie" / ("job-" + std::to_string(::getpid()) + "-rank-0");
   fs::create_directories(group);
   writeText(group / "memory.memsw.limit_in_bytes", "9223372036854771712\n");
   const MemoryGroup memory(64ull << 20, "rank-0", "launch.memory_limit", files_);
+  EXPECT_EQ(fs::path(memory.path()), group);
   EXPECT_EQ(readText(group / "memory.limit_in_bytes"), std::to_string(64ull << 20));
   EXPECT_EQ(readText(group / "memory.memsw.limit_in_bytes"), std::to_string(64ull << 20));
   EXPECT_FALSE(fs::exists(group / "memory.max")) << "a v2 file in a v1 group";
@@ -162,6 +177,9 @@ TEST_F(CgroupV2, AMemoryGroupOnV1AndAMachineWithoutTheController) {
   writeText(group / "memory.max_usage_in_bytes", "67108864\n");
   EXPECT_EQ(memory.oomKills(), 2);
   EXPECT_EQ(memory.peakBytes(), 67108864u);
+  EXPECT_TRUE(memory.killedAtLimit()) << "its peak is its limit";
+  writeText(group / "memory.max_usage_in_bytes", "41943040\n");  // 40 of 64 MiB
+  EXPECT_FALSE(memory.killedAtLimit()) << "killed, but the group never reached its limit";
 }
 
 // On v2 a process is in one group for every controller: a CPU limit, which moves a rank into

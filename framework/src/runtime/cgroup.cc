@@ -117,8 +117,18 @@ std::string makeGroup(const CgroupHierarchy& hierarchy, const std::string& contr
   const std::string enable = "+" + controller;
   if (hierarchy.v2) {
     // v2 hands a controller down only through subtree_control, at each level, and only in
-    // groups without processes of their own: collie/ holds none.
-    std::ofstream(hierarchy.mount + "/cgroup.subtree_control") << enable << std::flush;
+    // groups without processes of their own: collie/ holds none. The top may refuse it when
+    // it holds processes (a container's cgroup namespace), which root cannot change.
+    std::ofstream top(hierarchy.mount + "/cgroup.subtree_control");
+    top << enable << std::flush;
+    if (!top && errno == EBUSY) {
+      throw ConfigError(fmt::format(
+          "{}: cannot hand the {} controller down from {}: that group holds processes of its "
+          "own (as a container's cgroup namespace does), and cgroup v2 hands controllers down "
+          "only from groups without. HINT: run collie from a cgroup without processes, or on "
+          "the host",
+          who, controller, hierarchy.mount));
+    }
   }
   const fs::path group = parent / fmt::format("{}{}-{}", prefix, ::getpid(), tag);
   // The last one out of another job removes collie/: make it again when it went between.
@@ -141,22 +151,30 @@ std::string makeGroup(const CgroupHierarchy& hierarchy, const std::string& contr
 MemoryGroup::MemoryGroup(uint64_t limit, const std::string& tag, const std::string& who,
                          const CgroupFiles& files)
     : who_(who), limit_(limit) {
-  const CgroupHierarchy hierarchy = requireHierarchy("memory", files.mountinfo, who);
+  CgroupHierarchy hierarchy = requireHierarchy("memory", files.mountinfo, who);
   v2_ = hierarchy.v2;
+  // On v1 the groups go under the launcher's own (a Slurm step's, a systemd unit's), whose
+  // limit then holds them too; v2 hands controllers down only from groups without processes,
+  // which the launcher's is not, so there they go under the top of the hierarchy.
+  if (!v2_) hierarchy.mount += currentGroup("memory", false, files.membership);
   // The groups of launchers that were killed (a launcher removes its own).
   group_ = makeGroup(hierarchy, "memory", "job-", tag, who);
   try {
     const std::string bytes = std::to_string(limit);
     if (v2_) {
       writeControl(group_ + "/memory.max", bytes, who);
-      if (fs::exists(group_ + "/memory.swap.max"))
-        writeControl(group_ + "/memory.swap.max", "0", who);
+      swap_held_ = fs::exists(group_ + "/memory.swap.max");
+      if (swap_held_) writeControl(group_ + "/memory.swap.max", "0", who);
     } else {
       // memsw (memory and swap together) may not be set below the memory limit: that first.
       writeControl(group_ + "/memory.limit_in_bytes", bytes, who);
-      if (fs::exists(group_ + "/memory.memsw.limit_in_bytes"))
-        writeControl(group_ + "/memory.memsw.limit_in_bytes", bytes, who);
+      swap_held_ = fs::exists(group_ + "/memory.memsw.limit_in_bytes");
+      if (swap_held_) writeControl(group_ + "/memory.memsw.limit_in_bytes", bytes, who);
     }
+    // What the group counted before its worker: a group of the same name left behind by an
+    // earlier attempt keeps its counts.
+    oom_kills_before_ = count(v2_ ? "memory.events" : "memory.oom_control", "oom_kill");
+    at_limit_before_ = limitHits();
   } catch (...) {
     ::rmdir(group_.c_str());
     throw;
@@ -168,10 +186,29 @@ MemoryGroup::~MemoryGroup() {
   ::rmdir(fs::path(group_).parent_path().c_str());  // the last one out removes collie/
 }
 
+long long MemoryGroup::count(const std::string& file, const std::string& name) const {
+  if (file.empty()) return 0;
+  return std::max(0LL, valueIn(group_ + "/" + file, name));
+}
+
+long long MemoryGroup::limitHits() const {
+  if (v2_) return count("memory.events", "oom");  // OOMs at this group's own limit
+  // v1 has no such count (memory.failcnt stays 0 through an OOM kill on the kernels here):
+  // the group's peak within a few pages of its limit says it reached it.
+  const uint64_t slack = std::max<uint64_t>(uint64_t{4} << 20, limit_ / 50);
+  return peakBytes() + slack >= limit_ ? 1 : 0;
+}
+
 long MemoryGroup::oomKills() const {
-  const long long kills =
-      valueIn(group_ + (v2_ ? "/memory.events" : "/memory.oom_control"), "oom_kill");
-  return kills < 0 ? 0 : static_cast<long>(kills);
+  return static_cast<long>(count(v2_ ? "memory.events" : "memory.oom_control", "oom_kill") -
+                           oom_kills_before_);
+}
+
+bool MemoryGroup::killedAtLimit() const {
+  // oom_kill counts any OOM kill of the group's processes, a machine-wide one too; the group
+  // must also have reached its own limit (a group left behind at its limit, v1, counts as
+  // reached again: its oom_kill count still has to rise).
+  return oomKills() > 0 && limitHits() > at_limit_before_;
 }
 
 uint64_t MemoryGroup::peakBytes() const {

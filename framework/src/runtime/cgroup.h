@@ -52,10 +52,11 @@ std::string makeGroup(const CgroupHierarchy& hierarchy, const std::string& contr
 
 // A group under the memory controller that a launcher makes for one worker before starting
 // it: the worker enters it before exec (SpawnOptions::cgroups), so everything it allocates
-// counts against `limit`, and with no swap to escape to (v1's memory.memsw, v2's
-// memory.swap.max). A worker that goes over is killed by the kernel's OOM killer (SIGKILL);
-// the group then says so, which a bare SIGKILL does not. The group is named after this
-// process and `tag`, and removed on destruction (its worker must be gone by then).
+// counts against `limit`, and with no swap to escape to where the kernel accounts swap (v1's
+// memory.memsw, v2's memory.swap.max). On v1 it is made under the launcher's own group. A worker
+// that goes over is killed by the kernel's OOM killer (SIGKILL); the group then says so, which a
+// bare SIGKILL does not. The group is named after this process and `tag`, and removed on
+// destruction (its worker must be gone by then).
 class MemoryGroup {
  public:
   // Throws ConfigError, starting with `who`, when there is no memory controller or the group
@@ -71,9 +72,16 @@ class MemoryGroup {
   std::string procsFile() const { return group_ + "/cgroup.procs"; }
   uint64_t limit() const { return limit_; }
   const std::string& who() const { return who_; }
-  // How many times the kernel's OOM killer killed a process of the group (v1:
-  // memory.oom_control's oom_kill, v2: memory.events'); 0 when the kernel does not count.
+  // How many times the kernel's OOM killer killed a process of the group since it was made
+  // (v1: memory.oom_control's oom_kill, v2: memory.events'); 0 when the kernel does not count.
   long oomKills() const;
+  // The OOM killer killed a process of the group, and the group had reached its own limit
+  // (v1: its peak within 2 % or 4 MiB of it, v2: memory.events' oom): not a kill because the
+  // machine ran out.
+  bool killedAtLimit() const;
+  // Swap is held at 0 (memory.memsw.limit_in_bytes or memory.swap.max exists): without
+  // swap accounting a worker over its limit may swap rather than be killed.
+  bool swapHeld() const { return swap_held_; }
   // The most memory the group held (v1: memory.max_usage_in_bytes, v2: memory.peak); 0 when
   // the kernel does not say.
   uint64_t peakBytes() const;
@@ -81,8 +89,13 @@ class MemoryGroup {
  private:
   std::string group_;
   std::string who_;
+  long long count(const std::string& file, const std::string& name) const;
+  long long limitHits() const;
+
   uint64_t limit_ = 0;
   bool v2_ = false;
+  bool swap_held_ = false;
+  long long oom_kills_before_ = 0, at_limit_before_ = 0;
 };
 
 }  // namespace collie

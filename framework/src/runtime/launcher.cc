@@ -65,7 +65,7 @@ namespace {
 // the kernel's OOM killer at its memory limit (...)"; "" for any other end.
 std::string killedAtMemoryLimit(const MemoryGroup* group, int status) {
   if (group == nullptr || !WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL ||
-      group->oomKills() == 0)
+      !group->killedAtLimit())
     return "";
   const uint64_t peak = group->peakBytes();
   return fmt::format("was killed by the kernel's OOM killer at its memory limit ({} {:.1f} MiB{})",

@@ -54,7 +54,7 @@ struct LaunchSpec {
   // launch.memory_limit in bytes: one for every rank, or one per rank of the job (empty:
   // none). Each worker starts in a memory cgroup of its own (runtime/cgroup.h).
   std::vector<uint64_t> memory_limits;
-  Supervision watch;                   // its graces and stall watch (`world` is set from above)
+  Supervision watch;  // its graces and stall watch (`world` is set from above)
 };
 
 struct LaunchOutcome {

@@ -214,6 +214,12 @@ std::vector<int> BlockedSignals::read() {
   return signals;
 }
 
+const LaunchSpec& withoutMemoryLimits(const LaunchSpec& spec) {
+  COLLIE_CHECK(spec.memory_limits.empty(),
+               "WorkerSet(LaunchSpec) takes no memory limits: use supervise(workersOf(spec))");
+  return spec;
+}
+
 std::vector<ChildProcess> workersOf(const LaunchSpec& spec) {
   const std::vector<cpu_set_t> cpu_sets = cpuSets(spec);
   std::vector<ChildProcess> children(spec.nproc);
@@ -233,6 +239,12 @@ std::vector<ChildProcess> workersOf(const LaunchSpec& spec) {
                                  : spec.memory_limits.at(static_cast<size_t>(w.rank));
       auto group = std::make_shared<MemoryGroup>(limit, fmt::format("rank-{}", w.rank),
                                                  "launch.memory_limit");
+      if (i == 0 && !group->swapHeld()) {
+        logWarn(
+            "launch.memory_limit: this kernel does not account swap (no "
+            "memory.memsw.limit_in_bytes or memory.swap.max), so a rank over its limit may "
+            "swap rather than be killed");
+      }
       c.start.cgroups = {group->procsFile()};
       c.memory = std::move(group);
     }

@@ -42,6 +42,9 @@ class BlockedSignals {
   int fd_ = -1;
 };
 
+// `spec`, checked to have no memory limits (InternalError otherwise).
+const LaunchSpec& withoutMemoryLimits(const LaunchSpec& spec);
+
 struct Worker {
   int rank = -1;     // -1: not a rank (a host's launcher)
   std::string name;  // "rank 2", "host collie-h1, node 1"
@@ -61,9 +64,10 @@ class WorkerSet {
   // pipes that relay() reads. Stops at the first child that cannot be started: startError()
   // says why.
   WorkerSet(std::vector<ChildProcess> children, const sigset_t& child_mask, bool relay);
-  // spec's workers (workersOf), relayed.
+  // spec's workers (workersOf), relayed. Without memory limits: their groups would go with
+  // the children's descriptions here, while the children run (supervise keeps them).
   WorkerSet(const LaunchSpec& spec, const sigset_t& child_mask)
-      : WorkerSet(workersOf(spec), child_mask, true) {}
+      : WorkerSet(workersOf(withoutMemoryLimits(spec)), child_mask, true) {}
   ~WorkerSet();
   WorkerSet(const WorkerSet&) = delete;
   WorkerSet& operator=(const WorkerSet&) = delete;

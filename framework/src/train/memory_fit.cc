@@ -32,13 +32,16 @@ double predictedPeak(const StepMemory& m, const MemoryFitShape& shape, int units
   const double grown = static_cast<double>(units - shape.units);
   const double params =
       static_cast<double>(shape.parameters) + grown * static_cast<double>(shape.unit_parameters);
-  const double r = params / static_cast<double>(shape.parameters);  // parameters' scale
-  const double u = static_cast<double>(units) / shape.units;        // units' scale
+  const double r = std::max(0.0, params / static_cast<double>(shape.parameters));
+  const double u = static_cast<double>(units) / shape.units;  // units' scale
   const double gathered = shape.gathered_is_one_unit ? m.gathered : m.gathered * r;
+  // Without overlap at stages 2 and 3, every bucket's full gradient is made in the backward:
+  // the backward's blocks then grow with the parameters too.
+  const double backward = shape.backward_is_every_gradient ? m.backward * r : m.backward;
   // The peak of a large model comes as the backward starts: every unit's activations live,
   // and the backward's blocks of one unit on their way into the buckets.
   const double tracked = (m.set_up + m.gradient_sync + m.optimizer) * r + gathered +
-                         activations(m) * u + m.backward + m.other;
+                         activations(m) * u + backward + m.other;
   const double steps = fixedOutside(m) + tracked + keptFree(m);
   // The set-up's own peak (building the model, stage 3's whole model before it is sharded),
   // its part above the fixed memory in proportion to the parameters.
@@ -49,17 +52,20 @@ double predictedPeak(const StepMemory& m, const MemoryFitShape& shape, int units
 
 MemoryFit fitMemory(const StepMemory& m, const MemoryFitShape& shape, double limit,
                     int most_units) {
-  if (shape.units <= 0 || shape.parameters <= 0 || shape.unit_parameters <= 0) {
+  if (shape.units <= 0 || shape.parameters <= 0 || shape.unit_parameters <= 0 ||
+      shape.parameters < shape.units * shape.unit_parameters) {
     throw InternalError(
         fmt::format("fitMemory: a shape of {} units of {} parameters ({} in all) cannot be scaled",
                     shape.units, shape.unit_parameters, shape.parameters));
   }
   MemoryFit fit;
-  const double per_parameter =
-      m.set_up + m.gradient_sync + m.optimizer + (shape.gathered_is_one_unit ? 0.0 : m.gathered);
+  const double per_parameter = m.set_up + m.gradient_sync + m.optimizer +
+                               (shape.gathered_is_one_unit ? 0.0 : m.gathered) +
+                               (shape.backward_is_every_gradient ? m.backward : 0.0);
   fit.bytes_per_parameter = per_parameter / static_cast<double>(shape.parameters);
   fit.bytes_per_unit = activations(m) / shape.units;
-  fit.fixed_bytes = fixedOutside(m) + keptFree(m) + m.backward + m.other +
+  fit.fixed_bytes = fixedOutside(m) + keptFree(m) +
+                    (shape.backward_is_every_gradient ? 0.0 : m.backward) + m.other +
                     (shape.gathered_is_one_unit ? m.gathered : 0.0);
   fit.measured_peak = std::max(m.resident, m.set_up_peak) - m.file_backed_at_start;
   // The peak grows with the units (every piece does or stays): the first that does not fit

@@ -30,6 +30,10 @@ struct MemoryFitShape {
   int64_t unit_parameters = 0;        // one unit's (the model's units are equal)
   int units = 0;                      // the run's
   bool gathered_is_one_unit = false;  // stage 3: the gathered values are one unit's
+  // Stages 2 and 3 without overlap (train.overlap: false): no reduction runs during the
+  // backward, so every bucket's full gradient is made in it, and the backward's blocks grow
+  // with the parameters.
+  bool backward_is_every_gradient = false;
 };
 
 struct MemoryFit {
@@ -45,7 +49,8 @@ struct MemoryFit {
 double predictedPeak(const StepMemory& m, const MemoryFitShape& shape, int units);
 
 // The costs of `m` and the most units whose predicted peak stays under `limit` (bytes), at
-// most `most_units`. Throws InternalError for a shape without units or parameters.
+// most `most_units`. Throws InternalError for a shape without units or parameters, or whose
+// units hold more parameters than the model.
 MemoryFit fitMemory(const StepMemory& m, const MemoryFitShape& shape, double limit,
                     int most_units = 100000);
 

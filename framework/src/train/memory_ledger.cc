@@ -173,9 +173,7 @@ void releaseFreeMemory() {
 
 uint64_t residentBytes() { return statusBytes("VmRSS: %llu kB"); }
 uint64_t residentPeakBytes() { return statusBytes("VmHWM: %llu kB"); }
-uint64_t residentFileBytes() {
-  return statusBytes("RssFile: %llu kB") + statusBytes("RssShmem: %llu kB");
-}
+uint64_t residentFileBytes() { return statusBytes("RssFile: %llu kB"); }
 
 uint64_t hostMemoryBytes() {
   std::ifstream meminfo("/proc/meminfo");

@@ -118,9 +118,10 @@ void releaseFreeMemory();
 // restartResidentPeak() (VmHWM), in bytes; 0 when it cannot be read.
 uint64_t residentBytes();
 uint64_t residentPeakBytes();
-// Of the resident set, the pages backed by files or shared memory (RssFile + RssShmem: the
-// libraries, mostly), which a memory cgroup does not hold against the process the way it
-// holds its own allocations: the kernel drops them under pressure and reads them again.
+// Of the resident set, the pages backed by files (RssFile: the libraries, mostly), which a
+// memory cgroup does not hold against the process the way it holds its own allocations: the
+// kernel drops them under pressure and reads them again. Shared memory (RssShmem) is not
+// among them: it is charged, and stays.
 uint64_t residentFileBytes();
 // The machine's memory (MemTotal), in bytes; 0 when it cannot be read.
 uint64_t hostMemoryBytes();

@@ -183,15 +183,16 @@ void Reducer::beforeAccumulation(size_t param) {
 
 void Reducer::afterAccumulation(size_t param) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (keepsGradients() || armed_) collect(param, lock);
   Slot& slot = slots_[param];
   if (shardsParameters() && !slot.seen) {
     // Autograd accumulates a parameter's gradient after every use of it has been
-    // differentiated: once all of a bucket's have been, backward needs its values no more.
+    // differentiated: once all of a bucket's have been, backward needs its values no more
+    // (freed before collect() may wait for room for a full gradient).
     slot.seen = true;
     Bucket& bucket = buckets_[slot.bucket];
     if (++bucket.accumulated == bucket.params.size() && !bucket.root) freeValues(bucket);
   }
+  if (keepsGradients() || armed_) collect(param, lock);
   if (!armed_ || slot.filled) return;
   fill(param, lock);
   if (overlap_) launched_in_backward_ += launchReady();
@@ -527,19 +528,9 @@ void Reducer::afterBackward() {
   for (auto& slot : slots_) slot.seen = false;
 }
 
-void Reducer::gatherAll() {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    if (buckets_[b].held == Held::kGathered) continue;
-    COLLIE_CHECK(buckets_[b].held == Held::kFreed, "bucket ", b, " is being gathered");
-    gatherNow(b);
-    buckets_[b].held = Held::kGathered;
-    gathered_bytes_ += bytesOf(buckets_[b].values);  // between steps: not a step's peak
-  }
-}
-
-void Reducer::forEachBucketGathered(const std::function<void(size_t b)>& fn) {
-  for (size_t b = 0; b < buckets_.size(); ++b) {
+void Reducer::forEachBucketGathered(const std::vector<size_t>& order,
+                                    const std::function<void(size_t b)>& fn) {
+  for (size_t b : order) {
     bool gathered_here = false;
     {
       std::lock_guard<std::mutex> lock(mu_);

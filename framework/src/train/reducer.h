@@ -91,14 +91,14 @@ class Reducer {
   void leaveUnit(size_t unit);
   // After every backward: frees what it left gathered (parameters that had no gradient).
   void afterBackward();
-  // Gathers every bucket on the calling thread (between steps: checkpoints, verification),
-  // and keeps this rank's blocks of the values after they were written (restore).
-  void gatherAll();
-  // Stage 3, between steps: gathers the buckets one at a time on the calling thread (every
-  // rank takes part), calling fn(b) while bucket b's values are there, then frees them again
-  // (a bucket gathered before stays so): what reads every parameter, the weight check, then
-  // holds one bucket's values at a time rather than the whole model's.
-  void forEachBucketGathered(const std::function<void(size_t b)>& fn);
+  // Stage 3, between steps: gathers the buckets in `order` one at a time on the calling thread
+  // (every rank takes part), calling fn(b) while bucket b's values are there, then frees them
+  // again (a bucket gathered before stays so): what reads every parameter, the weight check,
+  // then holds one bucket's values at a time rather than the whole model's.
+  void forEachBucketGathered(const std::vector<size_t>& order,
+                             const std::function<void(size_t b)>& fn);
+  // Stage 3, after the set-up's broadcast, with every bucket's values present: this rank's
+  // blocks of them become the blocks it keeps.
   void keepShards();
   bool shardsParameters() const { return sharding_ == config::ShardedState::kParameters; }
 

@@ -127,7 +127,9 @@ void printMemoryFit(std::ostream& out, const std::string& tag, const Result& r) 
   for (const StepMemory& m : r.step_memory) {
     if (m.process_ranks != 1 || m.limit <= 0) return;
   }
-  const MemoryFitShape shape{r.parameters, r.unit_parameters, r.units, r.sharding == "parameters"};
+  MemoryFitShape shape{r.parameters, r.unit_parameters, r.units, r.sharding == "parameters"};
+  shape.backward_is_every_gradient =
+      !r.overlap && (r.sharding == "gradients" || r.sharding == "parameters");
   size_t tightest = 0;
   MemoryFit fit;
   for (size_t rank = 0; rank < r.step_memory.size(); ++rank) {

@@ -42,9 +42,10 @@ void SyncCheck::add(const SyncCheck& more) {
   differing += more.differing;
   identical = identical && more.identical;
   max_spread = std::max(max_spread, more.max_spread);
-  if (first_parameter.empty()) first_parameter = more.first_parameter;
-  for (int r : more.ranks) {
-    if (std::find(ranks.begin(), ranks.end(), r) == ranks.end()) ranks.push_back(r);
+  // The ranks named are those of the first parameter that differs, as verifyWeights names.
+  if (first_parameter.empty() && !more.first_parameter.empty()) {
+    first_parameter = more.first_parameter;
+    ranks = more.ranks;
   }
 }
 

@@ -233,8 +233,16 @@ class RankTrainer {
     }
     SyncCheck check;
     check.step = step;
-    const std::vector<std::vector<size_t>> layout = reducer_->bucketLayout();
-    reducer_->forEachBucketGathered([&](size_t b) {
+    // Buckets hold runs of parameters in reverse order: checked from the one with the first
+    // parameters, each in the model's order, the first that differs is the model's first.
+    std::vector<std::vector<size_t>> layout = reducer_->bucketLayout();
+    for (auto& bucket : layout) std::sort(bucket.begin(), bucket.end());
+    std::vector<size_t> order(layout.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return !layout[b].empty() && (layout[a].empty() || layout[a].front() < layout[b].front());
+    });
+    reducer_->forEachBucketGathered(order, [&](size_t b) {
       std::vector<at::Tensor> params;
       std::vector<std::string> names;
       for (size_t k : layout[b]) {
@@ -694,6 +702,7 @@ class RankTrainer {
     r.token_budgets = spec_.token_budgets;
     r.peak_flops = spec_.peak_flops;
     r.sharding = config::shardedStateName(spec_.sharding);
+    r.overlap = spec_.overlap;
     if (device_.is_cuda()) r.device = fmt::format("{} ({})", device_.str(), torchDescription());
     if (spec_.cuda && emulatedDevice()) r.device = "emulated device (COLLIE_EMULATED_DEVICE=1)";
     return r;
@@ -820,10 +829,16 @@ class RankTrainer {
     for (size_t k : which) {
       const int64_t from = firstAt(begins[k]), to = firstAt(begins[k + 1]);
       if (from >= to) continue;
-      const at::Tensor flat =
-          params_[k].detach().reshape({-1}).to(at::kCPU, at::kDouble).contiguous();
-      const double* values = flat.data_ptr<double>();
-      for (int64_t i = from; i < to; ++i) (*out)[i] = values[i * total / n - begins[k]];
+      // Only the sampled elements are copied (a whole parameter in double would be twice its
+      // size on top of its gathered bucket).
+      std::vector<int64_t> positions;
+      for (int64_t i = from; i < to; ++i) positions.push_back(i * total / n - begins[k]);
+      const at::Tensor index =
+          at::tensor(positions, at::TensorOptions().dtype(at::kLong)).to(params_[k].device());
+      const at::Tensor picked =
+          params_[k].detach().reshape({-1}).index_select(0, index).to(at::kCPU, at::kDouble);
+      const double* values = picked.data_ptr<double>();
+      for (int64_t i = from; i < to; ++i) (*out)[i] = values[i - from];
     }
   }
 

@@ -27,7 +27,8 @@ struct SyncCheck {
   std::vector<int> ranks;       // ranks whose copy differs from rank 0's
   int differing = 0;            // how many parameters differ
   std::string describe(int world) const;  // one line
-  // Takes in the check of more parameters of the same step (stage 3 checks bucket by bucket).
+  // Takes in the check of more parameters of the same step, which come after these in the
+  // model's order (stage 3 checks bucket by bucket).
   void add(const SyncCheck& more);
 };
 
@@ -87,6 +88,7 @@ struct Result {
   std::string comm_memory = "host memory";
   uint64_t allreduce_bytes = 0;   // gradient bytes per step
   std::string sharding = "none";  // train.sharding
+  bool overlap = true;            // train.overlap: buckets reduced during the backward
   // Held by rank 0 between steps: parameter values, gradients, optimizer state.
   uint64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;
   uint64_t gathered_peak_bytes = 0;     // stage 3: most values gathered at once in a step
@@ -163,6 +165,7 @@ void forEachField(R& r, Visit&& visit) {
   visit("comm_memory", r.comm_memory);
   visit("allreduce_bytes", r.allreduce_bytes);
   visit("sharding", r.sharding);
+  visit("overlap", r.overlap);
   visit("parameter_bytes", r.parameter_bytes);
   visit("gradient_bytes", r.gradient_bytes);
   visit("optimizer_bytes", r.optimizer_bytes);
