@@ -39,13 +39,15 @@ class RingScheduler : public Scheduler {
         return;
       }
       case Collective::kReduceScatter: {
-        // Reduce in a copy so that the input stays intact, then hand out this rank's block.
-        ScratchBuffer work(args.data, args.data.count);
-        copyInto(work.view(), args.data);
-        const std::array<schedules::RingPart, 1> ring{partOf(work.view())};
+        // Reduce in a copy so that the input stays intact (in the input itself when the caller
+        // needs it no more), then hand out this rank's block.
+        ScratchBuffer copy(args.data, args.input_is_scratch ? 0 : args.data.count);
+        if (!args.input_is_scratch) copyInto(copy.view(), args.data);
+        const Buffer& work = args.input_is_scratch ? args.data : copy.view();
+        const std::array<schedules::RingPart, 1> ring{partOf(work)};
         if (n > 1) schedules::ringReduceScatter(ring, args.op, args.seq, backend);
         Range mine = schedules::ownBlock(ring[0], backend);
-        copyInto(args.output, work.view().slice(mine.offset, mine.count));
+        copyInto(args.output, work.slice(mine.offset, mine.count));
         return finishAverage(args.output, args.op, n);
       }
       case Collective::kAllGather: {

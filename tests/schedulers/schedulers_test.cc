@@ -87,6 +87,39 @@ TEST(Schedulers, CommunicatorRefusesACallOfTheWrongShape) {
   });
 }
 
+// reduce_scatter leaves its input as it was, unless the caller says it needs it no more
+// (input_is_scratch): then ring reduces in it instead of in a copy of it (the trainer's
+// sharded stages spare a bucket-sized scratch buffer so), and the output is the same.
+TEST(Schedulers, RingReducesScatterInTheInputOnlyWhenItIsScratch) {
+  runLoopback(3, [](std::shared_ptr<Backend> backend) {
+    Communicator comm(backend, "loopback", Topology::singleNode(3));
+    comm.addRule("ring", loadScheduler("ring"));
+    const int r = backend->rank();
+    for (const bool scratch : {false, true}) {
+      std::vector<float> input(12), output(4, -1.0f);
+      for (size_t i = 0; i < input.size(); ++i) input[i] = static_cast<float>(10 * r + i);
+      const std::vector<float> before = input;
+      CollectiveArgs args;
+      args.coll = Collective::kReduceScatter;
+      args.data.data = input.data();
+      args.data.count = input.size();
+      args.output.data = output.data();
+      args.output.count = output.size();
+      args.input_is_scratch = scratch;
+      comm.run(args);
+      for (size_t i = 0; i < output.size(); ++i) {
+        // Every rank's element 4r + i: 10 x (0 + 1 + 2) + 3 x (4r + i).
+        EXPECT_EQ(output[i], static_cast<float>(30 + 3 * (4 * r + i))) << "scratch " << scratch;
+      }
+      if (scratch) {
+        EXPECT_NE(input, before) << "ring copied an input the caller gave it as scratch";
+      } else {
+        EXPECT_EQ(input, before) << "ring changed an input the caller still needs";
+      }
+    }
+  });
+}
+
 TEST(Schedulers, DeadPeerMidCollectiveIsANamedErrorNotAHang) {
   auto start = std::chrono::steady_clock::now();
   try {

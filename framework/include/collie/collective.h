@@ -15,7 +15,8 @@ bool parseCollective(const std::string& name, Collective* out);
 
 // One collective call. Buffer shapes per collective (n = group size):
 //   allreduce:      data (count) in place.
-//   reduce_scatter: data (n * k) input; output (k) receives this rank's reduced block.
+//   reduce_scatter: data (n * k) input, left as it was unless input_is_scratch; output (k)
+//                   receives this rank's reduced block.
 //   allgather:      data (k) input; output (n * k) receives every rank's block, in rank order.
 //   broadcast:      data (count) in place; root's contents end up on every rank.
 //   barrier:        data has no elements; its memory kind (and device) is one the backend
@@ -27,6 +28,12 @@ struct CollectiveArgs {
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
   uint64_t seq = 0;  // the collective's sequence number in its group; part of every tag
+  // ABI 10.1. The caller needs `data` no more after the call: a reduce_scatter may compute in
+  // it rather than in a copy (its contents afterwards are unspecified), which spares a
+  // scratch buffer of the input's size (the trainer's sharded stages set it: the full
+  // gradient goes once its block is reduced). A permission, not a duty: a scheduler that
+  // ignores it is correct.
+  bool input_is_scratch = false;
 };
 
 // The shapes above, checked: throws CommError "<who>: reduce_scatter of 12 x f32 on 4 ranks

@@ -340,6 +340,10 @@ void Reducer::reduce(Bucket& bucket) {
     return;
   }
   args.coll = Collective::kReduceScatter;
+  // Only this rank's reduced block is used from here on: the scheduler may reduce in the
+  // bucket itself rather than in a copy of it (stage 1 keeps the buffer, but reads only its
+  // own block; stages 2 and 3 free it).
+  args.input_is_scratch = true;
   const int64_t k = bucket.grads.numel() / group_;
   if (!keepsGradients()) {  // into the kept reduced block
     args.output = floats(bucket.shard);
