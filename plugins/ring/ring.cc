@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <optional>
 
 #include "collie/plugin.h"
 #include "collie/schedules/accept.h"
@@ -41,9 +42,12 @@ class RingScheduler : public Scheduler {
       case Collective::kReduceScatter: {
         // Reduce in a copy so that the input stays intact (in the input itself when the caller
         // needs it no more), then hand out this rank's block.
-        ScratchBuffer copy(args.data, args.input_is_scratch ? 0 : args.data.count);
-        if (!args.input_is_scratch) copyInto(copy.view(), args.data);
-        const Buffer& work = args.input_is_scratch ? args.data : copy.view();
+        std::optional<ScratchBuffer> copy;
+        if (!args.input_is_scratch) {
+          copy.emplace(args.data, args.data.count);
+          copyInto(copy->view(), args.data);
+        }
+        const Buffer& work = copy ? copy->view() : args.data;
         const std::array<schedules::RingPart, 1> ring{partOf(work)};
         if (n > 1) schedules::ringReduceScatter(ring, args.op, args.seq, backend);
         Range mine = schedules::ownBlock(ring[0], backend);

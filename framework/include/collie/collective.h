@@ -28,7 +28,7 @@ struct CollectiveArgs {
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
   uint64_t seq = 0;  // the collective's sequence number in its group; part of every tag
-  // ABI 10.1. The caller needs `data` no more after the call: a reduce_scatter may compute in
+  // ABI 11.0. The caller needs `data` no more after the call: a reduce_scatter may compute in
   // it rather than in a copy (its contents afterwards are unspecified), which spares a
   // scratch buffer of the input's size (the trainer's sharded stages set it: the full
   // gradient goes once its block is reduced). A permission, not a duty: a scheduler that

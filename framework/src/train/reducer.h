@@ -13,7 +13,8 @@
 // reduce-scattered instead of all-reduced, so that each rank receives the reduced gradient
 // of its shard only; after the update, gatherParameters() all-gathers the updated blocks
 // back into every rank's parameters.
-//   optimizer (stage 1): the bucket's gradient buffer stays; the reduced block lands in it.
+//   optimizer (stage 1): the bucket's gradient buffer stays; the reduced block lands in it
+//     (its other blocks hold what the reduce-scatter left there, read by nothing).
 //   gradients (stage 2): a rank keeps only its reduced blocks; a bucket's full gradient
 //     buffer exists from its first gradient in the last backward until its reduce-scatter
 //     has finished (earlier micro-batches accumulate in autograd's own .grad tensors).
