@@ -4,7 +4,7 @@
 The collie executable, libcollie_app.so, libcollie_core.so and every backend and scheduler
 plugin must not: a bench, plugin-check or the lab would otherwise load LibTorch's ~290
 libraries in every process, and a plugin's build would depend on the torch version. The
-trainer's part, libcollie_torch.so, and the model plugins must (a test that passed because
+trainer's part, libcollie_torch.so, and the model and codec plugins must (a test that passed because
 ldd saw nothing at all would prove nothing).
 
     libtorch_test.py COLLIE_EXECUTABLE LIB_DIR
@@ -32,7 +32,8 @@ def main():
     without += sorted(glob.glob(os.path.join(plugins, "libcollie_scheduler_*.so")))
     with_it = [os.path.join(lib, "libcollie_torch.so")]
     with_it += sorted(glob.glob(os.path.join(plugins, "libcollie_model_*.so")))
-    if len(without) < 6 or len(with_it) < 2:
+    with_it += sorted(glob.glob(os.path.join(plugins, "libcollie_codec_*.so")))
+    if len(without) < 6 or len(with_it) < 6:
         raise SystemExit(f"libtorch: too few binaries found under {lib}: {without + with_it}")
     wrong = [p + " loads LibTorch" for p in without if loads_libtorch(p)]
     wrong += [p + " does not load LibTorch" for p in with_it if not loads_libtorch(p)]

@@ -41,15 +41,16 @@
 
 // Everything that must agree between the host and a plugin for C++ objects to cross the
 // boundary safely: the compiler, its C++ ABI and collie. Backends and schedulers link no
-// LibTorch, so its version is not theirs; a model plugin, which computes on LibTorch's
-// tensors, adds it (COLLIE_TORCH_FINGERPRINT). A plugin built elsewhere with another
-// compiler, collie or (a model) LibTorch is rejected.
+// LibTorch, so its version is not theirs; model and codec plugins, which compute on
+// LibTorch's tensors, add it (COLLIE_TORCH_FINGERPRINT). A plugin built elsewhere with
+// another compiler, collie or (a model, a codec) LibTorch is rejected.
 #define COLLIE_BUILD_FINGERPRINT \
   COLLIE_COMPILER_ID ";cxx11abi=" COLLIE_CXX11_ABI ";collie=" COLLIE_VERSION
 #define COLLIE_TORCH_FINGERPRINT COLLIE_BUILD_FINGERPRINT ";torch=" COLLIE_TORCH_VERSION
 // The fingerprint a plugin of `kind` carries.
-#define COLLIE_FINGERPRINT_OF(KIND) \
-  ((KIND) == COLLIE_KIND_MODEL ? COLLIE_TORCH_FINGERPRINT : COLLIE_BUILD_FINGERPRINT)
+#define COLLIE_FINGERPRINT_OF(KIND)                                                      \
+  ((KIND) == COLLIE_KIND_MODEL || (KIND) == COLLIE_KIND_CODEC ? COLLIE_TORCH_FINGERPRINT \
+                                                              : COLLIE_BUILD_FINGERPRINT)
 
 #define COLLIE_EXPORT __attribute__((visibility("default")))
 
@@ -59,6 +60,7 @@ enum collie_plugin_kind : uint32_t {
   COLLIE_KIND_BACKEND = 1,
   COLLIE_KIND_SCHEDULER = 2,
   COLLIE_KIND_MODEL = 3,
+  COLLIE_KIND_CODEC = 4,  // ABI 11.1: collie/codec.h
 };
 
 // Return values of create().

@@ -127,7 +127,7 @@ void printVersion() {
   std::cout << "collie " << COLLIE_VERSION << " (plugin ABI " << COLLIE_ABI_MAJOR << "."
             << COLLIE_ABI_MINOR << ")\n"
             << "build fingerprint: " << COLLIE_BUILD_FINGERPRINT
-            << " (model plugins: " << COLLIE_TORCH_FINGERPRINT << ")\n";
+            << " (model and codec plugins: " << COLLIE_TORCH_FINGERPRINT << ")\n";
   // What training runs with: LibTorch is loaded only by the processes that train, so load it
   // here, and then say which BLAS its calls bind to.
   std::string torch;

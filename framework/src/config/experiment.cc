@@ -49,7 +49,8 @@ YAML::Node parse(const std::string& text, const std::string& file) {
 // (`backend: gloo`) into a key only a map has: the slot becomes {plugin: NAME}.
 bool continuesIntoSlot(const std::string& slot, const YAML::Node& node,
                        const std::string& next_key) {
-  static const std::set<std::string> kSlots = {"backend", "model", "train.scheduler"};
+  static const std::set<std::string> kSlots = {"backend", "model", "train.scheduler",
+                                               "train.compression"};
   return kSlots.count(slot) > 0 && node.IsScalar() &&
          (next_key == "params" || next_key == "plugin" || next_key == "label");
 }
@@ -289,6 +290,15 @@ void checkTrain(const Experiment& e, std::vector<Issue>* issues) {
                        ": data.path: the synthetic source reads no file. HINT: source: tokens "
                        "(a flat uint16 file) or source: text"});
   }
+  if (e.train.compresses() && e.train.sharding != ShardedState::kNone) {
+    issues->push_back({fmt::format(
+        "{}: train.compression: codec '{}' synchronises whole buckets (all-reduces and "
+        "all-gathers), but train.sharding: {} reduce-scatters each bucket so that a rank "
+        "receives its shard only. HINT: train.sharding: none to compress, or "
+        "train.compression: none to shard",
+        location(e.file, train["compression"]), e.train.compression.label,
+        shardedStateName(e.train.sharding))});
+  }
 }
 
 // A label names a plugin slot in tables, CSV, JSON and plot titles: printable ASCII without
@@ -322,7 +332,24 @@ void checkLabels(const Experiment& e, std::vector<Issue>* issues) {
   if (e.kind == Experiment::Kind::kTrain) {
     checkLabel(e, e.resolved["model"], "model", e.model, issues);
     checkLabel(e, e.resolved["train"]["scheduler"], "train.scheduler", e.train.scheduler, issues);
+    checkLabel(e, e.resolved["train"]["compression"], "train.compression", e.train.compression,
+               issues);
   }
+}
+
+// Size rules choose a scheduler by message size; every other plugin slot holds one plugin.
+void checkSingularSlots(const Experiment& e, std::vector<Issue>* issues) {
+  auto check = [&](const YAML::Node& slot, const char* key, const PluginRef& ref) {
+    if (ref.rules.empty()) return;
+    issues->push_back({fmt::format(
+        "{}: {}: 'rules' choose a scheduler by message size; this slot takes one plugin. "
+        "HINT: give {{plugin: NAME, params: {{...}}}}",
+        location(e.file, slot), key)});
+  };
+  check(e.resolved["backend"], "backend", e.backend);
+  if (e.kind != Experiment::Kind::kTrain) return;
+  check(e.resolved["model"], "model", e.model);
+  check(e.resolved["train"]["compression"], "train.compression", e.train.compression);
 }
 
 // A fault names one trigger, and the keys of its action only.
@@ -367,6 +394,7 @@ void checkFaults(const Experiment& e, std::vector<Issue>* issues) {
 // Checks that span several keys, once the schema has passed.
 void checkConsistency(const Experiment& e, std::vector<Issue>* issues) {
   checkLabels(e, issues);
+  checkSingularSlots(e, issues);
   checkFaults(e, issues);
   if (const YAML::Node rate = e.resolved["launch"]["lab"]["rate"]) {
     try {
@@ -802,6 +830,15 @@ const Schema& experimentSchema() {
                           t.scheduler = pluginRef(node, file, "scheduler");
                         })
                     .doc("gradient all-reduce")},
+               {"compression",
+                S::pluginRef()
+                    .byDefault("none")
+                    .into<TrainSpec>(
+                        [](TrainSpec& t, const YAML::Node& node, const std::string& file) {
+                          t.compression = pluginRef(node, file, "codec");
+                        })
+                    .doc("a codec plugin that synchronises each gradient bucket in fewer bytes "
+                         "(bf16, fp16, powersgd, int8; none: float32 all-reduce)")},
                {"steps", S::integer(1, 100000000).byDefault("100").into(&TrainSpec::steps)},
                {"micro_batch", S::list(S::integer(1, 1 << 20), 1)
                                    .orWord("auto")

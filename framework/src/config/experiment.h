@@ -89,7 +89,8 @@ const std::string& shardedStateName(ShardedState s);
 
 // A synchronous data-parallel training run.
 struct TrainSpec {
-  PluginRef scheduler;  // the gradient all-reduce (a plugin or rules)
+  PluginRef scheduler;    // the gradient all-reduce (a plugin or rules)
+  PluginRef compression;  // a codec plugin for the gradient buckets; plugin "none": none
   int steps = 0;
   std::vector<int> micro_batch;   // one entry for every rank, or one per rank (empty: auto)
   bool auto_micro_batch = false;  // split global_batch by each rank's measured speed
@@ -133,6 +134,7 @@ struct TrainSpec {
   std::vector<double> token_budgets;
   double peak_flops = 0;  // per rank, for MFU; 0: unknown
 
+  bool compresses() const { return compression.plugin != "none"; }
   // This rank's samples per micro-batch (not for auto, which the trainer measures).
   int microBatchOf(int rank) const {
     return micro_batch.size() == 1 ? micro_batch[0] : micro_batch[rank];

@@ -82,8 +82,8 @@ void inspectFile(const std::string& path) {
 std::string text(const char* field) { return field == nullptr ? "" : field; }
 
 PluginKind checkKind(const std::string& path, uint32_t kind) {
-  if (kind < 1 || kind > 3) {
-    reject(path, fmt::format("descriptor kind {} is unknown (expected 1-3)", kind), "");
+  if (kind < 1 || kind > 4) {
+    reject(path, fmt::format("descriptor kind {} is unknown (expected 1-4)", kind), "");
   }
   return static_cast<PluginKind>(kind);
 }
@@ -122,7 +122,7 @@ PluginInfo validate(const std::string& path, const collie_plugin_descriptor_v1& 
     reject(path,
            "build fingerprint mismatch: expected '" + fingerprint + "', found '" +
                text(d.fingerprint) + "'",
-           kind == PluginKind::kModel
+           kind == PluginKind::kModel || kind == PluginKind::kCodec
                ? "rebuild the plugin with the same compiler, LibTorch and collie as the host"
                : "rebuild the plugin with the same compiler and collie as the host");
   }
@@ -195,6 +195,8 @@ const char* pluginKindName(PluginKind kind) {
       return "scheduler";
     case PluginKind::kModel:
       return "model";
+    case PluginKind::kCodec:
+      return "codec";
   }
   return "unknown";
 }
@@ -372,6 +374,15 @@ std::shared_ptr<Model> PluginLoader::createModel(const std::string& name, Params
   auto model = create<Model>(library, plugin_context);
   rejectUnreadParams(params, *library);
   return model;
+}
+
+std::shared_ptr<Codec> PluginLoader::createCodec(const std::string& name, Params& params) const {
+  auto library = open(PluginKind::kCodec, name);
+  PluginContext plugin_context;
+  plugin_context.params = &params;
+  auto codec = create<Codec>(library, plugin_context);
+  rejectUnreadParams(params, *library);
+  return codec;
 }
 
 }  // namespace collie

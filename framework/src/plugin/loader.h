@@ -16,8 +16,9 @@
 namespace collie {
 
 class Model;  // collie/model.h (LibTorch): only files that train include it
+class Codec;  // collie/codec.h (LibTorch), likewise
 
-enum class PluginKind { kBackend = 1, kScheduler = 2, kModel = 3 };
+enum class PluginKind { kBackend = 1, kScheduler = 2, kModel = 3, kCodec = 4 };
 const char* pluginKindName(PluginKind kind);  // "backend", ...
 
 // What a valid plugin's descriptor says, and where it was found.
@@ -72,6 +73,7 @@ class PluginLoader {
                                          const BackendContext& context) const;
   std::shared_ptr<Scheduler> createScheduler(const std::string& name, Params& params) const;
   std::shared_ptr<Model> createModel(const std::string& name, Params& params) const;
+  std::shared_ptr<Codec> createCodec(const std::string& name, Params& params) const;
   // For a backend with COLLIE_FLAG_RUNS_RANKS: its run_ranks with `params` (a copy of the
   // backend's: each rank's createBackend reads and checks them again) and `context`.
   // Throws PluginError (or ConfigError for what the runner refused in its params).

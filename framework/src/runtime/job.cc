@@ -325,6 +325,7 @@ std::vector<PluginUse> pluginsOf(const config::Experiment& e) {
   if (e.kind == config::Experiment::Kind::kTrain) {
     add(PluginKind::kModel, e.model.plugin);
     addScheduler(e.train.scheduler);
+    if (e.train.compresses()) add(PluginKind::kCodec, e.train.compression.plugin);
   }
   return uses;
 }

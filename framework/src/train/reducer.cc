@@ -39,6 +39,83 @@ void resizeStorage(const at::Tensor& t, size_t bytes) {
                                           : storage->allocator()->allocate(bytes));
   storage->set_nbytes(bytes);
 }
+
+// The group a codec reaches the other ranks through: the reducer's communicator, its
+// collectives recorded for the step's figures. A call that breaks the contract
+// (collie/codec.h) is the codec's error and names it.
+class CommunicatorGroup final : public CodecGroup {
+ public:
+  CommunicatorGroup(Communicator& comm, const std::string& codec, const at::Device& device,
+                    std::vector<Provenance>* record)
+      : comm_(comm), codec_(codec), device_(device), record_(record) {}
+
+  int rank() const override { return comm_.backend().rank(); }
+  int size() const override { return comm_.backend().size(); }
+
+  void allReduce(const at::Tensor& t, ReduceOp op) override {
+    check(t, "allReduce");
+    const at::ScalarType type = t.scalar_type();
+    if (type != at::kFloat && type != at::kHalf && type != at::kBFloat16 && type != at::kInt &&
+        type != at::kLong) {
+      refuse(
+          fmt::format("allReduce of a {} tensor: reductions take float32, float16, "
+                      "bfloat16, int32 or int64",
+                      c10::toString(type)));
+    }
+    if (op != ReduceOp::kSum && op != ReduceOp::kMax && op != ReduceOp::kMin) {
+      refuse("allReduce with an operation other than sum, max or min");
+    }
+    CollectiveArgs args;
+    args.coll = Collective::kAllReduce;
+    args.op = op;
+    args.data = bufferOf(t);
+    record_->push_back(comm_.run(args));
+  }
+
+  void allGather(const at::Tensor& in, const at::Tensor& out) override {
+    check(in, "allGather");
+    check(out, "allGather");
+    if (out.scalar_type() != in.scalar_type() || out.numel() != in.numel() * size()) {
+      refuse(fmt::format("allGather into {} elements of {} from {} of {}: expected {} of {}",
+                         out.numel(), c10::toString(out.scalar_type()), in.numel(),
+                         c10::toString(in.scalar_type()), in.numel() * size(),
+                         c10::toString(in.scalar_type())));
+    }
+    CollectiveArgs args;
+    args.coll = Collective::kAllGather;
+    args.data = words(in);
+    args.output = words(out);
+    record_->push_back(comm_.run(args));
+  }
+
+ private:
+  void check(const at::Tensor& t, const char* call) const {
+    if (!t.defined() || !t.is_contiguous() || t.device() != device_) {
+      refuse(fmt::format("{} of a tensor that is {}: expected a contiguous tensor on {}", call,
+                         !t.defined()         ? "undefined"
+                         : !t.is_contiguous() ? "not contiguous"
+                                              : "on " + t.device().str(),
+                         device_.str()));
+    }
+  }
+  // A tensor's bytes as a collective's buffer: one-byte elements as 4-byte words.
+  Buffer words(const at::Tensor& t) const {
+    if (t.element_size() != 1) return bufferOf(t);
+    if (t.numel() % 4 != 0) {
+      refuse(fmt::format("allGather of {} one-byte elements: expected a multiple of 4", t.numel()));
+    }
+    Buffer b = bufferOf(t.view(at::kInt));
+    return b;
+  }
+  [[noreturn]] void refuse(const std::string& what) const {
+    throw PluginError("codec '" + codec_ + "': " + what + " (collie/codec.h, CodecGroup)");
+  }
+
+  Communicator& comm_;
+  const std::string& codec_;
+  at::Device device_;
+  std::vector<Provenance>* record_;
+};
 }  // namespace
 
 Reducer::Reducer(std::vector<at::Tensor> params, uint64_t bucket_bytes, Communicator& comm,
@@ -158,9 +235,28 @@ Reducer::~Reducer() {
   thread_.join();
 }
 
-void Reducer::arm() {
+void Reducer::useCodec(std::shared_ptr<Codec> codec, const std::string& name,
+                       const CodecSetup& setup) {
+  COLLIE_CHECK(!sharded(), "a codec synchronises whole buckets; sharding reduce-scatters them");
+  codec_ = std::move(codec);
+  codec_name_ = name;
+  coded_.resize(buckets_.size());
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    CodecBucket& coded = coded_[b];
+    coded.index = b;
+    coded.gradient = buckets_[b].grads;
+    for (size_t k : buckets_[b].params) coded.parameters.push_back(gradView(k));
+  }
+  codec_->prepare(coded_, setup);
+}
+
+void Reducer::arm(int64_t step, double share) {
   std::lock_guard<std::mutex> lock(mu_);
   armed_ = true;
+  for (auto& coded : coded_) {
+    coded.step = step;
+    coded.share = share;
+  }
 }
 
 at::Tensor Reducer::gradView(size_t param) const {
@@ -329,14 +425,21 @@ SyncTiming Reducer::gatherParameters() {
   return timing;
 }
 
-void Reducer::reduce(Bucket& bucket) {
+void Reducer::reduce(size_t b) {
   at::NoGradGuard no_grad;
+  Bucket& bucket = buckets_[b];
+  bucket.provenance.clear();
+  if (codec_) {
+    CommunicatorGroup group(comm_, codec_name_, options_.device(), &bucket.provenance);
+    codec_->synchronize(coded_[b], group);
+    return;
+  }
   CollectiveArgs args;
   args.data = floats(bucket.grads);
   args.op = ReduceOp::kSum;
   if (!sharded()) {
     args.coll = Collective::kAllReduce;
-    bucket.provenance = comm_.run(args);
+    bucket.provenance.push_back(comm_.run(args));
     return;
   }
   args.coll = Collective::kReduceScatter;
@@ -347,12 +450,12 @@ void Reducer::reduce(Bucket& bucket) {
   const int64_t k = bucket.grads.numel() / group_;
   if (!keepsGradients()) {  // into the kept reduced block
     args.output = floats(bucket.shard);
-    bucket.provenance = comm_.run(args);
+    bucket.provenance.push_back(comm_.run(args));
     return;
   }
   at::Tensor block = block_scratch_.narrow(0, 0, k);
   args.output = floats(block);
-  bucket.provenance = comm_.run(args);
+  bucket.provenance.push_back(comm_.run(args));
   bucket.grads.narrow(0, rank_ * k, k).copy_(block);
 }
 
@@ -384,7 +487,7 @@ void Reducer::communicationLoop() {
           gather_seconds_ += gathered.seconds;
           lock.unlock();
         } else {
-          reduce(b);
+          reduce(work.bucket);
           b.seconds = std::chrono::duration<double>(Clock::now() - start).count();
         }
       } catch (...) {
@@ -440,7 +543,10 @@ SyncTiming Reducer::finish() {
   for (auto& b : buckets_) {
     timing.comm_seconds += b.seconds;
     timing.bytes += static_cast<uint64_t>(b.values.numel()) * 4;
-    timing.collectives.push_back(b.provenance);
+    for (const Provenance& p : b.provenance) {
+      if (codec_) timing.coded_bytes += p.bytes;
+      timing.collectives.push_back(p);
+    }
     b.launched = b.done = false;
     b.seconds = 0;
     b.pending = b.params.size();

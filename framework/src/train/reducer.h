@@ -42,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include "collie/codec.h"
 #include "collie/model.h"
 #include "config/experiment.h"
 #include "runtime/communicator.h"
@@ -72,9 +73,14 @@ class Reducer {
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
+  // Unsharded only, before the first step: every bucket is synchronised by `codec`
+  // (collie/codec.h) instead of a float32 all-reduce; its collectives go through the
+  // communicator like the all-reduce's. `name` names it in errors. Calls codec->prepare.
+  void useCodec(std::shared_ptr<Codec> codec, const std::string& name, const CodecSetup& setup);
   // Call before the backward whose gradients complete the step (the last micro-batch); the
   // gradient hooks stay idle during earlier backwards (no communication while accumulating).
-  void arm();
+  // `step` (0-based) and this rank's `share` of the step's sum are what a codec is told.
+  void arm(int64_t step = 0, double share = 0);
   // After that backward: launches what is left and waits for every bucket. Unsharded, each
   // parameter's .grad then holds the summed gradient; sharded, gradShard(b) does.
   // Rethrows a communication failure.
@@ -137,6 +143,10 @@ class Reducer {
   size_t bucketCount() const { return buckets_.size(); }
   // Parameter indices per bucket, in launch order (for tests and the summary).
   std::vector<std::vector<size_t>> bucketLayout() const;
+  // With a codec: bucket b as the codec sees it (views of its gradient buffer), and the
+  // codec; nullptr without one.
+  const CodecBucket& codecBucket(size_t b) const { return coded_[b]; }
+  const Codec* codec() const { return codec_.get(); }
 
  private:
   struct Slot {
@@ -156,9 +166,9 @@ class Reducer {
     size_t pending = 0;
     bool launched = false, done = false;
     double seconds = 0;
-    Provenance provenance;
-    bool root = false;          // holds parameters of no unit
-    std::vector<size_t> units;  // the units whose parameters it holds, ascending
+    std::vector<Provenance> provenance;  // its collectives in this step
+    bool root = false;                   // holds parameters of no unit
+    std::vector<size_t> units;           // the units whose parameters it holds, ascending
     Held held = Held::kGathered;
     size_t accumulated = 0;  // its parameters whose gradient this backward accumulated
   };
@@ -190,7 +200,8 @@ class Reducer {
   // rank issues the same collectives in the same order. Caller holds mu_.
   int launchReady();  // queues the buckets that are complete, in order; how many
   void communicationLoop();
-  void reduce(Bucket& bucket);  // its all-reduce or reduce-scatter (communication thread)
+  // Its all-reduce or reduce-scatter, or its codec's collectives (communication thread).
+  void reduce(size_t b);
   // allGather() of `shard` into `full` (the bucket's padded size).
   Provenance allGatherInto(size_t b, const at::Tensor& shard, const at::Tensor& full);
   // Stage 3; callers hold mu_. Queues bucket b's gather unless it is gathered or on its way.
@@ -213,6 +224,9 @@ class Reducer {
   std::vector<std::vector<size_t>> unit_buckets_;  // per unit, its buckets
   std::vector<size_t> root_buckets_;
   Communicator& comm_;
+  std::shared_ptr<Codec> codec_;
+  std::string codec_name_;
+  std::vector<CodecBucket> coded_;  // with a codec: per bucket
   // The constructing rank's: its communication thread counts its memory there.
   MemoryLedger* ledger_ = MemoryLedger::current();
   bool overlap_;

@@ -333,6 +333,15 @@ void printDetails(std::ostream& out, const Result& r) {
                        static_cast<double>(r.allreduce_bytes) / 1e6, bound / 1e6,
                        r.link_beta > 0 ? fmt::format("{:.4f}", bound * r.link_beta) : "-")
         << ", measured " << fmt::format("{:.4f}", r.comm_seconds) << " s\n";
+    if (r.compression != "none" && r.coded_bytes > 0) {
+      out << "# " << tag
+          << fmt::format(
+                 "train.compression {}: the {:.2f} MB of float32 gradients per step "
+                 "went as {:.2f} MB of the codec's collectives ({:.1f}x fewer bytes)\n",
+                 r.compression, static_cast<double>(r.allreduce_bytes) / 1e6,
+                 static_cast<double>(r.coded_bytes) / 1e6,
+                 static_cast<double>(r.allreduce_bytes) / static_cast<double>(r.coded_bytes));
+    }
   }
   {
     const auto mb = [](uint64_t bytes) { return static_cast<double>(bytes) / 1e6; };

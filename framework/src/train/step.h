@@ -15,7 +15,10 @@ struct SyncTiming {
   double exposed_seconds = 0;  // how long the step waited for them after backward
   // Sharded: the all-gathers' part of those two (the rest is the reduce-scatters).
   double gather_seconds = 0, gather_exposed_seconds = 0;
-  uint64_t bytes = 0;  // gradient bytes all-reduced
+  uint64_t bytes = 0;  // gradient bytes all-reduced (float32, the buckets' size)
+  // With train.compression: the bytes of the codec's collectives (each an all-reduce's
+  // buffer, an all-gather's output), which synchronised those gradient bytes.
+  uint64_t coded_bytes = 0;
   int buckets = 0;
   int launched_in_backward = 0;  // buckets handed to the communication thread by backward's
                                  // hooks (overlap), not after it

@@ -25,6 +25,7 @@
 #include <tuple>
 
 #include "collie/autocast.h"
+#include "collie/codec.h"
 #include "collie/error.h"
 #include "collie/log.h"
 #include "collie/model.h"
@@ -128,6 +129,10 @@ class RankTrainer {
     sharding_.grad_accum = spec_.grad_accum;
     addSchedulers(loader);
     createModel(loader);
+    if (spec_.compresses()) {
+      Params params = spec_.compression.params;
+      codec_ = loader.createCodec(spec_.compression.plugin, params);
+    }
     shape_ = model_->shape();
     source_ = openSource(e.data, shape_.seq_len + 1, shape_.vocab);
     for (const auto& named : model_->module().named_parameters()) {
@@ -156,6 +161,7 @@ class RankTrainer {
                     unitIndices());
     reducer_ = &reducer;
     const std::unique_ptr<UnitGate> gate = shardAndMakeOptimizer(reducer);
+    if (codec_) reducer.useCodec(codec_, spec_.compression.label, {spec_.seed, rank_, world_});
     GateInstalled installed(*model_, gate.get());  // taken out of the model before `gate` goes
     TrainingState state(e_, rank_, world_, control_, names_, params_, shards_, *optimizer_, reducer,
                         sharding_);
@@ -299,8 +305,10 @@ class RankTrainer {
   }
 
   // The collectives bucket b takes every step, sizes only: an all-reduce, or sharded a
-  // reduce-scatter of the bucket and an all-gather of its blocks.
-  std::vector<CollectiveArgs> stepCollectives(const Reducer& reducer, size_t b) const {
+  // reduce-scatter of the bucket and an all-gather of its blocks, or what its codec plans
+  // (for step `step`: a codec may change its plan after a warm-up).
+  std::vector<CollectiveArgs> stepCollectives(const Reducer& reducer, size_t b,
+                                              int64_t step = 0) const {
     const size_t whole = static_cast<size_t>(reducer.bucketNumel(b));
     // In the buckets' memory: a scheduler may decline a kind (native over nccl takes only
     // device memory).
@@ -314,6 +322,16 @@ class RankTrainer {
       args.data.device = args.output.device = device_.is_cuda() ? device_.index() : 0;
       return args;
     };
+    if (const Codec* codec = reducer.codec()) {
+      std::vector<CollectiveArgs> out;
+      for (const CodecCall& call : codec->plan(reducer.codecBucket(b), world_, step)) {
+        const size_t count = static_cast<size_t>(call.count);
+        const bool gather = call.coll == Collective::kAllGather;
+        out.push_back(collective(call.coll, count, gather ? count * world_ : 0));
+        out.back().data.dtype = out.back().output.dtype = call.dtype;
+      }
+      return out;
+    }
     if (!sharded()) return {collective(Collective::kAllReduce, whole, 0)};
     const size_t block = whole / static_cast<size_t>(world_);
     std::vector<CollectiveArgs> out = {collective(Collective::kReduceScatter, whole, block),
@@ -454,7 +472,7 @@ class RankTrainer {
     double loss_sum = 0;
     for (int k = 0; k < spec_.grad_accum; ++k) {
       at::Tensor tokens = deviceBatch(sharding_.firstSample(s, k, rank_), mb);  // (mb, T + 1)
-      if (k + 1 == spec_.grad_accum) reducer.arm();
+      if (k + 1 == spec_.grad_accum) reducer.arm(s, scale * spec_.grad_accum);
       auto t = Clock::now();
       at::Tensor loss;
       {
@@ -621,7 +639,8 @@ class RankTrainer {
   double predictComm(const Reducer& reducer, const CostModel& cost) const {
     double total = 0;
     for (size_t b = 0; b < reducer.bucketCount(); ++b) {
-      for (const CollectiveArgs& args : stepCollectives(reducer, b)) {
+      // A codec's plan after any warm-up: the last step's.
+      for (const CollectiveArgs& args : stepCollectives(reducer, b, spec_.steps - 1)) {
         std::string why;
         const auto* rule = comm_.select(args, rules_, &why);
         if (rule == nullptr) return kNoPrediction;
@@ -668,6 +687,7 @@ class RankTrainer {
       ranks.push_back(RankSummary::unpack(packed));
     combineRanks(ranks, sharding_.globalBatch() / spec_.grad_accum, result);
     result->allreduce_bytes = stats.empty() ? 0 : stats.back().sync.bytes;
+    result->coded_bytes = stats.empty() ? 0 : stats.back().sync.coded_bytes;
     result->comm_memory = commMemory(stats);
     result->micro_batch = sharding_.micro_batch;
   }
@@ -678,6 +698,7 @@ class RankTrainer {
     r.name = e_.name;
     r.model = e_.model.label;
     r.scheduler = spec_.scheduler.label;
+    r.compression = spec_.compression.label;
     r.backend = e_.backend.label;
     r.ranks = world_;
     r.parameters = model_->parameterCount();
@@ -860,7 +881,8 @@ class RankTrainer {
   std::string out_dir_;
   std::vector<Communicator::Rule> rules_;
   std::shared_ptr<Model> model_;
-  at::Generator generator_;  // the rank's: every random draw of the model's (dropout)
+  std::shared_ptr<Codec> codec_;  // train.compression, or none
+  at::Generator generator_;       // the rank's: every random draw of the model's (dropout)
   ModelShape shape_;
   std::unique_ptr<TokenSource> source_;
   Sharding sharding_;

@@ -69,6 +69,7 @@ struct Result {
   std::string run;  // the matrix point, "" without a matrix
   std::string name;
   std::string model, scheduler, backend;
+  std::string compression = "none";  // train.compression's label
   int ranks = 0;
   int64_t parameters = 0;
   double flops_per_token = 0;
@@ -87,6 +88,7 @@ struct Result {
   // or "host-staged" (device buckets through pinned host buffers).
   std::string comm_memory = "host memory";
   uint64_t allreduce_bytes = 0;   // gradient bytes per step
+  uint64_t coded_bytes = 0;       // with a codec: its collectives' bytes per step
   std::string sharding = "none";  // train.sharding
   bool overlap = true;            // train.overlap: buckets reduced during the backward
   // Held by rank 0 between steps: parameter values, gradients, optimizer state.
@@ -146,6 +148,7 @@ void forEachField(R& r, Visit&& visit) {
   visit("model", r.model);
   visit("scheduler", r.scheduler);
   visit("backend", r.backend);
+  visit("compression", r.compression);
   visit("ranks", r.ranks, Column{"ranks", 6, Style::kThousands});
   visit("micro_batch", r.micro_batch, Column{"micro-batch", 12, Style::kList});
   visit("step_s", r.step_seconds, Column{"step (s)", 10, Style::kFixed3});
@@ -164,6 +167,7 @@ void forEachField(R& r, Visit&& visit) {
   visit("device", r.device);
   visit("comm_memory", r.comm_memory);
   visit("allreduce_bytes", r.allreduce_bytes);
+  visit("coded_bytes", r.coded_bytes);
   visit("sharding", r.sharding);
   visit("overlap", r.overlap);
   visit("parameter_bytes", r.parameter_bytes);
