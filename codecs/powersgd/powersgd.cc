@@ -45,7 +45,6 @@ struct BucketState {
   int64_t p_numel = 0, q_numel = 0, error_numel = 0, whole_numel = 0;
   at::Tensor q;      // (q_numel) every matrix's Q, kept from step to step (warm start)
   at::Tensor error;  // (error_numel) every matrix's error feedback
-  bool drawn = false;
 };
 
 class PowerSgd final : public collie::Codec {
@@ -80,6 +79,7 @@ class PowerSgd final : public collie::Codec {
       const at::TensorOptions options = bucket.gradient.options();
       state.q = at::zeros({state.q_numel}, options);
       if (error_feedback_) state.error = at::zeros({state.error_numel}, options);
+      if (warm_start_) draw(bucket, state);
       states_.push_back(std::move(state));
     }
   }
@@ -91,7 +91,7 @@ class PowerSgd final : public collie::Codec {
       return;
     }
     sumWhole(bucket, state, group);
-    if (!state.drawn || !warm_start_) draw(bucket, state);
+    if (!warm_start_) draw(bucket, state);
     std::vector<at::Tensor> ms;  // (n, m) each: this rank's part, error added
     for (const Matrix& x : state.matrices) {
       at::Tensor m = bucket.parameters[x.parameter].reshape({x.n, x.m});
@@ -185,14 +185,14 @@ class PowerSgd final : public collie::Codec {
   }
 
   // A random start for every Q of the bucket, the same on every rank: standard normal draws
-  // from a generator of the codec's own, seeded by train.seed and the bucket (and, without
-  // a warm start, the step).
+  // from a generator of the codec's own, seeded by train.seed and the bucket. With a warm
+  // start, once (in prepare, so that state() holds the first Q); without, every step (the
+  // step in the seed).
   void draw(const CodecBucket& bucket, BucketState& state) const {
     uint64_t seed = seed_ * 0x9E3779B97F4A7C15ull + bucket.index + 1;
     if (!warm_start_) seed += static_cast<uint64_t>(bucket.step) * 0xBF58476D1CE4E5B9ull;
     at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(seed);
     state.q.copy_(at::randn({state.q_numel}, generator, at::kFloat));
-    state.drawn = true;
   }
 
   static at::Tensor factor(const at::Tensor& flat, int64_t at, int64_t rows, int64_t r) {

@@ -87,8 +87,10 @@ class Codec {
   virtual std::vector<CodecCall> plan(const CodecBucket& bucket, int size, int64_t step) const = 0;
 
   // The state carried from one step to the next on this rank (error feedback, a warm start),
-  // by name: the codec's own tensors, which a checkpoint saves and a resumed run overwrites
-  // in place before its first step. Empty for a stateless codec.
+  // by name: the codec's own contiguous float32 tensors, the same names and shapes on every
+  // rank and in every call after prepare(). A checkpoint saves every rank's; a run resumed
+  // with the same codec, params and world size overwrites them in place before its first
+  // step (otherwise the codec starts from what prepare() made). Empty for a stateless codec.
   virtual std::vector<std::pair<std::string, at::Tensor>> state() { return {}; }
 };
 

@@ -15,6 +15,7 @@
 #include "collie/error.h"
 #include "runtime/device.h"
 #include "runtime/trace.h"
+#include "train/codec_group.h"
 
 namespace collie::train {
 namespace {
@@ -40,82 +41,6 @@ void resizeStorage(const at::Tensor& t, size_t bytes) {
   storage->set_nbytes(bytes);
 }
 
-// The group a codec reaches the other ranks through: the reducer's communicator, its
-// collectives recorded for the step's figures. A call that breaks the contract
-// (collie/codec.h) is the codec's error and names it.
-class CommunicatorGroup final : public CodecGroup {
- public:
-  CommunicatorGroup(Communicator& comm, const std::string& codec, const at::Device& device,
-                    std::vector<Provenance>* record)
-      : comm_(comm), codec_(codec), device_(device), record_(record) {}
-
-  int rank() const override { return comm_.backend().rank(); }
-  int size() const override { return comm_.backend().size(); }
-
-  void allReduce(const at::Tensor& t, ReduceOp op) override {
-    check(t, "allReduce");
-    const at::ScalarType type = t.scalar_type();
-    if (type != at::kFloat && type != at::kHalf && type != at::kBFloat16 && type != at::kInt &&
-        type != at::kLong) {
-      refuse(
-          fmt::format("allReduce of a {} tensor: reductions take float32, float16, "
-                      "bfloat16, int32 or int64",
-                      c10::toString(type)));
-    }
-    if (op != ReduceOp::kSum && op != ReduceOp::kMax && op != ReduceOp::kMin) {
-      refuse("allReduce with an operation other than sum, max or min");
-    }
-    CollectiveArgs args;
-    args.coll = Collective::kAllReduce;
-    args.op = op;
-    args.data = bufferOf(t);
-    record_->push_back(comm_.run(args));
-  }
-
-  void allGather(const at::Tensor& in, const at::Tensor& out) override {
-    check(in, "allGather");
-    check(out, "allGather");
-    if (out.scalar_type() != in.scalar_type() || out.numel() != in.numel() * size()) {
-      refuse(fmt::format("allGather into {} elements of {} from {} of {}: expected {} of {}",
-                         out.numel(), c10::toString(out.scalar_type()), in.numel(),
-                         c10::toString(in.scalar_type()), in.numel() * size(),
-                         c10::toString(in.scalar_type())));
-    }
-    CollectiveArgs args;
-    args.coll = Collective::kAllGather;
-    args.data = words(in);
-    args.output = words(out);
-    record_->push_back(comm_.run(args));
-  }
-
- private:
-  void check(const at::Tensor& t, const char* call) const {
-    if (!t.defined() || !t.is_contiguous() || t.device() != device_) {
-      refuse(fmt::format("{} of a tensor that is {}: expected a contiguous tensor on {}", call,
-                         !t.defined()         ? "undefined"
-                         : !t.is_contiguous() ? "not contiguous"
-                                              : "on " + t.device().str(),
-                         device_.str()));
-    }
-  }
-  // A tensor's bytes as a collective's buffer: one-byte elements as 4-byte words.
-  Buffer words(const at::Tensor& t) const {
-    if (t.element_size() != 1) return bufferOf(t);
-    if (t.numel() % 4 != 0) {
-      refuse(fmt::format("allGather of {} one-byte elements: expected a multiple of 4", t.numel()));
-    }
-    Buffer b = bufferOf(t.view(at::kInt));
-    return b;
-  }
-  [[noreturn]] void refuse(const std::string& what) const {
-    throw PluginError("codec '" + codec_ + "': " + what + " (collie/codec.h, CodecGroup)");
-  }
-
-  Communicator& comm_;
-  const std::string& codec_;
-  at::Device device_;
-  std::vector<Provenance>* record_;
-};
 }  // namespace
 
 Reducer::Reducer(std::vector<at::Tensor> params, uint64_t bucket_bytes, Communicator& comm,

@@ -146,7 +146,7 @@ class Reducer {
   // With a codec: bucket b as the codec sees it (views of its gradient buffer), and the
   // codec; nullptr without one.
   const CodecBucket& codecBucket(size_t b) const { return coded_[b]; }
-  const Codec* codec() const { return codec_.get(); }
+  Codec* codec() const { return codec_.get(); }
 
  private:
   struct Slot {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "collie/codec.h"
 #include "collie/error.h"
 #include "collie/log.h"
 
@@ -95,10 +96,43 @@ std::vector<std::pair<Piece, at::Tensor>> TrainingState::wholeTargets() const {
   return out;
 }
 
+std::vector<Piece> TrainingState::codecPieces(int r) const {
+  std::vector<Piece> out;
+  if (Codec* codec = reducer_.codec()) {
+    for (const auto& [name, tensor] : codec->state()) {
+      out.push_back(
+          Piece{fmt::format("codec/{}/{}", r, name), tensor.sizes().vec(), 0, tensor.numel()});
+    }
+  }
+  return out;
+}
+
+std::vector<std::pair<Piece, at::Tensor>> TrainingState::codecTargets() const {
+  std::vector<std::pair<Piece, at::Tensor>> out;
+  Codec* codec = reducer_.codec();
+  if (codec == nullptr) return out;
+  const std::vector<Piece> pieces = codecPieces(rank_);
+  const auto state = codec->state();
+  for (size_t i = 0; i < pieces.size(); ++i)
+    out.emplace_back(pieces[i], state[i].second.view({-1}));
+  return out;
+}
+
+std::vector<std::pair<Piece, at::Tensor>> TrainingState::targetsOf() const {
+  std::vector<std::pair<Piece, at::Tensor>> out;
+  if (sharded()) {
+    out = blockTargets();
+  } else if (rank_ == 0) {
+    out = wholeTargets();
+  }
+  for (auto& target : codecTargets()) out.push_back(std::move(target));
+  return out;
+}
+
 void TrainingState::save(const RunCheckpoints& checkpoints, int64_t step) {
   const CheckpointInfo info{step, runIdentity(e_), sharding_.micro_batch, spec_.grad_accum,
                             config::shardedStateName(spec_.sharding)};
-  if (!sharded()) {
+  if (!everyRankWrites()) {
     if (rank_ != 0) return;
     const std::string dir = checkpoints.createStepDir(step);
     writeManifest(dir, info, {writeShard(dir, 0, 1, info, wholeTargets())}, 0);
@@ -111,7 +145,7 @@ void TrainingState::save(const RunCheckpoints& checkpoints, int64_t step) {
   ShardFile mine;
   try {
     dir = checkpoints.createStepDir(step);
-    mine = writeShard(dir, rank_, world_, info, blockTargets());
+    mine = writeShard(dir, rank_, world_, info, targetsOf());
   } catch (const CheckpointError& e) {
     failure = e.what();
   }
@@ -131,12 +165,17 @@ void TrainingState::save(const RunCheckpoints& checkpoints, int64_t step) {
         static_cast<uint64_t>(written[r][1]),
         (static_cast<uint64_t>(written[r][2]) << 32) | static_cast<uint64_t>(written[r][3]),
         {}};
-    for (const BlockPiece& p : blockPieces(r)) file.pieces.push_back(p.piece);
+    if (sharded()) {
+      for (const BlockPiece& p : blockPieces(r)) file.pieces.push_back(p.piece);
+    } else if (r == 0) {
+      for (const auto& [piece, tensor] : wholeTargets()) file.pieces.push_back(piece);
+    }
+    for (Piece& piece : codecPieces(r)) file.pieces.push_back(std::move(piece));
     files.push_back(std::move(file));
   }
   writeManifest(dir, info, files, rank_);
   checkpoints.prune();
-  if (rank_ == 0) logInfo(fmt::format("checkpoint: {} ({} shards)", dir, world_));
+  if (rank_ == 0) logInfo(fmt::format("checkpoint: {} ({} files)", dir, world_));
 }
 
 void TrainingState::checkResumable(const CheckpointReader& reader) const {
@@ -180,15 +219,43 @@ void TrainingState::checkResumable(const CheckpointReader& reader) const {
 void TrainingState::restore(CheckpointReader& reader) {
   at::NoGradGuard no_grad;
   const size_t expected = params_.size() * (1 + stateKinds().size());
-  if (reader.tensors().size() != expected) {
+  const size_t held = static_cast<size_t>(
+      std::count_if(reader.tensors().begin(), reader.tensors().end(),
+                    [](const auto& t) { return t.first.rfind("codec/", 0) != 0; }));
+  if (held != expected) {
     throw CheckpointError(fmt::format("checkpoint {}: holds {} tensors, this run has {}",
-                                      reader.path(), reader.tensors().size(), expected));
+                                      reader.path(), held, expected));
   }
+  restoreCodec(reader);
   if (!sharded()) return reader.read(wholeTargets());
   for (auto& shard : shards_) shard.zero_();  // the padding
   for (auto& [name, tensor] : optimizer_.state()) tensor.zero_();
   reader.read(blockTargets());
   if (!shardsParameters()) reducer_.gatherParameters();  // stage 3 gathers when it computes
+}
+
+void TrainingState::restoreCodec(CheckpointReader& reader) {
+  const std::vector<std::pair<Piece, at::Tensor>> targets = codecTargets();
+  if (targets.empty()) return;
+  std::map<std::string, std::vector<int64_t>> held;
+  for (const auto& [key, shape] : reader.tensors()) held.emplace(key, shape);
+  // Every rank decides alike: the names and shapes are the same on every rank.
+  const bool fits = reader.info().worldSize() == world_ &&
+                    std::all_of(targets.begin(), targets.end(), [&](const auto& target) {
+                      const auto it = held.find(target.first.key);
+                      return it != held.end() && it->second == target.first.shape;
+                    });
+  if (!fits) {
+    if (rank_ == 0) {
+      logInfo(
+          fmt::format("checkpoint {} holds no state of train.compression {} for {} ranks in "
+                      "the shapes it keeps: the codec starts afresh (no error feedback "
+                      "carried over)",
+                      reader.path(), spec_.compression.label, world_));
+    }
+    return;
+  }
+  reader.read(targets);
 }
 
 int64_t TrainingState::resume(const RunCheckpoints& checkpoints) {

@@ -34,7 +34,8 @@ class TrainingState {
 
   // Writes the checkpoint of `step`. Unsharded, rank 0 writes every tensor whole into one
   // file (every rank holds the same, as verified); sharded, every rank writes its blocks
-  // and, once every rank has, the same manifest. Every rank calls it.
+  // and, once every rank has, the same manifest; a codec that keeps state of its own (error
+  // feedback) has every rank write that state too, in a file of its own. Every rank calls it.
   void save(const RunCheckpoints& checkpoints, int64_t step);
 
   // Continues from a checkpoint: the step to start from, 0 without one. Rank 0 decides which
@@ -66,6 +67,20 @@ class TrainingState {
   std::vector<std::pair<Piece, at::Tensor>> blockTargets() const;
   // Unsharded: every state tensor whole, parameters first.
   std::vector<std::pair<Piece, at::Tensor>> wholeTargets() const;
+  // A codec's state (train.compression), which differs from rank to rank: rank r's tensors
+  // under "codec/r/NAME", whole. Every rank's codec holds tensors of the same names and
+  // shapes, so any rank can list another's.
+  std::vector<std::pair<Piece, at::Tensor>> codecTargets() const;
+  std::vector<Piece> codecPieces(int r) const;
+  // Whether every rank writes a file: sharded, or a codec keeps state of its own.
+  bool everyRankWrites() const { return sharded() || !codecTargets().empty(); }
+  // This rank's tensors in the checkpoint: its blocks (sharded), or every tensor whole
+  // (rank 0 of an unsharded run), and its codec state.
+  std::vector<std::pair<Piece, at::Tensor>> targetsOf() const;
+  // Loads this rank's codec state when the checkpoint holds it in the shapes this run's
+  // codec keeps (the same codec and params at the same world size); else the codec starts
+  // afresh, as the log says.
+  void restoreCodec(CheckpointReader& reader);
   // Whether `reader`'s checkpoint can continue this run: the same model, optimizer and data
   // seed, and the same samples per step (their split over ranks, so the world size, may
   // differ: the sums are then added in another order).

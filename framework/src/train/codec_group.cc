@@ -1,0 +1,75 @@
+// A codec's collectives through the Communicator, checked against collie/codec.h.
+#include "train/codec_group.h"
+
+#include <fmt/format.h>
+
+#include "collie/error.h"
+#include "runtime/device.h"
+
+namespace collie::train {
+
+CommunicatorGroup::CommunicatorGroup(Communicator& comm, const std::string& codec,
+                                     const at::Device& device, std::vector<Provenance>* record)
+    : comm_(comm), codec_(codec), device_(device), record_(record) {}
+
+int CommunicatorGroup::rank() const { return comm_.backend().rank(); }
+int CommunicatorGroup::size() const { return comm_.backend().size(); }
+
+void CommunicatorGroup::allReduce(const at::Tensor& t, ReduceOp op) {
+  check(t, "allReduce");
+  const at::ScalarType type = t.scalar_type();
+  if (type != at::kFloat && type != at::kHalf && type != at::kBFloat16 && type != at::kInt &&
+      type != at::kLong) {
+    refuse(
+        fmt::format("allReduce of a {} tensor: reductions take float32, float16, bfloat16, "
+                    "int32 or int64",
+                    c10::toString(type)));
+  }
+  if (op != ReduceOp::kSum && op != ReduceOp::kMax && op != ReduceOp::kMin) {
+    refuse("allReduce with an operation other than sum, max or min");
+  }
+  CollectiveArgs args;
+  args.coll = Collective::kAllReduce;
+  args.op = op;
+  args.data = bufferOf(t);
+  record_->push_back(comm_.run(args));
+}
+
+void CommunicatorGroup::allGather(const at::Tensor& in, const at::Tensor& out) {
+  check(in, "allGather");
+  check(out, "allGather");
+  if (out.scalar_type() != in.scalar_type() || out.numel() != in.numel() * size()) {
+    refuse(fmt::format("allGather into {} elements of {} from {} of {}: expected {} of {}",
+                       out.numel(), c10::toString(out.scalar_type()), in.numel(),
+                       c10::toString(in.scalar_type()), in.numel() * size(),
+                       c10::toString(in.scalar_type())));
+  }
+  CollectiveArgs args;
+  args.coll = Collective::kAllGather;
+  args.data = words(in);
+  args.output = words(out);
+  record_->push_back(comm_.run(args));
+}
+
+void CommunicatorGroup::check(const at::Tensor& t, const char* call) const {
+  if (t.defined() && t.is_contiguous() && t.device() == device_) return;
+  refuse(fmt::format("{} of a tensor that is {}: expected a contiguous tensor on {}", call,
+                     !t.defined()         ? std::string("undefined")
+                     : !t.is_contiguous() ? std::string("not contiguous")
+                                          : "on " + t.device().str(),
+                     device_.str()));
+}
+
+Buffer CommunicatorGroup::words(const at::Tensor& t) const {
+  if (t.element_size() != 1) return bufferOf(t);
+  if (t.numel() % 4 != 0) {
+    refuse(fmt::format("allGather of {} one-byte elements: expected a multiple of 4", t.numel()));
+  }
+  return bufferOf(t.view(at::kInt));
+}
+
+void CommunicatorGroup::refuse(const std::string& what) const {
+  throw PluginError("codec '" + codec_ + "': " + what + " (collie/codec.h, CodecGroup)");
+}
+
+}  // namespace collie::train

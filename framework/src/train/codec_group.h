@@ -1,0 +1,39 @@
+// The group a codec plugin reaches the other ranks through (collie/codec.h's CodecGroup):
+// a Communicator, so that a codec's collectives run through train.scheduler's rules like
+// the float32 all-reduce they replace, each recorded for the step's figures.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "collie/codec.h"
+#include "runtime/communicator.h"
+
+namespace collie::train {
+
+class CommunicatorGroup final : public CodecGroup {
+ public:
+  // Tensors must lie on `device`. Every collective's provenance is appended to `record`.
+  // A call that breaks the contract is the codec's error: a PluginError naming `codec`.
+  CommunicatorGroup(Communicator& comm, const std::string& codec, const at::Device& device,
+                    std::vector<Provenance>* record);
+
+  int rank() const override;
+  int size() const override;
+  void allReduce(const at::Tensor& t, ReduceOp op) override;
+  void allGather(const at::Tensor& in, const at::Tensor& out) override;
+
+ private:
+  void check(const at::Tensor& t, const char* call) const;
+  Buffer words(const at::Tensor& t) const;  // one-byte elements as 4-byte words
+  [[noreturn]] void refuse(const std::string& what) const;
+
+  Communicator& comm_;
+  std::string codec_;
+  at::Device device_;
+  std::vector<Provenance>* record_;
+};
+
+}  // namespace collie::train

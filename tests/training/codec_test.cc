@@ -1,0 +1,457 @@
+// Codec plugins (train.compression) on loopback ranks: each codec's sum against a closed form
+// or an independent computation (PowerSGD against NumPy), error feedback losing nothing,
+// the group refusing what the contract does not allow, and training with every codec:
+// identical ranks, the float32 path reproduced bit for bit before PowerSGD starts, a resume
+// that carries the codec's state, and the refusals.
+#include <gtest/gtest.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <map>
+#include <mutex>
+
+#include "collie/codec.h"
+#include "collie/error.h"
+#include "loopback_job.h"
+#include "run_command.h"
+#include "runtime/communicator.h"
+#include "train/checkpoint.h"
+#include "train/codec_group.h"
+#include "train/trainer.h"
+
+namespace collie {
+namespace {
+
+namespace fs = std::filesystem;
+
+// What every rank of runCodec saw and held, indexed [rank][step].
+struct CodecRun {
+  std::vector<std::vector<at::Tensor>> sent, result;
+  // [rank][0]: after prepare(); [rank][s + 1]: after step s.
+  std::vector<std::vector<std::map<std::string, at::Tensor>>> state;
+  std::vector<std::vector<Provenance>> calls;  // [rank]: every collective, in order
+};
+
+// A rank's gradient at a step: numel float32 values.
+using GradientOf = std::function<at::Tensor(int rank, int step, int64_t numel)>;
+
+// Runs `steps` steps of codec `name` on `world` loopback ranks over one bucket of
+// parameters shaped `shapes` (padded to a multiple of world, as the trainer's buckets are),
+// rank r weighing shares[r].
+CodecRun runCodec(const std::string& name, const std::map<std::string, std::string>& params,
+                  int world, const std::vector<std::vector<int64_t>>& shapes, int steps,
+                  const GradientOf& gradient, const std::vector<double>& shares) {
+  CodecRun run;
+  run.sent.resize(world);
+  run.result.resize(world);
+  run.state.resize(world);
+  run.calls.resize(world);
+  testing::runLoopback(world, [&](std::shared_ptr<Backend> backend) {
+    const int r = backend->rank();
+    Communicator comm(backend, "loopback",
+                      Topology::fromLabels(std::vector<std::string>(world, "a")));
+    comm.addRule("ring", testing::loadScheduler("ring"));
+    Params p("codec '" + name + "'");
+    for (const auto& [key, value] : params) p.set(key, value);
+    std::shared_ptr<Codec> codec = testing::buildTreeLoader().createCodec(name, p);
+    CodecBucket bucket;
+    int64_t numel = 0;
+    for (const auto& shape : shapes) {
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      numel += n;
+    }
+    bucket.gradient = at::zeros({(numel + world - 1) / world * world});
+    int64_t at = 0;
+    for (const auto& shape : shapes) {
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      bucket.parameters.push_back(bucket.gradient.narrow(0, at, n).view(shape));
+      at += n;
+    }
+    bucket.share = shares[r];
+    auto snapshot = [&] {
+      std::map<std::string, at::Tensor> out;
+      for (const auto& [key, tensor] : codec->state()) out[key] = tensor.clone();
+      return out;
+    };
+    codec->prepare({bucket}, {7, r, world});
+    std::vector<std::map<std::string, at::Tensor>> states = {snapshot()};
+    std::vector<at::Tensor> sent, result;
+    std::vector<Provenance> calls;
+    for (int s = 0; s < steps; ++s) {
+      bucket.gradient.zero_();
+      bucket.gradient.narrow(0, 0, numel).copy_(gradient(r, s, numel));
+      sent.push_back(bucket.gradient.narrow(0, 0, numel).clone());
+      bucket.step = s;
+      train::CommunicatorGroup group(comm, name, at::Device(at::kCPU), &calls);
+      codec->synchronize(bucket, group);
+      result.push_back(bucket.gradient.narrow(0, 0, numel).clone());
+      states.push_back(snapshot());
+    }
+    run.sent[r] = sent;
+    run.result[r] = result;
+    run.state[r] = states;
+    run.calls[r] = calls;
+  });
+  return run;
+}
+
+// Deterministic values of a normal distribution for (rank, step), scaled.
+GradientOf normal(double scale) {
+  return [scale](int rank, int step, int64_t numel) {
+    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(1000 + rank * 31 + step);
+    return at::randn({numel}, generator, at::kFloat).mul_(scale);
+  };
+}
+
+at::Tensor sumOver(const std::vector<std::vector<at::Tensor>>& per_rank, int step) {
+  at::Tensor sum = at::zeros_like(per_rank[0][step], at::kDouble);
+  for (const auto& rank : per_rank) sum.add_(rank[step].to(at::kDouble));
+  return sum;
+}
+
+void expectSameOnEveryRank(const CodecRun& run) {
+  for (size_t r = 1; r < run.result.size(); ++r) {
+    for (size_t s = 0; s < run.result[r].size(); ++s) {
+      EXPECT_TRUE(at::equal(run.result[r][s], run.result[0][s]))
+          << "rank " << r << " holds another sum than rank 0 at step " << s;
+    }
+  }
+}
+
+const std::vector<double> kThirds = {1.0 / 3, 1.0 / 3, 1.0 / 3};
+
+TEST(Bf16, SumsThatBfloat16HoldsAreExactAndHalfTheBytes) {
+  // Multiples of 2^-6 below 2^2: 8 significant bits, so every value and sum is exact.
+  const GradientOf exact = [](int rank, int, int64_t numel) {
+    return at::arange(numel, at::kFloat).remainder_(9).sub_(4).mul_((rank + 1) / 64.0);
+  };
+  const CodecRun run = runCodec("bf16", {}, 3, {{5, 4}, {7}}, 1, exact, kThirds);
+  expectSameOnEveryRank(run);
+  EXPECT_TRUE(at::equal(run.result[0][0], sumOver(run.sent, 0).to(at::kFloat)));
+  ASSERT_EQ(run.calls[0].size(), 1u);
+  EXPECT_EQ(run.calls[0][0].bytes, 27u * 2);  // 27 elements of 2 bytes
+}
+
+TEST(Bf16, RoundsEachSumToBfloat16sPrecision) {
+  const CodecRun run = runCodec("bf16", {}, 3, {{40, 25}}, 1, normal(1.0), kThirds);
+  expectSameOnEveryRank(run);
+  at::Tensor magnitude = at::zeros({1000}, at::kDouble);
+  for (const auto& rank : run.sent) magnitude.add_(rank[0].abs().to(at::kDouble));
+  // Each rank's value and each of the ring's partial sums rounded once: 2^-8 relative each.
+  const at::Tensor error = run.result[0][0].to(at::kDouble).sub(sumOver(run.sent, 0)).abs();
+  EXPECT_TRUE(error.le(magnitude.mul(4 * std::ldexp(1.0, -8))).all().item<bool>());
+  EXPECT_GT(error.max().item<double>(), 0) << "a float32 sum would not round at all";
+}
+
+TEST(Fp16, ScalesGradientsFloat16WouldLoseOrOverflow) {
+  // float16 holds nothing below 6e-8 and nothing above 65504.
+  ASSERT_EQ(at::tensor({1e-9f}).to(at::kHalf).item<float>(), 0.0f);
+  ASSERT_TRUE(std::isinf(at::tensor({1e6f}).to(at::kHalf).item<float>()));
+  for (const double scale : {1e-9, 1e6}) {
+    const CodecRun run = runCodec("fp16", {}, 3, {{30, 10}}, 1, normal(scale), kThirds);
+    expectSameOnEveryRank(run);
+    at::Tensor magnitude = at::zeros({300}, at::kDouble);
+    for (const auto& rank : run.sent) magnitude.add_(rank[0].abs().to(at::kDouble));
+    const at::Tensor exact = sumOver(run.sent, 0);
+    const at::Tensor error = run.result[0][0].to(at::kDouble).sub(exact).abs();
+    EXPECT_TRUE(error.le(magnitude.mul(4 * std::ldexp(1.0, -11))).all().item<bool>())
+        << "scale " << scale << ": worst error " << error.max().item<double>();
+    // A float32 maximum of one value, then the float16 sum.
+    ASSERT_EQ(run.calls[0].size(), 2u);
+    EXPECT_EQ(run.calls[0][0].bytes, 4u);
+    EXPECT_EQ(run.calls[0][1].bytes, 300u * 2);
+  }
+}
+
+TEST(Int8, BlocksThatInt8HoldsAreExact) {
+  // Every block of 4 is {127, -64, 3, 0} times a power of two: its scale is that power and
+  // every code exact.
+  const GradientOf exact = [](int rank, int, int64_t numel) {
+    const at::Tensor block = at::tensor({127.0f, -64.0f, 3.0f, 0.0f});
+    return block.repeat({numel / 4}).mul_(std::ldexp(1.0, -(rank + 3)));
+  };
+  const CodecRun run = runCodec("int8", {{"block", "4"}}, 3, {{6, 2}}, 1, exact, kThirds);
+  expectSameOnEveryRank(run);
+  EXPECT_TRUE(at::equal(run.result[0][0], sumOver(run.sent, 0).to(at::kFloat)));
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(run.state[r][1].at("error/0").abs().max().item<float>(), 0);
+  // The scales (3 blocks of float32) and the codes (12 bytes), gathered from 3 ranks.
+  ASSERT_EQ(run.calls[0].size(), 2u);
+  EXPECT_EQ(run.calls[0][0].bytes, 3u * 3 * 4);
+  EXPECT_EQ(run.calls[0][1].bytes, 3u * 12);
+}
+
+// With error feedback nothing is lost: what the sums delivered over the steps plus what the
+// ranks still owe is what they computed.
+TEST(Int8, ErrorFeedbackLosesNothingOverSteps) {
+  const GradientOf once = [](int rank, int step, int64_t numel) {
+    return step == 0 ? normal(0.01)(rank, step, numel) : at::zeros({numel});
+  };
+  const CodecRun run = runCodec("int8", {{"block", "64"}}, 2, {{50, 9}}, 3, once, {0.5, 0.5});
+  expectSameOnEveryRank(run);
+  at::Tensor delivered = at::zeros({450}, at::kDouble), owed = at::zeros({450}, at::kDouble);
+  for (int s = 0; s < 3; ++s) delivered.add_(run.result[0][s].to(at::kDouble));
+  for (int r = 0; r < 2; ++r) owed.add_(run.state[r][3].at("error/0").to(at::kDouble));
+  const at::Tensor computed = sumOver(run.sent, 0);
+  EXPECT_LT(delivered.add(owed).sub(computed).abs().max().item<double>(), 1e-7);
+  // The first step's sum alone misses what rounding left out; the next steps deliver it.
+  EXPECT_GT(run.result[0][0].to(at::kDouble).sub(computed).abs().max().item<double>(), 1e-6);
+  EXPECT_GT(run.result[0][1].abs().max().item<float>(), 0);
+}
+
+// PowerSGD on 2 ranks of unequal shares over 3 steps (warm start and error feedback at
+// work), against tests/training/powersgd_reference.py: NumPy, from the same inputs and the
+// first Q, nothing of collie's.
+TEST(PowerSgd, ThreeStepsMatchANumPyReference) {
+  // A vector and a 3x2 matrix too small to gain 2x (6 < 2 x 2 x 5) go whole; three matrices,
+  // one of them from a 3-dimensional parameter (8 x 12), are compressed.
+  const std::vector<std::vector<int64_t>> shapes = {{16, 12}, {7}, {10, 20}, {3, 2}, {8, 4, 3}};
+  const std::vector<double> shares = {0.7, 0.3};
+  const CodecRun run = runCodec("powersgd", {{"rank", "2"}}, 2, shapes, 3, normal(1.0), shares);
+  expectSameOnEveryRank(run);
+  auto list = [](const at::Tensor& t) {
+    const at::Tensor c = t.to(at::kDouble).contiguous();
+    return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+  };
+  nlohmann::json doc;
+  doc["shapes"] = shapes;
+  doc["rank"] = 2;
+  doc["min_compression_rate"] = 2.0;
+  doc["shares"] = shares;
+  doc["q0"] = list(run.state[0][0].at("q/0"));
+  for (int r = 0; r < 2; ++r) {
+    for (int s = 0; s < 3; ++s) {
+      doc["sent"][r][s] = list(run.sent[r][s]);
+      doc["result"][r][s] = list(run.result[r][s]);
+      doc["error"][r][s] = list(run.state[r][s + 1].at("error/0"));
+    }
+  }
+  const fs::path file = fs::path(COLLIE_TEST_BINARY_DIR) / "powersgd-run.json";
+  const fs::path log = fs::path(COLLIE_TEST_BINARY_DIR) / "powersgd-reference.log";
+  std::ofstream(file) << doc.dump();
+  const std::string command = std::string("'") + COLLIE_TEST_PYTHON + "' '" +
+                              COLLIE_TEST_SOURCE_DIR + "/tests/training/powersgd_reference.py' '" +
+                              file.string() + "' > '" + log.string() + "' 2>&1";
+  const int status = std::system(command.c_str());
+  std::ifstream in(log);
+  const std::string said((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(status, 0) << said;
+  EXPECT_NE(said.find("powersgd: 3 steps of 2 ranks match"), std::string::npos) << said;
+  // P and Q of the three compressed matrices, each all-reduced once; the vector, the 3x2
+  // matrix (too small to gain 2x) and nothing else whole.
+  ASSERT_EQ(run.calls[0].size(), 9u);
+  EXPECT_EQ(run.calls[0][0].bytes, (7u + 6) * 4);
+  EXPECT_EQ(run.calls[0][1].bytes, (16u + 10 + 8) * 2 * 4);
+  EXPECT_EQ(run.calls[0][2].bytes, (12u + 20 + 12) * 2 * 4);
+}
+
+TEST(PowerSgd, BeforeItsStartStepItIsTheFloat32AllReduce) {
+  const CodecRun run =
+      runCodec("powersgd", {{"start_step", "1"}}, 3, {{16, 12}}, 2, normal(1.0), kThirds);
+  ASSERT_EQ(run.calls[0].size(), 1u + 2);
+  EXPECT_EQ(run.calls[0][0].bytes, 192u * 4);
+  EXPECT_LT(run.result[0][0].to(at::kDouble).sub(sumOver(run.sent, 0)).abs().max().item<double>(),
+            1e-5);
+}
+
+// A codec that breaks the group's contract is named; a one-byte gather travels as words.
+TEST(CodecGroup, RefusesWhatTheContractDoesNotAndGathersBytes) {
+  std::mutex mu;
+  std::vector<std::string> errors;
+  std::vector<at::Tensor> gathered(2);
+  testing::runLoopback(2, [&](std::shared_ptr<Backend> backend) {
+    Communicator comm(backend, "loopback", Topology::fromLabels({"a", "a"}));
+    comm.addRule("ring", testing::loadScheduler("ring"));
+    std::vector<Provenance> calls;
+    train::CommunicatorGroup group(comm, "broken", at::Device(at::kCPU), &calls);
+    auto refused = [&](const std::function<void()>& call) {
+      try {
+        call();
+      } catch (const PluginError& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        errors.push_back(e.what());
+      }
+    };
+    refused([&] { group.allReduce(at::zeros({8}, at::kChar), ReduceOp::kSum); });
+    refused([&] { group.allReduce(at::zeros({8}), ReduceOp::kProd); });
+    refused([&] { group.allGather(at::zeros({3}), at::zeros({5})); });
+    refused([&] { group.allGather(at::zeros({6}, at::kChar), at::zeros({12}, at::kChar)); });
+    refused([&] { group.allReduce(at::zeros({4, 4}).t(), ReduceOp::kSum); });
+    const at::Tensor mine = at::arange(8, at::kChar).add_(static_cast<int>(backend->rank() * 10));
+    at::Tensor all = at::zeros({16}, at::kChar);
+    group.allGather(mine, all);
+    gathered[backend->rank()] = all;
+  });
+  ASSERT_EQ(errors.size(), 10u);
+  for (const auto& e : errors) EXPECT_NE(e.find("codec 'broken'"), std::string::npos) << e;
+  const at::Tensor expected =
+      at::cat({at::arange(8, at::kChar), at::arange(8, at::kChar).add_(10)});
+  for (const auto& all : gathered) EXPECT_TRUE(at::equal(all, expected));
+}
+
+// ---- training with a codec -------------------------------------------------------------
+
+const char* kBase = R"(
+name: codec-test
+launch: {nproc_per_node: 3}
+backend: {plugin: loopback, params: {timeout: 30s}}
+model: {plugin: mlp, params: {seq_len: 6, vocab: 48, d_embed: 8, hidden: 32, layers: 2}}
+train:
+  steps: 6
+  micro_batch: [3, 2, 2]
+  grad_accum: 2
+  lr: 0.01
+  warmup_steps: 1
+  bucket_bytes: 4KiB
+  log_every: 100
+)";
+
+fs::path scratch(const std::string& name) {
+  fs::path dir = fs::path(COLLIE_TEST_BINARY_DIR) / "codec-scratch" / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+train::Result train(const std::string& name, std::vector<std::string> sets, bool fresh = true) {
+  const fs::path dir =
+      fresh ? scratch(name) : fs::path(COLLIE_TEST_BINARY_DIR) / "codec-scratch" / name;
+  sets.push_back("train.checkpoint_dir=" + (dir / "ckpt").string());
+  auto experiments = config::loadExperiments(testing::writeTempFile(name + ".yaml", kBase), sets);
+  return train::run(testing::buildTreeLoader(), experiments.at(0), dir.string());
+}
+
+std::map<std::string, at::Tensor> weights(const std::string& name) {
+  const fs::path dir = fs::path(COLLIE_TEST_BINARY_DIR) / "codec-scratch" / name / "ckpt";
+  train::CheckpointReader reader(train::latestCheckpoint(dir.string()));
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [key, tensor] : reader.readAll()) {
+    if (key.find('/') == std::string::npos) out[key] = tensor;  // a parameter's
+  }
+  return out;
+}
+
+class Compression : public ::testing::TestWithParam<const char*> {};
+
+double largestDifference(const std::map<std::string, at::Tensor>& a,
+                         const std::map<std::string, at::Tensor>& b) {
+  double worst = 0;
+  for (const auto& [key, tensor] : a)
+    worst = std::max(worst, tensor.sub(b.at(key)).abs().max().item<double>());
+  return worst;
+}
+
+// Unequal micro-batches weighted by tokens, two micro-batches a step, clipping, SGD (whose
+// update follows the gradient, so a codec's error shows in the weights in proportion):
+// every codec keeps the ranks identical (the run's weight check), sends fewer bytes, and
+// ends near training without a codec, against how far that training moved the weights.
+TEST_P(Compression, TrainsWithIdenticalRanksInFewerBytes) {
+  const std::string codec = GetParam();
+  const std::string name = codec[0] == '{' ? "powersgd" : codec;
+  const std::vector<std::string> sgd = {"train.optimizer=sgd", "train.lr=0.1",
+                                        "train.grad_clip=0.5"};
+  auto initial = sgd;
+  initial.insert(initial.end(), {"train.lr=0", "train.steps=1"});
+  train("sgd-initial", initial);
+  train("sgd-plain", sgd);
+  auto sets = sgd;
+  sets.push_back("train.compression=" + codec);
+  const train::Result r = train("sgd-" + name, sets);
+  EXPECT_TRUE(r.sync.identical);
+  EXPECT_EQ(r.compression, name);
+  EXPECT_GT(r.coded_bytes, 0u);
+  EXPECT_LT(r.coded_bytes, r.allreduce_bytes);
+  const auto plain = weights("sgd-plain");
+  const double moved = largestDifference(plain, weights("sgd-initial"));
+  const double off = largestDifference(weights("sgd-" + name), plain);
+  std::printf(
+      "%s: training moved the weights by up to %g; the codec's run ends up to %g from "
+      "where training without it does\n",
+      name.c_str(), moved, off);
+  EXPECT_GT(off, 0);
+  // The casts and int8 round each sum to a few significant digits (measured: 3e-3, 5e-4 and
+  // 2e-3 of the movement); PowerSGD's rank-2 sums are far coarser per step, its error fed
+  // back into the next ones (its sums are checked against NumPy above).
+  EXPECT_LT(off, (name == "powersgd" ? 0.5 : 0.02) * moved);
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, Compression,
+                         ::testing::Values("bf16", "fp16", "int8",
+                                           "{plugin: powersgd, params: {rank: 2}}"),
+                         [](const auto& info) {
+                           const std::string name = info.param;
+                           return name[0] == '{' ? std::string("powersgd") : name;
+                         });
+
+// Before its start step PowerSGD all-reduces each bucket in float32: the codec path (the
+// group, the buckets' views, the shares) gives the weights of training without a codec,
+// bit for bit.
+TEST(CompressionTraining, PowerSgdBeforeItsStartIsTrainingWithoutACodec) {
+  train("plain", {});
+  train("late", {"train.compression={plugin: powersgd, params: {start_step: 100}}"});
+  const auto plain = weights("plain"), late = weights("late");
+  ASSERT_EQ(plain.size(), late.size());
+  for (const auto& [key, tensor] : plain) EXPECT_TRUE(at::equal(tensor, late.at(key))) << key;
+}
+
+// The error feedback and PowerSGD's Q are every rank's own: a checkpoint holds them, and a
+// run resumed from it ends where the uninterrupted one does, bit for bit.
+TEST(CompressionTraining, ResumeCarriesEveryRanksCodecState) {
+  const std::vector<std::string> sets = {"train.compression={plugin: powersgd, params: {rank: 2}}",
+                                         "train.checkpoint_every=3"};
+  train("whole", sets);
+  train("interrupted", sets);
+  const fs::path ckpt = fs::path(COLLIE_TEST_BINARY_DIR) / "codec-scratch" / "interrupted" / "ckpt";
+  fs::remove_all(train::checkpointPath(ckpt.string(), 6));
+  train::CheckpointReader reader(train::latestCheckpoint(ckpt.string()));
+  size_t codec_tensors = 0;
+  for (const auto& [key, shape] : reader.tensors()) codec_tensors += key.rfind("codec/", 0) == 0;
+  EXPECT_GT(codec_tensors, 0u);
+  const train::Result resumed = train("interrupted", sets, /*fresh=*/false);
+  EXPECT_EQ(resumed.timed_steps, 2);  // steps 4..6, the first untimed
+  const auto whole = weights("whole"), again = weights("interrupted");
+  for (const auto& [key, tensor] : whole) EXPECT_TRUE(at::equal(tensor, again.at(key))) << key;
+}
+
+std::string configError(const std::vector<std::string>& sets) {
+  try {
+    train("refused", sets);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(CompressionTraining, ShardingAndUnknownParamsAreRefusedByName) {
+  const std::string sharded =
+      configError({"train.compression=powersgd", "train.sharding=optimizer"});
+  EXPECT_NE(sharded.find("codec 'powersgd'"), std::string::npos) << sharded;
+  EXPECT_NE(sharded.find("train.sharding: optimizer"), std::string::npos) << sharded;
+  const std::string param = configError({"train.compression={plugin: powersgd, params: {rnk: 2}}"});
+  EXPECT_NE(param.find("unknown param 'rnk'"), std::string::npos) << param;
+  EXPECT_NE(param.find("rank"), std::string::npos) << param;
+  const std::string rules = configError({"train.compression={rules: [{plugin: bf16}]}"});
+  EXPECT_NE(rules.find("train.compression: 'rules' choose a scheduler"), std::string::npos)
+      << rules;
+}
+
+}  // namespace
+}  // namespace collie
