@@ -30,6 +30,7 @@ Result everyFieldSet() {
   r.name = "quick";
   r.model = "gpt";
   r.scheduler = "ring";
+  r.compression = "powersgd";
   r.backend = "gloo";
   r.ranks = 2;
   r.parameters = 123456;
@@ -50,6 +51,7 @@ Result everyFieldSet() {
   r.device = "cuda:0 (test)";
   r.comm_memory = "host-staged";
   r.allreduce_bytes = 987654;
+  r.coded_bytes = 24680;
   r.sharding = "parameters";
   r.parameter_bytes = 111;
   r.gradient_bytes = 222;
@@ -120,6 +122,7 @@ TEST_F(ResultFile, KeepsEveryFieldOfAResult) {
   EXPECT_EQ(out.name, in.name);
   EXPECT_EQ(out.model, in.model);
   EXPECT_EQ(out.scheduler, in.scheduler);
+  EXPECT_EQ(out.compression, in.compression);
   EXPECT_EQ(out.backend, in.backend);
   EXPECT_EQ(out.ranks, in.ranks);
   EXPECT_EQ(out.parameters, in.parameters);
@@ -142,6 +145,7 @@ TEST_F(ResultFile, KeepsEveryFieldOfAResult) {
   EXPECT_EQ(out.device, in.device);
   EXPECT_EQ(out.comm_memory, in.comm_memory);
   EXPECT_EQ(out.allreduce_bytes, in.allreduce_bytes);
+  EXPECT_EQ(out.coded_bytes, in.coded_bytes);
   EXPECT_EQ(out.sharding, in.sharding);
   EXPECT_EQ(out.parameter_bytes, in.parameter_bytes);
   EXPECT_EQ(out.gradient_bytes, in.gradient_bytes);
@@ -191,6 +195,7 @@ TEST_F(ResultFile, KeepsTheNamesThatSummaryJsonReadersUse) {
                                           "name",
                                           "model",
                                           "scheduler",
+                                          "compression",
                                           "backend",
                                           "ranks",
                                           "parameters",
@@ -210,6 +215,7 @@ TEST_F(ResultFile, KeepsTheNamesThatSummaryJsonReadersUse) {
                                           "device",
                                           "comm_memory",
                                           "allreduce_bytes",
+                                          "coded_bytes",
                                           "buckets",
                                           "sharding",
                                           "overlap",

@@ -309,8 +309,17 @@ void printDetails(std::ostream& out, const Result& r) {
           << " time(s): " << detail::join(changes, ", ") << "\n";
     }
     const bool sharded = r.sharding != "none";
-    out << "# " << tag << (sharded ? "reduce-scatter + all-gather" : "all-reduce")
-        << " per step: " << fmt::format("{:.2f} MB", static_cast<double>(r.allreduce_bytes) / 1e6)
+    const bool coded = r.compression != "none";
+    const double gradient_mb = static_cast<double>(r.allreduce_bytes) / 1e6;
+    const std::string what = coded     ? "gradient synchronisation"
+                             : sharded ? "reduce-scatter + all-gather"
+                                       : "all-reduce";
+    out << "# " << tag << what << " per step: " << fmt::format("{:.2f} MB", gradient_mb)
+        << (coded ? fmt::format(" of float32 gradients as {:.2f} MB of train.compression {}'s "
+                                "collectives ({:.1f}x fewer bytes)",
+                                static_cast<double>(r.coded_bytes) / 1e6, r.compression,
+                                gradient_mb * 1e6 / std::max<double>(1, r.coded_bytes))
+                  : std::string())
         << " in " << r.buckets << " bucket(s): measured " << fmt::format("{:.4f}", r.comm_seconds)
         << " s (" << fmt::format("{:.4f}", r.exposed_seconds) << " s exposed)"
         << (sharded ? fmt::format(": reduce-scatter {:.4f} s ({:.4f} s exposed), all-gather "
@@ -327,21 +336,15 @@ void printDetails(std::ostream& out, const Result& r) {
         << (r.link_beta > 0 ? fmt::format("{:.3f}", 1e-9 / r.link_beta) : "-") << " GB/s)\n";
     // The bandwidth a ring's all-reduce needs: 2(n-1)/n of the gradient bytes leave every rank.
     const double bound = 2.0 * static_cast<double>(r.allreduce_bytes) * (r.ranks - 1) / r.ranks;
-    out << "# " << tag << (sharded ? "reduce-scatter + all-gather" : "all-reduce")
+    out << "# " << tag
+        << (coded     ? "float32 all-reduce (without the codec)"
+            : sharded ? "reduce-scatter + all-gather"
+                      : "all-reduce")
         << " bandwidth bound: 2(n-1)/n x "
-        << fmt::format("{:.2f} MB = {:.2f} MB per rank per step over that link: {} s",
-                       static_cast<double>(r.allreduce_bytes) / 1e6, bound / 1e6,
+        << fmt::format("{:.2f} MB = {:.2f} MB per rank per step over that link: {} s", gradient_mb,
+                       bound / 1e6,
                        r.link_beta > 0 ? fmt::format("{:.4f}", bound * r.link_beta) : "-")
         << ", measured " << fmt::format("{:.4f}", r.comm_seconds) << " s\n";
-    if (r.compression != "none" && r.coded_bytes > 0) {
-      out << "# " << tag
-          << fmt::format(
-                 "train.compression {}: the {:.2f} MB of float32 gradients per step "
-                 "went as {:.2f} MB of the codec's collectives ({:.1f}x fewer bytes)\n",
-                 r.compression, static_cast<double>(r.allreduce_bytes) / 1e6,
-                 static_cast<double>(r.coded_bytes) / 1e6,
-                 static_cast<double>(r.allreduce_bytes) / static_cast<double>(r.coded_bytes));
-    }
   }
   {
     const auto mb = [](uint64_t bytes) { return static_cast<double>(bytes) / 1e6; };
