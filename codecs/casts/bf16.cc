@@ -1,7 +1,7 @@
 // bf16: a bucket's gradients cast to bfloat16, summed in bfloat16 over the ranks and cast
 // back: half the bytes of the float32 all-reduce, as PyTorch DDP's bf16_compress_hook.
 // bfloat16 keeps float32's exponent range, so nothing needs scaling; it keeps 8 bits of
-// the significand, so each sum is rounded to about 3 significant digits.
+// the significand, so each sum is rounded to 2 or 3 significant digits.
 #include <ATen/ops/empty.h>
 
 #include "collie/codec.h"

@@ -46,7 +46,7 @@ class Int8 final : public collie::Codec {
   void synchronize(CodecBucket& bucket, CodecGroup& group) override {
     at::Tensor gradient = bucket.gradient;  // (numel)
     const int64_t numel = gradient.numel(), blocks = blocksOf(numel);
-    if (numel == 0) return;
+    if (numel == 0) return;  // nothing to send (plan() says so too)
     const at::Tensor& error = errors_.at(bucket.index);
     if (error_feedback_) gradient.add_(error);  // this rank's part: gradient plus what it owed
     at::Tensor padded = at::zeros({blocks, block_}, gradient.options());  // (blocks, block)
@@ -71,6 +71,7 @@ class Int8 final : public collie::Codec {
   }
 
   std::vector<CodecCall> plan(const CodecBucket& bucket, int, int64_t) const override {
+    if (bucket.gradient.numel() == 0) return {};
     const int64_t blocks = blocksOf(bucket.gradient.numel());
     return {{Collective::kAllGather, DType::kF32, blocks},
             {Collective::kAllGather, DType::kI32, blocks * block_ / 4}};

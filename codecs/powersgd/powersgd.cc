@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -55,7 +56,7 @@ class PowerSgd final : public collie::Codec {
         min_rate_(ctx.params->getDouble("min_compression_rate", 2.0)),
         error_feedback_(ctx.params->getBool("error_feedback", true)),
         warm_start_(ctx.params->getBool("warm_start", true)),
-        epsilon_(ctx.params->getDouble("orthogonalization_epsilon", 1e-8)) {
+        epsilon_(ctx.params->getDouble("orthogonalization_epsilon", 0.0)) {
     if (!(min_rate_ >= 1.0 && min_rate_ <= 1e6)) {
       throw collie::ConfigError(ctx.params->where("min_compression_rate") + ctx.params->owner() +
                                 ": params.min_compression_rate: expected a number from 1 to "
@@ -171,7 +172,7 @@ class PowerSgd final : public collie::Codec {
 
   // The vectors and small matrices: their concatenation summed in one all-reduce.
   void sumWhole(CodecBucket& bucket, const BucketState& state, CodecGroup& group) const {
-    if (state.whole.empty()) return;
+    if (state.whole_numel == 0) return;
     std::vector<at::Tensor> parts;
     for (size_t k : state.whole) parts.push_back(bucket.parameters[k].reshape({-1}));
     at::Tensor flat = at::cat(parts);  // (whole_numel)
@@ -203,12 +204,13 @@ class PowerSgd final : public collie::Codec {
   }
 
   // Gram-Schmidt on the columns of p (rows, r), in place: each column divided by its norm
-  // (plus epsilon, so that a zero column stays finite), then taken out of the ones after it.
+  // (plus epsilon, and never by less than the smallest normal float, so that a zero column
+  // stays zero rather than NaN), then taken out of the ones after it.
   void orthogonalise(at::Tensor p) const {
     const int64_t r = p.size(1);
     for (int64_t i = 0; i < r; ++i) {
       at::Tensor column = p.narrow(1, i, 1);  // (rows, 1)
-      column.div_(column.norm().add_(epsilon_));
+      column.div_(column.norm().add_(epsilon_).clamp_min_(std::numeric_limits<float>::min()));
       if (i + 1 == r) break;
       at::Tensor rest = p.narrow(1, i + 1, r - i - 1);  // (rows, r - i - 1)
       rest.sub_(at::mm(column, at::mm(column.t(), rest)));

@@ -225,42 +225,47 @@ TEST(PowerSgd, ThreeStepsMatchANumPyReference) {
   // one of them from a 3-dimensional parameter (8 x 12), are compressed.
   const std::vector<std::vector<int64_t>> shapes = {{16, 12}, {7}, {10, 20}, {3, 2}, {8, 4, 3}};
   const std::vector<double> shares = {0.7, 0.3};
-  const CodecRun run = runCodec("powersgd", {{"rank", "2"}}, 2, shapes, 3, normal(1.0), shares);
-  expectSameOnEveryRank(run);
-  auto list = [](const at::Tensor& t) {
-    const at::Tensor c = t.to(at::kDouble).contiguous();
-    return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
-  };
-  nlohmann::json doc;
-  doc["shapes"] = shapes;
-  doc["rank"] = 2;
-  doc["min_compression_rate"] = 2.0;
-  doc["shares"] = shares;
-  doc["q0"] = list(run.state[0][0].at("q/0"));
-  for (int r = 0; r < 2; ++r) {
-    for (int s = 0; s < 3; ++s) {
-      doc["sent"][r][s] = list(run.sent[r][s]);
-      doc["result"][r][s] = list(run.result[r][s]);
-      doc["error"][r][s] = list(run.state[r][s + 1].at("error/0"));
+  // Gradients of order 1, and of order 1e-5, whose P columns (of order |M|^2) are far below
+  // any fixed epsilon: the orthogonalisation must not shrink them.
+  for (const double scale : {1.0, 1e-5}) {
+    const CodecRun run = runCodec("powersgd", {{"rank", "2"}}, 2, shapes, 3, normal(scale), shares);
+    expectSameOnEveryRank(run);
+    auto list = [](const at::Tensor& t) {
+      const at::Tensor c = t.to(at::kDouble).contiguous();
+      return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+    };
+    nlohmann::json doc;
+    doc["shapes"] = shapes;
+    doc["rank"] = 2;
+    doc["min_compression_rate"] = 2.0;
+    doc["shares"] = shares;
+    doc["q0"] = list(run.state[0][0].at("q/0"));
+    for (int r = 0; r < 2; ++r) {
+      for (int s = 0; s < 3; ++s) {
+        doc["sent"][r][s] = list(run.sent[r][s]);
+        doc["result"][r][s] = list(run.result[r][s]);
+        doc["error"][r][s] = list(run.state[r][s + 1].at("error/0"));
+      }
     }
+    const fs::path file = fs::path(COLLIE_TEST_BINARY_DIR) / "powersgd-run.json";
+    const fs::path log = fs::path(COLLIE_TEST_BINARY_DIR) / "powersgd-reference.log";
+    std::ofstream(file) << doc.dump();
+    const std::string command = std::string("'") + COLLIE_TEST_PYTHON + "' '" +
+                                COLLIE_TEST_SOURCE_DIR +
+                                "/tests/training/powersgd_reference.py' '" + file.string() +
+                                "' > '" + log.string() + "' 2>&1";
+    const int status = std::system(command.c_str());
+    std::ifstream in(log);
+    const std::string said((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(status, 0) << "gradients of order " << scale << ": " << said;
+    EXPECT_NE(said.find("powersgd: 3 steps of 2 ranks match"), std::string::npos) << said;
+    // Each step: the vector and the 3x2 matrix whole in one all-reduce, then every P, then
+    // every Q.
+    ASSERT_EQ(run.calls[0].size(), 9u);
+    EXPECT_EQ(run.calls[0][0].bytes, (7u + 6) * 4);
+    EXPECT_EQ(run.calls[0][1].bytes, (16u + 10 + 8) * 2 * 4);
+    EXPECT_EQ(run.calls[0][2].bytes, (12u + 20 + 12) * 2 * 4);
   }
-  const fs::path file = fs::path(COLLIE_TEST_BINARY_DIR) / "powersgd-run.json";
-  const fs::path log = fs::path(COLLIE_TEST_BINARY_DIR) / "powersgd-reference.log";
-  std::ofstream(file) << doc.dump();
-  const std::string command = std::string("'") + COLLIE_TEST_PYTHON + "' '" +
-                              COLLIE_TEST_SOURCE_DIR + "/tests/training/powersgd_reference.py' '" +
-                              file.string() + "' > '" + log.string() + "' 2>&1";
-  const int status = std::system(command.c_str());
-  std::ifstream in(log);
-  const std::string said((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(status, 0) << said;
-  EXPECT_NE(said.find("powersgd: 3 steps of 2 ranks match"), std::string::npos) << said;
-  // P and Q of the three compressed matrices, each all-reduced once; the vector, the 3x2
-  // matrix (too small to gain 2x) and nothing else whole.
-  ASSERT_EQ(run.calls[0].size(), 9u);
-  EXPECT_EQ(run.calls[0][0].bytes, (7u + 6) * 4);
-  EXPECT_EQ(run.calls[0][1].bytes, (16u + 10 + 8) * 2 * 4);
-  EXPECT_EQ(run.calls[0][2].bytes, (12u + 20 + 12) * 2 * 4);
 }
 
 TEST(PowerSgd, BeforeItsStartStepItIsTheFloat32AllReduce) {
@@ -368,19 +373,21 @@ TEST_P(Compression, TrainsWithIdenticalRanksInFewerBytes) {
   const std::string name = codec[0] == '{' ? "powersgd" : codec;
   const std::vector<std::string> sgd = {"train.optimizer=sgd", "train.lr=0.1",
                                         "train.grad_clip=0.5"};
+  // Runs of their own per codec: ctest runs the codecs' tests at once.
   auto initial = sgd;
   initial.insert(initial.end(), {"train.lr=0", "train.steps=1"});
-  train("sgd-initial", initial);
-  train("sgd-plain", sgd);
+  train("sgd-initial-" + name, initial);
+  train("sgd-plain-" + name, sgd);
   auto sets = sgd;
   sets.push_back("train.compression=" + codec);
   const train::Result r = train("sgd-" + name, sets);
   EXPECT_TRUE(r.sync.identical);
   EXPECT_EQ(r.compression, name);
-  EXPECT_GT(r.coded_bytes, 0u);
-  EXPECT_LT(r.coded_bytes, r.allreduce_bytes);
-  const auto plain = weights("sgd-plain");
-  const double moved = largestDifference(plain, weights("sgd-initial"));
+  // Fewer bytes sent than the float32 all-reduce's 2(N-1)/N of the gradients.
+  EXPECT_GT(r.sent_bytes_per_step, 0);
+  EXPECT_LT(r.sent_bytes_per_step, 2.0 * 2 / 3 * static_cast<double>(r.allreduce_bytes));
+  const auto plain = weights("sgd-plain-" + name);
+  const double moved = largestDifference(plain, weights("sgd-initial-" + name));
   const double off = largestDifference(weights("sgd-" + name), plain);
   std::printf(
       "%s: training moved the weights by up to %g; the codec's run ends up to %g from "
@@ -405,11 +412,15 @@ INSTANTIATE_TEST_SUITE_P(Codecs, Compression,
 // group, the buckets' views, the shares) gives the weights of training without a codec,
 // bit for bit.
 TEST(CompressionTraining, PowerSgdBeforeItsStartIsTrainingWithoutACodec) {
-  train("plain", {});
-  train("late", {"train.compression={plugin: powersgd, params: {start_step: 100}}"});
-  const auto plain = weights("plain"), late = weights("late");
-  ASSERT_EQ(plain.size(), late.size());
-  for (const auto& [key, tensor] : plain) EXPECT_TRUE(at::equal(tensor, late.at(key))) << key;
+  for (const char* weighting : {"tokens", "uniform"}) {
+    const std::string set = std::string("train.grad_weighting=") + weighting;
+    train("plain", {set});
+    train("late", {set, "train.compression={plugin: powersgd, params: {start_step: 100}}"});
+    const auto plain = weights("plain"), late = weights("late");
+    ASSERT_EQ(plain.size(), late.size());
+    for (const auto& [key, tensor] : plain)
+      EXPECT_TRUE(at::equal(tensor, late.at(key))) << weighting << ": " << key;
+  }
 }
 
 // The error feedback and PowerSGD's Q are every rank's own: a checkpoint holds them, and a
@@ -448,6 +459,11 @@ TEST(CompressionTraining, ShardingAndUnknownParamsAreRefusedByName) {
   const std::string param = configError({"train.compression={plugin: powersgd, params: {rnk: 2}}"});
   EXPECT_NE(param.find("unknown param 'rnk'"), std::string::npos) << param;
   EXPECT_NE(param.find("rank"), std::string::npos) << param;
+  const std::string none = configError({"train.compression={plugin: none, params: {rank: 2}}"});
+  EXPECT_NE(none.find("'none' takes no params"), std::string::npos) << none;
+  // tree runs no all-gather, which int8 needs: said before the first step.
+  const std::string tree = configError({"train.compression=int8", "train.scheduler=tree"});
+  EXPECT_NE(tree.find("codec 'int8' needs allgather"), std::string::npos) << tree;
   const std::string rules = configError({"train.compression={rules: [{plugin: bf16}]}"});
   EXPECT_NE(rules.find("train.compression: 'rules' choose a scheduler"), std::string::npos)
       << rules;

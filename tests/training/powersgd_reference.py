@@ -44,7 +44,7 @@ def layout(shapes, rank, rate):
 
 def close(what, got, expected):
     got = np.asarray(got, dtype=np.float64)
-    scale = max(1.0, float(np.abs(expected).max()))
+    scale = float(np.abs(expected).max()) or 1.0
     worst = float(np.abs(got - expected).max()) if expected.size else 0.0
     if worst > 2e-4 * scale:
         raise SystemExit(f"powersgd: {what} differs from the NumPy reference by {worst:.3g} "
@@ -102,7 +102,7 @@ def main(path):
             continue
         part = slice(start, start + size)
         gap = np.abs(delivered[part] + owed[j:j + size] - computed[part]).max()
-        if gap > 1e-9 * max(1.0, np.abs(computed[part]).max()):
+        if gap > 1e-9 * (np.abs(computed[part]).max() or 1.0):
             raise SystemExit(f"powersgd: the reference itself loses {gap:.3g} of a matrix")
         j += size
     print(f"powersgd: {steps} steps of {ranks} ranks match the NumPy reference "

@@ -51,7 +51,10 @@ Result everyFieldSet() {
   r.device = "cuda:0 (test)";
   r.comm_memory = "host-staged";
   r.allreduce_bytes = 987654;
-  r.coded_bytes = 24680;
+  r.sync_mode = "diloco";
+  r.sync_every = 8;
+  r.sync_warmup_steps = 3;
+  r.sent_bytes_per_step = 24680.5;
   r.sharding = "parameters";
   r.parameter_bytes = 111;
   r.gradient_bytes = 222;
@@ -145,7 +148,10 @@ TEST_F(ResultFile, KeepsEveryFieldOfAResult) {
   EXPECT_EQ(out.device, in.device);
   EXPECT_EQ(out.comm_memory, in.comm_memory);
   EXPECT_EQ(out.allreduce_bytes, in.allreduce_bytes);
-  EXPECT_EQ(out.coded_bytes, in.coded_bytes);
+  EXPECT_EQ(out.sync_mode, in.sync_mode);
+  EXPECT_EQ(out.sync_every, in.sync_every);
+  EXPECT_EQ(out.sync_warmup_steps, in.sync_warmup_steps);
+  EXPECT_EQ(out.sent_bytes_per_step, in.sent_bytes_per_step);
   EXPECT_EQ(out.sharding, in.sharding);
   EXPECT_EQ(out.parameter_bytes, in.parameter_bytes);
   EXPECT_EQ(out.gradient_bytes, in.gradient_bytes);
@@ -215,7 +221,10 @@ TEST_F(ResultFile, KeepsTheNamesThatSummaryJsonReadersUse) {
                                           "device",
                                           "comm_memory",
                                           "allreduce_bytes",
-                                          "coded_bytes",
+                                          "sync_mode",
+                                          "sync_every",
+                                          "sync_warmup_steps",
+                                          "sent_bytes_per_step",
                                           "buckets",
                                           "sharding",
                                           "overlap",

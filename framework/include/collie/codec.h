@@ -30,8 +30,8 @@ class CodecGroup {
   //   t: float32, float16, bfloat16, int32 or int64; op: kSum, kMax or kMin.
   virtual void allReduce(const at::Tensor& t, ReduceOp op) = 0;
   // Every rank's `in` into `out` in rank order: out holds size() * in.numel() elements of
-  // in's dtype. Any dtype; 1- and 2-byte elements travel as 4-byte words, so the bytes of
-  // `in` must be a multiple of 4.
+  // in's dtype: float32, float64, float16, bfloat16, int32, int64, or one-byte elements
+  // (int8, uint8), which travel as 4-byte words, so that their count must be a multiple of 4.
   virtual void allGather(const at::Tensor& in, const at::Tensor& out) = 0;
 };
 

@@ -253,6 +253,32 @@ bool isRegularFile(const std::string& path) {
   return std::filesystem::is_regular_file(path, ec);
 }
 
+// train.sync: the keys of its mode only, an interval for the local modes, no sharding.
+void checkSync(const Experiment& e, std::vector<Issue>* issues) {
+  const SyncSpec& sync = e.train.sync;
+  const YAML::Node node = e.resolved["train"]["sync"];
+  const std::string mode = syncModeName(sync.mode);
+  auto problem = [&](const char* key, const std::string& what) {
+    issues->push_back({fmt::format("{}: train.sync.{}: {}",
+                                   location(e.file, node[key] ? node[key] : node), key, what)});
+  };
+  if (!sync.local()) {
+    if (sync.every != 0) problem("every", "only mode local_sgd or diloco takes it");
+    if (sync.warmup_steps != 0) problem("warmup_steps", "only mode local_sgd or diloco takes it");
+    return;
+  }
+  if (sync.every < 1) {
+    problem("every", fmt::format("mode {} needs the steps between synchronisations: every: H "
+                                 "(H >= 1)",
+                                 mode));
+  }
+  if (e.train.sharding != ShardedState::kNone) {
+    problem("mode", fmt::format("{} keeps a whole model on every rank between synchronisations; "
+                                "train.sharding: {} keeps a shard. HINT: train.sharding: none",
+                                mode, shardedStateName(e.train.sharding)));
+  }
+}
+
 void checkTrain(const Experiment& e, std::vector<Issue>* issues) {
   const YAML::Node train = e.resolved["train"], data = e.resolved["data"];
   if (!e.resolved["model"]) {
@@ -289,6 +315,13 @@ void checkTrain(const Experiment& e, std::vector<Issue>* issues) {
     issues->push_back({location(e.file, data["path"]) +
                        ": data.path: the synthetic source reads no file. HINT: source: tokens "
                        "(a flat uint16 file) or source: text"});
+  }
+  checkSync(e, issues);
+  if (!e.train.compresses() && !e.train.compression.params.values().empty()) {
+    issues->push_back({fmt::format(
+        "{}: train.compression: 'none' takes no params (the float32 all-reduce). HINT: name a "
+        "codec (bf16, fp16, int8, powersgd) or drop params",
+        location(e.file, train["compression"]))});
   }
   if (e.train.compresses() && e.train.sharding != ShardedState::kNone) {
     issues->push_back({fmt::format(
@@ -474,6 +507,11 @@ const std::vector<std::string>& shardedStateNames() {
 
 const std::string& shardedStateName(ShardedState s) {
   return shardedStateNames().at(static_cast<size_t>(s));
+}
+
+const std::string& syncModeName(SyncSpec::Mode mode) {
+  static const std::vector<std::string> names = {"every_step", "local_sgd", "diloco"};
+  return names.at(static_cast<size_t>(mode));
 }
 
 std::string readConfigFile(const std::string& path, const std::string& what) {
@@ -839,6 +877,42 @@ const Schema& experimentSchema() {
                         })
                     .doc("a codec plugin that synchronises each gradient bucket in fewer bytes "
                          "(bf16, fp16, powersgd, int8; none: float32 all-reduce)")},
+               {"sync",
+                S::map(
+                    {
+                        {"mode",
+                         S::oneOf({"every_step", "local_sgd", "diloco"})
+                             .byDefault("every_step")
+                             .into(&SyncSpec::mode,
+                                   {SyncSpec::Mode::kEveryStep, SyncSpec::Mode::kLocalSgd,
+                                    SyncSpec::Mode::kDiloco})
+                             .doc("every_step: gradients all-reduced every step (DDP); "
+                                  "local_sgd: each rank steps alone and the parameters are "
+                                  "averaged every `every` steps; diloco: and an outer Nesterov "
+                                  "step on their averaged change")},
+                        {"every", S::integer(0, 100000000)
+                                      .byDefault("0")
+                                      .into(&SyncSpec::every)
+                                      .doc("local_sgd, diloco: steps between synchronisations")},
+                        {"warmup_steps",
+                         S::integer(0, 100000000)
+                             .byDefault("0")
+                             .into(&SyncSpec::warmup_steps)
+                             .doc("local_sgd, diloco: synchronous (every_step) steps first")},
+                        {"outer_lr", S::number(0, 100)
+                                         .byDefault("0.7")
+                                         .into(&SyncSpec::outer_lr)
+                                         .doc("diloco: the outer SGD's learning rate")},
+                        {"outer_momentum", S::number(0, 1)
+                                               .byDefault("0.9")
+                                               .into(&SyncSpec::outer_momentum)
+                                               .doc("diloco: the outer SGD's momentum")},
+                        {"nesterov", S::boolean()
+                                         .byDefault("true")
+                                         .into(&SyncSpec::nesterov)
+                                         .doc("diloco: Nesterov momentum")},
+                    })
+                    .section(&TrainSpec::sync)},
                {"steps", S::integer(1, 100000000).byDefault("100").into(&TrainSpec::steps)},
                {"micro_batch", S::list(S::integer(1, 1 << 20), 1)
                                    .orWord("auto")

@@ -87,10 +87,27 @@ enum class ShardedState { kNone, kOptimizer, kGradients, kParameters };
 const std::vector<std::string>& shardedStateNames();
 const std::string& shardedStateName(ShardedState s);
 
+// How often the ranks' models meet (train.sync). every_step: gradients are all-reduced
+// every step (DDP). local_sgd: after warmup_steps such steps, each rank steps on its own
+// gradients and the ranks' parameters are averaged every `every` steps (PyTorch's post-local
+// SGD). diloco: the same inner steps, and every `every` steps an outer Nesterov SGD step on
+// the averaged change of the parameters (DiLoCo).
+struct SyncSpec {
+  enum class Mode { kEveryStep, kLocalSgd, kDiloco };
+  Mode mode = Mode::kEveryStep;
+  int every = 0;
+  int warmup_steps = 0;
+  double outer_lr = 0, outer_momentum = 0;
+  bool nesterov = false;
+  bool local() const { return mode != Mode::kEveryStep; }
+};
+const std::string& syncModeName(SyncSpec::Mode mode);
+
 // A synchronous data-parallel training run.
 struct TrainSpec {
   PluginRef scheduler;    // the gradient all-reduce (a plugin or rules)
   PluginRef compression;  // a codec plugin for the gradient buckets; plugin "none": none
+  SyncSpec sync;
   int steps = 0;
   std::vector<int> micro_batch;   // one entry for every rank, or one per rank (empty: auto)
   bool auto_micro_batch = false;  // split global_batch by each rank's measured speed

@@ -61,11 +61,24 @@ void CommunicatorGroup::check(const at::Tensor& t, const char* call) const {
 }
 
 Buffer CommunicatorGroup::words(const at::Tensor& t) const {
-  if (t.element_size() != 1) return bufferOf(t);
-  if (t.numel() % 4 != 0) {
-    refuse(fmt::format("allGather of {} one-byte elements: expected a multiple of 4", t.numel()));
+  const at::ScalarType type = t.scalar_type();
+  if (t.element_size() != 1) {
+    if (type != at::kFloat && type != at::kDouble && type != at::kHalf && type != at::kBFloat16 &&
+        type != at::kInt && type != at::kLong) {
+      refuse(
+          fmt::format("allGather of a {} tensor: expected float32, float64, float16, "
+                      "bfloat16, int32, int64 or one-byte elements",
+                      c10::toString(type)));
+    }
+    return bufferOf(t);
   }
-  return bufferOf(t.view(at::kInt));
+  if (t.numel() % 4 != 0 || t.storage_offset() % 4 != 0) {
+    refuse(
+        fmt::format("allGather of {} one-byte elements at offset {}: they travel as 4-byte "
+                    "words, so both must be multiples of 4",
+                    t.numel(), t.storage_offset()));
+  }
+  return bufferOf(t.reshape({-1}).view(at::kInt));
 }
 
 void CommunicatorGroup::refuse(const std::string& what) const {

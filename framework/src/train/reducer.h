@@ -80,7 +80,7 @@ class Reducer {
   // Call before the backward whose gradients complete the step (the last micro-batch); the
   // gradient hooks stay idle during earlier backwards (no communication while accumulating).
   // `step` (0-based) and this rank's `share` of the step's sum are what a codec is told.
-  void arm(int64_t step = 0, double share = 0);
+  void arm(int64_t step, double share);
   // After that backward: launches what is left and waits for every bucket. Unsharded, each
   // parameter's .grad then holds the summed gradient; sharded, gradShard(b) does.
   // Rethrows a communication failure.
@@ -136,6 +136,10 @@ class Reducer {
   bool isRoot(size_t b) const { return buckets_[b].root; }  // holds parameters of no unit
   // What this rank holds now in parameter values and gradients (buffers, not scratch).
   HeldBytes held() const;
+
+  // Unsharded: bucket b's parameter values, (bucketNumel(b)) float32; the module's
+  // parameters are views of it.
+  at::Tensor values(size_t b) const { return buckets_[b].values; }
 
   // Broadcasts rank 0's parameter values to every rank, bucket by bucket.
   void broadcastParameters();

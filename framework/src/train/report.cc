@@ -311,14 +311,18 @@ void printDetails(std::ostream& out, const Result& r) {
     const bool sharded = r.sharding != "none";
     const bool coded = r.compression != "none";
     const double gradient_mb = static_cast<double>(r.allreduce_bytes) / 1e6;
+    // What a rank sends of the float32 all-reduce on a ring: 2(n-1)/n of the gradient bytes.
+    const double float32_sent =
+        2.0 * static_cast<double>(r.allreduce_bytes) * (r.ranks - 1) / std::max(1, r.ranks);
     const std::string what = coded     ? "gradient synchronisation"
                              : sharded ? "reduce-scatter + all-gather"
                                        : "all-reduce";
     out << "# " << tag << what << " per step: " << fmt::format("{:.2f} MB", gradient_mb)
-        << (coded ? fmt::format(" of float32 gradients as {:.2f} MB of train.compression {}'s "
-                                "collectives ({:.1f}x fewer bytes)",
-                                static_cast<double>(r.coded_bytes) / 1e6, r.compression,
-                                gradient_mb * 1e6 / std::max<double>(1, r.coded_bytes))
+        << (coded ? fmt::format(" of float32 gradients, synchronised by train.compression {}: a "
+                                "rank sent {:.2f} MB a step, where the float32 all-reduce sends "
+                                "{:.2f} MB ({:.1f}x fewer bytes; bandwidth-optimal schedules)",
+                                r.compression, r.sent_bytes_per_step / 1e6, float32_sent / 1e6,
+                                float32_sent / std::max(1.0, r.sent_bytes_per_step))
                   : std::string())
         << " in " << r.buckets << " bucket(s): measured " << fmt::format("{:.4f}", r.comm_seconds)
         << " s (" << fmt::format("{:.4f}", r.exposed_seconds) << " s exposed)"
@@ -334,8 +338,7 @@ void printDetails(std::ostream& out, const Result& r) {
         << " s from the measured link " << (r.between_nodes ? "between nodes" : "inside a node")
         << " (alpha " << fmt::format("{:.1f}", r.link_alpha * 1e6) << " us, "
         << (r.link_beta > 0 ? fmt::format("{:.3f}", 1e-9 / r.link_beta) : "-") << " GB/s)\n";
-    // The bandwidth a ring's all-reduce needs: 2(n-1)/n of the gradient bytes leave every rank.
-    const double bound = 2.0 * static_cast<double>(r.allreduce_bytes) * (r.ranks - 1) / r.ranks;
+    const double bound = float32_sent;
     out << "# " << tag
         << (coded     ? "float32 all-reduce (without the codec)"
             : sharded ? "reduce-scatter + all-gather"
@@ -345,6 +348,19 @@ void printDetails(std::ostream& out, const Result& r) {
                        bound / 1e6,
                        r.link_beta > 0 ? fmt::format("{:.4f}", bound * r.link_beta) : "-")
         << ", measured " << fmt::format("{:.4f}", r.comm_seconds) << " s\n";
+  }
+  if (r.sync_mode != "every_step") {
+    const double meeting = static_cast<double>(r.parameter_bytes);
+    out << "# " << tag
+        << fmt::format(
+               "train.sync {}: the ranks' models met every {} steps after {} synchronous "
+               "step(s), each meeting an all-reduce of {:.2f} MB of parameters; a rank "
+               "sent {:.2f} MB a step on average, where every_step sends {:.2f} MB "
+               "(bandwidth-optimal schedules); the weights were compared after every "
+               "meeting\n",
+               r.sync_mode, r.sync_every, r.sync_warmup_steps, meeting / 1e6,
+               r.sent_bytes_per_step / 1e6,
+               2.0 * meeting * (r.ranks - 1) / std::max(1, r.ranks) / 1e6);
   }
   {
     const auto mb = [](uint64_t bytes) { return static_cast<double>(bytes) / 1e6; };

@@ -16,14 +16,36 @@ struct SyncTiming {
   // Sharded: the all-gathers' part of those two (the rest is the reduce-scatters).
   double gather_seconds = 0, gather_exposed_seconds = 0;
   uint64_t bytes = 0;  // gradient bytes all-reduced (float32, the buckets' size)
-  // With train.compression: the bytes of the codec's collectives (each an all-reduce's
-  // buffer, an all-gather's output), which synchronised those gradient bytes.
-  uint64_t coded_bytes = 0;
+  // What this rank sent in the step's collectives (the gradients' or a codec's, train.sync's
+  // meetings, ZeRO's gathers) on bandwidth-optimal schedules (sentBytes).
+  double sent_bytes = 0;
   int buckets = 0;
   int launched_in_backward = 0;  // buckets handed to the communication thread by backward's
                                  // hooks (overlap), not after it
   std::vector<Provenance> collectives;
 };
+
+// What a rank sends of a collective over `group` ranks on a bandwidth-optimal schedule, the
+// least any schedule sends: an all-reduce of B bytes 2(N-1)/N B (a ring's), a
+// reduce-scatter of B bytes or an all-gather into B bytes (N-1)/N B, a broadcast B (its
+// root's). Comparable across codecs, whose collectives differ, as a scheduler's own count
+// would not be.
+inline double sentBytes(const Provenance& p, int group) {
+  const double n = group, bytes = static_cast<double>(p.bytes);
+  if (group <= 1) return 0;
+  switch (p.coll) {
+    case Collective::kAllReduce:
+      return 2 * (n - 1) / n * bytes;
+    case Collective::kReduceScatter:
+    case Collective::kAllGather:
+      return (n - 1) / n * bytes;
+    case Collective::kBroadcast:
+      return bytes;
+    case Collective::kBarrier:
+      return 0;
+  }
+  return 0;
+}
 
 // One step on one rank.
 struct StepStats {

@@ -40,6 +40,7 @@
 #include "runtime/trace.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
+#include "train/local_sync.h"
 #include "train/lr_schedule.h"
 #include "train/memory_ledger.h"
 #include "train/optimizer.h"
@@ -161,16 +162,23 @@ class RankTrainer {
                     unitIndices());
     reducer_ = &reducer;
     const std::unique_ptr<UnitGate> gate = shardAndMakeOptimizer(reducer);
-    if (codec_) reducer.useCodec(codec_, spec_.compression.label, {spec_.seed, rank_, world_});
+    if (codec_) {
+      reducer.useCodec(codec_, spec_.compression.label, {spec_.seed, rank_, world_});
+      requireStepCollectives(reducer);
+    }
+    PeriodicSync periodic(spec_.sync, spec_.steps, reducer, comm_);
+    periodic_ = &periodic;
     GateInstalled installed(*model_, gate.get());  // taken out of the model before `gate` goes
     TrainingState state(e_, rank_, world_, control_, names_, params_, shards_, *optimizer_, reducer,
-                        sharding_);
+                        periodic, sharding_);
     RunCheckpoints checkpoints(spec_);
     const int64_t start = state.resume(checkpoints);
     StepLog log(out_dir_, rank_, start > 0);
     StragglerMonitor stragglers(spec_, rank_, world_, control_, comm_.topology());
     Rebalancer rebalancer(spec_, rank_, world_, control_);
-    Result result = describeRun(reducer, cost, predictComm(reducer, cost));
+    // The local modes send the parameters once per meeting: per step, that over H.
+    const double predicted = predictComm(reducer, cost) / (periodic.local() ? spec_.sync.every : 1);
+    Result result = describeRun(reducer, cost, predicted);
 
     std::vector<StepStats> stats;
     // Memory: what the steps allocate outside the parts that say otherwise is "other"; the
@@ -178,6 +186,7 @@ class RankTrainer {
     const MemoryLedger::Use steps(MemoryUse::kOther);
     StepsMemory memory = startStepsMemory();
     const auto started = Clock::now();
+    bool checkpoint_due = false;
     for (int64_t s = start; s < spec_.steps; ++s) {
       faults_.beforeStep(s + 1);
       if (ProgressBoard* board = comm_.progress()) board->setStep(s + 1);
@@ -190,11 +199,18 @@ class RankTrainer {
       stragglers.afterStep(s, start, stats.back());
       if (rebalancer.afterStep(s, start, stats.back(), &sharding_))
         mb_ = sharding_.micro_batch[rank_];
-      if (spec_.verify_sync_every > 0 && (s + 1) % spec_.verify_sync_every == 0 &&
-          s + 1 != spec_.steps) {
-        enforce(checkWeights(s + 1, nullptr));
+      // The local modes check every meeting: the ranks hold one model only then.
+      const bool check =
+          periodic.local() ? periodic.meetsAfter(s)
+                           : spec_.verify_sync_every > 0 && (s + 1) % spec_.verify_sync_every == 0;
+      if (check && s + 1 != spec_.steps) enforce(checkWeights(s + 1, nullptr));
+      // A checkpoint holds one model: in the local modes one due between meetings waits for
+      // the next.
+      checkpoint_due = checkpoint_due || checkpoints.dueAfter(s + 1);
+      if (checkpoint_due && (periodic.gradientsSynchronised(s) || periodic.meetsAfter(s))) {
+        state.save(checkpoints, s + 1);
+        checkpoint_due = false;
       }
-      if (checkpoints.dueAfter(s + 1)) state.save(checkpoints, s + 1);
     }
 
     control_.barrier();  // ranks that are threads read their process's peak once all have stepped
@@ -344,19 +360,34 @@ class RankTrainer {
     return out;
   }
 
-  // Sharding needs the rules to run reduce-scatter and all-gather of every bucket: said
-  // before the first step rather than at its first collective.
-  void requireShardingCollectives(const Reducer& reducer) const {
-    for (size_t b = 0; b < reducer.bucketCount(); ++b) {
-      for (const CollectiveArgs& args : stepCollectives(reducer, b)) {
-        std::string why;
-        if (comm_.select(args, rules_, &why) != nullptr) continue;
-        throw ConfigError(fmt::format(
-            "{}: train.sharding: {} needs {} of {} on {} ranks, which no rule of "
-            "train.scheduler runs: {}. HINT: use a scheduler that has both reduce_scatter "
-            "and allgather (ring does on any group size), or train.sharding: none",
-            e_.file, config::shardedStateName(spec_.sharding), collectiveName(args.coll),
-            formatBytes(std::max(args.data.count, args.output.count) * 4), world_, why));
+  // The rules must run every collective of a step: sharding's reduce-scatter and all-gather
+  // of every bucket, a codec's all-reduces and all-gathers (its plan at the first step and
+  // the last: a codec may change its plan after a warm-up). Said before the first step
+  // rather than at its first collective.
+  void requireStepCollectives(const Reducer& reducer) const {
+    for (const int64_t step : {int64_t{0}, int64_t{spec_.steps} - 1}) {
+      for (size_t b = 0; b < reducer.bucketCount(); ++b) {
+        for (const CollectiveArgs& args : stepCollectives(reducer, b, step)) {
+          std::string why;
+          if (comm_.select(args, rules_, &why) != nullptr) continue;
+          const std::string needs =
+              fmt::format("{} of {} on {} ranks, which no rule of train.scheduler runs: {}",
+                          collectiveName(args.coll),
+                          formatBytes(std::max(args.data.count, args.output.count) *
+                                      dtypeSize(args.data.dtype)),
+                          world_, why);
+          if (reducer.codec() != nullptr) {
+            throw ConfigError(fmt::format(
+                "{}: train.compression: codec '{}' needs {}. HINT: use a scheduler that runs "
+                "it (ring runs allreduce and allgather on any group size), or another codec",
+                e_.file, spec_.compression.label, needs));
+          }
+          throw ConfigError(fmt::format(
+              "{}: train.sharding: {} needs {}. HINT: use a scheduler that has both "
+              "reduce_scatter and allgather (ring does on any group size), or train.sharding: "
+              "none",
+              e_.file, config::shardedStateName(spec_.sharding), needs));
+        }
       }
     }
   }
@@ -465,14 +496,18 @@ class RankTrainer {
     const int mb = mb_;
     st.micro_batch = mb;
     const double global = static_cast<double>(sharding_.globalBatch());
-    // tokens: this micro-batch's share of the step's predictions; uniform: DDP's mean.
-    const double scale = spec_.tokens_weighting
-                             ? static_cast<double>(mb) / global
-                             : 1.0 / (static_cast<double>(spec_.grad_accum) * world_);
+    // This rank's weight in the sum over ranks: its share of the step's predictions (tokens)
+    // or 1/N (uniform: DDP's mean).
+    const double share =
+        spec_.tokens_weighting ? static_cast<double>(mb) * spec_.grad_accum / global : 1.0 / world_;
+    // Each micro-batch's loss scaled to its part of the sum; a local step (train.sync) takes
+    // the mean of this rank's own micro-batches.
+    const bool together = periodic_->gradientsSynchronised(s);
+    const double scale = (together ? share : 1.0) / spec_.grad_accum;
     double loss_sum = 0;
     for (int k = 0; k < spec_.grad_accum; ++k) {
       at::Tensor tokens = deviceBatch(sharding_.firstSample(s, k, rank_), mb);  // (mb, T + 1)
-      if (k + 1 == spec_.grad_accum) reducer.arm(s, scale * spec_.grad_accum);
+      if (k + 1 == spec_.grad_accum && together) reducer.arm(s, share);
       auto t = Clock::now();
       at::Tensor loss;
       {
@@ -501,7 +536,7 @@ class RankTrainer {
       loss_sum += value;
     }
     st.loss = loss_sum / spec_.grad_accum;
-    {
+    if (together) {
       const TraceSpan waited(tracer_.get(), "gradient sync");
       const MemoryLedger::Use counted(MemoryUse::kGradientSync);
       st.sync = reducer.finish();
@@ -523,17 +558,28 @@ class RankTrainer {
     if (sharded() && !shardsParameters()) {  // stage 3 gathers in the next forward
       // Timed as communication, all of it exposed; sync.bytes stays the gradient's bytes.
       const MemoryLedger::Use counted(MemoryUse::kGathered);
-      const SyncTiming gathered = reducer.gatherParameters();
-      st.sync.comm_seconds += gathered.comm_seconds;
-      st.sync.exposed_seconds += gathered.exposed_seconds;
-      st.sync.gather_seconds += gathered.gather_seconds;
-      st.sync.gather_exposed_seconds += gathered.gather_exposed_seconds;
-      st.sync.collectives.insert(st.sync.collectives.end(), gathered.collectives.begin(),
-                                 gathered.collectives.end());
+      add(reducer.gatherParameters(), &st.sync);  // no bytes: sync.bytes stays the gradient's
     }
+    if (periodic_->local()) {  // the models meet after some steps (train.sync)
+      const TraceSpan met(tracer_.get(), "models meet");
+      const MemoryLedger::Use counted(MemoryUse::kGradientSync);
+      add(periodic_->afterStep(s, share), &st.sync);
+    }
+    for (const Provenance& p : st.sync.collectives) st.sync.sent_bytes += sentBytes(p, world_);
     checkNoGlobalDraws(global_generators, s);
     st.step = since(start);
     return st;
+  }
+
+  // Adds communication after the gradients' to a step's: times, bytes, collectives.
+  static void add(const SyncTiming& more, SyncTiming* sync) {
+    sync->comm_seconds += more.comm_seconds;
+    sync->exposed_seconds += more.exposed_seconds;
+    sync->gather_seconds += more.gather_seconds;
+    sync->gather_exposed_seconds += more.gather_exposed_seconds;
+    sync->bytes += more.bytes;
+    sync->collectives.insert(sync->collectives.end(), more.collectives.begin(),
+                             more.collectives.end());
   }
 
   // Dropout's randomness is a function of (seed, rank, step), so a resumed run draws what
@@ -669,7 +715,7 @@ class RankTrainer {
       optimizer_ = makeOptimizer(spec_, params_);
       return gate;
     }
-    requireShardingCollectives(reducer);
+    requireStepCollectives(reducer);
     if (reducer.shardsParameters()) {
       reducer.keepShards();  // rank 0's values, broadcast
       reducer.endStep();     // and only they stay
@@ -687,7 +733,9 @@ class RankTrainer {
       ranks.push_back(RankSummary::unpack(packed));
     combineRanks(ranks, sharding_.globalBatch() / spec_.grad_accum, result);
     result->allreduce_bytes = stats.empty() ? 0 : stats.back().sync.bytes;
-    result->coded_bytes = stats.empty() ? 0 : stats.back().sync.coded_bytes;
+    double sent = 0;
+    for (const StepStats& st : stats) sent += st.sync.sent_bytes;
+    result->sent_bytes_per_step = stats.empty() ? 0 : sent / static_cast<double>(stats.size());
     result->comm_memory = commMemory(stats);
     result->micro_batch = sharding_.micro_batch;
   }
@@ -699,6 +747,9 @@ class RankTrainer {
     r.model = e_.model.label;
     r.scheduler = spec_.scheduler.label;
     r.compression = spec_.compression.label;
+    r.sync_mode = config::syncModeName(spec_.sync.mode);
+    r.sync_every = spec_.sync.every;
+    r.sync_warmup_steps = spec_.sync.warmup_steps;
     r.backend = e_.backend.label;
     r.ranks = world_;
     r.parameters = model_->parameterCount();
@@ -891,8 +942,9 @@ class RankTrainer {
   std::vector<int64_t> unit_parameters_;  // per unit of the model, unsharded
   std::vector<at::Tensor> params_;
   std::unique_ptr<Optimizer> optimizer_;
-  Reducer* reducer_ = nullptr;      // while run() runs
-  std::vector<at::Tensor> shards_;  // sharded: this rank's block of every bucket's parameters
+  Reducer* reducer_ = nullptr;        // while run() runs
+  PeriodicSync* periodic_ = nullptr;  // while run() runs
+  std::vector<at::Tensor> shards_;    // sharded: this rank's block of every bucket's parameters
   LrSchedule lr_;
 };
 

@@ -87,8 +87,14 @@ struct Result {
   // How gradients met the backend: "host memory", "device memory" (a backend that moves it)
   // or "host-staged" (device buckets through pinned host buffers).
   std::string comm_memory = "host memory";
-  uint64_t allreduce_bytes = 0;   // gradient bytes per step
-  uint64_t coded_bytes = 0;       // with a codec: its collectives' bytes per step
+  uint64_t allreduce_bytes = 0;  // gradient bytes per step
+  // train.sync: the mode, the steps between meetings and the synchronous steps first.
+  std::string sync_mode = "every_step";
+  int sync_every = 0, sync_warmup_steps = 0;
+  // What rank 0 sent per step over every step of the run, on bandwidth-optimal schedules
+  // (step.h's sentBytes): the gradients' all-reduce or a codec's collectives, train.sync's
+  // meetings, ZeRO's gathers.
+  double sent_bytes_per_step = 0;
   std::string sharding = "none";  // train.sharding
   bool overlap = true;            // train.overlap: buckets reduced during the backward
   // Held by rank 0 between steps: parameter values, gradients, optimizer state.
@@ -167,7 +173,10 @@ void forEachField(R& r, Visit&& visit) {
   visit("device", r.device);
   visit("comm_memory", r.comm_memory);
   visit("allreduce_bytes", r.allreduce_bytes);
-  visit("coded_bytes", r.coded_bytes);
+  visit("sync_mode", r.sync_mode);
+  visit("sync_every", r.sync_every);
+  visit("sync_warmup_steps", r.sync_warmup_steps);
+  visit("sent_bytes_per_step", r.sent_bytes_per_step);
   visit("sharding", r.sharding);
   visit("overlap", r.overlap);
   visit("parameter_bytes", r.parameter_bytes);

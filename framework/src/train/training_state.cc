@@ -18,7 +18,8 @@ TrainingState::TrainingState(const config::Experiment& e, int rank, int world, C
                              const std::vector<std::string>& names,
                              const std::vector<at::Tensor>& params,
                              const std::vector<at::Tensor>& shards, Optimizer& optimizer,
-                             Reducer& reducer, const Sharding& sharding)
+                             Reducer& reducer, const PeriodicSync& periodic,
+                             const Sharding& sharding)
     : e_(e),
       spec_(e.train),
       rank_(rank),
@@ -29,6 +30,7 @@ TrainingState::TrainingState(const config::Experiment& e, int rank, int world, C
       shards_(shards),
       optimizer_(optimizer),
       reducer_(reducer),
+      periodic_(periodic),
       sharding_(sharding) {}
 
 std::map<std::string, at::Tensor> TrainingState::optimizerState() const {
@@ -93,28 +95,57 @@ std::vector<std::pair<Piece, at::Tensor>> TrainingState::wholeTargets() const {
     for (size_t k = 0; k < params_.size(); ++k)
       add(kind, k, state.at(fmt::format("{}/{}", kind, k)));
   }
+  for (auto& target : outerTargets()) out.push_back(std::move(target));
   return out;
 }
 
-std::vector<Piece> TrainingState::codecPieces(int r) const {
-  std::vector<Piece> out;
+std::vector<std::pair<std::string, at::Tensor>> TrainingState::rankState(int r) const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
   if (Codec* codec = reducer_.codec()) {
-    for (const auto& [name, tensor] : codec->state()) {
-      out.push_back(
-          Piece{fmt::format("codec/{}/{}", r, name), tensor.sizes().vec(), 0, tensor.numel()});
+    for (const auto& [name, tensor] : codec->state())
+      out.emplace_back(fmt::format("codec/{}/{}/{}", spec_.compression.label, r, name), tensor);
+  }
+  if (periodic_.local()) {  // between meetings each rank's optimizer steps on its own
+    const auto state = optimizerState();
+    for (const auto& kind : stateKinds()) {
+      for (size_t k = 0; k < params_.size(); ++k) {
+        out.emplace_back(fmt::format("rank/{}/{}", r, stateKey(kind, k)),
+                         state.at(fmt::format("{}/{}", kind, k)));
+      }
     }
   }
   return out;
 }
 
-std::vector<std::pair<Piece, at::Tensor>> TrainingState::codecTargets() const {
+std::vector<Piece> TrainingState::rankPieces(int r) const {
+  std::vector<Piece> out;
+  for (const auto& [key, tensor] : rankState(r))
+    out.push_back(Piece{key, tensor.sizes().vec(), 0, tensor.numel()});
+  return out;
+}
+
+std::vector<std::pair<Piece, at::Tensor>> TrainingState::rankTargets(const char* prefix) const {
   std::vector<std::pair<Piece, at::Tensor>> out;
-  Codec* codec = reducer_.codec();
-  if (codec == nullptr) return out;
-  const std::vector<Piece> pieces = codecPieces(rank_);
-  const auto state = codec->state();
-  for (size_t i = 0; i < pieces.size(); ++i)
-    out.emplace_back(pieces[i], state[i].second.view({-1}));
+  for (const auto& [key, tensor] : rankState(rank_)) {
+    if (key.rfind(prefix, 0) != 0) continue;
+    out.emplace_back(Piece{key, tensor.sizes().vec(), 0, tensor.numel()}, tensor.view({-1}));
+  }
+  return out;
+}
+
+std::vector<std::pair<Piece, at::Tensor>> TrainingState::outerTargets() const {
+  std::vector<std::pair<Piece, at::Tensor>> out;
+  const auto& outer = periodic_.outerParameters();
+  const auto& momentum = periodic_.outerMomentum();
+  if (outer.empty()) return out;
+  for (const auto& [kind, buckets] :
+       {std::make_pair("outer", &outer), std::make_pair("outer_momentum", &momentum)}) {
+    for (size_t k = 0; k < params_.size(); ++k) {
+      const at::Tensor view =
+          (*buckets)[reducer_.bucketOf(k)].narrow(0, reducer_.offsetOf(k), params_[k].numel());
+      out.emplace_back(Piece{stateKey(kind, k), params_[k].sizes().vec(), 0, view.numel()}, view);
+    }
+  }
   return out;
 }
 
@@ -125,7 +156,8 @@ std::vector<std::pair<Piece, at::Tensor>> TrainingState::targetsOf() const {
   } else if (rank_ == 0) {
     out = wholeTargets();
   }
-  for (auto& target : codecTargets()) out.push_back(std::move(target));
+  for (const auto& [key, tensor] : rankState(rank_))
+    out.emplace_back(Piece{key, tensor.sizes().vec(), 0, tensor.numel()}, tensor.view({-1}));
   return out;
 }
 
@@ -170,7 +202,7 @@ void TrainingState::save(const RunCheckpoints& checkpoints, int64_t step) {
     } else if (r == 0) {
       for (const auto& [piece, tensor] : wholeTargets()) file.pieces.push_back(piece);
     }
-    for (Piece& piece : codecPieces(r)) file.pieces.push_back(std::move(piece));
+    for (Piece& piece : rankPieces(r)) file.pieces.push_back(std::move(piece));
     files.push_back(std::move(file));
   }
   writeManifest(dir, info, files, rank_);
@@ -218,44 +250,66 @@ void TrainingState::checkResumable(const CheckpointReader& reader) const {
 
 void TrainingState::restore(CheckpointReader& reader) {
   at::NoGradGuard no_grad;
+  // Every run's tensors: the parameters and the optimizer state. A checkpoint may hold more
+  // (every rank's codec or optimizer state, DiLoCo's outer state), which this run takes
+  // where it can use it.
   const size_t expected = params_.size() * (1 + stateKinds().size());
   const size_t held = static_cast<size_t>(
-      std::count_if(reader.tensors().begin(), reader.tensors().end(),
-                    [](const auto& t) { return t.first.rfind("codec/", 0) != 0; }));
+      std::count_if(reader.tensors().begin(), reader.tensors().end(), [](const auto& t) {
+        for (const char* extra : {"codec/", "rank/", "outer/", "outer_momentum/"}) {
+          if (t.first.rfind(extra, 0) == 0) return false;
+        }
+        return true;
+      }));
   if (held != expected) {
     throw CheckpointError(fmt::format("checkpoint {}: holds {} tensors, this run has {}",
                                       reader.path(), held, expected));
   }
-  restoreCodec(reader);
-  if (!sharded()) return reader.read(wholeTargets());
-  for (auto& shard : shards_) shard.zero_();  // the padding
-  for (auto& [name, tensor] : optimizer_.state()) tensor.zero_();
-  reader.read(blockTargets());
-  if (!shardsParameters()) reducer_.gatherParameters();  // stage 3 gathers when it computes
+  if (sharded()) {
+    for (auto& shard : shards_) shard.zero_();  // the padding
+    for (auto& [name, tensor] : optimizer_.state()) tensor.zero_();
+    reader.read(blockTargets());
+    if (!shardsParameters()) reducer_.gatherParameters();  // stage 3 gathers when it computes
+  } else {
+    std::vector<std::pair<Piece, at::Tensor>> whole = wholeTargets();
+    whole.resize(params_.size() * (1 + stateKinds().size()));  // the outer state apart
+    reader.read(whole);
+  }
+  restoreIfHeld(reader, outerTargets(),
+                "DiLoCo's outer state (the last meeting's parameters "
+                "and the outer momentum)",
+                "it starts from these parameters with no momentum", [&] {
+                  for (size_t b = 0; b < periodic_.outerParameters().size(); ++b) {
+                    periodic_.outerParameters()[b].copy_(reducer_.values(b));
+                    periodic_.outerMomentum()[b].zero_();
+                  }
+                });
+  restoreIfHeld(reader, rankTargets("codec/"),
+                "every rank's state of train.compression " + spec_.compression.label,
+                "the codec starts afresh (no error feedback carried over)", [] {});
+  restoreIfHeld(reader, rankTargets("rank/"), "every rank's own optimizer state",
+                "every rank continues from rank 0's", [] {});
 }
 
-void TrainingState::restoreCodec(CheckpointReader& reader) {
-  const std::vector<std::pair<Piece, at::Tensor>> targets = codecTargets();
+void TrainingState::restoreIfHeld(CheckpointReader& reader,
+                                  const std::vector<std::pair<Piece, at::Tensor>>& targets,
+                                  const std::string& what, const std::string& otherwise,
+                                  const std::function<void()>& fallback) {
   if (targets.empty()) return;
   std::map<std::string, std::vector<int64_t>> held;
   for (const auto& [key, shape] : reader.tensors()) held.emplace(key, shape);
-  // Every rank decides alike: the names and shapes are the same on every rank.
+  // Every rank decides alike: every rank's tensors have the same names and shapes.
   const bool fits = reader.info().worldSize() == world_ &&
                     std::all_of(targets.begin(), targets.end(), [&](const auto& target) {
                       const auto it = held.find(target.first.key);
                       return it != held.end() && it->second == target.first.shape;
                     });
-  if (!fits) {
-    if (rank_ == 0) {
-      logInfo(
-          fmt::format("checkpoint {} holds no state of train.compression {} for {} ranks in "
-                      "the shapes it keeps: the codec starts afresh (no error feedback "
-                      "carried over)",
-                      reader.path(), spec_.compression.label, world_));
-    }
-    return;
+  if (fits) return reader.read(targets);
+  fallback();
+  if (rank_ == 0) {
+    logInfo(fmt::format("checkpoint {} holds no {} for {} ranks in the shapes this run keeps: {}",
+                        reader.path(), what, world_, otherwise));
   }
-  reader.read(targets);
 }
 
 int64_t TrainingState::resume(const RunCheckpoints& checkpoints) {

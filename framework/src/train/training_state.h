@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -16,6 +17,7 @@
 #include "runtime/control.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
+#include "train/local_sync.h"
 #include "train/optimizer.h"
 #include "train/reducer.h"
 
@@ -30,12 +32,13 @@ class TrainingState {
   TrainingState(const config::Experiment& e, int rank, int world, Control& control,
                 const std::vector<std::string>& names, const std::vector<at::Tensor>& params,
                 const std::vector<at::Tensor>& shards, Optimizer& optimizer, Reducer& reducer,
-                const Sharding& sharding);
+                const PeriodicSync& periodic, const Sharding& sharding);
 
   // Writes the checkpoint of `step`. Unsharded, rank 0 writes every tensor whole into one
   // file (every rank holds the same, as verified); sharded, every rank writes its blocks
-  // and, once every rank has, the same manifest; a codec that keeps state of its own (error
-  // feedback) has every rank write that state too, in a file of its own. Every rank calls it.
+  // and, once every rank has, the same manifest. What differs from rank to rank (a codec's
+  // error feedback, the optimizer's state between train.sync's meetings) every rank writes
+  // too, in a file of its own. Every rank calls it, where every rank holds the same model.
   void save(const RunCheckpoints& checkpoints, int64_t step);
 
   // Continues from a checkpoint: the step to start from, 0 without one. Rank 0 decides which
@@ -67,20 +70,29 @@ class TrainingState {
   std::vector<std::pair<Piece, at::Tensor>> blockTargets() const;
   // Unsharded: every state tensor whole, parameters first.
   std::vector<std::pair<Piece, at::Tensor>> wholeTargets() const;
-  // A codec's state (train.compression), which differs from rank to rank: rank r's tensors
-  // under "codec/r/NAME", whole. Every rank's codec holds tensors of the same names and
-  // shapes, so any rank can list another's.
-  std::vector<std::pair<Piece, at::Tensor>> codecTargets() const;
-  std::vector<Piece> codecPieces(int r) const;
-  // Whether every rank writes a file: sharded, or a codec keeps state of its own.
-  bool everyRankWrites() const { return sharded() || !codecTargets().empty(); }
+  // What differs from rank to rank and every rank writes: the codec's state
+  // ("codec/LABEL/R/NAME", train.compression's label: another codec's is not loaded) and, in the
+  // local modes of train.sync, the optimizer's
+  // ("rank/R/exp_avg/NAME"). Every rank's tensors have the same names and shapes, so any
+  // rank can list another's.
+  std::vector<std::pair<std::string, at::Tensor>> rankState(int r) const;
+  std::vector<Piece> rankPieces(int r) const;
+  // This rank's, those whose key starts with `prefix`, as read targets.
+  std::vector<std::pair<Piece, at::Tensor>> rankTargets(const char* prefix) const;
+  // DiLoCo's outer state ("outer/NAME", "outer_momentum/NAME"), the same on every rank:
+  // rank 0's whole file holds it. Empty in the other modes.
+  std::vector<std::pair<Piece, at::Tensor>> outerTargets() const;
+  // Whether every rank writes a file: sharded, or some state differs from rank to rank.
+  bool everyRankWrites() const { return sharded() || !rankState(rank_).empty(); }
   // This rank's tensors in the checkpoint: its blocks (sharded), or every tensor whole
-  // (rank 0 of an unsharded run), and its codec state.
+  // (rank 0 of an unsharded run), and what is its own.
   std::vector<std::pair<Piece, at::Tensor>> targetsOf() const;
-  // Loads this rank's codec state when the checkpoint holds it in the shapes this run's
-  // codec keeps (the same codec and params at the same world size); else the codec starts
-  // afresh, as the log says.
-  void restoreCodec(CheckpointReader& reader);
+  // Reads `targets` when the checkpoint holds every one in its shape, written by as many
+  // ranks; else calls `fallback` and logs that it holds no `what`: `otherwise`.
+  void restoreIfHeld(CheckpointReader& reader,
+                     const std::vector<std::pair<Piece, at::Tensor>>& targets,
+                     const std::string& what, const std::string& otherwise,
+                     const std::function<void()>& fallback);
   // Whether `reader`'s checkpoint can continue this run: the same model, optimizer and data
   // seed, and the same samples per step (their split over ranks, so the world size, may
   // differ: the sums are then added in another order).
@@ -99,6 +111,7 @@ class TrainingState {
   const std::vector<at::Tensor>& shards_;
   Optimizer& optimizer_;
   Reducer& reducer_;
+  const PeriodicSync& periodic_;
   const Sharding& sharding_;
 };
 

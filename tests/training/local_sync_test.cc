@@ -1,0 +1,222 @@
+// Fewer synchronisations (train.sync) on loopback ranks: local SGD equal to DDP where the
+// algebra says so, DiLoCo's outer step against a closed form, the bytes of the meetings,
+// checkpoints that wait for a meeting and resume bit for bit, and the refusals.
+#include <gtest/gtest.h>
+
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+#include "collie/error.h"
+#include "loopback_job.h"
+#include "run_command.h"
+#include "runtime/communicator.h"
+#include "train/checkpoint.h"
+#include "train/local_sync.h"
+#include "train/reducer.h"
+#include "train/trainer.h"
+
+namespace collie {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* kBase = R"(
+name: local-sync-test
+launch: {nproc_per_node: 3}
+backend: {plugin: loopback, params: {timeout: 30s}}
+model: {plugin: mlp, params: {seq_len: 6, vocab: 48, d_embed: 8, hidden: 32, layers: 2}}
+train:
+  steps: 6
+  micro_batch: [3, 2, 2]
+  grad_accum: 2
+  lr: 0.05
+  warmup_steps: 1
+  bucket_bytes: 4KiB
+  log_every: 100
+)";
+
+fs::path runDir(const std::string& name) {
+  return fs::path(COLLIE_TEST_BINARY_DIR) / "local-sync-scratch" / name;
+}
+
+train::Result train(const std::string& name, std::vector<std::string> sets, bool fresh = true) {
+  const fs::path dir = runDir(name);
+  if (fresh) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  sets.push_back("train.checkpoint_dir=" + (dir / "ckpt").string());
+  auto experiments = config::loadExperiments(testing::writeTempFile(name + ".yaml", kBase), sets);
+  return train::run(testing::buildTreeLoader(), experiments.at(0), dir.string());
+}
+
+std::map<std::string, at::Tensor> weights(const std::string& name) {
+  train::CheckpointReader reader(train::latestCheckpoint((runDir(name) / "ckpt").string()));
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [key, tensor] : reader.readAll()) {
+    if (key.find('/') == std::string::npos) out[key] = tensor;  // a parameter's
+  }
+  return out;
+}
+
+double largestDifference(const std::map<std::string, at::Tensor>& a,
+                         const std::map<std::string, at::Tensor>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (const auto& [key, tensor] : a)
+    worst = std::max(worst, tensor.sub(b.at(key)).abs().max().item<double>());
+  return worst;
+}
+
+// Meetings after steps 2, 4 and the last, 5: three times the parameters' bytes over five
+// steps, and one model at the end.
+TEST(LocalSgd, TheModelsMeetEveryHStepsAndAtTheEnd) {
+  const train::Result r =
+      train("meetings", {"train.steps=5", "train.sync.mode=local_sgd", "train.sync.every=2"});
+  EXPECT_TRUE(r.sync.identical);
+  EXPECT_EQ(r.sync_mode, "local_sgd");
+  EXPECT_EQ(r.sync_every, 2);
+  // A rank sends 2(N-1)/N of what an all-reduce carries.
+  const double ring = 2.0 * 2 / 3;
+  EXPECT_DOUBLE_EQ(r.sent_bytes_per_step, ring * 3 * static_cast<double>(r.parameter_bytes) / 5);
+  const train::Result ddp = train("meetings-ddp", {"train.steps=5"});
+  EXPECT_DOUBLE_EQ(ddp.sent_bytes_per_step, ring * static_cast<double>(ddp.allreduce_bytes));
+}
+
+// SGD with momentum is linear in the gradients: averaging every rank's parameters after
+// every step, each rank weighted by its share of the step's samples, is DDP's update of
+// the token-weighted mean gradient, each rank's momentum averaging to DDP's. Unequal
+// micro-batches, two per step; no clipping (the norm is not linear).
+TEST(LocalSgd, MeetingEveryStepIsDdpForSgdWithMomentum) {
+  const std::vector<std::string> sgd = {"train.optimizer=sgd", "train.grad_clip=0",
+                                        "train.weight_decay=0.01", "train.lr=2"};
+  train("sgd-ddp", sgd);
+  auto local = sgd;
+  local.insert(local.end(), {"train.sync.mode=local_sgd", "train.sync.every=1"});
+  train("sgd-local-1", local);
+  // Meeting every 3 steps is another algorithm: the same start, other weights.
+  auto rarer = sgd;
+  rarer.insert(rarer.end(), {"train.sync.mode=local_sgd", "train.sync.every=3"});
+  train("sgd-local-3", rarer);
+  const double every = largestDifference(weights("sgd-ddp"), weights("sgd-local-1"));
+  const double third = largestDifference(weights("sgd-ddp"), weights("sgd-local-3"));
+  std::printf("largest difference from DDP: meeting every step %g, every 3 steps %g\n", every,
+              third);
+  EXPECT_LT(every, 1e-5);
+  EXPECT_GT(third, 100 * every);
+}
+
+// DiLoCo meeting every step with an outer SGD of lr 1 and no momentum takes the averaged
+// parameters: local SGD.
+TEST(Diloco, PlainOuterSgdOfRateOneIsLocalSgd) {
+  train("local-2", {"train.sync.mode=local_sgd", "train.sync.every=2"});
+  train("diloco-2", {"train.sync.mode=diloco", "train.sync.every=2", "train.sync.outer_lr=1",
+                     "train.sync.outer_momentum=0", "train.sync.nesterov=false"});
+  EXPECT_LT(largestDifference(weights("local-2"), weights("diloco-2")), 1e-6);
+}
+
+// The outer step on made-up parameters, against the closed form: with θ the last meeting's
+// parameters and θ_r rank r's, g = Σ share_r (θ - θ_r), m = μ m + g, and Nesterov's
+// θ ← θ - lr (g + μ m); every rank then holds θ.
+TEST(Diloco, OuterStepIsNesterovSgdOnTheAveragedChange) {
+  const std::vector<double> shares = {0.5, 0.3, 0.2};
+  config::SyncSpec spec;
+  spec.mode = config::SyncSpec::Mode::kDiloco;
+  spec.every = 1;
+  spec.outer_lr = 0.7;
+  spec.outer_momentum = 0.9;
+  spec.nesterov = true;
+  std::mutex mu;
+  std::vector<at::Tensor> after(3);
+  testing::runLoopback(3, [&](std::shared_ptr<Backend> backend) {
+    const int r = backend->rank();
+    Communicator comm(backend, "loopback", Topology::fromLabels({"a", "a", "a"}));
+    comm.addRule("ring", testing::loadScheduler("ring"));
+    at::Tensor p = at::full({5}, 1.0f).requires_grad_();
+    train::Reducer reducer({p}, 1 << 20, comm, false);
+    train::PeriodicSync periodic(spec, 10, reducer, comm);
+    std::vector<at::Tensor> seen;
+    for (int s = 0; s < 2; ++s) {  // each rank moves its own way, then they meet
+      reducer.values(0).narrow(0, 0, 5).sub_(0.1 * (r + 1) * (s + 1));
+      periodic.afterStep(s, shares[r]);
+      seen.push_back(reducer.values(0).narrow(0, 0, 5).clone());
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    after[r] = at::stack(seen);
+  });
+  double theta = 1, m = 0;
+  std::vector<double> expected;
+  for (int s = 0; s < 2; ++s) {
+    double g = 0;
+    for (int r = 0; r < 3; ++r) g += shares[r] * 0.1 * (r + 1) * (s + 1);
+    m = 0.9 * m + g;
+    theta -= 0.7 * (g + 0.9 * m);
+    expected.push_back(theta);
+  }
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(at::equal(after[r], after[0])) << "rank " << r;
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_NEAR(after[r][s][0].item<double>(), expected[s], 1e-6) << "step " << s;
+    }
+  }
+}
+
+// A checkpoint holds one model: one due between meetings waits for the next, and a run
+// resumed from it (DiLoCo's outer state, every rank's AdamW state) ends where the
+// uninterrupted run does, bit for bit.
+TEST(LocalSync, CheckpointsWaitForAMeetingAndResumeBitIdentically) {
+  const std::vector<std::string> sets = {"train.sync.mode=diloco", "train.sync.every=3",
+                                         "train.sync.warmup_steps=1", "train.checkpoint_every=2",
+                                         "train.checkpoint_keep=5"};
+  train("whole", sets);
+  // One synchronous step, then meetings after steps 4 and 6: the checkpoint due after step
+  // 2 is written after step 4, none after step 2.
+  const fs::path ckpt = runDir("whole") / "ckpt";
+  EXPECT_TRUE(fs::exists(train::checkpointPath(ckpt.string(), 4)));
+  EXPECT_FALSE(fs::exists(train::checkpointPath(ckpt.string(), 2)));
+  EXPECT_TRUE(fs::exists(train::checkpointPath(ckpt.string(), 6)));
+  train("interrupted", sets);
+  fs::remove_all(train::checkpointPath((runDir("interrupted") / "ckpt").string(), 6));
+  train::CheckpointReader reader(
+      train::latestCheckpoint((runDir("interrupted") / "ckpt").string()));
+  size_t outer = 0, own = 0;
+  for (const auto& [key, shape] : reader.tensors()) {
+    outer += key.rfind("outer/", 0) == 0;
+    own += key.rfind("rank/2/exp_avg/", 0) == 0;
+  }
+  EXPECT_GT(outer, 0u);
+  EXPECT_GT(own, 0u);
+  const train::Result resumed = train("interrupted", sets, /*fresh=*/false);
+  EXPECT_TRUE(resumed.sync.identical);
+  const auto whole = weights("whole"), again = weights("interrupted");
+  for (const auto& [key, tensor] : whole) EXPECT_TRUE(at::equal(tensor, again.at(key))) << key;
+}
+
+std::string configError(const std::vector<std::string>& sets) {
+  try {
+    train("refused", sets);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(LocalSync, ConfigsThatCannotWorkAreRefused) {
+  EXPECT_NE(configError({"train.sync.every=4"}).find("only mode local_sgd or diloco takes it"),
+            std::string::npos);
+  EXPECT_NE(configError({"train.sync.mode=local_sgd"}).find("needs the steps between"),
+            std::string::npos);
+  const std::string sharded =
+      configError({"train.sync.mode=diloco", "train.sync.every=2", "train.sharding=optimizer"});
+  EXPECT_NE(sharded.find("train.sharding: optimizer keeps a shard"), std::string::npos) << sharded;
+}
+
+}  // namespace
+}  // namespace collie
