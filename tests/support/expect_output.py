@@ -8,7 +8,8 @@ output (stdout and stderr together; `.` matches newlines) and no --fail pattern 
 --needs it first checks that this machine has what the command needs, and exits 77 (ctest's
 SKIP_RETURN_CODE) with a line saying what is missing when it does not.
 
-  expect_output.py [--exit N] [--needs cpu-controller|memory-controller] [--pass REGEX]... [--fail REGEX]...
+  expect_output.py [--exit N] [--needs lab|cpu-controller|memory-controller] [--pass REGEX]...
+                   [--fail REGEX]...
                    -- COMMAND [ARGS...]
 """
 import argparse
@@ -44,7 +45,17 @@ def missing_controller(controller, key):
             f"cgroup.controllers lists {controller}")
 
 
+def missing_lab():
+    """What launch.lab lacks here ("" when nothing): root, and iproute2's ip."""
+    if os.geteuid() != 0:
+        return f"launch.lab needs root to make network namespaces (running as uid {os.geteuid()})"
+    if not any(os.access(os.path.join(d, "ip"), os.X_OK) for d in ("/usr/sbin", "/sbin", "/usr/bin", "/bin")):
+        return "launch.lab needs iproute2's ip (apt-get install iproute2)"
+    return ""
+
+
 NEEDS = {
+    "lab": missing_lab,
     "cpu-controller": lambda: missing_controller("cpu", "launch.cpu_share"),
     "memory-controller": lambda: missing_controller("memory", "launch.memory_limit"),
 }

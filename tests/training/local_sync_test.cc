@@ -194,6 +194,7 @@ TEST(LocalSync, CheckpointsWaitForAMeetingAndResumeBitIdentically) {
   EXPECT_GT(outer, 0u);
   EXPECT_GT(own, 0u);
   const train::Result resumed = train("interrupted", sets, /*fresh=*/false);
+  EXPECT_EQ(resumed.timed_steps, 1);  // steps 5 and 6, the first untimed: it resumed at 4
   EXPECT_TRUE(resumed.sync.identical);
   const auto whole = weights("whole"), again = weights("interrupted");
   for (const auto& [key, tensor] : whole) EXPECT_TRUE(at::equal(tensor, again.at(key))) << key;
@@ -209,6 +210,19 @@ std::string configError(const std::vector<std::string>& sets) {
 }
 
 TEST(LocalSync, ConfigsThatCannotWorkAreRefused) {
+  EXPECT_NE(configError({"train.sync.outer_lr=0.5"}).find("only mode diloco takes it"),
+            std::string::npos);
+  EXPECT_NE(configError({"train.sync.mode=diloco", "train.sync.every=2", "train.sync.outer_lr=0"})
+                .find("expected a rate above 0"),
+            std::string::npos);
+  EXPECT_NE(
+      configError({"train.sync.mode=local_sgd", "train.sync.every=2", "train.sync.warmup_steps=6"})
+          .find("leave none of the run's 6 to take alone"),
+      std::string::npos);
+  EXPECT_NE(
+      configError({"train.sync.mode=local_sgd", "train.sync.every=2", "train.compression=bf16"})
+          .find("makes none without a warm-up"),
+      std::string::npos);
   EXPECT_NE(configError({"train.sync.every=4"}).find("only mode local_sgd or diloco takes it"),
             std::string::npos);
   EXPECT_NE(configError({"train.sync.mode=local_sgd"}).find("needs the steps between"),

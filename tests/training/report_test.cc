@@ -55,6 +55,7 @@ Result everyFieldSet() {
   r.sync_every = 8;
   r.sync_warmup_steps = 3;
   r.sent_bytes_per_step = 24680.5;
+  r.predicted_float32_comm_seconds = 0.25;
   r.sharding = "parameters";
   r.parameter_bytes = 111;
   r.gradient_bytes = 222;
@@ -152,6 +153,7 @@ TEST_F(ResultFile, KeepsEveryFieldOfAResult) {
   EXPECT_EQ(out.sync_every, in.sync_every);
   EXPECT_EQ(out.sync_warmup_steps, in.sync_warmup_steps);
   EXPECT_EQ(out.sent_bytes_per_step, in.sent_bytes_per_step);
+  EXPECT_EQ(out.predicted_float32_comm_seconds, in.predicted_float32_comm_seconds);
   EXPECT_EQ(out.sharding, in.sharding);
   EXPECT_EQ(out.parameter_bytes, in.parameter_bytes);
   EXPECT_EQ(out.gradient_bytes, in.gradient_bytes);
@@ -226,6 +228,7 @@ TEST_F(ResultFile, KeepsTheNamesThatSummaryJsonReadersUse) {
                                           "sync_warmup_steps",
                                           "sent_bytes_per_step",
                                           "buckets",
+                                          "predicted_float32_comm_s",
                                           "sharding",
                                           "overlap",
                                           "parameter_bytes",

@@ -253,7 +253,9 @@ bool isRegularFile(const std::string& path) {
   return std::filesystem::is_regular_file(path, ec);
 }
 
-// train.sync: the keys of its mode only, an interval for the local modes, no sharding.
+// train.sync: the keys of its mode only (a key left at its default counts as unset: the
+// resolved file holds every default), an interval for the local modes, local steps to
+// take, no sharding, and no codec that would never run.
 void checkSync(const Experiment& e, std::vector<Issue>* issues) {
   const SyncSpec& sync = e.train.sync;
   const YAML::Node node = e.resolved["train"]["sync"];
@@ -262,6 +264,19 @@ void checkSync(const Experiment& e, std::vector<Issue>* issues) {
     issues->push_back({fmt::format("{}: train.sync.{}: {}",
                                    location(e.file, node[key] ? node[key] : node), key, what)});
   };
+  const SyncSpec defaults = [] {
+    SyncSpec d;
+    d.outer_lr = 0.7;
+    d.outer_momentum = 0.9;
+    d.nesterov = true;
+    return d;
+  }();
+  if (sync.mode != SyncSpec::Mode::kDiloco) {
+    const char* only = "only mode diloco takes it";
+    if (sync.outer_lr != defaults.outer_lr) problem("outer_lr", only);
+    if (sync.outer_momentum != defaults.outer_momentum) problem("outer_momentum", only);
+    if (sync.nesterov != defaults.nesterov) problem("nesterov", only);
+  }
   if (!sync.local()) {
     if (sync.every != 0) problem("every", "only mode local_sgd or diloco takes it");
     if (sync.warmup_steps != 0) problem("warmup_steps", "only mode local_sgd or diloco takes it");
@@ -271,6 +286,27 @@ void checkSync(const Experiment& e, std::vector<Issue>* issues) {
     problem("every", fmt::format("mode {} needs the steps between synchronisations: every: H "
                                  "(H >= 1)",
                                  mode));
+  }
+  if (sync.warmup_steps >= e.train.steps) {
+    problem("warmup_steps",
+            fmt::format("{} synchronous steps leave none of the run's {} to take alone. HINT: "
+                        "fewer warmup_steps, or mode: every_step",
+                        sync.warmup_steps, e.train.steps));
+  }
+  if (sync.mode == SyncSpec::Mode::kDiloco && !(sync.outer_lr > 0)) {
+    problem("outer_lr",
+            "expected a rate above 0 (0 would take every rank back to the last "
+            "meeting's parameters)");
+  }
+  if (sync.mode == SyncSpec::Mode::kDiloco && !(sync.outer_momentum < 1)) {
+    problem("outer_momentum", "expected a momentum below 1 (1 never forgets)");
+  }
+  if (e.train.compresses() && sync.warmup_steps == 0) {
+    problem("mode", fmt::format("train.compression {} compresses gradient all-reduces, and mode "
+                                "{} makes none without a warm-up (its meetings send float32 "
+                                "parameters). HINT: set train.sync.warmup_steps, or "
+                                "train.compression: none",
+                                e.train.compression.label, mode));
   }
   if (e.train.sharding != ShardedState::kNone) {
     problem("mode", fmt::format("{} keeps a whole model on every rank between synchronisations; "

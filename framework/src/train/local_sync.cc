@@ -11,14 +11,21 @@ namespace collie::train {
 PeriodicSync::PeriodicSync(const config::SyncSpec& spec, int64_t steps, Reducer& reducer,
                            Communicator& comm)
     : spec_(spec), steps_(steps), reducer_(reducer), comm_(comm) {
-  COLLIE_CHECK(!local() || !reducer.sharded(), "train.sync ", config::syncModeName(spec.mode),
-               " with sharded parameters");
+  COLLIE_CHECK(!local() || (!reducer.sharded() && spec.every >= 1), "train.sync ",
+               config::syncModeName(spec.mode), " every ", spec.every,
+               " (sharded: ", reducer.sharded(), ")");
   if (spec_.mode != config::SyncSpec::Mode::kDiloco) return;
   at::NoGradGuard no_grad;
   for (size_t b = 0; b < reducer.bucketCount(); ++b) {
     outer_.push_back(reducer.values(b).clone());
     momentum_.push_back(at::zeros_like(reducer.values(b)));
   }
+}
+
+int64_t PeriodicSync::meetings() const {
+  int64_t count = 0;
+  for (int64_t s = 0; s < steps_; ++s) count += meetsAfter(s) ? 1 : 0;
+  return count;
 }
 
 bool PeriodicSync::meetsAfter(int64_t s) const {

@@ -9,6 +9,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -32,6 +33,11 @@ class PeriodicSync {
   // Whether the ranks' models meet after step s: every `every`-th step after the warm-up,
   // and the run's last step, so that it ends with one model.
   bool meetsAfter(int64_t s) const;
+  // How many times the models meet in the run, and its synchronous steps.
+  int64_t meetings() const;
+  int64_t synchronousSteps() const {
+    return local() ? std::min<int64_t>(spec_.warmup_steps, steps_) : steps_;
+  }
   // After every step's update, on every rank. A synchronous step (the warm-up's) only moves
   // DiLoCo's starting point along. After a step that meets, each rank's parameters (local_sgd)
   // or their change since the last meeting (diloco) are weighted by `share`, this rank's

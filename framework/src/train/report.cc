@@ -338,6 +338,20 @@ void printDetails(std::ostream& out, const Result& r) {
         << " s from the measured link " << (r.between_nodes ? "between nodes" : "inside a node")
         << " (alpha " << fmt::format("{:.1f}", r.link_alpha * 1e6) << " us, "
         << (r.link_beta > 0 ? fmt::format("{:.3f}", 1e-9 / r.link_beta) : "-") << " GB/s)\n";
+    if (r.predicted_float32_comm_seconds > 0 && !std::isnan(r.predicted_comm_seconds)) {
+      const double saved = r.predicted_float32_comm_seconds - r.predicted_comm_seconds;
+      out << "# " << tag
+          << fmt::format(
+                 "predicted from the calibrated link: the float32 all-reduce of a "
+                 "step's gradients {:.4f} s, {} {:.4f} s a step: {:.4f} s less a step "
+                 "(this run's step: {:.3f} s)\n",
+                 r.predicted_float32_comm_seconds,
+                 coded ? "train.compression " + r.compression + "'s collectives"
+                       : fmt::format("train.sync {} ({} synchronous steps, then a meeting "
+                                     "every {})",
+                                     r.sync_mode, r.sync_warmup_steps, r.sync_every),
+                 r.predicted_comm_seconds, saved, r.step_seconds);
+    }
     const double bound = float32_sent;
     out << "# " << tag
         << (coded     ? "float32 all-reduce (without the codec)"

@@ -176,9 +176,21 @@ class RankTrainer {
     StepLog log(out_dir_, rank_, start > 0);
     StragglerMonitor stragglers(spec_, rank_, world_, control_, comm_.topology());
     Rebalancer rebalancer(spec_, rank_, world_, control_);
-    // The local modes send the parameters once per meeting: per step, that over H.
-    const double predicted = predictComm(reducer, cost) / (periodic.local() ? spec_.sync.every : 1);
+    // The local modes all-reduce the gradients in their synchronous steps only (a codec's
+    // collectives there), and the parameters, in float32, at each meeting: per step, over
+    // the run.
+    double predicted = predictComm(reducer, cost);
+    if (periodic.local()) {
+      predicted = (static_cast<double>(periodic.synchronousSteps()) * predicted +
+                   static_cast<double>(periodic.meetings()) *
+                       predictComm(reducer, cost, /*float32=*/true)) /
+                  static_cast<double>(spec_.steps);
+    }
     Result result = describeRun(reducer, cost, predicted);
+    if (codec_ || periodic.local()) {  // what the float32 all-reduce every step would take
+      const double float32 = predictComm(reducer, cost, /*float32=*/true);
+      result.predicted_float32_comm_seconds = std::isnan(float32) ? 0 : float32;
+    }
 
     std::vector<StepStats> stats;
     // Memory: what the steps allocate outside the parts that say otherwise is "other"; the
@@ -323,8 +335,9 @@ class RankTrainer {
   // The collectives bucket b takes every step, sizes only: an all-reduce, or sharded a
   // reduce-scatter of the bucket and an all-gather of its blocks, or what its codec plans
   // (for step `step`: a codec may change its plan after a warm-up).
-  std::vector<CollectiveArgs> stepCollectives(const Reducer& reducer, size_t b,
-                                              int64_t step = 0) const {
+  // `float32`: the float32 all-reduce whatever the codec (what it saves is measured against).
+  std::vector<CollectiveArgs> stepCollectives(const Reducer& reducer, size_t b, int64_t step = 0,
+                                              bool float32 = false) const {
     const size_t whole = static_cast<size_t>(reducer.bucketNumel(b));
     // In the buckets' memory: a scheduler may decline a kind (native over nccl takes only
     // device memory).
@@ -338,7 +351,7 @@ class RankTrainer {
       args.data.device = args.output.device = device_.is_cuda() ? device_.index() : 0;
       return args;
     };
-    if (const Codec* codec = reducer.codec()) {
+    if (const Codec* codec = reducer.codec(); codec != nullptr && !float32) {
       std::vector<CollectiveArgs> out;
       for (const CodecCall& call : codec->plan(reducer.codecBucket(b), world_, step)) {
         const size_t count = static_cast<size_t>(call.count);
@@ -578,6 +591,7 @@ class RankTrainer {
     sync->gather_seconds += more.gather_seconds;
     sync->gather_exposed_seconds += more.gather_exposed_seconds;
     sync->bytes += more.bytes;
+    sync->buckets = std::max(sync->buckets, more.buckets);
     sync->collectives.insert(sync->collectives.end(), more.collectives.begin(),
                              more.collectives.end());
   }
@@ -682,11 +696,11 @@ class RankTrainer {
   }
 
   // The all-reduce time per step the calibrated model predicts for these buckets.
-  double predictComm(const Reducer& reducer, const CostModel& cost) const {
+  double predictComm(const Reducer& reducer, const CostModel& cost, bool float32 = false) const {
     double total = 0;
     for (size_t b = 0; b < reducer.bucketCount(); ++b) {
       // A codec's plan after any warm-up: the last step's.
-      for (const CollectiveArgs& args : stepCollectives(reducer, b, spec_.steps - 1)) {
+      for (const CollectiveArgs& args : stepCollectives(reducer, b, spec_.steps - 1, float32)) {
         std::string why;
         const auto* rule = comm_.select(args, rules_, &why);
         if (rule == nullptr) return kNoPrediction;
@@ -830,6 +844,9 @@ class RankTrainer {
     r->optimizer_bytes = 0;
     for (auto& [name, tensor] : optimizer_->state())
       r->optimizer_bytes += static_cast<uint64_t>(tensor.numel()) * 4;
+    for (const auto* outer : {&periodic_->outerParameters(), &periodic_->outerMomentum()}) {
+      for (const at::Tensor& t : *outer) r->optimizer_bytes += static_cast<uint64_t>(t.numel()) * 4;
+    }
     struct rusage usage {};
     ::getrusage(RUSAGE_SELF, &usage);  // ru_maxrss: KiB
     const double run_peak =

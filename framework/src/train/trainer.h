@@ -107,7 +107,10 @@ struct Result {
   int units = 0;
   int64_t unit_parameters = 0;
   int buckets = 0;
-  double predicted_comm_seconds = 0;     // from the calibrated α-β-γ model (NaN: no model)
+  double predicted_comm_seconds = 0;  // from the calibrated α-β-γ model (NaN: no model)
+  // With a codec or train.sync's local modes: the float32 all-reduce of every step's
+  // gradients, predicted the same way (0: no prediction), to set the saving against.
+  double predicted_float32_comm_seconds = 0;
   double link_alpha = 0, link_beta = 0;  // the slowest level: between nodes when there are several
   bool between_nodes = false;
   std::vector<double> compute_seconds;  // per rank: forward + backward per step
@@ -188,6 +191,7 @@ void forEachField(R& r, Visit&& visit) {
   visit("units", r.units);
   visit("unit_parameters", r.unit_parameters);
   visit("buckets", r.buckets);
+  visit("predicted_float32_comm_s", r.predicted_float32_comm_seconds);
   visit("link_alpha_s", r.link_alpha);
   visit("link_beta_s_per_byte", r.link_beta);
   visit("link_between_nodes", r.between_nodes);

@@ -275,7 +275,7 @@ void TrainingState::restore(CheckpointReader& reader) {
     whole.resize(params_.size() * (1 + stateKinds().size()));  // the outer state apart
     reader.read(whole);
   }
-  restoreIfHeld(reader, outerTargets(),
+  restoreIfHeld(reader, outerTargets(), /*per_rank=*/false,
                 "DiLoCo's outer state (the last meeting's parameters "
                 "and the outer momentum)",
                 "it starts from these parameters with no momentum", [&] {
@@ -284,22 +284,23 @@ void TrainingState::restore(CheckpointReader& reader) {
                     periodic_.outerMomentum()[b].zero_();
                   }
                 });
-  restoreIfHeld(reader, rankTargets("codec/"),
+  restoreIfHeld(reader, rankTargets("codec/"), /*per_rank=*/true,
                 "every rank's state of train.compression " + spec_.compression.label,
                 "the codec starts afresh (no error feedback carried over)", [] {});
-  restoreIfHeld(reader, rankTargets("rank/"), "every rank's own optimizer state",
+  restoreIfHeld(reader, rankTargets("rank/"), /*per_rank=*/true, "every rank's own optimizer state",
                 "every rank continues from rank 0's", [] {});
 }
 
 void TrainingState::restoreIfHeld(CheckpointReader& reader,
                                   const std::vector<std::pair<Piece, at::Tensor>>& targets,
-                                  const std::string& what, const std::string& otherwise,
+                                  bool per_rank, const std::string& what,
+                                  const std::string& otherwise,
                                   const std::function<void()>& fallback) {
   if (targets.empty()) return;
   std::map<std::string, std::vector<int64_t>> held;
   for (const auto& [key, shape] : reader.tensors()) held.emplace(key, shape);
   // Every rank decides alike: every rank's tensors have the same names and shapes.
-  const bool fits = reader.info().worldSize() == world_ &&
+  const bool fits = (!per_rank || reader.info().worldSize() == world_) &&
                     std::all_of(targets.begin(), targets.end(), [&](const auto& target) {
                       const auto it = held.find(target.first.key);
                       return it != held.end() && it->second == target.first.shape;
@@ -307,8 +308,9 @@ void TrainingState::restoreIfHeld(CheckpointReader& reader,
   if (fits) return reader.read(targets);
   fallback();
   if (rank_ == 0) {
-    logInfo(fmt::format("checkpoint {} holds no {} for {} ranks in the shapes this run keeps: {}",
-                        reader.path(), what, world_, otherwise));
+    logInfo(fmt::format(
+        "checkpoint {} holds no {}{} in the shapes this run keeps: {}", reader.path(), what,
+        per_rank ? fmt::format(" for {} ranks", world_) : std::string(), otherwise));
   }
 }
 

@@ -87,10 +87,11 @@ class TrainingState {
   // This rank's tensors in the checkpoint: its blocks (sharded), or every tensor whole
   // (rank 0 of an unsharded run), and what is its own.
   std::vector<std::pair<Piece, at::Tensor>> targetsOf() const;
-  // Reads `targets` when the checkpoint holds every one in its shape, written by as many
-  // ranks; else calls `fallback` and logs that it holds no `what`: `otherwise`.
+  // Reads `targets` when the checkpoint holds every one in its shape (and, `per_rank`,
+  // was written by as many ranks); else calls `fallback` and logs that it holds no `what`:
+  // `otherwise`.
   void restoreIfHeld(CheckpointReader& reader,
-                     const std::vector<std::pair<Piece, at::Tensor>>& targets,
+                     const std::vector<std::pair<Piece, at::Tensor>>& targets, bool per_rank,
                      const std::string& what, const std::string& otherwise,
                      const std::function<void()>& fallback);
   // Whether `reader`'s checkpoint can continue this run: the same model, optimizer and data
