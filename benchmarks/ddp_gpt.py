@@ -10,6 +10,14 @@ Run it the way Debian's torchrun works:
   OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 --redirects 2 --tee 1 \
       benchmarks/ddp_gpt.py --steps 30
 
+With --hook fp16 or powersgd, DDP compresses its buckets with its communication hooks
+(fp16_compress_hook; powerSGD_hook with --powersgd-rank and --powersgd-start), and with
+--local-sgd-every H it is post-local SGD (PostLocalSGDOptimizer over AdamW, averaging the
+parameters every H steps after --local-sgd-warmup synchronous steps; between averages each
+rank steps alone, its DDP hook all-reducing within a subgroup of itself): the peers of
+collie's train.compression and train.sync (benchmarks/slow_link_peers.sh). --data reads
+windows of a flat uint16 token file, as collie's data.source: tokens does.
+
 Started without torchrun (no WORLD_SIZE), it is one process in plain eager PyTorch: the peer
 of a one-rank collie run. With --device cuda --bf16 --checkpointing it is the GPU peer of
 scripts/gpu-check.sh (bf16 autocast, each block's activations recomputed in backward).
@@ -124,6 +132,18 @@ def main():
     parser.add_argument("--bf16", action="store_true", help="forward under bf16 autocast")
     parser.add_argument("--checkpointing", action="store_true",
                         help="recompute each block's activations in backward")
+    parser.add_argument("--data", default="",
+                        help="a flat uint16 token file to read windows of (default: uniform "
+                             "random tokens)")
+    parser.add_argument("--hook", default="none", choices=["none", "fp16", "powersgd"],
+                        help="DDP's communication hook")
+    parser.add_argument("--powersgd-rank", type=int, default=1)
+    parser.add_argument("--powersgd-start", type=int, default=2,
+                        help="PowerSGDState's start_powerSGD_iter")
+    parser.add_argument("--local-sgd-every", type=int, default=0,
+                        help="post-local SGD: average the parameters every H steps (0: off)")
+    parser.add_argument("--local-sgd-warmup", type=int, default=0,
+                        help="post-local SGD: synchronous steps first")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -144,6 +164,29 @@ def main():
     ddp = (nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb,
                                                gradient_as_bucket_view=args.bucket_view)
            if distributed else model)
+    averager = None
+    if distributed and args.hook == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif distributed and args.hook == "powersgd":
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+        state = powersgd.PowerSGDState(process_group=None,
+                                       matrix_approximation_rank=args.powersgd_rank,
+                                       start_powerSGD_iter=args.powersgd_start)
+        ddp.register_comm_hook(state, powersgd.powerSGD_hook)
+    if distributed and args.local_sgd_every > 0:
+        from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
+            PostLocalSGDState, post_localSGD_hook)
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+        # Every rank alone between averages: a subgroup of itself. Every rank makes every
+        # group (new_group is collective); a CPU run must name its subgroup, since the
+        # default one is made per CUDA device.
+        alone = [dist.new_group([r]) for r in range(world)][rank]
+        ddp.register_comm_hook(PostLocalSGDState(process_group=None, subgroup=alone,
+                                                 start_localSGD_iter=args.local_sgd_warmup),
+                               post_localSGD_hook)
+        averager = PeriodicModelAverager(period=args.local_sgd_every,
+                                         warmup_steps=args.local_sgd_warmup)
     if args.zero:
         from torch.distributed.optim import ZeroRedundancyOptimizer
         optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW,
@@ -151,11 +194,24 @@ def main():
     else:
         optimizer = torch.optim.AdamW(ddp.parameters(), lr=3e-3, betas=(0.9, 0.95),
                                       weight_decay=0.1)
+    if averager is not None:
+        from torch.distributed.optim import PostLocalSGDOptimizer
+        optimizer = PostLocalSGDOptimizer(optim=optimizer, averager=averager)
     generator = torch.Generator().manual_seed(1234 + rank)
+    corpus = None
+    if args.data:
+        import numpy
+        corpus = torch.from_numpy(numpy.fromfile(args.data, dtype=numpy.uint16).astype("int64"))
 
     times, losses = [], []
     for step in range(args.steps):
-        tokens = torch.randint(0, args.vocab, (args.micro_batch, args.seq_len + 1), generator=generator)
+        if corpus is None:
+            tokens = torch.randint(0, args.vocab, (args.micro_batch, args.seq_len + 1),
+                                   generator=generator)
+        else:  # windows at random offsets, as collie's data.source: tokens
+            starts = torch.randint(0, corpus.numel() - args.seq_len - 1, (args.micro_batch,),
+                                   generator=generator)
+            tokens = torch.stack([corpus[s:s + args.seq_len + 1] for s in starts.tolist()])
         tokens = tokens.to(device)
         start = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
@@ -171,11 +227,14 @@ def main():
 
     timed = times[1:] if len(times) > 1 else times
     step_s = torch.tensor([sum(timed) / len(timed)], device=device)
+    last_loss = torch.tensor([losses[-1]], dtype=torch.float64, device=device)
     rss = torch.zeros(world, dtype=torch.float64, device=device)  # ru_maxrss: KiB on Linux
     rss[rank] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
     if distributed:
         dist.all_reduce(step_s, op=dist.ReduceOp.MAX)  # the slowest rank, as collie reports
         dist.all_reduce(rss)
+        dist.all_reduce(last_loss)  # the job's mean, as collie's progress line
+        last_loss /= world
     if rank == 0:
         world_tokens = world * args.micro_batch * args.seq_len
         peer = "pytorch-zero" if args.zero else "pytorch-ddp" if distributed else "pytorch-eager"
@@ -192,6 +251,9 @@ def main():
             "tokens_per_s": world_tokens / step_s.item(),
             "first_loss": losses[0],
             "last_loss": losses[-1],
+            "job_last_loss": last_loss.item(),
+            "hook": args.hook,
+            "local_sgd_every": args.local_sgd_every,
             "peak_rss_bytes": rss.tolist(),
         }), flush=True)
     if distributed:

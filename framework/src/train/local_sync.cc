@@ -23,9 +23,9 @@ PeriodicSync::PeriodicSync(const config::SyncSpec& spec, int64_t steps, Reducer&
 }
 
 int64_t PeriodicSync::meetings() const {
-  int64_t count = 0;
-  for (int64_t s = 0; s < steps_; ++s) count += meetsAfter(s) ? 1 : 0;
-  return count;
+  // One every `every` steps after the warm-up, and one after the last step if that is not one.
+  const int64_t local = steps_ - spec_.warmup_steps;
+  return !this->local() || local <= 0 ? 0 : (local + spec_.every - 1) / spec_.every;
 }
 
 bool PeriodicSync::meetsAfter(int64_t s) const {

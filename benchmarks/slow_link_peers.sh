@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Training over a slow link, collie against PyTorch in the same run on the same lab (root):
+# the quickstart GPT on 2 lab hosts x 2 processes joined at RATE, trained four ways by both:
+#   ddp       the float32 all-reduce every step        (DDP, no hook)
+#   fp16      gradients summed in float16               (DDP's fp16_compress_hook)
+#   powersgd  rank 4 from step 8, error feedback        (DDP's powerSGD_hook)
+#   localsgd  parameters averaged every 8 steps after 8 (PostLocalSGDOptimizer, a subgroup
+#             of each rank alone)
+# The same model, token file, AdamW, constant learning rate and clipping, DDP's default 25 MB
+# buckets; 1 thread per rank, the same OpenBLAS and malloc.
+# powersgd is left out by default (WAYS): Debian's PyTorch 1.13 powerSGD_hook over Gloo
+# across the lab's two hosts aborts a few steps after its start ("[enforce fail at
+# gloo/transport/tcp/pair.cc:510] op.preamble.length <= op.nbytes": its ranks' collectives
+# out of step), with one bucket as with several; WAYS="ddp powersgd" runs it anyway. Prints, per way, each peer's median tokens/s over the rounds,
+# collie / PyTorch with its range over the rounds, and each peer's final loss (the job's
+# mean) with its range.
+#   benchmarks/slow_link_peers.sh [OUT]     (RATE=100mbit ROUNDS=3 STEPS=64
+#                                            WAYS="ddp fp16 localsgd" to change)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[[ "$(id -u)" == 0 ]] || { echo "the lab needs root" >&2; exit 2; }
+out="${1:-runs/slow-link-peers-$(date +%Y%m%d-%H%M%S)}"
+rate="${RATE:-100mbit}"
+rounds="${ROUNDS:-3}"
+steps="${STEPS:-64}"
+ways="${WAYS:-ddp fp16 localsgd}"
+source benchmarks/pytorch_peer.sh
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+
+# Learnable tokens, as collie's synthetic source makes them: each token follows from the one
+# before (t -> 5t + 3 mod 256) three times in four, else uniform.
+"$python" - "$out/tokens.bin" <<'PY'
+import sys
+import numpy
+rng = numpy.random.default_rng(1234)
+n = 1 << 21
+tokens = numpy.empty(n, dtype=numpy.uint16)
+tokens[0] = 0
+follow = rng.random(n) < 0.75
+fresh = rng.integers(0, 256, n)
+for i in range(1, n):
+    tokens[i] = (5 * int(tokens[i - 1]) + 3) % 256 if follow[i] else fresh[i]
+tokens.tofile(sys.argv[1])
+PY
+
+torch_args() {
+  case "$1" in
+    ddp) ;;
+    fp16) echo "--hook fp16" ;;
+    powersgd) echo "--hook powersgd --powersgd-rank 4 --powersgd-start 8" ;;
+    localsgd) echo "--local-sgd-every 8 --local-sgd-warmup 8" ;;
+  esac
+}
+
+run_collie() {  # way round
+  local way=()
+  case "$1" in
+    fp16) way=(--set train.compression=fp16) ;;
+    powersgd) way=(--set "train.compression={plugin: powersgd, params: {rank: 4, start_step: 8}}") ;;
+    localsgd) way=(--set "train.sync={mode: local_sgd, every: 8, warmup_steps: 8}") ;;
+  esac
+  "$collie" --log-level warn run configs/slow-link.yaml --out "$out/collie-$1-$2" \
+    --set 'matrix=[{}]' --set name="$1" --set launch.lab.rate="$rate" \
+    --set data.source=tokens --set data.path="$out/tokens.bin" --set train.steps="$steps" \
+    --set train.lr_schedule=constant --set train.warmup_steps=0 --set train.bucket_bytes=25MB \
+    "${way[@]}" > /dev/null
+}
+
+run_pytorch() {  # way round: torchrun on each lab host, host 0 the master
+  "$collie" lab up --hosts 2 --rate "$rate" > /dev/null
+  local pids=()
+  for host in 0 1; do
+    # shellcheck disable=SC2046
+    "$collie" lab exec "collie-h$host" -- env LD_PRELOAD="$preload" OMP_NUM_THREADS=1 \
+      GLOO_SOCKET_IFNAME="eth$host" torchrun --nnodes 2 --node_rank "$host" \
+      --nproc_per_node 2 --master_addr 198.18.0.1 --master_port 29700 \
+      --redirects 2 --tee 1 --log_dir "$out/torchrun-logs/$1-$2-h$host" \
+      benchmarks/ddp_gpt.py --steps "$steps" --data "$out/tokens.bin" --bucket-mb 25 \
+      $(torch_args "$1") > "$out/pytorch-$1-$2-h$host.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done
+}
+
+# Rounds alternate the peers so that a noisy minute does not favour one of them.
+for round in $(seq 1 "$rounds"); do
+  for way in $ways; do
+    run_collie "$way" "$round"
+    run_pytorch "$way" "$round"
+    echo "# round $round: $way done"
+  done
+done
+"$collie" lab down > /dev/null
+
+"$python" benchmarks/compare_slow_link.py "$out" "$rounds" "$rate" $ways | tee "$out/table.md"
