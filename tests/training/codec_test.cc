@@ -35,6 +35,7 @@
 #include "train/checkpoint.h"
 #include "train/codec_group.h"
 #include "train/trainer.h"
+#include "training_runs.h"
 
 namespace collie {
 namespace {
@@ -329,40 +330,9 @@ train:
   log_every: 100
 )";
 
-fs::path scratch(const std::string& name) {
-  fs::path dir = fs::path(COLLIE_TEST_BINARY_DIR) / "codec-scratch" / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-train::Result train(const std::string& name, std::vector<std::string> sets, bool fresh = true) {
-  const fs::path dir =
-      fresh ? scratch(name) : fs::path(COLLIE_TEST_BINARY_DIR) / "codec-scratch" / name;
-  sets.push_back("train.checkpoint_dir=" + (dir / "ckpt").string());
-  auto experiments = config::loadExperiments(testing::writeTempFile(name + ".yaml", kBase), sets);
-  return train::run(testing::buildTreeLoader(), experiments.at(0), dir.string());
-}
-
-std::map<std::string, at::Tensor> weights(const std::string& name) {
-  const fs::path dir = fs::path(COLLIE_TEST_BINARY_DIR) / "codec-scratch" / name / "ckpt";
-  train::CheckpointReader reader(train::latestCheckpoint(dir.string()));
-  std::map<std::string, at::Tensor> out;
-  for (const auto& [key, tensor] : reader.readAll()) {
-    if (key.find('/') == std::string::npos) out[key] = tensor;  // a parameter's
-  }
-  return out;
-}
+const testing::TrainingRuns kRuns("codec-scratch", kBase);
 
 class Compression : public ::testing::TestWithParam<const char*> {};
-
-double largestDifference(const std::map<std::string, at::Tensor>& a,
-                         const std::map<std::string, at::Tensor>& b) {
-  double worst = 0;
-  for (const auto& [key, tensor] : a)
-    worst = std::max(worst, tensor.sub(b.at(key)).abs().max().item<double>());
-  return worst;
-}
 
 // Unequal micro-batches weighted by tokens, two micro-batches a step, clipping, SGD (whose
 // update follows the gradient, so a codec's error shows in the weights in proportion):
@@ -376,19 +346,19 @@ TEST_P(Compression, TrainsWithIdenticalRanksInFewerBytes) {
   // Runs of their own per codec: ctest runs the codecs' tests at once.
   auto initial = sgd;
   initial.insert(initial.end(), {"train.lr=0", "train.steps=1"});
-  train("sgd-initial-" + name, initial);
-  train("sgd-plain-" + name, sgd);
+  kRuns.run("sgd-initial-" + name, initial);
+  kRuns.run("sgd-plain-" + name, sgd);
   auto sets = sgd;
   sets.push_back("train.compression=" + codec);
-  const train::Result r = train("sgd-" + name, sets);
+  const train::Result r = kRuns.run("sgd-" + name, sets);
   EXPECT_TRUE(r.sync.identical);
   EXPECT_EQ(r.compression, name);
   // Fewer bytes sent than the float32 all-reduce's 2(N-1)/N of the gradients.
   EXPECT_GT(r.sent_bytes_per_step, 0);
   EXPECT_LT(r.sent_bytes_per_step, 2.0 * 2 / 3 * static_cast<double>(r.allreduce_bytes));
-  const auto plain = weights("sgd-plain-" + name);
-  const double moved = largestDifference(plain, weights("sgd-initial-" + name));
-  const double off = largestDifference(weights("sgd-" + name), plain);
+  const auto plain = kRuns.weights("sgd-plain-" + name);
+  const double moved = testing::largestDifference(plain, kRuns.weights("sgd-initial-" + name));
+  const double off = testing::largestDifference(kRuns.weights("sgd-" + name), plain);
   std::printf(
       "%s: training moved the weights by up to %g; the codec's run ends up to %g from "
       "where training without it does\n",
@@ -414,9 +384,9 @@ INSTANTIATE_TEST_SUITE_P(Codecs, Compression,
 TEST(CompressionTraining, PowerSgdBeforeItsStartIsTrainingWithoutACodec) {
   for (const char* weighting : {"tokens", "uniform"}) {
     const std::string set = std::string("train.grad_weighting=") + weighting;
-    train("plain", {set});
-    train("late", {set, "train.compression={plugin: powersgd, params: {start_step: 100}}"});
-    const auto plain = weights("plain"), late = weights("late");
+    kRuns.run("plain", {set});
+    kRuns.run("late", {set, "train.compression={plugin: powersgd, params: {start_step: 100}}"});
+    const auto plain = kRuns.weights("plain"), late = kRuns.weights("late");
     ASSERT_EQ(plain.size(), late.size());
     for (const auto& [key, tensor] : plain)
       EXPECT_TRUE(at::equal(tensor, late.at(key))) << weighting << ": " << key;
@@ -428,43 +398,36 @@ TEST(CompressionTraining, PowerSgdBeforeItsStartIsTrainingWithoutACodec) {
 TEST(CompressionTraining, ResumeCarriesEveryRanksCodecState) {
   const std::vector<std::string> sets = {"train.compression={plugin: powersgd, params: {rank: 2}}",
                                          "train.checkpoint_every=3"};
-  train("whole", sets);
-  train("interrupted", sets);
-  const fs::path ckpt = fs::path(COLLIE_TEST_BINARY_DIR) / "codec-scratch" / "interrupted" / "ckpt";
+  kRuns.run("whole", sets);
+  kRuns.run("interrupted", sets);
+  const fs::path ckpt = kRuns.dir("interrupted") / "ckpt";
   fs::remove_all(train::checkpointPath(ckpt.string(), 6));
   train::CheckpointReader reader(train::latestCheckpoint(ckpt.string()));
   size_t codec_tensors = 0;
   for (const auto& [key, shape] : reader.tensors()) codec_tensors += key.rfind("codec/", 0) == 0;
   EXPECT_GT(codec_tensors, 0u);
-  const train::Result resumed = train("interrupted", sets, /*fresh=*/false);
+  const train::Result resumed = kRuns.run("interrupted", sets, /*fresh=*/false);
   EXPECT_EQ(resumed.timed_steps, 2);  // steps 4..6, the first untimed
-  const auto whole = weights("whole"), again = weights("interrupted");
+  const auto whole = kRuns.weights("whole"), again = kRuns.weights("interrupted");
   for (const auto& [key, tensor] : whole) EXPECT_TRUE(at::equal(tensor, again.at(key))) << key;
-}
-
-std::string configError(const std::vector<std::string>& sets) {
-  try {
-    train("refused", sets);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(CompressionTraining, ShardingAndUnknownParamsAreRefusedByName) {
   const std::string sharded =
-      configError({"train.compression=powersgd", "train.sharding=optimizer"});
+      kRuns.configError({"train.compression=powersgd", "train.sharding=optimizer"});
   EXPECT_NE(sharded.find("codec 'powersgd'"), std::string::npos) << sharded;
   EXPECT_NE(sharded.find("train.sharding: optimizer"), std::string::npos) << sharded;
-  const std::string param = configError({"train.compression={plugin: powersgd, params: {rnk: 2}}"});
+  const std::string param =
+      kRuns.configError({"train.compression={plugin: powersgd, params: {rnk: 2}}"});
   EXPECT_NE(param.find("unknown param 'rnk'"), std::string::npos) << param;
   EXPECT_NE(param.find("rank"), std::string::npos) << param;
-  const std::string none = configError({"train.compression={plugin: none, params: {rank: 2}}"});
+  const std::string none =
+      kRuns.configError({"train.compression={plugin: none, params: {rank: 2}}"});
   EXPECT_NE(none.find("'none' takes no params"), std::string::npos) << none;
   // tree runs no all-gather, which int8 needs: said before the first step.
-  const std::string tree = configError({"train.compression=int8", "train.scheduler=tree"});
+  const std::string tree = kRuns.configError({"train.compression=int8", "train.scheduler=tree"});
   EXPECT_NE(tree.find("codec 'int8' needs allgather"), std::string::npos) << tree;
-  const std::string rules = configError({"train.compression={rules: [{plugin: bf16}]}"});
+  const std::string rules = kRuns.configError({"train.compression={rules: [{plugin: bf16}]}"});
   EXPECT_NE(rules.find("train.compression: 'rules' choose a scheduler"), std::string::npos)
       << rules;
 }

@@ -21,6 +21,7 @@
 #include "train/local_sync.h"
 #include "train/reducer.h"
 #include "train/trainer.h"
+#include "training_runs.h"
 
 namespace collie {
 namespace {
@@ -42,51 +43,20 @@ train:
   log_every: 100
 )";
 
-fs::path runDir(const std::string& name) {
-  return fs::path(COLLIE_TEST_BINARY_DIR) / "local-sync-scratch" / name;
-}
-
-train::Result train(const std::string& name, std::vector<std::string> sets, bool fresh = true) {
-  const fs::path dir = runDir(name);
-  if (fresh) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  sets.push_back("train.checkpoint_dir=" + (dir / "ckpt").string());
-  auto experiments = config::loadExperiments(testing::writeTempFile(name + ".yaml", kBase), sets);
-  return train::run(testing::buildTreeLoader(), experiments.at(0), dir.string());
-}
-
-std::map<std::string, at::Tensor> weights(const std::string& name) {
-  train::CheckpointReader reader(train::latestCheckpoint((runDir(name) / "ckpt").string()));
-  std::map<std::string, at::Tensor> out;
-  for (const auto& [key, tensor] : reader.readAll()) {
-    if (key.find('/') == std::string::npos) out[key] = tensor;  // a parameter's
-  }
-  return out;
-}
-
-double largestDifference(const std::map<std::string, at::Tensor>& a,
-                         const std::map<std::string, at::Tensor>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (const auto& [key, tensor] : a)
-    worst = std::max(worst, tensor.sub(b.at(key)).abs().max().item<double>());
-  return worst;
-}
+const testing::TrainingRuns kRuns("local-sync-scratch", kBase);
 
 // Meetings after steps 2, 4 and the last, 5: three times the parameters' bytes over five
 // steps, and one model at the end.
 TEST(LocalSgd, TheModelsMeetEveryHStepsAndAtTheEnd) {
   const train::Result r =
-      train("meetings", {"train.steps=5", "train.sync.mode=local_sgd", "train.sync.every=2"});
+      kRuns.run("meetings", {"train.steps=5", "train.sync.mode=local_sgd", "train.sync.every=2"});
   EXPECT_TRUE(r.sync.identical);
   EXPECT_EQ(r.sync_mode, "local_sgd");
   EXPECT_EQ(r.sync_every, 2);
   // A rank sends 2(N-1)/N of what an all-reduce carries.
   const double ring = 2.0 * 2 / 3;
   EXPECT_DOUBLE_EQ(r.sent_bytes_per_step, ring * 3 * static_cast<double>(r.parameter_bytes) / 5);
-  const train::Result ddp = train("meetings-ddp", {"train.steps=5"});
+  const train::Result ddp = kRuns.run("meetings-ddp", {"train.steps=5"});
   EXPECT_DOUBLE_EQ(ddp.sent_bytes_per_step, ring * static_cast<double>(ddp.allreduce_bytes));
 }
 
@@ -97,16 +67,18 @@ TEST(LocalSgd, TheModelsMeetEveryHStepsAndAtTheEnd) {
 TEST(LocalSgd, MeetingEveryStepIsDdpForSgdWithMomentum) {
   const std::vector<std::string> sgd = {"train.optimizer=sgd", "train.grad_clip=0",
                                         "train.weight_decay=0.01", "train.lr=2"};
-  train("sgd-ddp", sgd);
+  kRuns.run("sgd-ddp", sgd);
   auto local = sgd;
   local.insert(local.end(), {"train.sync.mode=local_sgd", "train.sync.every=1"});
-  train("sgd-local-1", local);
+  kRuns.run("sgd-local-1", local);
   // Meeting every 3 steps is another algorithm: the same start, other weights.
   auto rarer = sgd;
   rarer.insert(rarer.end(), {"train.sync.mode=local_sgd", "train.sync.every=3"});
-  train("sgd-local-3", rarer);
-  const double every = largestDifference(weights("sgd-ddp"), weights("sgd-local-1"));
-  const double third = largestDifference(weights("sgd-ddp"), weights("sgd-local-3"));
+  kRuns.run("sgd-local-3", rarer);
+  const double every =
+      testing::largestDifference(kRuns.weights("sgd-ddp"), kRuns.weights("sgd-local-1"));
+  const double third =
+      testing::largestDifference(kRuns.weights("sgd-ddp"), kRuns.weights("sgd-local-3"));
   std::printf("largest difference from DDP: meeting every step %g, every 3 steps %g\n", every,
               third);
   EXPECT_LT(every, 1e-5);
@@ -116,10 +88,10 @@ TEST(LocalSgd, MeetingEveryStepIsDdpForSgdWithMomentum) {
 // DiLoCo meeting every step with an outer SGD of lr 1 and no momentum takes the averaged
 // parameters: local SGD.
 TEST(Diloco, PlainOuterSgdOfRateOneIsLocalSgd) {
-  train("local-2", {"train.sync.mode=local_sgd", "train.sync.every=2"});
-  train("diloco-2", {"train.sync.mode=diloco", "train.sync.every=2", "train.sync.outer_lr=1",
-                     "train.sync.outer_momentum=0", "train.sync.nesterov=false"});
-  EXPECT_LT(largestDifference(weights("local-2"), weights("diloco-2")), 1e-6);
+  kRuns.run("local-2", {"train.sync.mode=local_sgd", "train.sync.every=2"});
+  kRuns.run("diloco-2", {"train.sync.mode=diloco", "train.sync.every=2", "train.sync.outer_lr=1",
+                         "train.sync.outer_momentum=0", "train.sync.nesterov=false"});
+  EXPECT_LT(testing::largestDifference(kRuns.weights("local-2"), kRuns.weights("diloco-2")), 1e-6);
 }
 
 // The outer step on made-up parameters, against the closed form: with θ the last meeting's
@@ -175,17 +147,17 @@ TEST(LocalSync, CheckpointsWaitForAMeetingAndResumeBitIdentically) {
   const std::vector<std::string> sets = {"train.sync.mode=diloco", "train.sync.every=3",
                                          "train.sync.warmup_steps=1", "train.checkpoint_every=2",
                                          "train.checkpoint_keep=5"};
-  train("whole", sets);
+  kRuns.run("whole", sets);
   // One synchronous step, then meetings after steps 4 and 6: the checkpoint due after step
   // 2 is written after step 4, none after step 2.
-  const fs::path ckpt = runDir("whole") / "ckpt";
+  const fs::path ckpt = kRuns.dir("whole") / "ckpt";
   EXPECT_TRUE(fs::exists(train::checkpointPath(ckpt.string(), 4)));
   EXPECT_FALSE(fs::exists(train::checkpointPath(ckpt.string(), 2)));
   EXPECT_TRUE(fs::exists(train::checkpointPath(ckpt.string(), 6)));
-  train("interrupted", sets);
-  fs::remove_all(train::checkpointPath((runDir("interrupted") / "ckpt").string(), 6));
+  kRuns.run("interrupted", sets);
+  fs::remove_all(train::checkpointPath((kRuns.dir("interrupted") / "ckpt").string(), 6));
   train::CheckpointReader reader(
-      train::latestCheckpoint((runDir("interrupted") / "ckpt").string()));
+      train::latestCheckpoint((kRuns.dir("interrupted") / "ckpt").string()));
   size_t outer = 0, own = 0;
   for (const auto& [key, shape] : reader.tensors()) {
     outer += key.rfind("outer/", 0) == 0;
@@ -193,42 +165,37 @@ TEST(LocalSync, CheckpointsWaitForAMeetingAndResumeBitIdentically) {
   }
   EXPECT_GT(outer, 0u);
   EXPECT_GT(own, 0u);
-  const train::Result resumed = train("interrupted", sets, /*fresh=*/false);
+  const train::Result resumed = kRuns.run("interrupted", sets, /*fresh=*/false);
   EXPECT_EQ(resumed.timed_steps, 1);  // steps 5 and 6, the first untimed: it resumed at 4
   EXPECT_TRUE(resumed.sync.identical);
-  const auto whole = weights("whole"), again = weights("interrupted");
+  const auto whole = kRuns.weights("whole"), again = kRuns.weights("interrupted");
   for (const auto& [key, tensor] : whole) EXPECT_TRUE(at::equal(tensor, again.at(key))) << key;
 }
 
-std::string configError(const std::vector<std::string>& sets) {
-  try {
-    train("refused", sets);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(LocalSync, ConfigsThatCannotWorkAreRefused) {
-  EXPECT_NE(configError({"train.sync.outer_lr=0.5"}).find("only mode diloco takes it"),
-            std::string::npos);
-  EXPECT_NE(configError({"train.sync.mode=diloco", "train.sync.every=2", "train.sync.outer_lr=0"})
-                .find("expected a rate above 0"),
+  EXPECT_NE(kRuns.configError({"train.sync.outer_lr=0.5"}).find("only mode diloco takes it"),
             std::string::npos);
   EXPECT_NE(
-      configError({"train.sync.mode=local_sgd", "train.sync.every=2", "train.sync.warmup_steps=6"})
-          .find("leave none of the run's 6 to take alone"),
+      kRuns.configError({"train.sync.mode=diloco", "train.sync.every=2", "train.sync.outer_lr=0"})
+          .find("expected a rate above 0"),
       std::string::npos);
+  EXPECT_NE(kRuns
+                .configError({"train.sync.mode=local_sgd", "train.sync.every=2",
+                              "train.sync.warmup_steps=6"})
+                .find("leave none of the run's 6 to take alone"),
+            std::string::npos);
+  EXPECT_NE(kRuns
+                .configError(
+                    {"train.sync.mode=local_sgd", "train.sync.every=2", "train.compression=bf16"})
+                .find("makes none without a warm-up"),
+            std::string::npos);
   EXPECT_NE(
-      configError({"train.sync.mode=local_sgd", "train.sync.every=2", "train.compression=bf16"})
-          .find("makes none without a warm-up"),
+      kRuns.configError({"train.sync.every=4"}).find("only mode local_sgd or diloco takes it"),
       std::string::npos);
-  EXPECT_NE(configError({"train.sync.every=4"}).find("only mode local_sgd or diloco takes it"),
+  EXPECT_NE(kRuns.configError({"train.sync.mode=local_sgd"}).find("needs the steps between"),
             std::string::npos);
-  EXPECT_NE(configError({"train.sync.mode=local_sgd"}).find("needs the steps between"),
-            std::string::npos);
-  const std::string sharded =
-      configError({"train.sync.mode=diloco", "train.sync.every=2", "train.sharding=optimizer"});
+  const std::string sharded = kRuns.configError(
+      {"train.sync.mode=diloco", "train.sync.every=2", "train.sharding=optimizer"});
   EXPECT_NE(sharded.find("train.sharding: optimizer keeps a shard"), std::string::npos) << sharded;
 }
 

@@ -367,22 +367,26 @@ std::shared_ptr<Scheduler> PluginLoader::createScheduler(const std::string& name
   return scheduler;
 }
 
-std::shared_ptr<Model> PluginLoader::createModel(const std::string& name, Params& params) const {
-  auto library = open(PluginKind::kModel, name);
+namespace {
+// A plugin whose create() reads only its params (a model, a codec).
+template <typename Base>
+std::shared_ptr<Base> createFromParams(const PluginLoader& loader, PluginKind kind,
+                                       const std::string& name, Params& params) {
+  auto library = loader.open(kind, name);
   PluginContext plugin_context;
   plugin_context.params = &params;
-  auto model = create<Model>(library, plugin_context);
+  auto object = create<Base>(library, plugin_context);
   rejectUnreadParams(params, *library);
-  return model;
+  return object;
+}
+}  // namespace
+
+std::shared_ptr<Model> PluginLoader::createModel(const std::string& name, Params& params) const {
+  return createFromParams<Model>(*this, PluginKind::kModel, name, params);
 }
 
 std::shared_ptr<Codec> PluginLoader::createCodec(const std::string& name, Params& params) const {
-  auto library = open(PluginKind::kCodec, name);
-  PluginContext plugin_context;
-  plugin_context.params = &params;
-  auto codec = create<Codec>(library, plugin_context);
-  rejectUnreadParams(params, *library);
-  return codec;
+  return createFromParams<Codec>(*this, PluginKind::kCodec, name, params);
 }
 
 }  // namespace collie
