@@ -180,6 +180,17 @@ Result fromJson(const json& j) {
   return r;
 }
 
+// What the prediction beside the float32 all-reduce's prices: a codec's collectives, the
+// meetings of train.sync's local modes, or both (the codec's in the synchronous steps).
+std::string predictedWays(const Result& r, bool coded) {
+  const std::string codec = "train.compression " + r.compression + "'s collectives";
+  if (r.sync_mode == "every_step") return codec;
+  const std::string sync =
+      fmt::format("train.sync {} ({} synchronous steps, then a meeting every {})", r.sync_mode,
+                  r.sync_warmup_steps, r.sync_every);
+  return coded ? codec + " in the synchronous steps and " + sync : sync;
+}
+
 // "42 s", "3.5 min", "2.1 h", "4.0 d"
 std::string duration(double seconds) {
   if (!std::isfinite(seconds)) return "-";
@@ -345,11 +356,7 @@ void printDetails(std::ostream& out, const Result& r) {
                  "predicted from the calibrated link: the float32 all-reduce of a "
                  "step's gradients {:.4f} s, {} {:.4f} s a step: {:.4f} s less a step "
                  "(this run's step: {:.3f} s)\n",
-                 r.predicted_float32_comm_seconds,
-                 coded ? "train.compression " + r.compression + "'s collectives"
-                       : fmt::format("train.sync {} ({} synchronous steps, then a meeting "
-                                     "every {})",
-                                     r.sync_mode, r.sync_warmup_steps, r.sync_every),
+                 r.predicted_float32_comm_seconds, predictedWays(r, coded),
                  r.predicted_comm_seconds, saved, r.step_seconds);
     }
     const double bound = float32_sent;
