@@ -2,7 +2,7 @@
 tokens/s over the rounds, collie / PyTorch (the median of the rounds' ratios, and their
 range), each peer's final loss (the job's mean after the last step: median and range), and
 collie's tokens/s against its own DDP.
-  compare_slow_link.py OUT ROUNDS RATE WAY...  (ddp first)"""
+  compare_slow_link.py OUT ROUNDS RATE WAY...  (without ddp, no "÷ its DDP")"""
 
 import json
 import statistics
@@ -35,7 +35,8 @@ def main():
     print("| way | collie tokens/s | PyTorch tokens/s | collie / PyTorch | collie ÷ its DDP | "
           "collie final loss | PyTorch final loss | collie sent MB/step |")
     print("|---|---|---|---|---|---|---|---|")
-    base = [collie(out, "ddp", r)["tokens_per_s"] for r in range(1, rounds + 1)]
+    base = ([collie(out, "ddp", r)["tokens_per_s"] for r in range(1, rounds + 1)]
+            if "ddp" in ways else None)
     for way in ways:
         name = WAYS[way]
         mine = [collie(out, way, r) for r in range(1, rounds + 1)]
@@ -43,9 +44,9 @@ def main():
         ours = [m["tokens_per_s"] for m in mine]
         theirs = [p["tokens_per_s"] for p in peers]
         ratios = [a / b for a, b in zip(ours, theirs)]
-        own = [a / b for a, b in zip(ours, base)]
+        own = [a / b for a, b in zip(ours, base)] if base else None
         print(f"| {name} | {spread(ours, '{:,.0f}')} | {spread(theirs, '{:,.0f}')} | "
-              f"{spread(ratios, '{:.2f}')} | {spread(own, '{:.2f}')} | "
+              f"{spread(ratios, '{:.2f}')} | {spread(own, '{:.2f}') if own else '-'} | "
               f"{spread([m['last_loss'] for m in mine], '{:.3f}')} | "
               f"{spread([p['job_last_loss'] for p in peers], '{:.3f}')} | "
               f"{spread([m['sent_bytes_per_step'] / 1e6 for m in mine], '{:.2f}')} |")

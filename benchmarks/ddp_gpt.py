@@ -202,6 +202,9 @@ def main():
     if args.data:
         import numpy
         corpus = torch.from_numpy(numpy.fromfile(args.data, dtype=numpy.uint16).astype("int64"))
+        if corpus.numel() <= args.seq_len + 1 or int(corpus.max()) >= args.vocab:
+            raise SystemExit(f"{args.data}: expected more than {args.seq_len + 1} token ids, "
+                             f"each below --vocab {args.vocab}")
 
     times, losses = [], []
     for step in range(args.steps):

@@ -27,6 +27,7 @@ ways="${WAYS:-ddp fp16 localsgd}"
 source benchmarks/pytorch_peer.sh
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
+trap '"$collie" lab down > /dev/null 2>&1 || true' EXIT  # the lab goes however the run ends
 
 # Learnable tokens, as collie's synthetic source makes them: each token follows from the one
 # before (t -> 5t + 3 mod 256) three times in four, else uniform.
@@ -76,11 +77,14 @@ run_pytorch() {  # way round: torchrun on each lab host, host 0 the master
       GLOO_SOCKET_IFNAME="eth$host" torchrun --nnodes 2 --node_rank "$host" \
       --nproc_per_node 2 --master_addr 198.18.0.1 --master_port 29700 \
       --redirects 2 --tee 1 --log_dir "$out/torchrun-logs/$1-$2-h$host" \
-      benchmarks/ddp_gpt.py --steps "$steps" --data "$out/tokens.bin" --bucket-mb 25 \
+      "$PWD/benchmarks/ddp_gpt.py" --steps "$steps" --data "$out/tokens.bin" --bucket-mb 25 \
       $(torch_args "$1") > "$out/pytorch-$1-$2-h$host.log" 2>&1 &
     pids+=($!)
   done
-  for pid in "${pids[@]}"; do wait "$pid"; done
+  # Both hosts' launchers are waited for, whichever fails first: none is left running.
+  local status=0
+  for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+  return "$status"
 }
 
 # Rounds alternate the peers so that a noisy minute does not favour one of them.
@@ -91,6 +95,5 @@ for round in $(seq 1 "$rounds"); do
     echo "# round $round: $way done"
   done
 done
-"$collie" lab down > /dev/null
 
 "$python" benchmarks/compare_slow_link.py "$out" "$rounds" "$rate" $ways | tee "$out/table.md"

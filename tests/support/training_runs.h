@@ -20,12 +20,30 @@
 
 namespace collie::testing {
 
+// Three loopback ranks of unequal micro-batches, two per step, training a small mlp: what
+// the training tests of codecs and train.sync start from.
+inline const char* kUnequalRanksMlp = R"(
+name: unequal-ranks-mlp
+launch: {nproc_per_node: 3}
+backend: {plugin: loopback, params: {timeout: 30s}}
+model: {plugin: mlp, params: {seq_len: 6, vocab: 48, d_embed: 8, hidden: 32, layers: 2}}
+train:
+  steps: 6
+  micro_batch: [3, 2, 2]
+  grad_accum: 2
+  warmup_steps: 1
+  bucket_bytes: 4KiB
+  log_every: 100
+)";
+
 class TrainingRuns {
  public:
   // `scratch`: the folder under the tests' binary folder; `base`: the YAML every run starts
-  // from, `--set`s on top.
-  TrainingRuns(std::string scratch, std::string base)
-      : root_(std::filesystem::path(COLLIE_TEST_BINARY_DIR) / scratch), base_(std::move(base)) {}
+  // from, `sets` (--set) on top of it in every run, each run's own after those.
+  TrainingRuns(std::string scratch, std::string base, std::vector<std::string> sets = {})
+      : root_(std::filesystem::path(COLLIE_TEST_BINARY_DIR) / scratch),
+        base_(std::move(base)),
+        sets_(std::move(sets)) {}
 
   std::filesystem::path dir(const std::string& name) const { return root_ / name; }
 
@@ -37,6 +55,7 @@ class TrainingRuns {
       std::filesystem::remove_all(dir(name));
       std::filesystem::create_directories(dir(name));
     }
+    sets.insert(sets.begin(), sets_.begin(), sets_.end());
     sets.push_back("train.checkpoint_dir=" + (dir(name) / "ckpt").string());
     auto experiments = config::loadExperiments(writeTempFile(name + ".yaml", base_), sets);
     return train::run(buildTreeLoader(), experiments.at(0), dir(name).string());
@@ -65,6 +84,7 @@ class TrainingRuns {
  private:
   std::filesystem::path root_;
   std::string base_;
+  std::vector<std::string> sets_;
 };
 
 // The largest element-wise difference between two runs' parameters.

@@ -315,22 +315,7 @@ TEST(CodecGroup, RefusesWhatTheContractDoesNotAndGathersBytes) {
 
 // ---- training with a codec -------------------------------------------------------------
 
-const char* kBase = R"(
-name: codec-test
-launch: {nproc_per_node: 3}
-backend: {plugin: loopback, params: {timeout: 30s}}
-model: {plugin: mlp, params: {seq_len: 6, vocab: 48, d_embed: 8, hidden: 32, layers: 2}}
-train:
-  steps: 6
-  micro_batch: [3, 2, 2]
-  grad_accum: 2
-  lr: 0.01
-  warmup_steps: 1
-  bucket_bytes: 4KiB
-  log_every: 100
-)";
-
-const testing::TrainingRuns kRuns("codec-scratch", kBase);
+const testing::TrainingRuns kRuns("codec-scratch", testing::kUnequalRanksMlp, {"train.lr=0.01"});
 
 class Compression : public ::testing::TestWithParam<const char*> {};
 

@@ -28,22 +28,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const char* kBase = R"(
-name: local-sync-test
-launch: {nproc_per_node: 3}
-backend: {plugin: loopback, params: {timeout: 30s}}
-model: {plugin: mlp, params: {seq_len: 6, vocab: 48, d_embed: 8, hidden: 32, layers: 2}}
-train:
-  steps: 6
-  micro_batch: [3, 2, 2]
-  grad_accum: 2
-  lr: 0.05
-  warmup_steps: 1
-  bucket_bytes: 4KiB
-  log_every: 100
-)";
-
-const testing::TrainingRuns kRuns("local-sync-scratch", kBase);
+const testing::TrainingRuns kRuns("local-sync-scratch", testing::kUnequalRanksMlp,
+                                  {"train.lr=0.05"});
 
 // Meetings after steps 2, 4 and the last, 5: three times the parameters' bytes over five
 // steps, and one model at the end.
