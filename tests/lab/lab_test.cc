@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "lab/lab.h"
+#include "measure/interface_bytes.h"
 #include "run_command.h"
 #include "util/system.h"
 
@@ -47,6 +48,27 @@ std::string leftovers() {
   return sh(
       "ip netns list | grep '^collie-'; ls -d /run/collie-lab 2>/dev/null; "
       "grep ' /run/collie-lab' /proc/mounts");
+}
+
+// The counters the summary reports on the lab: every interface's bytes but loopback's, as
+// the kernel writes /proc/net/dev (a counter may run into the name's colon); a file in
+// another shape is no count at all.
+TEST(LabInterfaces, ProcNetDevSumsEveryInterfaceButLoopback) {
+  const std::string header =
+      "Inter-|   Receive                                                |  Transmit\n"
+      " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs "
+      "drop fifo colls carrier compressed\n";
+  const auto sums = measure::readInterfaceBytes(
+      writeTempFile("netdev", header + "    lo: 900 9 0 0 0 0 0 0 900 9 0 0 0 0 0 0\n"
+                                       "  eth1: 1000 10 0 0 0 0 0 0 2000 20 0 0 0 0 0 0\n"
+                                       "  eth2:123456789012 10 0 0 0 0 0 0 30 3 0 0 0 0 0 0\n"));
+  ASSERT_TRUE(sums.has_value());
+  EXPECT_EQ(sums->received, 1000u + 123456789012u);
+  EXPECT_EQ(sums->sent, 2030u);
+  EXPECT_FALSE(
+      measure::readInterfaceBytes(writeTempFile("netdev-short", header + " eth0: 1 2 3\n")));
+  EXPECT_FALSE(measure::readInterfaceBytes(writeTempFile("netdev-empty", header)));
+  EXPECT_FALSE(measure::readInterfaceBytes("/nonexistent/net/dev"));
 }
 
 TEST(Lab, UpIsIdempotentAndDownLeavesNothingBehind) {
@@ -314,6 +336,24 @@ TEST(Lab, TheTwoHostsExerciseTrainsOnOneHostAndAcrossTwo) {
   EXPECT_NE(r.output.find("[as written] all-reduce per step"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("from the measured link between nodes"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[rate=100mbit] weights identical"), std::string::npos) << r.output;
+  // On the hosts, their interfaces counted what crossed the link: at least half the
+  // gradients a step (the host's sums must reach the other host), and nothing
+  // off the lab.
+  std::ifstream in(out / "summary.json");
+  const auto runs = nlohmann::json::parse(in);  // a run each
+  ASSERT_EQ(runs.size(), 5u);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const auto& run = runs[i];
+    const double gradients = run["allreduce_bytes"].get<double>();
+    if (i < 3) {
+      EXPECT_EQ(run["interface_hosts"], 0) << run;
+      continue;
+    }
+    EXPECT_EQ(run["interface_hosts"], 2) << run;
+    EXPECT_GT(run["interface_sent_bytes_per_step"].get<double>(), 0.5 * gradients) << run;
+    EXPECT_LT(run["interface_sent_bytes_per_step"].get<double>(), 4 * gradients + 65536) << run;
+    EXPECT_GT(run["interface_startup_sent_bytes"].get<double>(), 0.5 * gradients) << run;
+  }
   lab::down();
   std::filesystem::remove_all(out);
 }

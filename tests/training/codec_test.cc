@@ -16,6 +16,7 @@
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -415,6 +416,127 @@ TEST(CompressionTraining, ShardingAndUnknownParamsAreRefusedByName) {
   const std::string rules = kRuns.configError({"train.compression={rules: [{plugin: bf16}]}"});
   EXPECT_NE(rules.find("train.compression: 'rules' choose a scheduler"), std::string::npos)
       << rules;
+}
+
+// ---- train.compression: auto ----------------------------------------------------------
+
+// auto times every candidate on fresh buffers and makes a fresh instance of the one it
+// chooses: with one candidate, the run is the run that names it, bit for bit (nothing of
+// the rehearsal reaches the gradients or the codec's state), and the summary says why.
+TEST(AutoCompression, TheChosenCodecTrainsAsIfNamed) {
+  const std::string powersgd = "{plugin: powersgd, params: {rank: 2}}";
+  kRuns.run("named", {"train.compression=" + powersgd});
+  const train::Result chosen = kRuns.run(
+      "auto-one", {"train.compression={plugin: auto, params: {candidates: [" + powersgd + "]}}"});
+  EXPECT_EQ(chosen.compression, "powersgd");
+  EXPECT_NE(chosen.compression_choice.find("chose powersgd"), std::string::npos)
+      << chosen.compression_choice;
+  EXPECT_NE(chosen.compression_choice.find("arithmetic"), std::string::npos);
+  const auto named = kRuns.weights("named"), again = kRuns.weights("auto-one");
+  ASSERT_EQ(named.size(), again.size());
+  for (const auto& [key, tensor] : named) EXPECT_TRUE(at::equal(tensor, again.at(key))) << key;
+}
+
+// A candidate whose collectives train.scheduler cannot run is passed over, by name: tree
+// runs no all-gather, so among int8 and none auto takes none, and trains as without a codec.
+TEST(AutoCompression, PassesOverACandidateTheSchedulerCannotRun) {
+  kRuns.run("tree-plain", {"train.scheduler=tree"});
+  const train::Result r = kRuns.run(
+      "tree-auto", {"train.scheduler=tree",
+                    "train.compression={plugin: auto, params: {candidates: [int8, none]}}"});
+  EXPECT_EQ(r.compression, "none");
+  EXPECT_NE(r.compression_choice.find("int8 (train.scheduler runs none of its collectives)"),
+            std::string::npos)
+      << r.compression_choice;
+  const auto plain = kRuns.weights("tree-plain"), chosen = kRuns.weights("tree-auto");
+  for (const auto& [key, tensor] : plain) EXPECT_TRUE(at::equal(tensor, chosen.at(key))) << key;
+  const std::string none = kRuns.configError(
+      {"train.scheduler=tree", "train.compression={plugin: auto, params: {candidates: [int8]}}"});
+  EXPECT_NE(none.find("runs the collectives of none of the candidates"), std::string::npos) << none;
+}
+
+TEST(AutoCompression, BadCandidatesAreRefusedByName) {
+  auto refused = [](const std::string& compression) {
+    return kRuns.configError({"train.compression=" + compression});
+  };
+  const std::string word = refused("auto");
+  EXPECT_NE(word.find("auto chooses among params.candidates"), std::string::npos) << word;
+  const std::string missing = refused("{plugin: auto}");
+  EXPECT_NE(missing.find("params"), std::string::npos) << missing;
+  const std::string empty = refused("{plugin: auto, params: {candidates: []}}");
+  EXPECT_NE(empty.find("at least 1"), std::string::npos) << empty;
+  const std::string nested = refused("{plugin: auto, params: {candidates: [bf16, auto]}}");
+  EXPECT_NE(nested.find("candidates[1]: auto is the choice"), std::string::npos) << nested;
+  const std::string twice = refused("{plugin: auto, params: {candidates: [bf16, bf16]}}");
+  EXPECT_NE(twice.find("a second candidate labelled 'bf16'"), std::string::npos) << twice;
+  const std::string none =
+      refused("{plugin: auto, params: {candidates: [{plugin: none, params: {rank: 2}}]}}");
+  EXPECT_NE(none.find("'none' takes no params"), std::string::npos) << none;
+  try {
+    kRuns.run("refused",
+              {"train.compression={plugin: auto, params: {candidates: [bf16, nosuch]}}"});
+    ADD_FAILURE() << "a missing candidate plugin ran";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("no codec plugin named 'nosuch'"), std::string::npos)
+        << e.what();
+  }
+  const std::string other = refused("{plugin: auto, params: {candidates: [bf16], rank: 2}}");
+  EXPECT_NE(other.find("rank"), std::string::npos) << other;
+}
+
+// ---- the loss against wall time --------------------------------------------------------
+
+// The summary's loss curve is the job's mean loss of each step (every rank's loss weighted
+// by its samples, as the step logs hold them), and train.target_loss's step is the first
+// whose mean over the last 8 steps reached it.
+TEST(LossCurve, IsTheJobsMeanAndTheTargetItsFirstEightStepMean) {
+  const std::vector<std::string> falling = {"train.steps=20", "train.lr=0.05",
+                                            "train.lr_schedule=constant"};
+  const train::Result r = kRuns.run("curve", falling);
+  ASSERT_EQ(r.loss_curve.size(), 20u);
+  ASSERT_EQ(r.loss_curve_seconds.size(), 20u);
+  std::vector<double> job(20, 0.0);
+  for (int rank = 0; rank < 3; ++rank) {
+    std::ifstream in(kRuns.dir("curve") / ("rank-" + std::to_string(rank) + ".jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      const auto step = nlohmann::json::parse(line);
+      job.at(step["step"].get<size_t>() - 1) +=
+          step["loss"].get<double>() * step["samples"].get<double>() / 2;  // per micro-batch
+    }
+  }
+  for (size_t i = 0; i < job.size(); ++i) {
+    EXPECT_NEAR(r.loss_curve[i], job[i] / 7, 1e-6 * job[i]) << "step " << i + 1;
+    if (i > 0) EXPECT_GE(r.loss_curve_seconds[i], r.loss_curve_seconds[i - 1]);
+  }
+  EXPECT_NEAR(r.loss_curve.back(), r.last_loss, 1e-9);
+  EXPECT_EQ(r.steps_to_target, 0);  // no target
+  // The 8-step means ending at steps 8..20; the first that falls below every earlier one
+  // (training lowers the loss) sets the target between it and them.
+  auto window = [&](size_t end) {
+    double mean = 0;
+    for (size_t i = end - 8; i < end; ++i) mean += r.loss_curve[i] / 8;
+    return mean;
+  };
+  size_t expected = 0;
+  double target = 0, lowest = window(8);
+  for (size_t end = 9; end <= 20 && expected == 0; ++end) {
+    if (window(end) < lowest) {
+      expected = end;
+      target = (window(end) + lowest) / 2;
+    }
+    lowest = std::min(lowest, window(end));
+  }
+  ASSERT_GT(expected, 0u) << "the loss did not fall over steps 9-20";
+  auto with_target = falling;
+  with_target.push_back(fmt::format("train.target_loss={:.17g}", target));
+  const train::Result t = kRuns.run("curve-target", with_target);
+  EXPECT_EQ(t.loss_curve, r.loss_curve);  // the same training
+  EXPECT_EQ(t.steps_to_target, static_cast<int64_t>(expected));
+  EXPECT_DOUBLE_EQ(t.seconds_to_target, t.loss_curve_seconds[expected - 1]);
+  auto unreachable = falling;
+  unreachable.push_back("train.target_loss=0.001");
+  const train::Result never = kRuns.run("curve-never", unreachable);
+  EXPECT_EQ(never.steps_to_target, 0);
 }
 
 }  // namespace

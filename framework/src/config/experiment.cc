@@ -315,6 +315,12 @@ void checkSync(const Experiment& e, std::vector<Issue>* issues) {
   }
 }
 
+// train.compression: auto's candidate i in the file (only when it has candidates: a scalar
+// slot has no params to index).
+YAML::Node compressionCandidate(const Experiment& e, size_t i) {
+  return e.resolved["train"]["compression"]["params"]["candidates"][i];
+}
+
 void checkTrain(const Experiment& e, std::vector<Issue>* issues) {
   const YAML::Node train = e.resolved["train"], data = e.resolved["data"];
   if (!e.resolved["model"]) {
@@ -358,6 +364,30 @@ void checkTrain(const Experiment& e, std::vector<Issue>* issues) {
         "{}: train.compression: 'none' takes no params (the float32 all-reduce). HINT: name a "
         "codec (bf16, fp16, int8, powersgd) or drop params",
         location(e.file, train["compression"]))});
+  }
+  std::set<std::string> labels;
+  for (size_t i = 0; i < e.train.compression_candidates.size(); ++i) {
+    const PluginRef& c = e.train.compression_candidates[i];
+    const std::string where = valueLocation(e.file, compressionCandidate(e, i));
+    if (c.plugin == "auto") {
+      issues->push_back(
+          {fmt::format("{}: train.compression.params.candidates[{}]: auto is the "
+                       "choice, not one of its candidates. HINT: name codecs "
+                       "(none, bf16, fp16, int8, powersgd)",
+                       where, i)});
+    }
+    if (c.plugin == "none" && !c.params.values().empty()) {
+      issues->push_back(
+          {fmt::format("{}: train.compression.params.candidates[{}]: 'none' takes "
+                       "no params (the float32 all-reduce)",
+                       where, i)});
+    }
+    if (!labels.insert(c.label).second) {
+      issues->push_back({fmt::format(
+          "{}: train.compression.params.candidates[{}]: a second candidate labelled '{}'. "
+          "HINT: give each {{plugin: ..., params: {{...}}, label: NAME}} its own label",
+          where, i, c.label)});
+    }
   }
   if (e.train.compresses() && e.train.sharding != ShardedState::kNone) {
     issues->push_back({fmt::format(
@@ -403,6 +433,11 @@ void checkLabels(const Experiment& e, std::vector<Issue>* issues) {
     checkLabel(e, e.resolved["train"]["scheduler"], "train.scheduler", e.train.scheduler, issues);
     checkLabel(e, e.resolved["train"]["compression"], "train.compression", e.train.compression,
                issues);
+    for (size_t i = 0; i < e.train.compression_candidates.size(); ++i) {
+      checkLabel(e, compressionCandidate(e, i),
+                 fmt::format("train.compression.params.candidates[{}]", i),
+                 e.train.compression_candidates[i], issues);
+    }
   }
 }
 
@@ -419,6 +454,10 @@ void checkSingularSlots(const Experiment& e, std::vector<Issue>* issues) {
   if (e.kind != Experiment::Kind::kTrain) return;
   check(e.resolved["model"], "model", e.model);
   check(e.resolved["train"]["compression"], "train.compression", e.train.compression);
+  for (size_t i = 0; i < e.train.compression_candidates.size(); ++i) {
+    check(compressionCandidate(e, i), "train.compression.params.candidates",
+          e.train.compression_candidates[i]);
+  }
 }
 
 // A fault names one trigger, and the keys of its action only.
@@ -906,13 +945,21 @@ const Schema& experimentSchema() {
                     .doc("gradient all-reduce")},
                {"compression",
                 S::pluginRef()
+                    .orAutoAmongCandidates()
                     .byDefault("none")
                     .into<TrainSpec>(
                         [](TrainSpec& t, const YAML::Node& node, const std::string& file) {
                           t.compression = pluginRef(node, file, "codec");
+                          t.compression_candidates.clear();
+                          if (!t.choosesCompression()) return;
+                          t.compression.params = Params("codec 'auto'");  // its candidates
+                          for (const auto& c : node["params"]["candidates"])
+                            t.compression_candidates.push_back(pluginRef(c, file, "codec"));
                         })
                     .doc("a codec plugin that synchronises each gradient bucket in fewer bytes "
-                         "(bf16, fp16, powersgd, int8; none: float32 all-reduce)")},
+                         "(bf16, fp16, powersgd, int8; none: float32 all-reduce), or {plugin: "
+                         "auto, params: {candidates: [...]}}: the one whose step the cost "
+                         "model predicts shortest")},
                {"sync",
                 S::map(
                     {
@@ -988,6 +1035,12 @@ const Schema& experimentSchema() {
                               .byDefault("0")
                               .into(&TrainSpec::min_lr)
                               .doc("the cosine schedule's floor")},
+               {"target_loss",
+                S::number(0, 1e6)
+                    .byDefault("0")
+                    .into(&TrainSpec::target_loss)
+                    .doc("the summary says when the job's loss, a mean over 8 steps, first "
+                         "reached it (0: no target)")},
                {"lr_schedule", S::oneOf({"cosine", "constant"})
                                    .byDefault("cosine")
                                    .into(&TrainSpec::cosine, {true, false})},

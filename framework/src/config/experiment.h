@@ -107,6 +107,8 @@ const std::string& syncModeName(SyncSpec::Mode mode);
 struct TrainSpec {
   PluginRef scheduler;    // the gradient all-reduce (a plugin or rules)
   PluginRef compression;  // a codec plugin for the gradient buckets; plugin "none": none
+  // compression {plugin: auto}: the codecs (or none) it chooses among, by predicted step.
+  std::vector<PluginRef> compression_candidates;
   SyncSpec sync;
   int steps = 0;
   std::vector<int> micro_batch;   // one entry for every rank, or one per rank (empty: auto)
@@ -121,7 +123,8 @@ struct TrainSpec {
   bool tokens_weighting = false;  // false: uniform 1/world mean (plain DDP)
   bool sgd = false;               // else AdamW
   double lr = 0, min_lr = 0;
-  bool cosine = false;  // else constant after warmup
+  double target_loss = 0;  // the loss whose time the summary reports (0: none)
+  bool cosine = false;     // else constant after warmup
   int warmup_steps = 0;
   int linear_scaling_batch = 0;  // 0: off
   double weight_decay = 0, beta1 = 0, beta2 = 0, momentum = 0;
@@ -152,6 +155,7 @@ struct TrainSpec {
   double peak_flops = 0;  // per rank, for MFU; 0: unknown
 
   bool compresses() const { return compression.plugin != "none"; }
+  bool choosesCompression() const { return compression.plugin == "auto"; }
   // This rank's samples per micro-batch (not for auto, which the trainer measures).
   int microBatchOf(int rank) const {
     return micro_batch.size() == 1 ? micro_batch[0] : micro_batch[rank];
@@ -196,7 +200,7 @@ struct Experiment {
   std::string file;
   std::string name;
   std::string matrix_point;  // "bench.dtype=bf16, launch.nproc_per_node=2", or ""
-  int matrix_index = -1;     // the point's place in the matrix (config-N.yaml), or -1
+  int matrix_index = -1;     // the point's place in the matrix (config-N.yaml); 0 without one
   YAML::Node resolved;       // defaults filled in, overrides applied: saved with results
   LogLevel log_level{};
   int nproc_per_node = 0;

@@ -80,6 +80,10 @@ Schema&& Schema::doc(const std::string& text) && {
   doc_ = text;
   return std::move(*this);
 }
+Schema&& Schema::orAutoAmongCandidates() && {
+  auto_candidates_ = true;
+  return std::move(*this);
+}
 Schema&& Schema::orWord(const std::string& word) && {
   word_ = word;
   return std::move(*this);
@@ -167,7 +171,7 @@ class Validator {
       case Schema::Type::kParams:
         return checkParams(node, key);
       case Schema::Type::kPluginRef:
-        return checkPluginRef(node, key);
+        return checkPluginRef(node, schema, key);
       default:
         return checkScalar(node, schema, key);
     }
@@ -270,7 +274,27 @@ class Validator {
     }
   }
 
-  void checkPluginRef(YAML::Node& node, const std::string& key) {
+  void checkPluginRef(YAML::Node& node, const Schema& schema, const std::string& key) {
+    if (schema.auto_candidates_) {
+      const bool word = node.IsScalar() && node.Scalar() == "auto";
+      if (word || (node.IsMap() && node["plugin"] && node["plugin"].IsScalar() &&
+                   node["plugin"].Scalar() == "auto")) {
+        if (word) {
+          report(node, key,
+                 "auto chooses among params.candidates. HINT: give {plugin: auto, params: "
+                 "{candidates: [none, bf16, powersgd]}}");
+          return;
+        }
+        static const Schema kAuto = Schema::map(
+            {{"plugin", Schema::string()},
+             {"label", Schema::string()},
+             {"params",
+              Schema::map({{"candidates", Schema::list(Schema::pluginRef(), 1).required()}})
+                  .required()}});
+        checkMap(node, kAuto, key);
+        return;
+      }
+    }
     static const Schema kRule = Schema::map({{"max_bytes", Schema::bytes(1, 1ull << 50)},
                                              {"plugin", Schema::string().required()},
                                              {"params", Schema::params()}});

@@ -55,6 +55,9 @@ class Schema {
   Schema&& optionalSection() &&;
   // Also accepts this one word in place of the value (micro_batch: auto).
   Schema&& orWord(const std::string& word) &&;
+  // A pluginRef that also takes {plugin: auto, params: {candidates: [REF, ...]}}: a choice
+  // among plugins, each a pluginRef (train.compression).
+  Schema&& orAutoAmongCandidates() &&;
 
   // Bindings: where fill() writes a validated value. A map's entries write into the struct
   // of the nearest enclosing section(); the root's is the struct fill() is given.
@@ -112,6 +115,7 @@ class Schema {
   bool required_ = false;
   bool optional_section_ = false;
   std::string word_;
+  bool auto_candidates_ = false;
   std::string default_;
   std::function<void(void* target, const YAML::Node& node, const std::string& file)> set_;
   std::function<void*(void* target)> section_;

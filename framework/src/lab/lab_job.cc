@@ -9,6 +9,7 @@
 #include "collie/error.h"
 #include "collie/log.h"
 #include "lab/lab.h"
+#include "measure/interface_bytes.h"
 #include "runtime/launcher.h"
 
 namespace fs = std::filesystem;
@@ -16,7 +17,6 @@ namespace fs = std::filesystem;
 namespace collie::lab {
 namespace {
 
-constexpr const char* kHostVariable = "COLLIE_LAB_HOST";  // set in every host's launcher
 constexpr int kDefaultPort = 29500;
 
 // The command host `node`'s launcher runs: collie launch, node `node` of the lab's hosts.
@@ -37,7 +37,7 @@ std::vector<std::string> launchArgv(const RunRequest& request, const Lab& lab, s
 }  // namespace
 
 bool wantsLab(const config::Experiment& e) {
-  return e.lab.hosts > 0 && std::getenv(kHostVariable) == nullptr;
+  return e.lab.hosts > 0 && measure::labHostName().empty();
 }
 
 void runOnLab(const RunRequest& request, const config::Experiment& e, size_t index,
@@ -62,7 +62,7 @@ void runOnLab(const RunRequest& request, const config::Experiment& e, size_t ind
     ChildProcess l;
     l.name = fmt::format("host {}, node {}", lab.hosts[i].name, i);
     l.start = inside(lab.hosts[i], launchArgv(request, lab, index, static_cast<int>(i), port, out),
-                     {std::string(kHostVariable) + "=" + lab.hosts[i].name,
+                     {std::string(measure::kLabHostVariable) + "=" + lab.hosts[i].name,
                       fmt::format("COLLIE_LAB_LINK_MBIT={:g}", lab.rate_bits / 1e6)});
     launchers.push_back(std::move(l));
   }

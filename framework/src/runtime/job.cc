@@ -325,7 +325,10 @@ std::vector<PluginUse> pluginsOf(const config::Experiment& e) {
   if (e.kind == config::Experiment::Kind::kTrain) {
     add(PluginKind::kModel, e.model.plugin);
     addScheduler(e.train.scheduler);
-    if (e.train.compresses()) add(PluginKind::kCodec, e.train.compression.plugin);
+    if (e.train.compresses() && !e.train.choosesCompression())
+      add(PluginKind::kCodec, e.train.compression.plugin);
+    for (const auto& c : e.train.compression_candidates)
+      if (c.plugin != "none") add(PluginKind::kCodec, c.plugin);
   }
   return uses;
 }

@@ -85,4 +85,28 @@ void CommunicatorGroup::refuse(const std::string& what) const {
   throw PluginError("codec '" + codec_ + "': " + what + " (collie/codec.h, CodecGroup)");
 }
 
+RehearsalGroup::RehearsalGroup(int rank, int size, const std::string& codec,
+                               const at::Device& device)
+    : rank_(rank), size_(size), codec_(codec), device_(device) {}
+
+void RehearsalGroup::allReduce(const at::Tensor& t, ReduceOp op) {
+  (void)op;
+  if (!t.defined() || !t.is_contiguous() || t.device() != device_) {
+    throw PluginError("codec '" + codec_ + "': allReduce of a tensor that is not contiguous on " +
+                      device_.str() + " (collie/codec.h, CodecGroup)");
+  }
+}
+
+void RehearsalGroup::allGather(const at::Tensor& in, const at::Tensor& out) {
+  if (!in.defined() || !out.defined() || out.scalar_type() != in.scalar_type() ||
+      out.numel() != in.numel() * size_ || !out.is_contiguous() || out.device() != device_) {
+    throw PluginError("codec '" + codec_ +
+                      "': allGather whose output is not size() times its "
+                      "input, contiguous, on " +
+                      device_.str() + " (collie/codec.h, CodecGroup)");
+  }
+  const at::Tensor flat = in.reshape({-1});
+  for (int r = 0; r < size_; ++r) out.view({-1}).narrow(0, r * in.numel(), in.numel()).copy_(flat);
+}
+
 }  // namespace collie::train

@@ -36,4 +36,24 @@ class CommunicatorGroup final : public CodecGroup {
   std::vector<Provenance>* record_;
 };
 
+// A codec's arithmetic without its communication, for train.compression: auto to time what
+// each candidate computes between its collectives: every rank's part is taken to be this
+// rank's, so an all-reduce leaves `t` as it is (a sum over one rank) and an all-gather copies
+// `in` into every rank's place. Its results are no sum over the ranks; nothing synchronised
+// on it reaches a step. Calls are checked as CommunicatorGroup checks them.
+class RehearsalGroup final : public CodecGroup {
+ public:
+  RehearsalGroup(int rank, int size, const std::string& codec, const at::Device& device);
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void allReduce(const at::Tensor& t, ReduceOp op) override;
+  void allGather(const at::Tensor& in, const at::Tensor& out) override;
+
+ private:
+  int rank_, size_;
+  std::string codec_;
+  at::Device device_;
+};
+
 }  // namespace collie::train

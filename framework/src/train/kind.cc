@@ -68,12 +68,13 @@ class TrainKind : public ExperimentKind {
   void saveLast(const std::string& path) const override { saveResult(path, results_.back()); }
   void load(const std::string& path) override { results_.push_back(loadResult(path)); }
 
-  int report(const RunRequest&, const std::vector<config::Experiment>&,
+  int report(const RunRequest&, const std::vector<config::Experiment>& runs,
              const fs::path& out) override {
     printSummary(std::cout, results_);
     writeSummaryJson((out / "summary.json").string(), results_);
-    std::cout << "# Results: " << (out / "summary.json").string()
-              << ", per step and rank: " << (out / "rank-*.jsonl").string() << std::endl;
+    const bool matrix = !runs.empty() && !runs.front().matrix_point.empty();
+    std::cout << "# Results: " << (out / "summary.json").string() << ", per step and rank: "
+              << (out / (matrix ? "run-*-rank-*.jsonl" : "rank-*.jsonl")).string() << std::endl;
     return 0;
   }
 

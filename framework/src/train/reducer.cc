@@ -4,6 +4,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
@@ -162,17 +163,26 @@ Reducer::~Reducer() {
 
 void Reducer::useCodec(std::shared_ptr<Codec> codec, const std::string& name,
                        const CodecSetup& setup) {
-  COLLIE_CHECK(!sharded(), "a codec synchronises whole buckets; sharding reduce-scatters them");
   codec_ = std::move(codec);
   codec_name_ = name;
-  coded_.resize(buckets_.size());
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    CodecBucket& coded = coded_[b];
-    coded.index = b;
-    coded.gradient = buckets_[b].grads;
-    for (size_t k : buckets_[b].params) coded.parameters.push_back(gradView(k));
-  }
+  coded_ = codecBuckets();
   codec_->prepare(coded_, setup);
+}
+
+std::vector<CodecBucket> Reducer::codecBuckets(bool fresh) const {
+  COLLIE_CHECK(!sharded(), "a codec synchronises whole buckets; sharding reduce-scatters them");
+  std::vector<CodecBucket> out(buckets_.size());
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    CodecBucket& coded = out[b];
+    coded.index = b;
+    coded.gradient = fresh ? at::zeros_like(buckets_[b].grads) : buckets_[b].grads;
+    for (size_t k : buckets_[b].params) {
+      const Slot& slot = slots_[k];
+      coded.parameters.push_back(
+          coded.gradient.narrow(0, slot.offset, slot.numel).view(params_[k].sizes()));
+    }
+  }
+  return out;
 }
 
 void Reducer::arm(int64_t step, double share) {

@@ -150,7 +150,12 @@ class Reducer {
   // With a codec: bucket b as the codec sees it (views of its gradient buffer), and the
   // codec; nullptr without one.
   const CodecBucket& codecBucket(size_t b) const { return coded_[b]; }
+  // Every bucket as a codec sees it (unsharded): views of the gradient buffers, or with
+  // `fresh`, views of new zeroed buffers of the same shapes on the same device (a
+  // rehearsal's, which must not write the step's gradients).
+  std::vector<CodecBucket> codecBuckets(bool fresh = false) const;
   Codec* codec() const { return codec_.get(); }
+  const std::string& codecName() const { return codec_name_; }  // useCodec's `name`
 
  private:
   struct Slot {

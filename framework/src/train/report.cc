@@ -319,6 +319,8 @@ void printDetails(std::ostream& out, const Result& r) {
       out << "# " << tag << "micro_batch auto rebalanced " << r.rebalances.size()
           << " time(s): " << detail::join(changes, ", ") << "\n";
     }
+    if (!r.compression_choice.empty())
+      out << "# " << tag << "train.compression auto " << r.compression_choice << "\n";
     const bool sharded = r.sharding != "none";
     const bool coded = r.compression != "none";
     const double gradient_mb = static_cast<double>(r.allreduce_bytes) / 1e6;
@@ -369,6 +371,27 @@ void printDetails(std::ostream& out, const Result& r) {
                        bound / 1e6,
                        r.link_beta > 0 ? fmt::format("{:.4f}", bound * r.link_beta) : "-")
         << ", measured " << fmt::format("{:.4f}", r.comm_seconds) << " s\n";
+  }
+  if (r.interface_hosts > 0) {
+    out << "# " << tag
+        << fmt::format(
+               "the lab hosts' interfaces counted {:.3f} MB sent per host per step (bytes that "
+               "crossed a link, every header included; a host's own ranks talk over loopback), "
+               "{:.2f} MB per host before the first step (calibration and the parameters' "
+               "broadcast); collie counted {:.3f} MB a rank sent per step, to every peer\n",
+               r.interface_sent_bytes_per_step / 1e6, r.interface_startup_sent_bytes / 1e6,
+               r.sent_bytes_per_step / 1e6);
+  }
+  if (r.target_loss > 0) {
+    out << "# " << tag
+        << (r.steps_to_target > 0
+                ? fmt::format("train.target_loss {:g}: reached after step {}, {:.1f} s after the "
+                              "first step began (the job's loss, a mean over {} steps)",
+                              r.target_loss, r.steps_to_target, r.seconds_to_target, kTargetWindow)
+                : fmt::format("train.target_loss {:g}: not reached in {} steps (the job's loss, a "
+                              "mean over {} steps)",
+                              r.target_loss, r.loss_curve.size(), kTargetWindow))
+        << "\n";
   }
   if (r.sync_mode != "every_step") {
     const double meeting = static_cast<double>(r.parameter_bytes);
@@ -604,9 +627,10 @@ Result loadResult(const std::string& path) {
   }
 }
 
-StepLog::StepLog(const std::string& out_dir, int rank, bool append)
+StepLog::StepLog(const std::string& out_dir, int rank, int run, bool append)
     : rank_(rank),
-      path_(fmt::format("{}/rank-{}.jsonl", out_dir, rank)),
+      path_(run < 0 ? fmt::format("{}/rank-{}.jsonl", out_dir, rank)
+                    : fmt::format("{}/run-{}-rank-{}.jsonl", out_dir, run, rank)),
       out_(path_, append ? std::ios::app : std::ios::trunc) {
   if (!out_) throw ConfigError("cannot write per-step metrics to " + path_);
 }
@@ -688,6 +712,7 @@ RankSummary summariseSteps(const std::vector<StepStats>& stats) {
     s.gather_exposed += stats[i].sync.gather_exposed_seconds;
   }
   s.timed_steps = static_cast<int64_t>(stats.size() - first);
+  s.steps_run = static_cast<int64_t>(stats.size());
   const double n = static_cast<double>(s.timed_steps);
   s.step /= n;
   s.compute /= n;
@@ -713,6 +738,16 @@ void combineRanks(const std::vector<RankSummary>& ranks, int64_t world_micro_bat
     r->gather_exposed_seconds += rank.gather_exposed / world;
     r->first_loss += rank.first_loss_sum / per_micro;
     r->last_loss += rank.last_loss_sum / per_micro;
+    if (rank.interface_steps_sent >= 0 && rank.interface_startup_sent >= 0) {
+      ++r->interface_hosts;  // the first rank of a host on the lab
+      r->interface_startup_sent_bytes += rank.interface_startup_sent;
+      r->interface_sent_bytes_per_step +=
+          rank.interface_steps_sent / std::max<double>(1.0, static_cast<double>(rank.steps_run));
+    }
+  }
+  if (r->interface_hosts > 0) {
+    r->interface_startup_sent_bytes /= r->interface_hosts;
+    r->interface_sent_bytes_per_step /= r->interface_hosts;
   }
   r->tokens_per_second = r->step_seconds > 0 ? r->world_batch_tokens / r->step_seconds : 0;
 }

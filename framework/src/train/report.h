@@ -25,11 +25,13 @@ void from_json(const nlohmann::json& j, Rebalance& c);
 void to_json(nlohmann::json& j, const StepMemory& m);
 void from_json(const nlohmann::json& j, StepMemory& m);
 
-// DIR/rank-R.jsonl: step, rank, the times of StepStats, samples, tokens, tokens/s, loss, lr,
-// grad norm and every collective's provenance. A resumed run appends.
+// DIR/rank-R.jsonl (a matrix's run I: DIR/run-I-rank-R.jsonl): step, rank, the times of
+// StepStats, samples, tokens, tokens/s, loss, lr, grad norm and every collective's
+// provenance. A resumed run appends.
 class StepLog {
  public:
-  StepLog(const std::string& out_dir, int rank, bool append);  // throws ConfigError
+  // `run`: the run's place in its matrix, or -1. Throws ConfigError.
+  StepLog(const std::string& out_dir, int rank, int run, bool append);
   // `step`: the 0-based index of the step; `samples`, `tokens`: this rank's in the step.
   void write(int64_t step, int64_t samples, int64_t tokens, const StepStats& stats);
 
@@ -52,6 +54,10 @@ struct RankSummary {
   double gather = 0, gather_exposed = 0;         // sharded: the all-gathers' part of comm, exposed
   double first_loss_sum = 0, last_loss_sum = 0;  // loss x this rank's samples per micro-batch
   int64_t timed_steps = 0;
+  int64_t steps_run = 0;  // every step, the first included
+  // On the lab, the first rank of each host: the bytes its host's interfaces counted sent
+  // before the first step and during the steps (-1: not read).
+  double interface_startup_sent = -1, interface_steps_sent = -1;
 
   // Every field, in the order pack() carries them: a new one is its member and its line.
   template <typename S, typename Visit>
@@ -65,6 +71,9 @@ struct RankSummary {
     visit(s.first_loss_sum);
     visit(s.last_loss_sum);
     visit(s.timed_steps);
+    visit(s.steps_run);
+    visit(s.interface_startup_sent);
+    visit(s.interface_steps_sent);
   }
   std::vector<double> pack() const;
   static RankSummary unpack(const std::vector<double>& values);

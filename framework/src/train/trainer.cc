@@ -2,10 +2,12 @@
 // metrics, weight-sync checks.
 #include "train/trainer.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -13,6 +15,7 @@
 #include <torch/utils.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -31,6 +34,7 @@
 #include "collie/model.h"
 #include "core/strings.h"
 #include "measure/calibrate.h"
+#include "measure/interface_bytes.h"
 #include "runtime/communicator.h"
 #include "runtime/control.h"
 #include "runtime/device.h"
@@ -39,6 +43,7 @@
 #include "runtime/in_process.h"
 #include "runtime/trace.h"
 #include "train/checkpoint.h"
+#include "train/codec_group.h"
 #include "train/data.h"
 #include "train/local_sync.h"
 #include "train/lr_schedule.h"
@@ -103,6 +108,32 @@ double processId() {
   return static_cast<double>(host * (uint64_t{1} << 22) + static_cast<uint64_t>(::getpid()));
 }
 
+// On the lab, what the hosts' interfaces counted sent at a few marks of the run: every rank
+// meets at a barrier (so that the host's other ranks have sent what comes before the mark)
+// and the first rank of each host reads its host's counters (measure/interface_bytes.h).
+// Elsewhere nothing is read and no barrier is taken.
+class InterfaceMarks {
+ public:
+  InterfaceMarks(bool on_lab, bool host_reader, Control& control)
+      : on_lab_(on_lab), reader_(host_reader), control_(control) {}
+
+  void mark(bool barrier = true) {
+    if (!on_lab_) return;
+    if (barrier) control_.barrier();
+    marks_.push_back(reader_ ? measure::readInterfaceBytes() : std::nullopt);
+  }
+  // The bytes sent between marks `from` and `to`, or -1 where this rank read none.
+  double sent(size_t from, size_t to) const {
+    if (to >= marks_.size() || !marks_[from] || !marks_[to]) return -1;
+    return static_cast<double>(marks_[to]->sent - marks_[from]->sent);
+  }
+
+ private:
+  bool on_lab_, reader_;
+  Control& control_;
+  std::vector<std::optional<measure::InterfaceBytes>> marks_;
+};
+
 class RankTrainer {
  public:
   RankTrainer(const PluginLoader& loader, const config::Experiment& e,
@@ -130,9 +161,16 @@ class RankTrainer {
     sharding_.grad_accum = spec_.grad_accum;
     addSchedulers(loader);
     createModel(loader);
-    if (spec_.compresses()) {
+    if (spec_.choosesCompression()) {
+      loader_ = &loader;  // run() makes a fresh one of the chosen candidate
+      for (const config::PluginRef& c : spec_.compression_candidates) {
+        Params params = c.params;
+        candidates_.push_back(c.plugin == "none" ? nullptr : loader.createCodec(c.plugin, params));
+      }
+    } else if (spec_.compresses()) {
       Params params = spec_.compression.params;
       codec_ = loader.createCodec(spec_.compression.plugin, params);
+      codec_label_ = spec_.compression.label;
     }
     shape_ = model_->shape();
     source_ = openSource(e.data, shape_.seq_len + 1, shape_.vocab);
@@ -154,6 +192,8 @@ class RankTrainer {
   // The run, top to bottom: set up what the steps share, continue from a checkpoint, step,
   // then check the weights and gather every rank's numbers.
   Result run() {
+    InterfaceMarks interfaces(e_.lab.hosts > 0, comm_.topology().localRank(rank_) == 0, control_);
+    interfaces.mark();  // 0: before calibration
     announce();
     const CostModel cost =
         measure::calibrate(comm_.backend(), control_, comm_.topology(), DType::kF32).model;
@@ -162,8 +202,9 @@ class RankTrainer {
                     unitIndices());
     reducer_ = &reducer;
     const std::unique_ptr<UnitGate> gate = shardAndMakeOptimizer(reducer);
+    const std::string choice = spec_.choosesCompression() ? chooseCodec(reducer, cost) : "";
     if (codec_) {
-      reducer.useCodec(codec_, spec_.compression.label, {spec_.seed, rank_, world_});
+      reducer.useCodec(codec_, codec_label_, {spec_.seed, rank_, world_});
       requireStepCollectives(reducer);
     }
     PeriodicSync periodic(spec_.sync, spec_.steps, reducer, comm_);
@@ -173,7 +214,7 @@ class RankTrainer {
                         periodic, sharding_);
     RunCheckpoints checkpoints(spec_);
     const int64_t start = state.resume(checkpoints);
-    StepLog log(out_dir_, rank_, start > 0);
+    StepLog log(out_dir_, rank_, e_.matrix_point.empty() ? -1 : e_.matrix_index, start > 0);
     StragglerMonitor stragglers(spec_, rank_, world_, control_, comm_.topology());
     Rebalancer rebalancer(spec_, rank_, world_, control_);
     // The local modes all-reduce the gradients in their synchronous steps only (a codec's
@@ -187,6 +228,7 @@ class RankTrainer {
                   static_cast<double>(spec_.steps);
     }
     Result result = describeRun(reducer, cost, predicted);
+    result.compression_choice = choice;
     if (codec_ || periodic.local()) {  // what the float32 all-reduce every step would take
       const double float32 = predictComm(reducer, cost, /*float32=*/true);
       result.predicted_float32_comm_seconds = std::isnan(float32) ? 0 : float32;
@@ -197,12 +239,15 @@ class RankTrainer {
     // resident peak is the steps' (and what runs between them), where the kernel restarts it.
     const MemoryLedger::Use steps(MemoryUse::kOther);
     StepsMemory memory = startStepsMemory();
+    interfaces.mark();          // 1: the first step
+    std::vector<double> ended;  // seconds from the first step's start to each step's end
     const auto started = Clock::now();
     bool checkpoint_due = false;
     for (int64_t s = start; s < spec_.steps; ++s) {
       faults_.beforeStep(s + 1);
       if (ProgressBoard* board = comm_.progress()) board->setStep(s + 1);
       stats.push_back(step(s, reducer));
+      ended.push_back(since(started));
       const int64_t samples = static_cast<int64_t>(stats.back().micro_batch) * spec_.grad_accum;
       log.write(s, samples, samples * shape_.seq_len, stats.back());
       if ((s + 1) % spec_.log_every == 0 || s + 1 == spec_.steps) {
@@ -226,10 +271,12 @@ class RankTrainer {
     }
 
     control_.barrier();  // ranks that are threads read their process's peak once all have stepped
+    interfaces.mark(/*barrier=*/false);  // 2: the last step's end
     if (memory.restarted) memory.resident_peak = static_cast<double>(residentPeakBytes());
     result.sync = checkWeights(spec_.steps, &result.weight_sample);
     enforce(result.sync);
-    gatherTimings(stats, &result);
+    gatherTimings(stats, interfaces, &result);
+    lossCurve(stats, ended, &result);
     result.rebalances = rebalancer.taken();
     stragglers.report(&result);
     if (tracer_) writeExperimentTrace(*tracer_, comm_, control_, e_, out_dir_);
@@ -332,6 +379,24 @@ class RankTrainer {
     return units;
   }
 
+  // What `codec` plans for `bucket` in `step`, as the collectives the rules choose for.
+  std::vector<CollectiveArgs> codecCollectives(const Codec& codec, const CodecBucket& bucket,
+                                               int64_t step) const {
+    std::vector<CollectiveArgs> out;
+    for (const CodecCall& call : codec.plan(bucket, world_, step)) {
+      const size_t count = static_cast<size_t>(call.count);
+      CollectiveArgs args;
+      args.coll = call.coll;
+      args.data.count = count;
+      args.output.count = call.coll == Collective::kAllGather ? count * world_ : 0;
+      args.data.memory = args.output.memory = spec_.cuda ? MemoryKind::kCuda : MemoryKind::kHost;
+      args.data.device = args.output.device = device_.is_cuda() ? device_.index() : 0;
+      args.data.dtype = args.output.dtype = call.dtype;
+      out.push_back(args);
+    }
+    return out;
+  }
+
   // The collectives bucket b takes every step, sizes only: an all-reduce, or sharded a
   // reduce-scatter of the bucket and an all-gather of its blocks, or what its codec plans
   // (for step `step`: a codec may change its plan after a warm-up).
@@ -351,16 +416,8 @@ class RankTrainer {
       args.data.device = args.output.device = device_.is_cuda() ? device_.index() : 0;
       return args;
     };
-    if (const Codec* codec = reducer.codec(); codec != nullptr && !float32) {
-      std::vector<CollectiveArgs> out;
-      for (const CodecCall& call : codec->plan(reducer.codecBucket(b), world_, step)) {
-        const size_t count = static_cast<size_t>(call.count);
-        const bool gather = call.coll == Collective::kAllGather;
-        out.push_back(collective(call.coll, count, gather ? count * world_ : 0));
-        out.back().data.dtype = out.back().output.dtype = call.dtype;
-      }
-      return out;
-    }
+    if (const Codec* codec = reducer.codec(); codec != nullptr && !float32)
+      return codecCollectives(*codec, reducer.codecBucket(b), step);
     if (!sharded()) return {collective(Collective::kAllReduce, whole, 0)};
     const size_t block = whole / static_cast<size_t>(world_);
     std::vector<CollectiveArgs> out = {collective(Collective::kReduceScatter, whole, block),
@@ -393,7 +450,7 @@ class RankTrainer {
             throw ConfigError(fmt::format(
                 "{}: train.compression: codec '{}' needs {}. HINT: use a scheduler that runs "
                 "it (ring runs allreduce and allgather on any group size), or another codec",
-                e_.file, spec_.compression.label, needs));
+                e_.file, codec_label_, needs));
           }
           throw ConfigError(fmt::format(
               "{}: train.sharding: {} needs {}. HINT: use a scheduler that has both "
@@ -695,19 +752,116 @@ class RankTrainer {
     if (rank_ == 0) logWarn(check.describe(world_) + " (train.on_divergence: warn)");
   }
 
-  // The all-reduce time per step the calibrated model predicts for these buckets.
-  double predictComm(const Reducer& reducer, const CostModel& cost, bool float32 = false) const {
+  // The seconds the calibrated model predicts for `collectives` on the schedulers the rules
+  // choose; kNoPrediction when no rule runs one of them.
+  double predictSeconds(const std::vector<CollectiveArgs>& collectives,
+                        const CostModel& cost) const {
     double total = 0;
-    for (size_t b = 0; b < reducer.bucketCount(); ++b) {
-      // A codec's plan after any warm-up: the last step's.
-      for (const CollectiveArgs& args : stepCollectives(reducer, b, spec_.steps - 1, float32)) {
-        std::string why;
-        const auto* rule = comm_.select(args, rules_, &why);
-        if (rule == nullptr) return kNoPrediction;
-        total += rule->choice.scheduler->predictSeconds(args, comm_.topology(), cost);
-      }
+    for (const CollectiveArgs& args : collectives) {
+      std::string why;
+      const auto* rule = comm_.select(args, rules_, &why);
+      if (rule == nullptr) return kNoPrediction;
+      total += rule->choice.scheduler->predictSeconds(args, comm_.topology(), cost);
     }
     return total;
+  }
+
+  // The all-reduce time per step the calibrated model predicts for these buckets (a codec's
+  // plan after any warm-up: the last step's).
+  double predictComm(const Reducer& reducer, const CostModel& cost, bool float32 = false) const {
+    double total = 0;
+    for (size_t b = 0; b < reducer.bucketCount(); ++b)
+      total += predictSeconds(stepCollectives(reducer, b, spec_.steps - 1, float32), cost);
+    return total;
+  }
+
+  // train.compression: auto. Each candidate's synchronisation of a step, predicted: its
+  // collectives (its plan after any warm-up) from the calibrated link, plus the arithmetic
+  // between them, timed on a rehearsal of every bucket (codec_group.h's RehearsalGroup)
+  // and taken from the slowest rank. The shortest wins, the first listed on a tie; codec_
+  // becomes a fresh instance of it (the rehearsal's state never reaches the run). Returns
+  // the summary's account of the choice.
+  std::string chooseCodec(const Reducer& reducer, const CostModel& cost) {
+    const auto& listed = spec_.compression_candidates;
+    std::vector<double> comm(listed.size(), 0.0), arithmetic(listed.size(), 0.0);
+    for (size_t i = 0; i < listed.size(); ++i) {
+      Codec* codec = candidates_[i].get();
+      if (codec == nullptr) {
+        comm[i] = predictComm(reducer, cost, /*float32=*/true);
+        continue;
+      }
+      std::vector<CodecBucket> buckets = reducer.codecBuckets(/*fresh=*/true);
+      codec->prepare(buckets, {spec_.seed, rank_, world_});
+      std::vector<CollectiveArgs> collectives;
+      for (const CodecBucket& bucket : buckets) {
+        for (auto& args : codecCollectives(*codec, bucket, spec_.steps - 1))
+          collectives.push_back(args);
+      }
+      comm[i] = predictSeconds(collectives, cost);
+      arithmetic[i] = rehearse(*codec, buckets, listed[i].label);
+    }
+    arithmetic = control_.max(arithmetic);
+    candidates_.clear();
+    size_t best = listed.size();
+    std::vector<std::string> others;
+    for (size_t i = 0; i < listed.size(); ++i) {
+      if (std::isnan(comm[i])) {
+        others.push_back(
+            fmt::format("{} (train.scheduler runs none of its collectives)", listed[i].label));
+        continue;
+      }
+      if (best == listed.size() || comm[i] + arithmetic[i] < comm[best] + arithmetic[best])
+        best = i;
+    }
+    if (best == listed.size()) {
+      throw ConfigError(fmt::format(
+          "{}: train.compression: auto: train.scheduler runs the collectives of none of the "
+          "candidates. HINT: use a scheduler that runs allreduce and allgather (ring does)",
+          e_.file));
+    }
+    auto account = [&](size_t i) {
+      return fmt::format("{} {:.4f} s ({:.4f} s on the link + {:.4f} s arithmetic)",
+                         listed[i].label, comm[i] + arithmetic[i], comm[i], arithmetic[i]);
+    };
+    for (size_t i = 0; i < listed.size(); ++i)
+      if (i != best && !std::isnan(comm[i])) others.push_back(account(i));
+    const config::PluginRef& chosen = listed[best];
+    codec_label_ = chosen.label;
+    if (chosen.plugin != "none") {
+      Params params = chosen.params;
+      codec_ = loader_->createCodec(chosen.plugin, params);
+    }
+    return fmt::format(
+        "chose {}: its synchronisation of a step is predicted shortest, {}; {}. Each candidate "
+        "after any warm-up: its collectives from the calibrated link, its arithmetic timed on "
+        "the slowest rank (the float32 all-reduce partly hides behind the backward, which "
+        "this does not count)",
+        chosen.label, account(best), detail::join(others, "; "));
+  }
+
+  // The seconds `codec` computes to synchronise `buckets` once, its collectives left out
+  // (RehearsalGroup): the median of 3 passes after one that allocates, on gradient-like
+  // values drawn from the run's seed.
+  double rehearse(Codec& codec, std::vector<CodecBucket>& buckets, const std::string& label) {
+    RehearsalGroup group(rank_, world_, label, device_);
+    at::Generator draws = at::make_generator<at::CPUGeneratorImpl>(spec_.seed + 7919 * rank_);
+    std::vector<double> seconds;
+    for (int pass = 0; pass < 4; ++pass) {
+      for (CodecBucket& b : buckets) {
+        b.gradient.zero_();
+        for (at::Tensor& p : b.parameters)
+          p.copy_(at::randn(p.sizes(), draws, at::TensorOptions().dtype(at::kFloat)) * 1e-3);
+        b.share = 1.0 / world_;
+        b.step = spec_.steps - 1;
+      }
+      const auto start = Clock::now();
+      for (CodecBucket& b : buckets) codec.synchronize(b, group);
+      if (device_.is_cuda() && !buckets.empty())
+        (void)buckets.back().gradient.sum().item<double>();  // waits for the device
+      if (pass > 0) seconds.push_back(since(start));
+    }
+    std::sort(seconds.begin(), seconds.end());
+    return seconds[seconds.size() / 2];
   }
 
   void announce() const {
@@ -741,9 +895,13 @@ class RankTrainer {
   }
 
   // Every rank's means over the timed steps, combined into the job's (train/report.h).
-  void gatherTimings(const std::vector<StepStats>& stats, Result* result) {
+  void gatherTimings(const std::vector<StepStats>& stats, const InterfaceMarks& interfaces,
+                     Result* result) {
+    RankSummary mine = summariseSteps(stats);
+    mine.interface_startup_sent = interfaces.sent(0, 1);
+    mine.interface_steps_sent = interfaces.sent(1, 2);
     std::vector<RankSummary> ranks;
-    for (const auto& packed : control_.allGather(summariseSteps(stats).pack()))
+    for (const auto& packed : control_.allGather(mine.pack()))
       ranks.push_back(RankSummary::unpack(packed));
     combineRanks(ranks, sharding_.globalBatch() / spec_.grad_accum, result);
     result->allreduce_bytes = stats.empty() ? 0 : stats.back().sync.bytes;
@@ -754,13 +912,38 @@ class RankTrainer {
     result->micro_batch = sharding_.micro_batch;
   }
 
+  // The job's mean loss after each step of this run against rank 0's wall time, and when
+  // its mean over the last kTargetWindow steps first reached train.target_loss.
+  void lossCurve(const std::vector<StepStats>& stats, const std::vector<double>& ended,
+                 Result* result) {
+    std::vector<double> sums;
+    for (const StepStats& st : stats) sums.push_back(st.loss * st.micro_batch);
+    sums = control_.sum(sums);
+    const double samples = static_cast<double>(sharding_.globalBatch() / spec_.grad_accum);
+    for (double& loss : sums) loss /= samples;
+    result->loss_curve = sums;
+    result->loss_curve_seconds = ended;
+    result->target_loss = spec_.target_loss;
+    if (spec_.target_loss <= 0) return;
+    const size_t window = std::min<size_t>(kTargetWindow, sums.size());
+    double in_window = 0;
+    for (size_t i = 0; i < sums.size(); ++i) {
+      in_window += sums[i];
+      if (i >= window) in_window -= sums[i - window];
+      if (i + 1 < window || in_window / static_cast<double>(window) > spec_.target_loss) continue;
+      result->steps_to_target = static_cast<int64_t>(spec_.steps - sums.size() + i + 1);
+      result->seconds_to_target = ended[i];
+      return;
+    }
+  }
+
   Result describeRun(const Reducer& reducer, const CostModel& cost, double predicted) const {
     Result r;
     r.run = e_.matrix_point;
     r.name = e_.name;
     r.model = e_.model.label;
     r.scheduler = spec_.scheduler.label;
-    r.compression = spec_.compression.label;
+    r.compression = codec_label_;
     r.sync_mode = config::syncModeName(spec_.sync.mode);
     r.sync_every = spec_.sync.every;
     r.sync_warmup_steps = spec_.sync.warmup_steps;
@@ -950,7 +1133,12 @@ class RankTrainer {
   std::vector<Communicator::Rule> rules_;
   std::shared_ptr<Model> model_;
   std::shared_ptr<Codec> codec_;  // train.compression, or none
-  at::Generator generator_;       // the rank's: every random draw of the model's (dropout)
+  std::string codec_label_ = "none";
+  // train.compression: auto: each candidate (nullptr: none) until run() chooses, and the
+  // loader that makes a fresh instance of the chosen one.
+  std::vector<std::shared_ptr<Codec>> candidates_;
+  const PluginLoader* loader_ = nullptr;
+  at::Generator generator_;  // the rank's: every random draw of the model's (dropout)
   ModelShape shape_;
   std::unique_ptr<TokenSource> source_;
   Sharding sharding_;

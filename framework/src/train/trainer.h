@@ -64,12 +64,16 @@ struct StepMemory {
 };
 
 constexpr int kWeightSamples = 4096;
+constexpr int kTargetWindow = 8;  // steps the loss is averaged over for train.target_loss
 
 struct Result {
   std::string run;  // the matrix point, "" without a matrix
   std::string name;
   std::string model, scheduler, backend;
-  std::string compression = "none";  // train.compression's label
+  std::string compression = "none";  // train.compression's label (auto: the one it chose)
+  // train.compression: auto: each candidate's predicted synchronisation per step, and why
+  // the chosen one won ("" otherwise).
+  std::string compression_choice;
   int ranks = 0;
   int64_t parameters = 0;
   double flops_per_token = 0;
@@ -95,6 +99,11 @@ struct Result {
   // (step.h's sentBytes): the gradients' all-reduce or a codec's collectives, train.sync's
   // meetings, ZeRO's gathers.
   double sent_bytes_per_step = 0;
+  // On the lab only (0 elsewhere): what the hosts' interfaces counted sent (bytes that
+  // crossed a link, headers included; a host's ranks talk over loopback), per host: before
+  // the first step (calibration, the parameters' broadcast, a resume) and per step after.
+  int interface_hosts = 0;
+  double interface_startup_sent_bytes = 0, interface_sent_bytes_per_step = 0;
   std::string sharding = "none";  // train.sharding
   bool overlap = true;            // train.overlap: buckets reduced during the backward
   // Held by rank 0 between steps: parameter values, gradients, optimizer state.
@@ -121,6 +130,14 @@ struct Result {
   double step_at_fastest_seconds = 0;
   int straggler_steps = 0;
   double first_loss = 0, last_loss = 0;
+  // The job's mean loss after each step this run took, and rank 0's seconds from the first
+  // step's start to that step's end: the loss against wall time.
+  std::vector<double> loss_curve, loss_curve_seconds;
+  // train.target_loss, and the first step (1-based) whose loss, a mean over the last
+  // kTargetWindow steps, reached it, with its time as above (0, 0: not reached).
+  double target_loss = 0;
+  int64_t steps_to_target = 0;
+  double seconds_to_target = 0;
   SyncCheck sync;
   // Rank 0's weights at the end at kWeightSamples evenly spaced positions of all parameters
   // in named order, to compare runs (report.h weightSpread); only between processes, not in
@@ -158,6 +175,7 @@ void forEachField(R& r, Visit&& visit) {
   visit("scheduler", r.scheduler);
   visit("backend", r.backend);
   visit("compression", r.compression);
+  visit("compression_choice", r.compression_choice);
   visit("ranks", r.ranks, Column{"ranks", 6, Style::kThousands});
   visit("micro_batch", r.micro_batch, Column{"micro-batch", 12, Style::kList});
   visit("step_s", r.step_seconds, Column{"step (s)", 10, Style::kFixed3});
@@ -180,6 +198,9 @@ void forEachField(R& r, Visit&& visit) {
   visit("sync_every", r.sync_every);
   visit("sync_warmup_steps", r.sync_warmup_steps);
   visit("sent_bytes_per_step", r.sent_bytes_per_step);
+  visit("interface_hosts", r.interface_hosts);
+  visit("interface_startup_sent_bytes", r.interface_startup_sent_bytes);
+  visit("interface_sent_bytes_per_step", r.interface_sent_bytes_per_step);
   visit("sharding", r.sharding);
   visit("overlap", r.overlap);
   visit("parameter_bytes", r.parameter_bytes);
@@ -203,6 +224,11 @@ void forEachField(R& r, Visit&& visit) {
   visit("straggler_steps", r.straggler_steps);
   visit("first_loss", r.first_loss);
   visit("last_loss", r.last_loss);
+  visit("target_loss", r.target_loss);
+  visit("steps_to_target", r.steps_to_target);
+  visit("seconds_to_target", r.seconds_to_target);
+  visit("loss_curve", r.loss_curve);
+  visit("loss_curve_s", r.loss_curve_seconds);
   visit("sync", r.sync);
   visit("token_budgets", r.token_budgets);
   visit("peak_flops", r.peak_flops);

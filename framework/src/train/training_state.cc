@@ -103,7 +103,7 @@ std::vector<std::pair<std::string, at::Tensor>> TrainingState::rankState(int r) 
   std::vector<std::pair<std::string, at::Tensor>> out;
   if (Codec* codec = reducer_.codec()) {
     for (const auto& [name, tensor] : codec->state())
-      out.emplace_back(fmt::format("codec/{}/{}/{}", spec_.compression.label, r, name), tensor);
+      out.emplace_back(fmt::format("codec/{}/{}/{}", reducer_.codecName(), r, name), tensor);
   }
   if (periodic_.local()) {  // between meetings each rank's optimizer steps on its own
     const auto state = optimizerState();
@@ -285,7 +285,7 @@ void TrainingState::restore(CheckpointReader& reader) {
                   }
                 });
   restoreIfHeld(reader, rankTargets("codec/"), /*per_rank=*/true,
-                "every rank's state of train.compression " + spec_.compression.label,
+                "every rank's state of train.compression " + reducer_.codecName(),
                 "the codec starts afresh (no error feedback carried over)", [] {});
   restoreIfHeld(reader, rankTargets("rank/"), /*per_rank=*/true, "every rank's own optimizer state",
                 "every rank continues from rank 0's", [] {});
