@@ -1,6 +1,7 @@
 // Ring all-reduce: a reduce-scatter phase then an all-gather phase around the ring, each
-// block cut into chunks so that reducing one chunk overlaps receiving the next (the steps
-// are collie/schedules/rings.h, shared with bidirectional_ring).
+// block cut into chunks so that reducing one chunk overlaps receiving the next, and each
+// chunk sent on as soon as it is ready (the steps are collie/schedules/rings.h, shared with
+// bidirectional_ring).
 #include <algorithm>
 #include <array>
 #include <cmath>

@@ -41,77 +41,129 @@ inline patterns::Range ownBlock(const RingPart& part, const Backend& backend) {
                          patterns::ringPosition(backend.rank(), n, part.forward));
 }
 
+// A rank's neighbours in one part's ring.
+struct RingNeighbours {
+  int position = 0, next = 0, prev = 0;
+};
+inline RingNeighbours ringNeighbours(const RingPart& part, const Backend& backend) {
+  const int n = backend.size();
+  RingNeighbours r;
+  r.position = patterns::ringPosition(backend.rank(), n, part.forward);
+  r.next = patterns::ringRankAt(patterns::ringNext(r.position, n), n, part.forward);
+  r.prev = patterns::ringRankAt(patterns::ringPrev(r.position, n), n, part.forward);
+  return r;
+}
+
 // After it, the rank at position b of every part holds block b reduced over every rank.
 // The parts (a container of RingPart: one ring or two) move in lockstep, one step of each at
-// a time.
+// a time. Pipelined by chunk: what a step receives is what the next step sends (its block
+// reduced), so each chunk is sent on as soon as it is reduced, and the link to the next rank
+// never waits for a whole block; each step's receives are posted a step ahead, into one of
+// two scratch blocks per part.
 template <typename Parts>
 void ringReduceScatter(const Parts& parts, ReduceOp op, uint64_t seq, Backend& backend) {
-  const int n = backend.size(), rank = backend.rank();
+  const int n = backend.size();
   const auto timeout = backend.timeout();
-  Small<ScratchBuffer, 2> incoming;  // the largest block of each part
+  Small<ScratchBuffer, 4> incoming;  // [part * 2 + step parity]: the largest block
+  Small<Requests, 4> recvs(2 * parts.size());
   for (const RingPart& p : parts) {
-    incoming.emplace_back(p.data, patterns::block(p.data.count, n, 0).count);
+    for (int parity = 0; parity < 2; ++parity)
+      incoming.emplace_back(p.data, patterns::block(p.data.count, n, 0).count);
   }
-  Small<Requests, 2> recvs(parts.size());
-  Small<patterns::Pieces, 2> recv_chunks(parts.size());
-  Small<patterns::Range, 2> recv_blocks(parts.size());
+  auto received = [&](size_t t, int step) {  // the block step `step` of part t receives
+    const RingPart& p = parts[t];
+    const int position = ringNeighbours(p, backend).position;
+    return patterns::block(p.data.count, n,
+                           patterns::ringReduceScatterStep(position, n, step).recv_block);
+  };
+  auto post = [&](size_t t, int step) {
+    const RingPart& p = parts[t];
+    const patterns::Range block = received(t, step);
+    const size_t slot = 2 * t + static_cast<size_t>(step % 2);
+    const Tag tag = makeTag(seq, p.reduce_scatter_phase, step);
+    for (const patterns::Range& c : patterns::pieces(block, p.chunk)) {
+      Buffer into = incoming[slot].view().slice(c.offset - block.offset, c.count);
+      recvs[slot].push_back(backend.irecv(ringNeighbours(p, backend).prev, into, tag));
+    }
+  };
   Requests sends;
+  for (size_t t = 0; t < parts.size(); ++t) {
+    const RingPart& p = parts[t];
+    const RingNeighbours ring = ringNeighbours(p, backend);
+    post(t, 0);
+    if (n > 2) post(t, 1);
+    const auto first = patterns::ringReduceScatterStep(ring.position, n, 0);
+    const Tag tag = makeTag(seq, p.reduce_scatter_phase, 0);
+    for (const patterns::Range& c :
+         patterns::pieces(patterns::block(p.data.count, n, first.send_block), p.chunk)) {
+      sends.push_back(backend.isend(ring.next, p.data.slice(c.offset, c.count), tag));
+    }
+  }
   for (int step = 0; step < n - 1; ++step) {
     for (size_t t = 0; t < parts.size(); ++t) {
       const RingPart& p = parts[t];
-      const int position = patterns::ringPosition(rank, n, p.forward);
-      const int next = patterns::ringRankAt(patterns::ringNext(position, n), n, p.forward);
-      const int prev = patterns::ringRankAt(patterns::ringPrev(position, n), n, p.forward);
-      const auto s = patterns::ringReduceScatterStep(position, n, step);
-      const Tag tag = makeTag(seq, p.reduce_scatter_phase, step);
-      recv_blocks[t] = patterns::block(p.data.count, n, s.recv_block);
-      recv_chunks[t] = patterns::pieces(recv_blocks[t], p.chunk);
-      for (const patterns::Range& c : recv_chunks[t]) {
-        Buffer into = incoming[t].view().slice(c.offset - recv_blocks[t].offset, c.count);
-        recvs[t].push_back(backend.irecv(prev, into, tag));
+      const patterns::Range block = received(t, step);
+      const size_t slot = 2 * t + static_cast<size_t>(step % 2);
+      const Tag onward = makeTag(seq, p.reduce_scatter_phase, step + 1);
+      const int next = ringNeighbours(p, backend).next;
+      size_t i = 0;
+      for (const patterns::Range& c : patterns::pieces(block, p.chunk)) {
+        recvs[slot][i++]->wait(timeout);
+        const Buffer chunk = p.data.slice(c.offset, c.count);
+        reduceInto(chunk, incoming[slot].view().slice(c.offset - block.offset, c.count), op);
+        if (step + 1 < n - 1) sends.push_back(backend.isend(next, chunk, onward));
       }
-      for (const patterns::Range& c :
-           patterns::pieces(patterns::block(p.data.count, n, s.send_block), p.chunk)) {
-        sends.push_back(backend.isend(next, p.data.slice(c.offset, c.count), tag));
-      }
+      recvs[slot].clear();
+      if (step + 2 < n - 1) post(t, step + 2);  // into the scratch this step has done with
     }
-    for (size_t t = 0; t < parts.size(); ++t) {
-      for (size_t i = 0; i < recv_chunks[t].size(); ++i) {
-        recvs[t][i]->wait(timeout);
-        const patterns::Range c = recv_chunks[t][i];
-        reduceInto(parts[t].data.slice(c.offset, c.count),
-                   incoming[t].view().slice(c.offset - recv_blocks[t].offset, c.count), op);
-      }
-      recvs[t].clear();
-    }
-    waitAll(sends, timeout);  // the next step sends what this one reduced
   }
+  waitAll(sends, timeout);
 }
 
 // Starting with block b complete on the rank at position b of every part, leaves every
-// block complete on every rank.
+// block complete on every rank. Pipelined as the reduce-scatter: every receive lands in its
+// own block, so all are posted at once, and each chunk is sent on as it arrives.
 template <typename Parts>
 void ringAllGather(const Parts& parts, uint64_t seq, Backend& backend) {
-  const int n = backend.size(), rank = backend.rank();
-  Requests requests;
+  const int n = backend.size();
+  const auto timeout = backend.timeout();
+  Requests recvs, sends;  // receives in order: step, part, chunk
   for (int step = 0; step < n - 1; ++step) {
     for (const RingPart& p : parts) {
-      const int position = patterns::ringPosition(rank, n, p.forward);
-      const int next = patterns::ringRankAt(patterns::ringNext(position, n), n, p.forward);
-      const int prev = patterns::ringRankAt(patterns::ringPrev(position, n), n, p.forward);
-      const auto s = patterns::ringAllGatherStep(position, n, step);
+      const RingNeighbours ring = ringNeighbours(p, backend);
+      const auto s = patterns::ringAllGatherStep(ring.position, n, step);
       const Tag tag = makeTag(seq, p.all_gather_phase, step);
       for (const patterns::Range& c :
            patterns::pieces(patterns::block(p.data.count, n, s.recv_block), p.chunk)) {
-        requests.push_back(backend.irecv(prev, p.data.slice(c.offset, c.count), tag));
-      }
-      for (const patterns::Range& c :
-           patterns::pieces(patterns::block(p.data.count, n, s.send_block), p.chunk)) {
-        requests.push_back(backend.isend(next, p.data.slice(c.offset, c.count), tag));
+        recvs.push_back(backend.irecv(ring.prev, p.data.slice(c.offset, c.count), tag));
       }
     }
-    waitAll(requests, backend.timeout());  // the next step forwards what this one received
   }
+  for (const RingPart& p : parts) {
+    const RingNeighbours ring = ringNeighbours(p, backend);
+    const auto first = patterns::ringAllGatherStep(ring.position, n, 0);
+    const Tag tag = makeTag(seq, p.all_gather_phase, 0);
+    for (const patterns::Range& c :
+         patterns::pieces(patterns::block(p.data.count, n, first.send_block), p.chunk)) {
+      sends.push_back(backend.isend(ring.next, p.data.slice(c.offset, c.count), tag));
+    }
+  }
+  size_t i = 0;
+  for (int step = 0; step < n - 1; ++step) {
+    for (const RingPart& p : parts) {
+      const RingNeighbours ring = ringNeighbours(p, backend);
+      const auto s = patterns::ringAllGatherStep(ring.position, n, step);
+      const Tag onward = makeTag(seq, p.all_gather_phase, step + 1);
+      for (const patterns::Range& c :
+           patterns::pieces(patterns::block(p.data.count, n, s.recv_block), p.chunk)) {
+        recvs[i++]->wait(timeout);
+        if (step + 1 < n - 1)
+          sends.push_back(backend.isend(ring.next, p.data.slice(c.offset, c.count), onward));
+      }
+    }
+  }
+  recvs.clear();
+  waitAll(sends, timeout);
 }
 
 }  // namespace collie::schedules
