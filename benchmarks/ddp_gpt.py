@@ -135,6 +135,8 @@ def main():
     parser.add_argument("--data", default="",
                         help="a flat uint16 token file to read windows of (default: uniform "
                              "random tokens)")
+    parser.add_argument("--seed", type=int, default=1234,
+                        help="the model's initial weights and each rank's sampling (seed + rank)")
     parser.add_argument("--hook", default="none", choices=["none", "fp16", "powersgd"],
                         help="DDP's communication hook")
     parser.add_argument("--powersgd-rank", type=int, default=1)
@@ -155,12 +157,18 @@ def main():
     if distributed:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    torch.manual_seed(1234)
+    torch.manual_seed(args.seed)
     model = Gpt(args.layers, args.d_model, args.heads, args.seq_len, args.vocab, args.mlp_ratio)
     model.checkpointing = args.checkpointing
     model.to(device)
     for block in model.blocks:
         block.attn.future = block.attn.future.to(device)
+    if distributed and args.hook == "powersgd":
+        # One bucket: DDP's first bucket is 1 MB whatever bucket_cap_mb says, and with two
+        # buckets powerSGD_hook's future chains issue their all-reduces from Gloo's callback
+        # threads, in an order that differs from rank to rank (Gloo then aborts on a
+        # message of the wrong size). collie's 25 MB buckets are one bucket too.
+        dist._DEFAULT_FIRST_BUCKET_BYTES = int(args.bucket_mb * 1024 * 1024)
     ddp = (nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb,
                                                gradient_as_bucket_view=args.bucket_view)
            if distributed else model)
@@ -197,7 +205,7 @@ def main():
     if averager is not None:
         from torch.distributed.optim import PostLocalSGDOptimizer
         optimizer = PostLocalSGDOptimizer(optim=optimizer, averager=averager)
-    generator = torch.Generator().manual_seed(1234 + rank)
+    generator = torch.Generator().manual_seed(args.seed + rank)
     corpus = None
     if args.data:
         import numpy

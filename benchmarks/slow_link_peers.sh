@@ -8,14 +8,13 @@
 #             of each rank alone)
 # The same model, token file, AdamW, constant learning rate and clipping, DDP's default 25 MB
 # buckets; 1 thread per rank, the same OpenBLAS and malloc.
-# powersgd is left out by default (WAYS): Debian's PyTorch 1.13 powerSGD_hook over Gloo
-# across the lab's two hosts aborts a few steps after its start ("[enforce fail at
-# gloo/transport/tcp/pair.cc:510] op.preamble.length <= op.nbytes": its ranks' collectives
-# out of step), with one bucket as with several; WAYS="ddp powersgd" runs it anyway. Prints, per way, each peer's median tokens/s over the rounds,
-# collie / PyTorch with its range over the rounds, and each peer's final loss (the job's
-# mean) with its range.
+# PyTorch's powerSGD_hook runs with one bucket (ddp_gpt.py says why), as collie's 25 MB
+# buckets are. Round k seeds both peers' initial weights and sampling with 1233 + k, so that
+# each peer's final loss has a spread over the rounds. Prints, per way, each peer's median
+# tokens/s over the rounds, collie / PyTorch with its range over the rounds, and each peer's
+# final loss (the job's mean) with its range.
 #   benchmarks/slow_link_peers.sh [OUT]     (RATE=100mbit ROUNDS=3 STEPS=64
-#                                            WAYS="ddp fp16 localsgd" to change)
+#                                            WAYS="ddp fp16 powersgd localsgd" to change)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ "$(id -u)" == 0 ]] || { echo "the lab needs root" >&2; exit 2; }
@@ -23,7 +22,7 @@ out="${1:-runs/slow-link-peers-$(date +%Y%m%d-%H%M%S)}"
 rate="${RATE:-100mbit}"
 rounds="${ROUNDS:-3}"
 steps="${STEPS:-64}"
-ways="${WAYS:-ddp fp16 localsgd}"
+ways="${WAYS:-ddp fp16 powersgd localsgd}"
 source benchmarks/pytorch_peer.sh
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -65,6 +64,7 @@ run_collie() {  # way round
     --set 'matrix=[{}]' --set name="$1" --set launch.lab.rate="$rate" \
     --set data.source=tokens --set data.path="$out/tokens.bin" --set train.steps="$steps" \
     --set train.lr_schedule=constant --set train.warmup_steps=0 --set train.bucket_bytes=25MB \
+    --set train.seed=$((1233 + $2)) --set data.seed=$((1233 + $2)) \
     "${way[@]}" > /dev/null
 }
 
@@ -78,7 +78,7 @@ run_pytorch() {  # way round: torchrun on each lab host, host 0 the master
       --nproc_per_node 2 --master_addr 198.18.0.1 --master_port 29700 \
       --redirects 2 --tee 1 --log_dir "$out/torchrun-logs/$1-$2-h$host" \
       "$PWD/benchmarks/ddp_gpt.py" --steps "$steps" --data "$out/tokens.bin" --bucket-mb 25 \
-      $(torch_args "$1") > "$out/pytorch-$1-$2-h$host.log" 2>&1 &
+      --seed $((1233 + $2)) $(torch_args "$1") > "$out/pytorch-$1-$2-h$host.log" 2>&1 &
     pids+=($!)
   done
   # Both hosts' launchers are waited for, whichever fails first: none is left running.
