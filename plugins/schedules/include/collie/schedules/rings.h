@@ -64,10 +64,12 @@ template <typename Parts>
 void ringReduceScatter(const Parts& parts, ReduceOp op, uint64_t seq, Backend& backend) {
   const int n = backend.size();
   const auto timeout = backend.timeout();
-  Small<ScratchBuffer, 4> incoming;  // [part * 2 + step parity]: the largest block
-  Small<Requests, 4> recvs(2 * parts.size());
+  // [part * slots + step parity]: the largest block (one per part when one step is all)
+  const size_t slots = n > 2 ? 2 : 1;
+  Small<ScratchBuffer, 4> incoming;
+  Small<Requests, 4> recvs(slots * parts.size());
   for (const RingPart& p : parts) {
-    for (int parity = 0; parity < 2; ++parity)
+    for (size_t parity = 0; parity < slots; ++parity)
       incoming.emplace_back(p.data, patterns::block(p.data.count, n, 0).count);
   }
   auto received = [&](size_t t, int step) {  // the block step `step` of part t receives
@@ -79,7 +81,7 @@ void ringReduceScatter(const Parts& parts, ReduceOp op, uint64_t seq, Backend& b
   auto post = [&](size_t t, int step) {
     const RingPart& p = parts[t];
     const patterns::Range block = received(t, step);
-    const size_t slot = 2 * t + static_cast<size_t>(step % 2);
+    const size_t slot = slots * t + static_cast<size_t>(step % 2);
     const Tag tag = makeTag(seq, p.reduce_scatter_phase, step);
     for (const patterns::Range& c : patterns::pieces(block, p.chunk)) {
       Buffer into = incoming[slot].view().slice(c.offset - block.offset, c.count);
@@ -103,7 +105,7 @@ void ringReduceScatter(const Parts& parts, ReduceOp op, uint64_t seq, Backend& b
     for (size_t t = 0; t < parts.size(); ++t) {
       const RingPart& p = parts[t];
       const patterns::Range block = received(t, step);
-      const size_t slot = 2 * t + static_cast<size_t>(step % 2);
+      const size_t slot = slots * t + static_cast<size_t>(step % 2);
       const Tag onward = makeTag(seq, p.reduce_scatter_phase, step + 1);
       const int next = ringNeighbours(p, backend).next;
       size_t i = 0;
