@@ -135,6 +135,9 @@ def main():
     parser.add_argument("--data", default="",
                         help="a flat uint16 token file to read windows of (default: uniform "
                              "random tokens)")
+    parser.add_argument("--first-bucket-mb", type=float, default=None,
+                        help="DDP's first bucket (PyTorch's default: 1 MB, whatever "
+                             "--bucket-mb says); equal to --bucket-mb: buckets as collie's")
     parser.add_argument("--seed", type=int, default=1234,
                         help="the model's initial weights and each rank's sampling (seed + rank)")
     parser.add_argument("--hook", default="none", choices=["none", "fp16", "powersgd"],
@@ -163,12 +166,15 @@ def main():
     model.to(device)
     for block in model.blocks:
         block.attn.future = block.attn.future.to(device)
-    if distributed and args.hook == "powersgd":
-        # One bucket: DDP's first bucket is 1 MB whatever bucket_cap_mb says, and with two
-        # buckets powerSGD_hook's future chains issue their all-reduces from Gloo's callback
-        # threads, in an order that differs from rank to rank (Gloo then aborts on a
-        # message of the wrong size). collie's 25 MB buckets are one bucket too.
-        dist._DEFAULT_FIRST_BUCKET_BYTES = int(args.bucket_mb * 1024 * 1024)
+    if args.hook == "powersgd" and args.first_bucket_mb != args.bucket_mb:
+        # DDP's first bucket is 1 MB whatever bucket_cap_mb says; with two buckets
+        # powerSGD_hook's future chains issue their all-reduces from Gloo's callback threads
+        # in an order that differs from rank to rank, and Gloo aborts on a message of the
+        # wrong size.
+        raise SystemExit("--hook powersgd over Gloo needs one bucket: give --first-bucket-mb "
+                         "equal to --bucket-mb")
+    if args.first_bucket_mb is not None:
+        dist._DEFAULT_FIRST_BUCKET_BYTES = int(args.first_bucket_mb * 1024 * 1024)
     ddp = (nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb,
                                                gradient_as_bucket_view=args.bucket_view)
            if distributed else model)

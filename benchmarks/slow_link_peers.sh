@@ -8,13 +8,17 @@
 #             of each rank alone)
 # The same model, token file, AdamW, constant learning rate and clipping, DDP's default 25 MB
 # buckets; 1 thread per rank, the same OpenBLAS and malloc.
-# PyTorch's powerSGD_hook runs with one bucket (ddp_gpt.py says why), as collie's 25 MB
-# buckets are. Round k seeds both peers' initial weights and sampling with 1233 + k, so that
+# Both peers synchronise one 25 MB bucket (this model's 3.4 MB of gradients in one): PyTorch's
+# DDP is told to make its first bucket as large as the others (--first-bucket-mb), which
+# its powerSGD_hook over Gloo needs (ddp_gpt.py says why); FIRST_BUCKET_MB=1 gives DDP its
+# default 1 MB first bucket instead, which overlaps part of the all-reduce with the backward
+# (then only WAYS without powersgd run). Round k seeds both peers' initial weights and sampling with 1233 + k, so that
 # each peer's final loss has a spread over the rounds. Prints, per way, each peer's median
 # tokens/s over the rounds, collie / PyTorch with its range over the rounds, and each peer's
 # final loss (the job's mean) with its range.
 #   benchmarks/slow_link_peers.sh [OUT]     (RATE=100mbit ROUNDS=3 STEPS=64
-#                                            WAYS="ddp fp16 powersgd localsgd" to change)
+#                                            WAYS="ddp fp16 powersgd localsgd"
+#                                            FIRST_BUCKET_MB=25 to change)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ "$(id -u)" == 0 ]] || { echo "the lab needs root" >&2; exit 2; }
@@ -23,6 +27,7 @@ rate="${RATE:-100mbit}"
 rounds="${ROUNDS:-3}"
 steps="${STEPS:-64}"
 ways="${WAYS:-ddp fp16 powersgd localsgd}"
+first_bucket="${FIRST_BUCKET_MB:-25}"
 source benchmarks/pytorch_peer.sh
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -78,6 +83,7 @@ run_pytorch() {  # way round: torchrun on each lab host, host 0 the master
       --nproc_per_node 2 --master_addr 198.18.0.1 --master_port 29700 \
       --redirects 2 --tee 1 --log_dir "$out/torchrun-logs/$1-$2-h$host" \
       "$PWD/benchmarks/ddp_gpt.py" --steps "$steps" --data "$out/tokens.bin" --bucket-mb 25 \
+      --first-bucket-mb "$first_bucket" \
       --seed $((1233 + $2)) $(torch_args "$1") > "$out/pytorch-$1-$2-h$host.log" 2>&1 &
     pids+=($!)
   done
