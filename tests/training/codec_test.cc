@@ -27,6 +27,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <regex>
 
 #include "collie/codec.h"
 #include "collie/error.h"
@@ -455,6 +456,30 @@ TEST(AutoCompression, PassesOverACandidateTheSchedulerCannotRun) {
   EXPECT_NE(none.find("runs the collectives of none of the candidates"), std::string::npos) << none;
 }
 
+// Between two candidates the run can take, auto takes the one whose predicted step (the
+// link's share plus the timed arithmetic, both in the summary's account) is the smaller.
+TEST(AutoCompression, TakesTheCandidateWithTheShortestPredictedStep) {
+  const train::Result r = kRuns.run(
+      "auto-two", {"train.compression={plugin: auto, params: {candidates: [none, bf16]}}"});
+  std::map<std::string, double> predicted;
+  const std::regex account(
+      R"((none|bf16) ([0-9.]+) s \(([0-9.]+) s on the link \+ ([0-9.]+) s arithmetic\))");
+  for (auto it =
+           std::sregex_iterator(r.compression_choice.begin(), r.compression_choice.end(), account);
+       it != std::sregex_iterator(); ++it) {
+    const double total = std::stod((*it)[2]), link = std::stod((*it)[3]),
+                 arithmetic = std::stod((*it)[4]);
+    EXPECT_NEAR(total, link + arithmetic, 1.5e-4) << r.compression_choice;
+    predicted[(*it)[1]] = total;
+  }
+  ASSERT_EQ(predicted.size(), 2u) << r.compression_choice;
+  EXPECT_GT(predicted.at("none"), 0);
+  EXPECT_NE(r.compression_choice.find("chose " + r.compression), std::string::npos);
+  const std::string other = r.compression == "none" ? "bf16" : "none";
+  EXPECT_LE(predicted.at(r.compression), predicted.at(other)) << r.compression_choice;
+  EXPECT_TRUE(r.sync.identical);
+}
+
 TEST(AutoCompression, BadCandidatesAreRefusedByName) {
   auto refused = [](const std::string& compression) {
     return kRuns.configError({"train.compression=" + compression});
@@ -462,7 +487,8 @@ TEST(AutoCompression, BadCandidatesAreRefusedByName) {
   const std::string word = refused("auto");
   EXPECT_NE(word.find("auto chooses among params.candidates"), std::string::npos) << word;
   const std::string missing = refused("{plugin: auto}");
-  EXPECT_NE(missing.find("params"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("train.compression.params: missing required key"), std::string::npos)
+      << missing;
   const std::string empty = refused("{plugin: auto, params: {candidates: []}}");
   EXPECT_NE(empty.find("at least 1"), std::string::npos) << empty;
   const std::string nested = refused("{plugin: auto, params: {candidates: [bf16, auto]}}");
@@ -481,7 +507,7 @@ TEST(AutoCompression, BadCandidatesAreRefusedByName) {
         << e.what();
   }
   const std::string other = refused("{plugin: auto, params: {candidates: [bf16], rank: 2}}");
-  EXPECT_NE(other.find("rank"), std::string::npos) << other;
+  EXPECT_NE(other.find("train.compression.params.rank: unknown key"), std::string::npos) << other;
 }
 
 // ---- the loss against wall time --------------------------------------------------------
@@ -537,6 +563,18 @@ TEST(LossCurve, IsTheJobsMeanAndTheTargetItsFirstEightStepMean) {
   unreachable.push_back("train.target_loss=0.001");
   const train::Result never = kRuns.run("curve-never", unreachable);
   EXPECT_EQ(never.steps_to_target, 0);
+  // Resumed after step 10, the curve is the resumed steps' (the same losses: the run
+  // continues bit for bit), said to start at step 11, and the step a target is reached at
+  // counts from the run's first step.
+  auto resumable = with_target;
+  resumable.push_back("train.checkpoint_every=10");
+  kRuns.run("curve-resumed", resumable);
+  fs::remove_all(train::checkpointPath((kRuns.dir("curve-resumed") / "ckpt").string(), 20));
+  const train::Result resumed = kRuns.run("curve-resumed", resumable, /*fresh=*/false);
+  EXPECT_EQ(resumed.loss_curve_first_step, 11);
+  ASSERT_EQ(resumed.loss_curve.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) EXPECT_EQ(resumed.loss_curve[i], r.loss_curve[10 + i]) << i;
+  EXPECT_EQ(t.loss_curve_first_step, 1);
 }
 
 }  // namespace

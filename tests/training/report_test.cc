@@ -107,6 +107,16 @@ Result everyFieldSet() {
   r.weight_sample = {0.5, -0.25};
   r.token_budgets = {1e9, 2e9};
   r.peak_flops = 1e14;
+  r.compression_choice = "chose bf16: its synchronisation of a step is predicted shortest";
+  r.predicted_codec_arithmetic_seconds = 0.004;
+  r.interface_hosts = 2;
+  r.interface_startup_sent_bytes = 5.8e7;
+  r.interface_sent_bytes_per_step = 5.3e6;
+  r.target_loss = 4.5;
+  r.steps_to_target = 31;
+  r.seconds_to_target = 12.5;
+  r.loss_curve = {10.5, 7.25, 4.25};
+  r.loss_curve_seconds = {0.3, 0.6, 0.9};
   return r;
 }
 
@@ -154,6 +164,16 @@ TEST_F(ResultFile, KeepsEveryFieldOfAResult) {
   EXPECT_EQ(out.sync_warmup_steps, in.sync_warmup_steps);
   EXPECT_EQ(out.sent_bytes_per_step, in.sent_bytes_per_step);
   EXPECT_EQ(out.predicted_float32_comm_seconds, in.predicted_float32_comm_seconds);
+  EXPECT_EQ(out.compression_choice, in.compression_choice);
+  EXPECT_EQ(out.predicted_codec_arithmetic_seconds, in.predicted_codec_arithmetic_seconds);
+  EXPECT_EQ(out.interface_hosts, in.interface_hosts);
+  EXPECT_EQ(out.interface_startup_sent_bytes, in.interface_startup_sent_bytes);
+  EXPECT_EQ(out.interface_sent_bytes_per_step, in.interface_sent_bytes_per_step);
+  EXPECT_EQ(out.target_loss, in.target_loss);
+  EXPECT_EQ(out.steps_to_target, in.steps_to_target);
+  EXPECT_EQ(out.seconds_to_target, in.seconds_to_target);
+  EXPECT_EQ(out.loss_curve, in.loss_curve);
+  EXPECT_EQ(out.loss_curve_seconds, in.loss_curve_seconds);
   EXPECT_EQ(out.sharding, in.sharding);
   EXPECT_EQ(out.parameter_bytes, in.parameter_bytes);
   EXPECT_EQ(out.gradient_bytes, in.gradient_bytes);
@@ -204,6 +224,7 @@ TEST_F(ResultFile, KeepsTheNamesThatSummaryJsonReadersUse) {
                                           "model",
                                           "scheduler",
                                           "compression",
+                                          "compression_choice",
                                           "backend",
                                           "ranks",
                                           "parameters",
@@ -229,6 +250,15 @@ TEST_F(ResultFile, KeepsTheNamesThatSummaryJsonReadersUse) {
                                           "sent_bytes_per_step",
                                           "buckets",
                                           "predicted_float32_comm_s",
+                                          "predicted_codec_arithmetic_s",
+                                          "interface_hosts",
+                                          "interface_startup_sent_bytes",
+                                          "interface_sent_bytes_per_step",
+                                          "target_loss",
+                                          "steps_to_target",
+                                          "seconds_to_target",
+                                          "loss_curve",
+                                          "loss_curve_s",
                                           "sharding",
                                           "overlap",
                                           "parameter_bytes",
@@ -385,8 +415,11 @@ TEST(RankSummary, PacksAndUnpacksEveryValue) {
   in.first_loss_sum = 42;
   in.last_loss_sum = 17;
   in.timed_steps = 99;
+  in.steps_run = 100;
+  in.interface_startup_sent = 5e7;
+  in.interface_steps_sent = 3e8;
   const std::vector<double> packed = in.pack();
-  EXPECT_EQ(packed.size(), 9u);
+  EXPECT_EQ(packed.size(), 12u);
   const RankSummary out = RankSummary::unpack(packed);
   EXPECT_EQ(out.step, in.step);
   EXPECT_EQ(out.compute, in.compute);
@@ -397,7 +430,60 @@ TEST(RankSummary, PacksAndUnpacksEveryValue) {
   EXPECT_EQ(out.first_loss_sum, in.first_loss_sum);
   EXPECT_EQ(out.last_loss_sum, in.last_loss_sum);
   EXPECT_EQ(out.timed_steps, in.timed_steps);
+  EXPECT_EQ(out.steps_run, in.steps_run);
+  EXPECT_EQ(out.interface_startup_sent, in.interface_startup_sent);
+  EXPECT_EQ(out.interface_steps_sent, in.interface_steps_sent);
   EXPECT_THROW(RankSummary::unpack({1, 2, 3}), InternalError);
+}
+
+// On the lab the first rank of each host brings its host's interface counts: the job's
+// figures are the mean over those hosts, per step over every step this run took; ranks that
+// read none (-1) count for nothing, and off the lab there is nothing to say.
+TEST(RankSummary, CombinesTheHostsInterfaceCountsPerHostAndStep) {
+  auto rank = [](double startup, double steps) {
+    RankSummary s;
+    s.steps_run = 10;
+    s.timed_steps = 9;
+    s.interface_startup_sent = startup;
+    s.interface_steps_sent = steps;
+    return s;
+  };
+  Result r;
+  combineRanks({rank(4e6, 1e7), rank(-1, -1), rank(6e6, 3e7), rank(-1, -1)}, 8, &r);
+  EXPECT_EQ(r.interface_hosts, 2);
+  EXPECT_DOUBLE_EQ(r.interface_startup_sent_bytes, 5e6);
+  EXPECT_DOUBLE_EQ(r.interface_sent_bytes_per_step, 2e6);  // (1e7 + 3e7) / 2 hosts / 10 steps
+  Result off;
+  combineRanks({rank(-1, -1), rank(-1, -1)}, 8, &off);
+  EXPECT_EQ(off.interface_hosts, 0);
+  EXPECT_EQ(off.interface_sent_bytes_per_step, 0);
+}
+
+// The lines under the table for what a run measured on the lab, the target loss it reached
+// (or not), and why auto chose its codec.
+TEST(Summary, SaysWhatTheInterfacesCountedAndWhenTheTargetWasReached) {
+  Result r = everyFieldSet();
+  std::ostringstream out;
+  printSummary(out, {r});
+  std::string text = out.str();
+  EXPECT_NE(text.find("the lab hosts' interfaces counted 5.300 MB sent per host per step"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("58.00 MB per host before the first step"), std::string::npos) << text;
+  EXPECT_NE(text.find("train.target_loss 4.5: reached after step 31, 12.5 s after the first "
+                      "step began"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("train.compression auto chose bf16"), std::string::npos) << text;
+  r.steps_to_target = 0;
+  r.interface_hosts = 0;
+  r.compression_choice.clear();
+  std::ostringstream again;
+  printSummary(again, {r});
+  text = again.str();
+  EXPECT_NE(text.find("train.target_loss 4.5: not reached in 3 steps"), std::string::npos) << text;
+  EXPECT_EQ(text.find("interfaces counted"), std::string::npos) << text;
+  EXPECT_EQ(text.find("auto chose"), std::string::npos) << text;
 }
 
 }  // namespace

@@ -443,7 +443,7 @@ void checkLabels(const Experiment& e, std::vector<Issue>* issues) {
 
 // Size rules choose a scheduler by message size; every other plugin slot holds one plugin.
 void checkSingularSlots(const Experiment& e, std::vector<Issue>* issues) {
-  auto check = [&](const YAML::Node& slot, const char* key, const PluginRef& ref) {
+  auto check = [&](const YAML::Node& slot, const std::string& key, const PluginRef& ref) {
     if (ref.rules.empty()) return;
     issues->push_back({fmt::format(
         "{}: {}: 'rules' choose a scheduler by message size; this slot takes one plugin. "
@@ -455,7 +455,7 @@ void checkSingularSlots(const Experiment& e, std::vector<Issue>* issues) {
   check(e.resolved["model"], "model", e.model);
   check(e.resolved["train"]["compression"], "train.compression", e.train.compression);
   for (size_t i = 0; i < e.train.compression_candidates.size(); ++i) {
-    check(compressionCandidate(e, i), "train.compression.params.candidates",
+    check(compressionCandidate(e, i), fmt::format("train.compression.params.candidates[{}]", i),
           e.train.compression_candidates[i]);
   }
 }

@@ -3,19 +3,14 @@
 
 #include <fmt/format.h>
 
+#include <tuple>
+
 #include "collie/error.h"
 #include "runtime/device.h"
 
 namespace collie::train {
 
-CommunicatorGroup::CommunicatorGroup(Communicator& comm, const std::string& codec,
-                                     const at::Device& device, std::vector<Provenance>* record)
-    : comm_(comm), codec_(codec), device_(device), record_(record) {}
-
-int CommunicatorGroup::rank() const { return comm_.backend().rank(); }
-int CommunicatorGroup::size() const { return comm_.backend().size(); }
-
-void CommunicatorGroup::allReduce(const at::Tensor& t, ReduceOp op) {
+Buffer CodecCallRules::allReduce(const at::Tensor& t, ReduceOp op) const {
   check(t, "allReduce");
   const at::ScalarType type = t.scalar_type();
   if (type != at::kFloat && type != at::kHalf && type != at::kBFloat16 && type != at::kInt &&
@@ -28,30 +23,23 @@ void CommunicatorGroup::allReduce(const at::Tensor& t, ReduceOp op) {
   if (op != ReduceOp::kSum && op != ReduceOp::kMax && op != ReduceOp::kMin) {
     refuse("allReduce with an operation other than sum, max or min");
   }
-  CollectiveArgs args;
-  args.coll = Collective::kAllReduce;
-  args.op = op;
-  args.data = bufferOf(t);
-  record_->push_back(comm_.run(args));
+  return bufferOf(t);
 }
 
-void CommunicatorGroup::allGather(const at::Tensor& in, const at::Tensor& out) {
+std::pair<Buffer, Buffer> CodecCallRules::allGather(const at::Tensor& in,
+                                                    const at::Tensor& out) const {
   check(in, "allGather");
   check(out, "allGather");
-  if (out.scalar_type() != in.scalar_type() || out.numel() != in.numel() * size()) {
+  if (out.scalar_type() != in.scalar_type() || out.numel() != in.numel() * size_) {
     refuse(fmt::format("allGather into {} elements of {} from {} of {}: expected {} of {}",
                        out.numel(), c10::toString(out.scalar_type()), in.numel(),
-                       c10::toString(in.scalar_type()), in.numel() * size(),
+                       c10::toString(in.scalar_type()), in.numel() * size_,
                        c10::toString(in.scalar_type())));
   }
-  CollectiveArgs args;
-  args.coll = Collective::kAllGather;
-  args.data = words(in);
-  args.output = words(out);
-  record_->push_back(comm_.run(args));
+  return {words(in), words(out)};
 }
 
-void CommunicatorGroup::check(const at::Tensor& t, const char* call) const {
+void CodecCallRules::check(const at::Tensor& t, const char* call) const {
   if (t.defined() && t.is_contiguous() && t.device() == device_) return;
   refuse(fmt::format("{} of a tensor that is {}: expected a contiguous tensor on {}", call,
                      !t.defined()         ? std::string("undefined")
@@ -60,7 +48,7 @@ void CommunicatorGroup::check(const at::Tensor& t, const char* call) const {
                      device_.str()));
 }
 
-Buffer CommunicatorGroup::words(const at::Tensor& t) const {
+Buffer CodecCallRules::words(const at::Tensor& t) const {
   const at::ScalarType type = t.scalar_type();
   if (t.element_size() != 1) {
     if (type != at::kFloat && type != at::kDouble && type != at::kHalf && type != at::kBFloat16 &&
@@ -81,30 +69,40 @@ Buffer CommunicatorGroup::words(const at::Tensor& t) const {
   return bufferOf(t.reshape({-1}).view(at::kInt));
 }
 
-void CommunicatorGroup::refuse(const std::string& what) const {
+void CodecCallRules::refuse(const std::string& what) const {
   throw PluginError("codec '" + codec_ + "': " + what + " (collie/codec.h, CodecGroup)");
+}
+
+CommunicatorGroup::CommunicatorGroup(Communicator& comm, const std::string& codec,
+                                     const at::Device& device, std::vector<Provenance>* record)
+    : comm_(comm), rules_(codec, device, comm.backend().size()), record_(record) {}
+
+int CommunicatorGroup::rank() const { return comm_.backend().rank(); }
+int CommunicatorGroup::size() const { return comm_.backend().size(); }
+
+void CommunicatorGroup::allReduce(const at::Tensor& t, ReduceOp op) {
+  CollectiveArgs args;
+  args.coll = Collective::kAllReduce;
+  args.op = op;
+  args.data = rules_.allReduce(t, op);
+  record_->push_back(comm_.run(args));
+}
+
+void CommunicatorGroup::allGather(const at::Tensor& in, const at::Tensor& out) {
+  CollectiveArgs args;
+  args.coll = Collective::kAllGather;
+  std::tie(args.data, args.output) = rules_.allGather(in, out);
+  record_->push_back(comm_.run(args));
 }
 
 RehearsalGroup::RehearsalGroup(int rank, int size, const std::string& codec,
                                const at::Device& device)
-    : rank_(rank), size_(size), codec_(codec), device_(device) {}
+    : rank_(rank), size_(size), rules_(codec, device, size) {}
 
-void RehearsalGroup::allReduce(const at::Tensor& t, ReduceOp op) {
-  (void)op;
-  if (!t.defined() || !t.is_contiguous() || t.device() != device_) {
-    throw PluginError("codec '" + codec_ + "': allReduce of a tensor that is not contiguous on " +
-                      device_.str() + " (collie/codec.h, CodecGroup)");
-  }
-}
+void RehearsalGroup::allReduce(const at::Tensor& t, ReduceOp op) { rules_.allReduce(t, op); }
 
 void RehearsalGroup::allGather(const at::Tensor& in, const at::Tensor& out) {
-  if (!in.defined() || !out.defined() || out.scalar_type() != in.scalar_type() ||
-      out.numel() != in.numel() * size_ || !out.is_contiguous() || out.device() != device_) {
-    throw PluginError("codec '" + codec_ +
-                      "': allGather whose output is not size() times its "
-                      "input, contiguous, on " +
-                      device_.str() + " (collie/codec.h, CodecGroup)");
-  }
+  rules_.allGather(in, out);
   const at::Tensor flat = in.reshape({-1});
   for (int r = 0; r < size_; ++r) out.view({-1}).narrow(0, r * in.numel(), in.numel()).copy_(flat);
 }

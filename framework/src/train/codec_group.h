@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "collie/codec.h"
@@ -13,10 +14,30 @@
 
 namespace collie::train {
 
+// What collie/codec.h asks of a codec's calls, checked alike for both groups below: a call
+// that breaks it is the codec's error, a PluginError naming `codec`.
+class CodecCallRules {
+ public:
+  CodecCallRules(std::string codec, const at::Device& device, int size)
+      : codec_(std::move(codec)), device_(device), size_(size) {}
+  // The buffer an all-reduce of `t` moves.
+  Buffer allReduce(const at::Tensor& t, ReduceOp op) const;
+  // The buffers an all-gather moves: one-byte elements as 4-byte words.
+  std::pair<Buffer, Buffer> allGather(const at::Tensor& in, const at::Tensor& out) const;
+
+ private:
+  void check(const at::Tensor& t, const char* call) const;
+  Buffer words(const at::Tensor& t) const;
+  [[noreturn]] void refuse(const std::string& what) const;
+
+  std::string codec_;
+  at::Device device_;
+  int size_;
+};
+
 class CommunicatorGroup final : public CodecGroup {
  public:
   // Tensors must lie on `device`. Every collective's provenance is appended to `record`.
-  // A call that breaks the contract is the codec's error: a PluginError naming `codec`.
   CommunicatorGroup(Communicator& comm, const std::string& codec, const at::Device& device,
                     std::vector<Provenance>* record);
 
@@ -26,13 +47,8 @@ class CommunicatorGroup final : public CodecGroup {
   void allGather(const at::Tensor& in, const at::Tensor& out) override;
 
  private:
-  void check(const at::Tensor& t, const char* call) const;
-  Buffer words(const at::Tensor& t) const;  // one-byte elements as 4-byte words
-  [[noreturn]] void refuse(const std::string& what) const;
-
   Communicator& comm_;
-  std::string codec_;
-  at::Device device_;
+  CodecCallRules rules_;
   std::vector<Provenance>* record_;
 };
 
@@ -40,7 +56,7 @@ class CommunicatorGroup final : public CodecGroup {
 // each candidate computes between its collectives: every rank's part is taken to be this
 // rank's, so an all-reduce leaves `t` as it is (a sum over one rank) and an all-gather copies
 // `in` into every rank's place. Its results are no sum over the ranks; nothing synchronised
-// on it reaches a step. Calls are checked as CommunicatorGroup checks them.
+// on it reaches a step. Calls are checked as CommunicatorGroup's are.
 class RehearsalGroup final : public CodecGroup {
  public:
   RehearsalGroup(int rank, int size, const std::string& codec, const at::Device& device);
@@ -52,8 +68,7 @@ class RehearsalGroup final : public CodecGroup {
 
  private:
   int rank_, size_;
-  std::string codec_;
-  at::Device device_;
+  CodecCallRules rules_;
 };
 
 }  // namespace collie::train

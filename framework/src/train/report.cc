@@ -183,7 +183,10 @@ Result fromJson(const json& j) {
 // What the prediction beside the float32 all-reduce's prices: a codec's collectives, the
 // meetings of train.sync's local modes, or both (the codec's in the synchronous steps).
 std::string predictedWays(const Result& r, bool coded) {
-  const std::string codec = "train.compression " + r.compression + "'s collectives";
+  const std::string codec =
+      "train.compression " + r.compression +
+      fmt::format("'s collectives and its arithmetic ({:.4f} s, timed on a rehearsal)",
+                  r.predicted_codec_arithmetic_seconds);
   if (r.sync_mode == "every_step") return codec;
   const std::string sync =
       fmt::format("train.sync {} ({} synchronous steps, then a meeting every {})", r.sync_mode,
@@ -349,7 +352,8 @@ void printDetails(std::ostream& out, const Result& r) {
         << (std::isnan(r.predicted_comm_seconds) ? std::string("-")
                                                  : fmt::format("{:.4f}", r.predicted_comm_seconds))
         << " s from the measured link " << (r.between_nodes ? "between nodes" : "inside a node")
-        << " (alpha " << fmt::format("{:.1f}", r.link_alpha * 1e6) << " us, "
+        << (coded ? " and the codec's timed arithmetic" : "") << " (alpha "
+        << fmt::format("{:.1f}", r.link_alpha * 1e6) << " us, "
         << (r.link_beta > 0 ? fmt::format("{:.3f}", 1e-9 / r.link_beta) : "-") << " GB/s)\n";
     if (r.predicted_float32_comm_seconds > 0 && !std::isnan(r.predicted_comm_seconds)) {
       const double saved = r.predicted_float32_comm_seconds - r.predicted_comm_seconds;
@@ -377,20 +381,28 @@ void printDetails(std::ostream& out, const Result& r) {
         << fmt::format(
                "the lab hosts' interfaces counted {:.3f} MB sent per host per step (bytes that "
                "crossed a link, every header included; a host's own ranks talk over loopback), "
-               "{:.2f} MB per host before the first step (calibration and the parameters' "
-               "broadcast); collie counted {:.3f} MB a rank sent per step, to every peer\n",
+               "{:.2f} MB per host before the first step (calibration, the parameters' "
+               "broadcast, a resume, auto's rehearsal); collie counted {:.3f} MB a rank sent per "
+               "step, to every peer\n",
                r.interface_sent_bytes_per_step / 1e6, r.interface_startup_sent_bytes / 1e6,
                r.sent_bytes_per_step / 1e6);
   }
   if (r.target_loss > 0) {
+    const size_t window = std::min<size_t>(kTargetWindow, r.loss_curve.size());
+    const std::string since = r.loss_curve_first_step > 1
+                                  ? fmt::format(
+                                        "step {} began (where this run resumed; the "
+                                        "steps before it are not counted)",
+                                        r.loss_curve_first_step)
+                                  : std::string("the first step began");
     out << "# " << tag
         << (r.steps_to_target > 0
-                ? fmt::format("train.target_loss {:g}: reached after step {}, {:.1f} s after the "
-                              "first step began (the job's loss, a mean over {} steps)",
-                              r.target_loss, r.steps_to_target, r.seconds_to_target, kTargetWindow)
+                ? fmt::format("train.target_loss {:g}: reached after step {}, {:.1f} s after {} "
+                              "(the job's loss, a mean over {} steps)",
+                              r.target_loss, r.steps_to_target, r.seconds_to_target, since, window)
                 : fmt::format("train.target_loss {:g}: not reached in {} steps (the job's loss, a "
                               "mean over {} steps)",
-                              r.target_loss, r.loss_curve.size(), kTargetWindow))
+                              r.target_loss, r.loss_curve.size(), window))
         << "\n";
   }
   if (r.sync_mode != "every_step") {

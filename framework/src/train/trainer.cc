@@ -161,8 +161,8 @@ class RankTrainer {
     sharding_.grad_accum = spec_.grad_accum;
     addSchedulers(loader);
     createModel(loader);
+    loader_ = &loader;  // run() makes fresh codecs to time (and, auto, the chosen one)
     if (spec_.choosesCompression()) {
-      loader_ = &loader;  // run() makes a fresh one of the chosen candidate
       for (const config::PluginRef& c : spec_.compression_candidates) {
         Params params = c.params;
         candidates_.push_back(c.plugin == "none" ? nullptr : loader.createCodec(c.plugin, params));
@@ -192,7 +192,10 @@ class RankTrainer {
   // The run, top to bottom: set up what the steps share, continue from a checkpoint, step,
   // then check the weights and gather every rank's numbers.
   Result run() {
-    InterfaceMarks interfaces(e_.lab.hosts > 0, comm_.topology().localRank(rank_) == 0, control_);
+    // Barriers by the config, which every rank shares; counters only inside a lab host.
+    InterfaceMarks interfaces(
+        e_.lab.hosts > 0, comm_.topology().localRank(rank_) == 0 && !measure::labHostName().empty(),
+        control_);
     interfaces.mark();  // 0: before calibration
     announce();
     const CostModel cost =
@@ -220,7 +223,10 @@ class RankTrainer {
     // The local modes all-reduce the gradients in their synchronous steps only (a codec's
     // collectives there), and the parameters, in float32, at each meeting: per step, over
     // the run.
+    if (codec_ && !spec_.choosesCompression()) codec_arithmetic_ = timeArithmetic(reducer);
+    // A codec's step: its collectives from the calibrated link, and its arithmetic.
     double predicted = predictComm(reducer, cost);
+    if (codec_ && !std::isnan(predicted)) predicted += codec_arithmetic_;
     if (periodic.local()) {
       predicted = (static_cast<double>(periodic.synchronousSteps()) * predicted +
                    static_cast<double>(periodic.meetings()) *
@@ -229,6 +235,7 @@ class RankTrainer {
     }
     Result result = describeRun(reducer, cost, predicted);
     result.compression_choice = choice;
+    result.predicted_codec_arithmetic_seconds = codec_ ? codec_arithmetic_ : 0;
     if (codec_ || periodic.local()) {  // what the float32 all-reduce every step would take
       const double float32 = predictComm(reducer, cost, /*float32=*/true);
       result.predicted_float32_comm_seconds = std::isnan(float32) ? 0 : float32;
@@ -784,24 +791,38 @@ class RankTrainer {
   std::string chooseCodec(const Reducer& reducer, const CostModel& cost) {
     const auto& listed = spec_.compression_candidates;
     std::vector<double> comm(listed.size(), 0.0), arithmetic(listed.size(), 0.0);
+    std::string failure;  // this rank's first failed rehearsal
     for (size_t i = 0; i < listed.size(); ++i) {
       Codec* codec = candidates_[i].get();
       if (codec == nullptr) {
         comm[i] = predictComm(reducer, cost, /*float32=*/true);
         continue;
       }
-      std::vector<CodecBucket> buckets = reducer.codecBuckets(/*fresh=*/true);
-      codec->prepare(buckets, {spec_.seed, rank_, world_});
-      std::vector<CollectiveArgs> collectives;
-      for (const CodecBucket& bucket : buckets) {
-        for (auto& args : codecCollectives(*codec, bucket, spec_.steps - 1))
-          collectives.push_back(args);
+      // A failure on any rank is every rank's (through the max below), never a hang.
+      try {
+        std::vector<CodecBucket> buckets = reducer.codecBuckets(/*fresh=*/true);
+        codec->prepare(buckets, {spec_.seed, rank_, world_});
+        std::vector<CollectiveArgs> collectives;
+        for (const CodecBucket& bucket : buckets) {
+          for (auto& args : codecCollectives(*codec, bucket, spec_.steps - 1))
+            collectives.push_back(args);
+        }
+        comm[i] = predictSeconds(collectives, cost);  // the same on every rank
+        if (!std::isnan(comm[i])) arithmetic[i] = rehearse(*codec, buckets, listed[i].label);
+      } catch (const std::exception& e) {
+        if (failure.empty()) failure = fmt::format("{}: {}", listed[i].label, e.what());
+        arithmetic[i] = std::numeric_limits<double>::infinity();
       }
-      comm[i] = predictSeconds(collectives, cost);
-      arithmetic[i] = rehearse(*codec, buckets, listed[i].label);
+      candidates_[i].reset();  // its state and buffers go before the next one's come
     }
     arithmetic = control_.max(arithmetic);
     candidates_.clear();
+    for (size_t i = 0; i < listed.size(); ++i) {
+      if (!std::isinf(arithmetic[i])) continue;
+      throw PluginError(fmt::format(
+          "train.compression: auto: candidate '{}' failed its rehearsal{}", listed[i].label,
+          failure.empty() ? " on another rank" : fmt::format(" (on rank {}: {})", rank_, failure)));
+    }
     size_t best = listed.size();
     std::vector<std::string> others;
     for (size_t i = 0; i < listed.size(); ++i) {
@@ -827,16 +848,27 @@ class RankTrainer {
       if (i != best && !std::isnan(comm[i])) others.push_back(account(i));
     const config::PluginRef& chosen = listed[best];
     codec_label_ = chosen.label;
+    codec_arithmetic_ = arithmetic[best];
     if (chosen.plugin != "none") {
       Params params = chosen.params;
       codec_ = loader_->createCodec(chosen.plugin, params);
     }
     return fmt::format(
-        "chose {}: its synchronisation of a step is predicted shortest, {}; {}. Each candidate "
+        "chose {}: its synchronisation of a step is predicted shortest, {}{}. Each candidate "
         "after any warm-up: its collectives from the calibrated link, its arithmetic timed on "
-        "the slowest rank (the float32 all-reduce partly hides behind the backward, which "
-        "this does not count)",
-        chosen.label, account(best), detail::join(others, "; "));
+        "the slowest rank (what hides behind the backward is not counted)",
+        chosen.label, account(best),
+        others.empty() ? std::string(" (the only candidate)") : "; " + detail::join(others, "; "));
+  }
+
+  // train.compression's codec (named, not chosen): the slowest rank's arithmetic of a step,
+  // timed on a fresh instance (rehearse) so that the run's codec keeps prepare()'s state.
+  double timeArithmetic(const Reducer& reducer) {
+    Params params = spec_.compression.params;
+    const std::shared_ptr<Codec> probe = loader_->createCodec(spec_.compression.plugin, params);
+    std::vector<CodecBucket> buckets = reducer.codecBuckets(/*fresh=*/true);
+    probe->prepare(buckets, {spec_.seed, rank_, world_});
+    return control_.max({rehearse(*probe, buckets, codec_label_)}).at(0);
   }
 
   // The seconds `codec` computes to synchronise `buckets` once, its collectives left out
@@ -845,19 +877,24 @@ class RankTrainer {
   double rehearse(Codec& codec, std::vector<CodecBucket>& buckets, const std::string& label) {
     RehearsalGroup group(rank_, world_, label, device_);
     at::Generator draws = at::make_generator<at::CPUGeneratorImpl>(spec_.seed + 7919 * rank_);
+    std::vector<at::Tensor> values;  // each bucket's gradient-like values, drawn once
+    for (CodecBucket& b : buckets) {
+      for (at::Tensor& p : b.parameters)
+        p.copy_(at::randn(p.sizes(), draws, at::TensorOptions().dtype(at::kFloat)) * 1e-3);
+      values.push_back(b.gradient.clone());
+      b.share = 1.0 / world_;
+      b.step = spec_.steps - 1;
+    }
+    auto settled = [&] {  // the device's queue drained (a scalar read waits for it)
+      if (device_.is_cuda() && !buckets.empty()) (void)buckets.back().gradient.sum().item<double>();
+    };
     std::vector<double> seconds;
     for (int pass = 0; pass < 4; ++pass) {
-      for (CodecBucket& b : buckets) {
-        b.gradient.zero_();
-        for (at::Tensor& p : b.parameters)
-          p.copy_(at::randn(p.sizes(), draws, at::TensorOptions().dtype(at::kFloat)) * 1e-3);
-        b.share = 1.0 / world_;
-        b.step = spec_.steps - 1;
-      }
+      for (size_t b = 0; b < buckets.size(); ++b) buckets[b].gradient.copy_(values[b]);
+      settled();
       const auto start = Clock::now();
       for (CodecBucket& b : buckets) codec.synchronize(b, group);
-      if (device_.is_cuda() && !buckets.empty())
-        (void)buckets.back().gradient.sum().item<double>();  // waits for the device
+      settled();
       if (pass > 0) seconds.push_back(since(start));
     }
     std::sort(seconds.begin(), seconds.end());
@@ -923,6 +960,7 @@ class RankTrainer {
     for (double& loss : sums) loss /= samples;
     result->loss_curve = sums;
     result->loss_curve_seconds = ended;
+    result->loss_curve_first_step = spec_.steps - static_cast<int64_t>(sums.size()) + 1;
     result->target_loss = spec_.target_loss;
     if (spec_.target_loss <= 0) return;
     const size_t window = std::min<size_t>(kTargetWindow, sums.size());
@@ -1134,6 +1172,7 @@ class RankTrainer {
   std::shared_ptr<Model> model_;
   std::shared_ptr<Codec> codec_;  // train.compression, or none
   std::string codec_label_ = "none";
+  double codec_arithmetic_ = 0;  // its arithmetic per step, timed before the first step
   // train.compression: auto: each candidate (nullptr: none) until run() chooses, and the
   // loader that makes a fresh instance of the chosen one.
   std::vector<std::shared_ptr<Codec>> candidates_;

@@ -120,6 +120,9 @@ struct Result {
   // With a codec or train.sync's local modes: the float32 all-reduce of every step's
   // gradients, predicted the same way (0: no prediction), to set the saving against.
   double predicted_float32_comm_seconds = 0;
+  // With a codec: the part of predicted_comm_seconds that is its arithmetic, timed on a
+  // rehearsal before the first step (codec_group.h's RehearsalGroup).
+  double predicted_codec_arithmetic_seconds = 0;
   double link_alpha = 0, link_beta = 0;  // the slowest level: between nodes when there are several
   bool between_nodes = false;
   std::vector<double> compute_seconds;  // per rank: forward + backward per step
@@ -131,8 +134,10 @@ struct Result {
   int straggler_steps = 0;
   double first_loss = 0, last_loss = 0;
   // The job's mean loss after each step this run took, and rank 0's seconds from the first
-  // step's start to that step's end: the loss against wall time.
+  // step's start to that step's end: the loss against wall time. A resumed run's curve
+  // starts at its first step (1-based), the seconds from that step's start.
   std::vector<double> loss_curve, loss_curve_seconds;
+  int64_t loss_curve_first_step = 1;
   // train.target_loss, and the first step (1-based) whose loss, a mean over the last
   // kTargetWindow steps, reached it, with its time as above (0, 0: not reached).
   double target_loss = 0;
@@ -213,6 +218,7 @@ void forEachField(R& r, Visit&& visit) {
   visit("unit_parameters", r.unit_parameters);
   visit("buckets", r.buckets);
   visit("predicted_float32_comm_s", r.predicted_float32_comm_seconds);
+  visit("predicted_codec_arithmetic_s", r.predicted_codec_arithmetic_seconds);
   visit("link_alpha_s", r.link_alpha);
   visit("link_beta_s_per_byte", r.link_beta);
   visit("link_between_nodes", r.between_nodes);
@@ -229,6 +235,7 @@ void forEachField(R& r, Visit&& visit) {
   visit("seconds_to_target", r.seconds_to_target);
   visit("loss_curve", r.loss_curve);
   visit("loss_curve_s", r.loss_curve_seconds);
+  visit("loss_curve_first_step", r.loss_curve_first_step);
   visit("sync", r.sync);
   visit("token_budgets", r.token_budgets);
   visit("peak_flops", r.peak_flops);

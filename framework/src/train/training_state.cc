@@ -7,6 +7,7 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <set>
 
 #include "collie/codec.h"
 #include "collie/error.h"
@@ -287,8 +288,31 @@ void TrainingState::restore(CheckpointReader& reader) {
   restoreIfHeld(reader, rankTargets("codec/"), /*per_rank=*/true,
                 "every rank's state of train.compression " + reducer_.codecName(),
                 "the codec starts afresh (no error feedback carried over)", [] {});
+  warnOfOtherCodecsState(reader);
   restoreIfHeld(reader, rankTargets("rank/"), /*per_rank=*/true, "every rank's own optimizer state",
                 "every rank continues from rank 0's", [] {});
+}
+
+// A checkpoint written with another codec (a resumed train.compression: auto may choose
+// another, or the file now names another) holds state this run cannot use: said once, so
+// that a resume that leaves error feedback behind never does so silently.
+void TrainingState::warnOfOtherCodecsState(CheckpointReader& reader) const {
+  if (rank_ != 0) return;
+  const std::string mine = "codec/" + reducer_.codecName() + "/";
+  std::set<std::string> others;
+  for (const auto& [key, shape] : reader.tensors()) {
+    if (key.rfind("codec/", 0) != 0 || (reducer_.codec() != nullptr && key.rfind(mine, 0) == 0))
+      continue;
+    others.insert(key.substr(6, key.find('/', 6) - 6));
+  }
+  for (const std::string& label : others) {
+    logWarn(
+        fmt::format("checkpoint {} holds the state of train.compression {}, which this run "
+                    "does not use ({}): it is not carried over",
+                    reader.path(), label,
+                    reducer_.codec() != nullptr ? "it synchronises with " + reducer_.codecName()
+                                                : "it synchronises in float32"));
+  }
 }
 
 void TrainingState::restoreIfHeld(CheckpointReader& reader,

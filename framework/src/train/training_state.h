@@ -87,6 +87,8 @@ class TrainingState {
   // This rank's tensors in the checkpoint: its blocks (sharded), or every tensor whole
   // (rank 0 of an unsharded run), and what is its own.
   std::vector<std::pair<Piece, at::Tensor>> targetsOf() const;
+  // Warns (rank 0) of codec state in the checkpoint under another codec's label.
+  void warnOfOtherCodecsState(CheckpointReader& reader) const;
   // Reads `targets` when the checkpoint holds every one in its shape (and, `per_rank`,
   // was written by as many ranks); else calls `fallback` and logs that it holds no `what`:
   // `otherwise`.
