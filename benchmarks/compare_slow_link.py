@@ -1,7 +1,7 @@
 """The table of benchmarks/slow_link_peers.sh: per way of training, each peer's median
 tokens/s over the rounds, collie / PyTorch (the median of the rounds' ratios, and their
-range), each peer's final loss (the job's mean after the last step: median and range), and
-collie's tokens/s against its own DDP.
+range), each peer's final loss (the job's mean loss of each of the last 8 steps, averaged:
+median and range), and collie's tokens/s against its own DDP.
   compare_slow_link.py OUT ROUNDS RATE WAY...  (without ddp, no "÷ its DDP")"""
 
 import json
@@ -23,6 +23,12 @@ def collie(out, way, rnd):
         return json.load(f)[0]
 
 
+def tail(summary):
+    """collie's job mean loss of each of the last 8 steps (summary.json's loss_curve), averaged."""
+    curve = summary["loss_curve"][-8:]
+    return sum(curve) / len(curve)
+
+
 def spread(values, fmt):
     return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
@@ -33,7 +39,7 @@ def main():
           "but the first, slowest rank; medians (min-max over the rounds)")
     print()
     print("| way | collie tokens/s | PyTorch tokens/s | collie / PyTorch | collie ÷ its DDP | "
-          "collie final loss | PyTorch final loss | collie sent MB/step |")
+          "collie loss, last 8 steps | PyTorch loss, last 8 steps | collie sent MB/step |")
     print("|---|---|---|---|---|---|---|---|")
     base = ([collie(out, "ddp", r)["tokens_per_s"] for r in range(1, rounds + 1)]
             if "ddp" in ways else None)
@@ -47,8 +53,8 @@ def main():
         own = [a / b for a, b in zip(ours, base)] if base else None
         print(f"| {name} | {spread(ours, '{:,.0f}')} | {spread(theirs, '{:,.0f}')} | "
               f"{spread(ratios, '{:.2f}')} | {spread(own, '{:.2f}') if own else '-'} | "
-              f"{spread([m['last_loss'] for m in mine], '{:.3f}')} | "
-              f"{spread([p['job_last_loss'] for p in peers], '{:.3f}')} | "
+              f"{spread([tail(m) for m in mine], '{:.3f}')} | "
+              f"{spread([p['job_tail_loss'] for p in peers], '{:.3f}')} | "
               f"{spread([m['sent_bytes_per_step'] / 1e6 for m in mine], '{:.2f}')} |")
     p = peers[0]
     print()

@@ -245,6 +245,9 @@ def main():
     timed = times[1:] if len(times) > 1 else times
     step_s = torch.tensor([sum(timed) / len(timed)], device=device)
     last_loss = torch.tensor([losses[-1]], dtype=torch.float64, device=device)
+    # The last 8 steps' losses (fewer in a shorter run), the job's mean of each: a final
+    # loss less at the mercy of one step's batch.
+    tail_loss = torch.tensor(losses[-8:], dtype=torch.float64, device=device)
     rss = torch.zeros(world, dtype=torch.float64, device=device)  # ru_maxrss: KiB on Linux
     rss[rank] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
     if distributed:
@@ -252,6 +255,8 @@ def main():
         dist.all_reduce(rss)
         dist.all_reduce(last_loss)  # the job's mean, as collie's progress line
         last_loss /= world
+        dist.all_reduce(tail_loss)
+        tail_loss /= world
     if rank == 0:
         world_tokens = world * args.micro_batch * args.seq_len
         peer = "pytorch-zero" if args.zero else "pytorch-ddp" if distributed else "pytorch-eager"
@@ -269,6 +274,7 @@ def main():
             "first_loss": losses[0],
             "last_loss": losses[-1],
             "job_last_loss": last_loss.item(),
+            "job_tail_loss": tail_loss.mean().item(),  # over the last 8 steps
             "hook": args.hook,
             "local_sgd_every": args.local_sgd_every,
             "peak_rss_bytes": rss.tolist(),

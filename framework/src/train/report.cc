@@ -381,8 +381,8 @@ void printDetails(std::ostream& out, const Result& r) {
         << fmt::format(
                "the lab hosts' interfaces counted {:.3f} MB sent per host per step (bytes that "
                "crossed a link, every header included; a host's own ranks talk over loopback), "
-               "{:.2f} MB per host before the first step (calibration, the parameters' "
-               "broadcast, a resume, auto's rehearsal); collie counted {:.3f} MB a rank sent per "
+               "{:.2f} MB per host before the first step (calibration and the parameters' "
+               "broadcast); collie counted {:.3f} MB a rank sent per "
                "step, to every peer\n",
                r.interface_sent_bytes_per_step / 1e6, r.interface_startup_sent_bytes / 1e6,
                r.sent_bytes_per_step / 1e6);
