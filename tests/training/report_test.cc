@@ -117,6 +117,7 @@ Result everyFieldSet() {
   r.seconds_to_target = 12.5;
   r.loss_curve = {10.5, 7.25, 4.25};
   r.loss_curve_seconds = {0.3, 0.6, 0.9};
+  r.loss_curve_first_step = 29;
   return r;
 }
 
@@ -174,6 +175,7 @@ TEST_F(ResultFile, KeepsEveryFieldOfAResult) {
   EXPECT_EQ(out.seconds_to_target, in.seconds_to_target);
   EXPECT_EQ(out.loss_curve, in.loss_curve);
   EXPECT_EQ(out.loss_curve_seconds, in.loss_curve_seconds);
+  EXPECT_EQ(out.loss_curve_first_step, in.loss_curve_first_step);
   EXPECT_EQ(out.sharding, in.sharding);
   EXPECT_EQ(out.parameter_bytes, in.parameter_bytes);
   EXPECT_EQ(out.gradient_bytes, in.gradient_bytes);
@@ -259,6 +261,7 @@ TEST_F(ResultFile, KeepsTheNamesThatSummaryJsonReadersUse) {
                                           "seconds_to_target",
                                           "loss_curve",
                                           "loss_curve_s",
+                                          "loss_curve_first_step",
                                           "sharding",
                                           "overlap",
                                           "parameter_bytes",
@@ -470,8 +473,8 @@ TEST(Summary, SaysWhatTheInterfacesCountedAndWhenTheTargetWasReached) {
             std::string::npos)
       << text;
   EXPECT_NE(text.find("58.00 MB per host before the first step"), std::string::npos) << text;
-  EXPECT_NE(text.find("train.target_loss 4.5: reached after step 31, 12.5 s after the first "
-                      "step began"),
+  EXPECT_NE(text.find("train.target_loss 4.5: reached after step 31, 12.5 s after step 29 "
+                      "began (where this run resumed"),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("train.compression auto chose bf16"), std::string::npos) << text;
