@@ -166,7 +166,7 @@ def main():
     model.to(device)
     for block in model.blocks:
         block.attn.future = block.attn.future.to(device)
-    if args.hook == "powersgd" and args.first_bucket_mb != args.bucket_mb:
+    if distributed and args.hook == "powersgd" and args.first_bucket_mb != args.bucket_mb:
         # DDP's first bucket is 1 MB whatever bucket_cap_mb says; with two buckets
         # powerSGD_hook's future chains issue their all-reduces from Gloo's callback threads
         # in an order that differs from rank to rank, and Gloo aborts on a message of the

@@ -12,7 +12,7 @@
 # DDP is told to make its first bucket as large as the others (--first-bucket-mb), which
 # its powerSGD_hook over Gloo needs (ddp_gpt.py says why); FIRST_BUCKET_MB=1 gives DDP its
 # default 1 MB first bucket instead, which overlaps part of the all-reduce with the backward
-# (then only WAYS without powersgd run). Round k seeds both peers' initial weights and sampling with 1233 + k, so that
+# (and is refused with powersgd in WAYS). Round k seeds both peers' initial weights and sampling with 1233 + k, so that
 # each peer's final loss has a spread over the rounds. Prints, per way, each peer's median
 # tokens/s over the rounds, collie / PyTorch with its range over the rounds, and each peer's
 # final loss (the job's mean) with its range.
@@ -28,6 +28,11 @@ rounds="${ROUNDS:-3}"
 steps="${STEPS:-64}"
 ways="${WAYS:-ddp fp16 powersgd localsgd}"
 first_bucket="${FIRST_BUCKET_MB:-25}"
+if [[ "$first_bucket" != 25 && " $ways " == *" powersgd "* ]]; then
+  echo "FIRST_BUCKET_MB=$first_bucket: PyTorch's powerSGD_hook over Gloo needs one bucket;" \
+    "leave powersgd out of WAYS" >&2
+  exit 2
+fi
 source benchmarks/pytorch_peer.sh
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"

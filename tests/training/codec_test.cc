@@ -574,6 +574,12 @@ TEST(LossCurve, IsTheJobsMeanAndTheTargetItsFirstEightStepMean) {
   EXPECT_EQ(resumed.loss_curve_first_step, 11);
   ASSERT_EQ(resumed.loss_curve.size(), 10u);
   for (size_t i = 0; i < 10; ++i) EXPECT_EQ(resumed.loss_curve[i], r.loss_curve[10 + i]) << i;
+  // Its windows are its own steps': the first ends at step 18.
+  int64_t resumed_expected = 0;
+  for (size_t end = 18; end <= 20 && resumed_expected == 0; ++end) {
+    if (window(end) <= target) resumed_expected = static_cast<int64_t>(end);
+  }
+  EXPECT_EQ(resumed.steps_to_target, resumed_expected);
   EXPECT_EQ(t.loss_curve_first_step, 1);
 }
 

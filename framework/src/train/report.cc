@@ -387,7 +387,7 @@ void printDetails(std::ostream& out, const Result& r) {
                r.interface_sent_bytes_per_step / 1e6, r.interface_startup_sent_bytes / 1e6,
                r.sent_bytes_per_step / 1e6);
   }
-  if (r.target_loss > 0) {
+  if (r.target_loss > 0 && !r.loss_curve.empty()) {  // a run resumed after its last step: none
     const size_t window = std::min<size_t>(kTargetWindow, r.loss_curve.size());
     const std::string since = r.loss_curve_first_step > 1
                                   ? fmt::format(

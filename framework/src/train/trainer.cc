@@ -21,6 +21,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -223,7 +224,7 @@ class RankTrainer {
     // The local modes all-reduce the gradients in their synchronous steps only (a codec's
     // collectives there), and the parameters, in float32, at each meeting: per step, over
     // the run.
-    if (codec_ && !spec_.choosesCompression()) codec_arithmetic_ = timeArithmetic(reducer);
+    if (codec_ && !spec_.choosesCompression()) codec_arithmetic_ = timeArithmetic(reducer, cost);
     // A codec's step: its collectives from the calibrated link, and its arithmetic.
     double predicted = predictComm(reducer, cost);
     if (codec_ && !std::isnan(predicted)) predicted += codec_arithmetic_;
@@ -790,38 +791,22 @@ class RankTrainer {
   // the summary's account of the choice.
   std::string chooseCodec(const Reducer& reducer, const CostModel& cost) {
     const auto& listed = spec_.compression_candidates;
-    std::vector<double> comm(listed.size(), 0.0), arithmetic(listed.size(), 0.0);
-    std::string failure;  // this rank's first failed rehearsal
+    std::vector<Rehearsed> rehearsed;
     for (size_t i = 0; i < listed.size(); ++i) {
-      Codec* codec = candidates_[i].get();
-      if (codec == nullptr) {
-        comm[i] = predictComm(reducer, cost, /*float32=*/true);
+      if (candidates_[i] == nullptr) {  // none: the float32 all-reduce
+        rehearsed.push_back({predictComm(reducer, cost, /*float32=*/true), 0, ""});
         continue;
       }
-      // A failure on any rank is every rank's (through the max below), never a hang.
-      try {
-        std::vector<CodecBucket> buckets = reducer.codecBuckets(/*fresh=*/true);
-        codec->prepare(buckets, {spec_.seed, rank_, world_});
-        std::vector<CollectiveArgs> collectives;
-        for (const CodecBucket& bucket : buckets) {
-          for (auto& args : codecCollectives(*codec, bucket, spec_.steps - 1))
-            collectives.push_back(args);
-        }
-        comm[i] = predictSeconds(collectives, cost);  // the same on every rank
-        if (!std::isnan(comm[i])) arithmetic[i] = rehearse(*codec, buckets, listed[i].label);
-      } catch (const std::exception& e) {
-        if (failure.empty()) failure = fmt::format("{}: {}", listed[i].label, e.what());
-        arithmetic[i] = std::numeric_limits<double>::infinity();
-      }
-      candidates_[i].reset();  // its state and buffers go before the next one's come
+      // Its state and buffers go with the rehearsal, before the next one's come.
+      rehearsed.push_back(
+          rehearseFresh([&] { return std::move(candidates_[i]); }, reducer, cost, listed[i].label));
     }
-    arithmetic = control_.max(arithmetic);
     candidates_.clear();
-    for (size_t i = 0; i < listed.size(); ++i) {
-      if (!std::isinf(arithmetic[i])) continue;
-      throw PluginError(fmt::format(
-          "train.compression: auto: candidate '{}' failed its rehearsal{}", listed[i].label,
-          failure.empty() ? " on another rank" : fmt::format(" (on rank {}: {})", rank_, failure)));
+    agreeOnRehearsals(&rehearsed, [&](size_t i) { return listed[i].label; });
+    std::vector<double> comm, arithmetic;
+    for (const Rehearsed& r : rehearsed) {
+      comm.push_back(r.comm);
+      arithmetic.push_back(r.arithmetic);
     }
     size_t best = listed.size();
     std::vector<std::string> others;
@@ -863,12 +848,72 @@ class RankTrainer {
 
   // train.compression's codec (named, not chosen): the slowest rank's arithmetic of a step,
   // timed on a fresh instance (rehearse) so that the run's codec keeps prepare()'s state.
-  double timeArithmetic(const Reducer& reducer) {
-    Params params = spec_.compression.params;
-    const std::shared_ptr<Codec> probe = loader_->createCodec(spec_.compression.plugin, params);
-    std::vector<CodecBucket> buckets = reducer.codecBuckets(/*fresh=*/true);
-    probe->prepare(buckets, {spec_.seed, rank_, world_});
-    return control_.max({rehearse(*probe, buckets, codec_label_)}).at(0);
+  double timeArithmetic(const Reducer& reducer, const CostModel& cost) {
+    std::vector<Rehearsed> rehearsed{rehearseFresh(
+        [&] {
+          Params params = spec_.compression.params;
+          return loader_->createCodec(spec_.compression.plugin, params);
+        },
+        reducer, cost, codec_label_)};
+    agreeOnRehearsals(&rehearsed, [&](size_t) { return codec_label_; });
+    return rehearsed.front().arithmetic;
+  }
+
+  // One codec's rehearsal on this rank, on an instance `make` hands over and on fresh
+  // buffers: its planned collectives priced on the calibrated link (kNoPrediction where
+  // train.scheduler runs none of them, and then no rehearsal), and its arithmetic timed; or
+  // why it failed, caught, so that every rank still reaches agreeOnRehearsals.
+  struct Rehearsed {
+    double comm = 0, arithmetic = 0;
+    std::string failure;
+  };
+  Rehearsed rehearseFresh(const std::function<std::shared_ptr<Codec>()>& make,
+                          const Reducer& reducer, const CostModel& cost, const std::string& label) {
+    Rehearsed out;
+    try {
+      const std::shared_ptr<Codec> codec = make();
+      std::vector<CodecBucket> buckets = reducer.codecBuckets(/*fresh=*/true);
+      codec->prepare(buckets, {spec_.seed, rank_, world_});
+      std::vector<CollectiveArgs> collectives;
+      for (const CodecBucket& bucket : buckets) {
+        for (auto& args : codecCollectives(*codec, bucket, spec_.steps - 1))
+          collectives.push_back(args);
+      }
+      out.comm = predictSeconds(collectives, cost);
+      if (!std::isnan(out.comm)) out.arithmetic = rehearse(*codec, buckets, label);
+    } catch (const std::exception& e) {
+      out.failure = e.what();
+    }
+    return out;
+  }
+
+  // Every rank's rehearsals made one verdict, in one exchange: the slowest rank's arithmetic
+  // and one link prediction for all. A rehearsal that failed on any rank fails the run on
+  // every rank, naming the codec and the rank (whose own error says why).
+  void agreeOnRehearsals(std::vector<Rehearsed>* rehearsed,
+                         const std::function<std::string(size_t)>& label) {
+    const size_t n = rehearsed->size();
+    std::vector<double> values(3 * n);
+    for (size_t i = 0; i < n; ++i) {
+      const Rehearsed& r = (*rehearsed)[i];
+      values[i] = r.arithmetic;
+      values[n + i] = r.failure.empty() ? 0 : rank_ + 1;
+      values[2 * n + i] = std::isnan(r.comm) ? -1 : r.comm;
+    }
+    values = control_.max(values);
+    for (size_t i = 0; i < n; ++i) {
+      if (values[n + i] == 0) continue;
+      const int failed = static_cast<int>(values[n + i]) - 1;
+      throw PluginError(fmt::format(
+          "train.compression: codec '{}' failed its rehearsal before the first step on rank "
+          "{}{}",
+          label(i), failed,
+          failed == rank_ ? ": " + (*rehearsed)[i].failure : std::string(" (its error says why)")));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      (*rehearsed)[i].arithmetic = values[i];
+      (*rehearsed)[i].comm = values[2 * n + i] < 0 ? kNoPrediction : values[2 * n + i];
+    }
   }
 
   // The seconds `codec` computes to synchronise `buckets` once, its collectives left out

@@ -298,12 +298,16 @@ void TrainingState::restore(CheckpointReader& reader) {
 // that a resume that leaves error feedback behind never does so silently.
 void TrainingState::warnOfOtherCodecsState(CheckpointReader& reader) const {
   if (rank_ != 0) return;
-  const std::string mine = "codec/" + reducer_.codecName() + "/";
   std::set<std::string> others;
   for (const auto& [key, shape] : reader.tensors()) {
-    if (key.rfind("codec/", 0) != 0 || (reducer_.codec() != nullptr && key.rfind(mine, 0) == 0))
-      continue;
-    others.insert(key.substr(6, key.find('/', 6) - 6));
+    // "codec/LABEL/R/NAME": the label is what lies between "codec/" and the last two parts
+    // (a label may hold slashes; a state name holds none).
+    const size_t name = key.rfind('/'), rank = name == std::string::npos || name == 0
+                                                   ? std::string::npos
+                                                   : key.rfind('/', name - 1);
+    if (key.rfind("codec/", 0) != 0 || rank == std::string::npos || rank <= 6) continue;
+    const std::string label = key.substr(6, rank - 6);
+    if (reducer_.codec() == nullptr || label != reducer_.codecName()) others.insert(label);
   }
   for (const std::string& label : others) {
     logWarn(
