@@ -393,16 +393,23 @@ class RankTrainer {
     std::vector<CollectiveArgs> out;
     for (const CodecCall& call : codec.plan(bucket, world_, step)) {
       const size_t count = static_cast<size_t>(call.count);
-      CollectiveArgs args;
-      args.coll = call.coll;
-      args.data.count = count;
-      args.output.count = call.coll == Collective::kAllGather ? count * world_ : 0;
-      args.data.memory = args.output.memory = spec_.cuda ? MemoryKind::kCuda : MemoryKind::kHost;
-      args.data.device = args.output.device = device_.is_cuda() ? device_.index() : 0;
-      args.data.dtype = args.output.dtype = call.dtype;
-      out.push_back(args);
+      out.push_back(sizedCollective(call.coll, count,
+                                    call.coll == Collective::kAllGather ? count * world_ : 0));
+      out.back().data.dtype = out.back().output.dtype = call.dtype;
     }
     return out;
+  }
+
+  // A collective of a step, sizes only, in the buckets' memory (a scheduler may decline a
+  // kind: native over nccl takes only device memory).
+  CollectiveArgs sizedCollective(Collective coll, size_t data, size_t output) const {
+    CollectiveArgs args;
+    args.coll = coll;
+    args.data.count = data;
+    args.output.count = output;
+    args.data.memory = args.output.memory = spec_.cuda ? MemoryKind::kCuda : MemoryKind::kHost;
+    args.data.device = args.output.device = device_.is_cuda() ? device_.index() : 0;
+    return args;
   }
 
   // The collectives bucket b takes every step, sizes only: an all-reduce, or sharded a
@@ -412,24 +419,12 @@ class RankTrainer {
   std::vector<CollectiveArgs> stepCollectives(const Reducer& reducer, size_t b, int64_t step = 0,
                                               bool float32 = false) const {
     const size_t whole = static_cast<size_t>(reducer.bucketNumel(b));
-    // In the buckets' memory: a scheduler may decline a kind (native over nccl takes only
-    // device memory).
-    const MemoryKind memory = spec_.cuda ? MemoryKind::kCuda : MemoryKind::kHost;
-    auto collective = [&](Collective coll, size_t data, size_t output) {
-      CollectiveArgs args;
-      args.coll = coll;
-      args.data.count = data;
-      args.output.count = output;
-      args.data.memory = args.output.memory = memory;
-      args.data.device = args.output.device = device_.is_cuda() ? device_.index() : 0;
-      return args;
-    };
     if (const Codec* codec = reducer.codec(); codec != nullptr && !float32)
       return codecCollectives(*codec, reducer.codecBucket(b), step);
-    if (!sharded()) return {collective(Collective::kAllReduce, whole, 0)};
+    if (!sharded()) return {sizedCollective(Collective::kAllReduce, whole, 0)};
     const size_t block = whole / static_cast<size_t>(world_);
-    std::vector<CollectiveArgs> out = {collective(Collective::kReduceScatter, whole, block),
-                                       collective(Collective::kAllGather, block, whole)};
+    std::vector<CollectiveArgs> out = {sizedCollective(Collective::kReduceScatter, whole, block),
+                                       sizedCollective(Collective::kAllGather, block, whole)};
     // Stage 3 gathers a unit's bucket for forward and again for backward, every micro-batch
     // (a root bucket once a step).
     if (shardsParameters() && !reducer.isRoot(b)) {
