@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
+#include <vector>
 
 #include "collie/device_memory.h"
 #include "collie/simulation.h"
@@ -55,31 +57,56 @@ Partners interPartners(const Topology& t, int rank) {
   return {other, other};
 }
 
-// The median time of one exchange of `bytes` for this rank (0 when it sits out); barriers
-// around it, so every probing rank starts together.
-double exchange(Backend& backend, Control& control, uint64_t bytes, int iters, Partners p) {
+// A scratch buffer whose every page is written, as a collective's own buffers are: a buffer
+// nobody wrote reads as the kernel's zero page and is mapped in on the first touch, which
+// timed the page tables rather than the link (a 1 MiB exchange of 4 loopback ranks took
+// three times as long as in a ring all-reduce of the same chunks).
+ScratchBuffer writtenScratch(const Buffer& like, size_t count) {
+  ScratchBuffer buffer(like, count);
+  if (like.memory == MemoryKind::kNone) return buffer;
+  std::vector<std::byte> zeros(buffer.view().bytes());
+  Buffer host = buffer.view();
+  host.data = zeros.data();
+  host.memory = MemoryKind::kHost;
+  copyInto(buffer.view(), host);
+  if (like.memory == MemoryKind::kCuda) synchronizeDevice(like.device);
+  return buffer;
+}
+
+// A probe's exchanges run in this many batches, timed as the bench times a collective: the
+// mean of a batch of back-to-back calls, on the slowest rank, and the median over batches.
+// (A median over single exchanges hid what ranks that share cores meet: a rank descheduled
+// now and then, which every mean pays; 4 gloo processes on 2 CPUs took 17 us per exchange
+// by the median and 110 us per step of an all-reduce.)
+constexpr int kBatches = 3;
+
+// Each batch's mean time of one exchange of `bytes` for this rank (0 when it sits out),
+// `iters` exchanges in all; a barrier before each batch, so every probing rank starts
+// together.
+std::vector<double> exchange(Backend& backend, Control& control, uint64_t bytes, int iters,
+                             Partners p) {
   // The probe moves raw bytes; any dtype of the right size will do.
   const Buffer like = measurementLike(backend, DType::kF64, control.device());
   const size_t count = std::max<uint64_t>(1, bytes / 8);
-  ScratchBuffer out(like, count), in(like, count);
-  std::vector<Tag> tags;  // drawn on every rank, so that the control sequence stays in step
-  for (int i = 0; i < iters; ++i) tags.push_back(control.nextTag());
-  std::vector<double> times;
-  control.barrier();
-  if (p.to >= 0) {
+  ScratchBuffer out = writtenScratch(like, count), in = writtenScratch(like, count);
+  const int per_batch = std::max(1, iters / kBatches);
+  std::vector<double> means(kBatches, 0);
+  for (double& mean : means) {
+    std::vector<Tag> tags;  // drawn on every rank, so that the control sequence stays in step
+    for (int i = 0; i < per_batch; ++i) tags.push_back(control.nextTag());
+    control.barrier();
+    if (p.to < 0) continue;
+    const double start = clockSeconds(backend);
     for (Tag tag : tags) {
-      const double start = clockSeconds(backend);
       std::vector<std::unique_ptr<Request>> requests;
       requests.push_back(backend.irecv(p.from, in.view(), tag));
       requests.push_back(backend.isend(p.to, out.view(), tag));
       waitAll(requests, backend.timeout());
-      times.push_back(clockSeconds(backend) - start);
     }
+    mean = (clockSeconds(backend) - start) / per_batch;
   }
   control.barrier();
-  if (times.empty()) return 0;
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return times[times.size() / 2];
+  return means;
 }
 
 // One way between nodes: rank 0 streams `iters` messages of `bytes` to the first rank of
@@ -94,14 +121,14 @@ double stream(Backend& backend, Control& control, uint64_t bytes, int iters, Par
   double seconds = 0;
   control.barrier();
   if (p.to >= 0) {
-    ScratchBuffer data(like, count);  // only read, by every send at once
+    ScratchBuffer data = writtenScratch(like, count);  // only read, by every send at once
     std::vector<std::unique_ptr<Request>> sends;
     for (Tag tag : tags) sends.push_back(backend.isend(p.to, data.view(), tag));
     waitAll(sends, backend.timeout());
   } else if (p.from >= 0) {
     std::vector<ScratchBuffer> into;  // a buffer per message: they arrive while others land
     into.reserve(iters);
-    for (int i = 0; i < iters; ++i) into.emplace_back(like, count);
+    for (int i = 0; i < iters; ++i) into.push_back(writtenScratch(like, count));
     std::vector<std::unique_ptr<Request>> recvs;
     for (int i = 0; i < iters; ++i) recvs.push_back(backend.irecv(p.from, into[i].view(), tags[i]));
     recvs.front()->wait(backend.timeout());
@@ -141,8 +168,7 @@ LinkCost probeLevel(Backend& backend, Control& control, Partners mine, uint64_t 
   std::vector<std::pair<double, double>> points;
   for (const auto& [bytes, iters] : kProbes) {
     if (bytes > largest) break;
-    const double t = exchange(backend, control, bytes, iters, mine);
-    const double slowest = control.max({t})[0];
+    const double slowest = median(control.max(exchange(backend, control, bytes, iters, mine)));
     if (slowest > 0)
       points.emplace_back(static_cast<double>(std::max<uint64_t>(bytes, 8)), slowest);
   }
@@ -153,13 +179,14 @@ LinkCost probeLevel(Backend& backend, Control& control, Partners mine, uint64_t 
   return fitLine(points, &fit->residual);
 }
 
-// Seconds per byte of reduceInto, on every rank at once (they share the cores), over buffers
-// larger than the caches.
+// Seconds per byte of reduceInto, on every rank at once, over buffers larger than the
+// caches: the slowest rank's best of three, so that ranks which share cores (4 threads on 2
+// CPUs) price the reduction as the collective's slowest rank meets it, not as the rank that
+// had a core to itself.
 double probeReduction(Backend& backend, Control& control, DType dtype) {
   const Buffer like = measurementLike(backend, dtype, control.device());
   const size_t count = (16 << 20) / dtypeSize(dtype);
-  ScratchBuffer a(like, count), b(like, count);
-  copyInto(a.view(), b.view());
+  ScratchBuffer a = writtenScratch(like, count), b = writtenScratch(like, count);
   double best = 1e30;
   for (int i = 0; i < 3; ++i) {
     control.barrier();
@@ -168,7 +195,7 @@ double probeReduction(Backend& backend, Control& control, DType dtype) {
     if (like.memory == MemoryKind::kCuda) synchronizeDevice(like.device);  // a GPU's is queued
     best = std::min(best, clockSeconds(backend) - start);
   }
-  return best / static_cast<double>(a.view().bytes());
+  return control.max({best})[0] / static_cast<double>(a.view().bytes());
 }
 
 }  // namespace
@@ -211,10 +238,11 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
   Calibration c;
   if (backend.size() > 1) {
     const int rank = backend.rank();
-    // Inside a node the bandwidth regime starts well below 1 MiB, and larger probes of every
-    // rank at once measure the memory bus's contention rather than the link; between nodes
+    // Both levels probe up to 4 MiB: inside a node every rank at once then meets what a
+    // large collective's chunks meet, the memory bus shared and the caches outgrown (up to
+    // 1 MiB, a loopback ring all-reduce past 4 MiB took twice its prediction); between nodes
     // the probes go past a lab link's token bucket (500 KB at 1 Gbit/s).
-    c.model.intra = probeLevel(backend, control, intraPartners(topology, rank), 1 << 20, &c.intra);
+    c.model.intra = probeLevel(backend, control, intraPartners(topology, rank), 4 << 20, &c.intra);
     const Partners across = interPartners(topology, rank);
     c.model.inter = probeLevel(backend, control, across, 4 << 20, &c.inter);
     if (c.inter.probed)

@@ -22,7 +22,8 @@ struct LinkFit {
   bool probed = false;  // false: the level has no pair of ranks (it copies the other level)
   int sizes = 0;        // probe sizes fitted
   double residual = 0;  // RMS of (fit - measured) / measured over them
-  // The probes: (bytes, seconds of the slowest probing rank's median exchange), by size.
+  // The probes: (bytes, seconds of one exchange: the median over batches of the slowest
+  // probing rank's mean), by size.
   std::vector<std::pair<double, double>> points;
 };
 
