@@ -15,6 +15,8 @@
 #include <mutex>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "collie/error.h"
 #include "collie/simulation.h"
 #include "loopback_job.h"
@@ -275,6 +277,68 @@ TEST(Simgrid, BadParamsAreConfigErrorsNamingThem) {
     EXPECT_NE(std::string(e.what()).find("'XX' is not one of SimGrid's"), std::string::npos)
         << e.what();
   }
+}
+
+// Four hosts of one node whose every route crosses one shared link, as ranks that share a
+// node's cores share its capacity: a flow alone has the whole link, flows at once divide it
+// (SimGrid's max-min sharing). The calibration measures both (each flow of its exchange, a
+// pair alone), and the model then prices a tree, whose steps run fewer flows than the
+// exchange, and a ring, whose steps run as many, within 5 % of the simulated time: the ring
+// at every size, the tree where its segments run alone (one 256 KiB segment: up to 256
+// KiB) or fill the pipeline (64 segments: 16 MiB). In between, the model prices every beat
+// of the tree's pipeline with every edge busy, also while it fills and drains with fewer:
+// 4 segments (1 MiB) are predicted 25 % slow, 16 (4 MiB) 7 %.
+TEST(SimgridSharedLink, TheCalibrationRecoversALinkTheNodesRanksShare) {
+  std::string xml =
+      "<?xml version='1.0'?>\n<!DOCTYPE platform SYSTEM \"https://simgrid.org/simgrid.dtd\">\n"
+      "<platform version=\"4.1\">\n<zone id=\"node\" routing=\"Full\">\n";
+  for (int h = 0; h < 4; ++h)
+    xml += "<host id=\"h" + std::to_string(h) +
+           "\" speed=\"1Gf\"><prop id=\"node\" value=\"a\"/></host>\n";
+  xml += "<link id=\"bus\" bandwidth=\"1GBps\" latency=\"20us\"/>\n";
+  for (int i = 0; i < 4; ++i) {
+    for (int j = i + 1; j < 4; ++j)
+      xml += "<route src=\"h" + std::to_string(i) + "\" dst=\"h" + std::to_string(j) +
+             "\"><link_ctn id=\"bus\"/></route>\n";
+  }
+  xml += "</zone>\n</platform>\n";
+  const std::string platform = writeTempFile("shared-bus.xml", xml);
+  const std::string config = writeTempFile("shared-bus.yaml", R"(name: shared-bus
+launch: {nproc_per_node: 4}
+backend: {plugin: simgrid, params: {reduce_gbps: 20}}
+bench:
+  collective: allreduce
+  schedulers: [tree, ring]
+  min_bytes: 64KiB
+  max_bytes: 16MiB
+  step_factor: 4
+  warmup_iters: 1
+  iters: 1
+  repeats: 1
+  calibrate: true
+)");
+  const std::string out = std::string(COLLIE_TEST_BINARY_DIR) + "/runs/simgrid-shared-bus";
+  auto run =
+      runCollie({"run", config, "--out", out, "--set", "backend.params.platform=" + platform});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  // The pair alone moved 4x the bytes per second of each of the exchange's 4 flows.
+  std::ifstream calibration(out + "/calibration.json");
+  const auto c = nlohmann::json::parse(calibration);
+  EXPECT_EQ(c.at("intra").at("flows").get<int>(), 4);
+  EXPECT_NEAR(c.at("intra").at("beta").get<double>() / c.at("intra").at("beta_alone").get<double>(),
+              4.0, 0.2);
+  std::ifstream results(out + "/results.json");
+  int rows = 0;
+  for (const auto& row : nlohmann::json::parse(results)) {
+    const uint64_t bytes = row.at("bytes").get<uint64_t>();
+    if (row.at("scheduler") == "tree" && bytes > (256 << 10) && bytes < (16 << 20)) continue;
+    const double measured = row.at("time_us").get<double>();
+    const double predicted = row.at("predicted_us").get<double>();
+    EXPECT_NEAR(predicted, measured, 0.05 * measured)
+        << row.at("scheduler").get<std::string>() << " at " << bytes << " B";
+    ++rows;
+  }
+  EXPECT_EQ(rows, 8);  // 5 sizes of the ring, 3 of the tree
 }
 
 // A user who points a training config at the simulator gets exit 2 and one line saying why;

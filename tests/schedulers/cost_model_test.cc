@@ -150,6 +150,54 @@ TEST(CostModel, AFlowWhoseWayBackIsIdlePaysTheOneWayBeta) {
   EXPECT_NEAR(stepSeconds({{0, 2, m}}, two_nodes, cm), 1.0, 1e-9);
 }
 
+// 4 ranks on one node whose cores they share, as the calibration measures it: a pair alone
+// pays 10 us and 2 GB/s per message, each of the exchange's 4 flows at once 40 us and 1 GB/s.
+CostModel sharedCores() {
+  CostModel cm = model(40e-6, 1.0, 1e6);
+  cm.intra.alpha_alone = 10e-6;
+  cm.intra.beta_alone = 1.0 / 2e9;
+  cm.intra.flows = 4;
+  return cm;
+}
+
+TEST(CostModel, RanksThatShareCoresShareTheNodesCapacity) {
+  const Topology four = Topology::singleNode(4);
+  const CostModel cm = sharedCores();
+  const double m = 1e6, exchange = 40e-6 + 1e-3;
+  // The calibration's own pattern, a shift around the node's ring: what each flow met.
+  EXPECT_NEAR(stepSeconds({{0, 1, m}, {1, 2, m}, {2, 3, m}, {3, 0, m}}, four, cm), exchange, 1e-12);
+  // One flow alone: a pair's price (0.51 ms), more than its share of the node (0.26 ms).
+  EXPECT_NEAR(stepSeconds({{0, 1, m}}, four, cm), 10e-6 + 0.5e-3, 1e-12);
+  // Two flows into one rank: its way in carries 2m at a pair's β.
+  EXPECT_NEAR(stepSeconds({{1, 0, m}, {2, 0, m}}, four, cm), 10e-6 + 1e-3, 1e-12);
+  // Three flows between different ranks: the node's share (3/4 of the exchange's work) is
+  // the longer.
+  EXPECT_NEAR(stepSeconds({{0, 1, m}, {1, 2, m}, {2, 3, m}}, four, cm), 0.75 * exchange, 1e-12);
+  // Without a pair measured alone nothing is shared: every flow pays the exchange's price.
+  CostModel plain = sharedCores();
+  plain.intra.alpha_alone = plain.intra.beta_alone = 0;
+  EXPECT_NEAR(stepSeconds({{0, 1, m}}, four, plain), exchange, 1e-12);
+  // Between nodes the cores of a node play no part.
+  const Topology two_nodes = Topology::fromLabels({"a", "a", "b", "b"});
+  CostModel across = sharedCores();
+  across.inter = {1e-3, 1.0 / 1e9};
+  EXPECT_NEAR(stepSeconds({{0, 2, m}}, two_nodes, across), 1e-3 + 1e-3, 1e-12);
+}
+
+TEST(CostModel, ASingleSegmentTreeMovesOneLevelAtATime) {
+  // tree on 4 ranks, 0 with children 1 and 2, 1 with child 3. One segment of m: up, 3 -> 1
+  // alone at its level, then 1 -> 0 and 2 -> 0 together; down the same levels in reverse.
+  // Each level's flows share the node among themselves only; with many segments every edge
+  // is busy at once and shares it with all the others.
+  const Topology four = Topology::singleNode(4);
+  const CostModel cm = sharedCores();
+  auto tree = loadScheduler("tree");
+  const double m = 64 << 10;
+  const double one = std::max(10e-6 + m / 2e9, (40e-6 + m / 1e9) / 4);
+  const double two = std::max(10e-6 + 2 * m / 2e9, 2 * (40e-6 + m / 1e9) / 4);
+  EXPECT_NEAR(tree->predictSeconds(allreduceOf(64 << 10), four, cm), 2 * (one + two), 1e-9);
+}
+
 TEST(CostModel, OnlyTheTreesPhasesRunOneWay) {
   // 2 nodes x 2 ranks, the link far slower than inside: with a one-way β 25 % faster than
   // an exchange's, the tree (whose phases each cross the link one way) is predicted 1.25x
@@ -428,6 +476,17 @@ TEST(Auto, ACalibrationFileReplacesTheBuiltInModel) {
     FAIL() << "accepted";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("a negative or infinite value"), std::string::npos)
+        << e.what();
+  }
+  // Nor a negative count of flows sharing a node.
+  bad.set("calibration", testing::writeTempFile("bad-flows.json", R"({"intra": {"alpha": 1e-9,
+ "beta": 1e-6, "alpha_alone": 1e-9, "beta_alone": 1e-7, "flows": -4},
+ "inter": {"alpha": 1e-9, "beta": 1e-6}, "gamma": 1e-12})"));
+  try {
+    loadScheduler("auto", bad);
+    FAIL() << "accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("a negative count of flows"), std::string::npos)
         << e.what();
   }
 }

@@ -16,16 +16,29 @@ namespace collie {
 // the opposite direction carries data too (both ends send, as in an exchange: the
 // acknowledgements of each direction queue behind the other's data), and `beta_one_way`
 // while the opposite direction is idle (0: not measured, the same as β).
+//
+// Inside a node the calibration also measures a pair of ranks alone (the node's other ranks
+// idle): `alpha_alone` and `beta_alone` (0: not measured). With them, α and β are what each
+// of the `flows` flows of the calibration's exchange met when every rank of the node moved
+// data at once. Where ranks outnumber cores they share the cores (4 threads on 2 CPUs: a
+// loopback copy is CPU work, and so is a socket's), so the node as a whole moves `flows`
+// flows at α and β each, and a step with fewer flows on the node runs faster than the
+// exchange did, though never faster than a pair alone (flowSeconds).
 struct LinkCost {
   double alpha = 0;
   double beta = 0;
   double beta_one_way = 0;
+  double alpha_alone = 0;
+  double beta_alone = 0;
+  int flows = 0;
   // Time of one message of `bytes`.
   double message(double bytes) const { return alpha + beta * bytes; }
   // β of a direction whose opposite direction is busy (`both_ways`) or idle.
   double betaFor(bool both_ways) const {
     return both_ways || beta_one_way <= 0 ? beta : beta_one_way;
   }
+  // Whether the node's shared capacity is measured (the pair alone and the exchange's flows).
+  bool sharesCores() const { return flows > 1 && (alpha_alone > 0 || beta_alone > 0); }
 };
 
 struct CostModel {
@@ -59,6 +72,11 @@ struct Flow {
 // The β is the level's one-way β (LinkCost::betaFor) unless the flow's way back carries
 // data too: the sender's way in or the receiver's way out (its acknowledgements travel
 // there).
+// Where the calibration measured a pair alone inside a node (LinkCost::sharesCores), a flow
+// inside a node takes the longer of two times: its ranks' ways out and in at a pair's α
+// and β, and its node's share, every message and byte that moves inside the node in the
+// step at the exchange's α and β, divided among the `flows` flows the node moved at once
+// in the calibration.
 inline std::vector<double> flowSeconds(const std::vector<Flow>& flows, const Topology& topology,
                                        const CostModel& model) {
   const int ranks = topology.world_size;
@@ -67,23 +85,35 @@ inline std::vector<double> flowSeconds(const std::vector<Flow>& flows, const Top
     return rank < static_cast<int>(topology.node_of_rank.size()) ? topology.node_of_rank[rank] : 0;
   };
   std::vector<double> out(ranks), in(ranks), egress(nodes), ingress(nodes);
+  std::vector<double> node_bytes(nodes), node_messages(nodes);  // inside each node
   for (const Flow& f : flows) {
     if (node(f.from) == node(f.to)) {
       out[f.from] += f.bytes;
       in[f.to] += f.bytes;
+      node_bytes[node(f.from)] += f.bytes;
+      node_messages[node(f.from)] += f.messages;
     } else {
       egress[node(f.from)] += f.bytes;
       ingress[node(f.to)] += f.bytes;
     }
   }
+  const LinkCost& intra = model.intra;
   std::vector<double> seconds;
   for (const Flow& f : flows) {
     const bool local = node(f.from) == node(f.to);
-    const LinkCost& link = local ? model.intra : model.inter;
+    const LinkCost& link = local ? intra : model.inter;
     const double load = local ? std::max(out[f.from], in[f.to])
                               : std::max(egress[node(f.from)], ingress[node(f.to)]);
     const bool both_ways = local ? in[f.from] > 0 || out[f.to] > 0
                                  : ingress[node(f.from)] > 0 || egress[node(f.to)] > 0;
+    if (local && intra.sharesCores()) {
+      const int n = node(f.from);
+      const double alone = f.messages * intra.alpha_alone + load * intra.beta_alone;
+      const double share = (node_messages[n] * intra.alpha + node_bytes[n] * intra.beta) /
+                           static_cast<double>(intra.flows);
+      seconds.push_back(std::max(alone, share));
+      continue;
+    }
     seconds.push_back(f.messages * link.alpha + load * link.betaFor(both_ways));
   }
   return seconds;

@@ -93,6 +93,7 @@ class RankBench {
       result.fit_intra = c.intra;
       result.fit_inter = c.inter;
       result.fit_inter_one_way = c.inter_one_way;
+      result.fit_intra_alone = c.intra_alone;
       result.calibrated = true;
       for (auto& s : schedulers_) {
         for (auto& rule : s.rules) rule.choice.scheduler->useCostModel(c.model);

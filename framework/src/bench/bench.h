@@ -76,6 +76,7 @@ struct Result {
   bool calibrated = false;
   LinkFit fit_intra, fit_inter;  // how each level's probes fit the model
   LinkFit fit_inter_one_way;     // and the one-way stream between nodes
+  LinkFit fit_intra_alone;       // and a pair alone inside a node
 };
 
 // Which scheduler is fastest at one size of one run. Measured times are ranges (min–max

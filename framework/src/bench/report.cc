@@ -44,14 +44,22 @@ void header(std::ostream& out, const Row& first, const Result& result) {
   if (!result.facts.cpu_model.empty()) out << "# cpu: " << result.facts.cpu_model << "\n";
   if (result.calibrated) {
     const CostModel& m = result.model;
-    auto level = [](const char* name, const LinkCost& l, const LinkFit& fit) {
+    auto level = [](const std::string& name, const LinkCost& l, const LinkFit& fit) {
       return fmt::format(
           "{} alpha {:.2f} us, beta {:.3f} GB/s (fit over {} sizes, residual {:.0f}%)", name,
           l.alpha * 1e6, l.beta > 0 ? 1e-9 / l.beta : INFINITY, fit.sizes, fit.residual * 100);
     };
     out << "# cost model (calibrated):";
-    if (result.fit_intra.probed)
+    if (result.fit_intra.probed && m.intra.sharesCores()) {
+      // The exchange's flows shared the node; a pair alone is priced apart.
+      const LinkCost alone{m.intra.alpha_alone, m.intra.beta_alone};
+      out << " "
+          << level(fmt::format("inside a node, each of {} flows at once:", m.intra.flows), m.intra,
+                   result.fit_intra)
+          << ", " << level("a pair alone", alone, result.fit_intra_alone) << ";";
+    } else if (result.fit_intra.probed) {
       out << " " << level("inside a node", m.intra, result.fit_intra) << ";";
+    }
     if (result.fit_inter.probed) {
       out << " " << level("between nodes", m.inter, result.fit_inter);
       if (result.fit_inter_one_way.probed && m.inter.beta_one_way > 0)
@@ -333,7 +341,12 @@ nlohmann::json rowsJson(const std::vector<Row>& rows) {
 }
 
 nlohmann::json linkJson(const LinkCost& link) {
-  return {{"alpha", link.alpha}, {"beta", link.beta}, {"beta_one_way", link.beta_one_way}};
+  return {{"alpha", link.alpha},
+          {"beta", link.beta},
+          {"beta_one_way", link.beta_one_way},
+          {"alpha_alone", link.alpha_alone},
+          {"beta_alone", link.beta_alone},
+          {"flows", link.flows}};
 }
 
 nlohmann::json fitJson(const LinkFit& fit) {
@@ -354,14 +367,16 @@ LinkFit fitOf(const nlohmann::json& j) {
 }
 
 LinkCost linkOf(const nlohmann::json& j) {
-  return {j.at("alpha").get<double>(), j.at("beta").get<double>(),
-          j.at("beta_one_way").get<double>()};
+  return {j.at("alpha").get<double>(),        j.at("beta").get<double>(),
+          j.at("beta_one_way").get<double>(), j.at("alpha_alone").get<double>(),
+          j.at("beta_alone").get<double>(),   j.at("flows").get<int>()};
 }
 
 nlohmann::json fitsJson(const Result& result) {
   return {{"intra", fitJson(result.fit_intra)},
           {"inter", fitJson(result.fit_inter)},
-          {"inter_one_way", fitJson(result.fit_inter_one_way)}};
+          {"inter_one_way", fitJson(result.fit_inter_one_way)},
+          {"intra_alone", fitJson(result.fit_intra_alone)}};
 }
 
 }  // namespace
@@ -425,6 +440,7 @@ Result loadResult(const std::string& path) {
     result.fit_intra = fitOf(doc.at("fits").at("intra"));
     result.fit_inter = fitOf(doc.at("fits").at("inter"));
     result.fit_inter_one_way = fitOf(doc.at("fits").at("inter_one_way"));
+    result.fit_intra_alone = fitOf(doc.at("fits").at("intra_alone"));
     result.model.intra = linkOf(doc.at("model").at("intra"));
     result.model.inter = linkOf(doc.at("model").at("inter"));
     result.model.gamma = doc.at("model").at("gamma").get<double>();

@@ -24,7 +24,7 @@ namespace {
 // Probe sizes, and how many timed exchanges each gets (fewer for the large ones, which a
 // slow link makes long: 4 MiB is 0.34 s at 100 Mbit/s). Each level probes up to its own
 // largest size (calibrate()).
-constexpr std::pair<uint64_t, int> kProbes[] = {{8, 30},      {4096, 30},   {65536, 20},
+constexpr std::pair<uint64_t, int> kProbes[] = {{8, 50},      {4096, 50},   {65536, 30},
                                                 {262144, 10}, {1 << 20, 6}, {4 << 20, 6}};
 
 // The one-way probe between nodes streams the sizes from here up: smaller streams are
@@ -78,7 +78,7 @@ ScratchBuffer writtenScratch(const Buffer& like, size_t count) {
 // (A median over single exchanges hid what ranks that share cores meet: a rank descheduled
 // now and then, which every mean pays; 4 gloo processes on 2 CPUs took 17 us per exchange
 // by the median and 110 us per step of an all-reduce.)
-constexpr int kBatches = 3;
+constexpr int kBatches = 5;
 
 // Each batch's mean time of one exchange of `bytes` for this rank (0 when it sits out),
 // `iters` exchanges in all; a barrier before each batch, so every probing rank starts
@@ -104,6 +104,38 @@ std::vector<double> exchange(Backend& backend, Control& control, uint64_t bytes,
       waitAll(requests, backend.timeout());
     }
     mean = (clockSeconds(backend) - start) / per_batch;
+  }
+  control.barrier();
+  return means;
+}
+
+// A pair alone inside each node: the node's first two ranks bounce a message back and forth
+// while its other ranks sit out. Each batch's mean time of one way (half a round trip), on
+// ranks of a pair; 0 elsewhere.
+std::vector<double> pingPong(Backend& backend, Control& control, uint64_t bytes, int iters,
+                             const Topology& t) {
+  const int rank = backend.rank();
+  const auto ranks = t.ranksOnNode(t.node_of_rank[rank]);
+  const int local = t.localRank(rank);
+  const int peer = ranks.size() < 2 || local > 1 ? -1 : ranks[1 - local];
+  const Buffer like = measurementLike(backend, DType::kF64, control.device());
+  const size_t count = std::max<uint64_t>(1, bytes / 8);
+  ScratchBuffer data = writtenScratch(like, count);
+  const int per_batch = std::max(1, iters / kBatches);
+  std::vector<double> means(kBatches, 0);
+  for (double& mean : means) {
+    std::vector<Tag> tags;
+    for (int i = 0; i < 2 * per_batch; ++i) tags.push_back(control.nextTag());
+    control.barrier();
+    if (peer < 0) continue;
+    const double start = clockSeconds(backend);
+    for (size_t i = 0; i < tags.size(); i += 2) {
+      // The first rank of the pair sends first; each way is its own tag.
+      if (local == 0) backend.isend(peer, data.view(), tags[i])->wait(backend.timeout());
+      backend.irecv(peer, data.view(), tags[i + (local == 0)])->wait(backend.timeout());
+      if (local == 1) backend.isend(peer, data.view(), tags[i + 1])->wait(backend.timeout());
+    }
+    mean = (clockSeconds(backend) - start) / (2.0 * per_batch);
   }
   control.barrier();
   return means;
@@ -161,14 +193,19 @@ double probeOneWay(Backend& backend, Control& control, Partners exchange_partner
   return fitLine(points, &fit->residual).beta;
 }
 
-// One level: every size probed with the same partners, the slowest probing rank's median per
-// size, and the fitted line. Every rank returns the same.
-LinkCost probeLevel(Backend& backend, Control& control, Partners mine, uint64_t largest,
-                    LinkFit* fit) {
+// Every size up to `largest`, each timed by `batches(bytes, iters)` (the batches' means on
+// this rank, 0 where it sits out): the median over batches of the slowest probing rank, and
+// the fitted line. Every rank returns the same.
+template <typename Batches>
+LinkCost probeSizes(Control& control, uint64_t largest, LinkFit* fit, Batches&& batches) {
+  // The first batches after a quiet spell ran slower (8 B took up to 4x the time of 4 KiB on
+  // loopback), and the smallest probe anchors α (fitLine): a round at the smallest size
+  // goes untimed first.
+  batches(kProbes[0].first, kProbes[0].second);
   std::vector<std::pair<double, double>> points;
   for (const auto& [bytes, iters] : kProbes) {
     if (bytes > largest) break;
-    const double slowest = median(control.max(exchange(backend, control, bytes, iters, mine)));
+    const double slowest = median(control.max(batches(bytes, iters)));
     if (slowest > 0)
       points.emplace_back(static_cast<double>(std::max<uint64_t>(bytes, 8)), slowest);
   }
@@ -179,6 +216,22 @@ LinkCost probeLevel(Backend& backend, Control& control, Partners mine, uint64_t 
   return fitLine(points, &fit->residual);
 }
 
+// One level: every size exchanged with the same partners (probeSizes).
+LinkCost probeLevel(Backend& backend, Control& control, Partners mine, uint64_t largest,
+                    LinkFit* fit) {
+  return probeSizes(control, largest, fit, [&](uint64_t bytes, int iters) {
+    return exchange(backend, control, bytes, iters, mine);
+  });
+}
+
+// The pair alone inside a node (LinkCost::alpha_alone, beta_alone), over the sizes the
+// exchange probed: nothing (0, 0) without two ranks on a node.
+LinkCost probeAlone(Backend& backend, Control& control, const Topology& t, uint64_t largest,
+                    LinkFit* fit) {
+  return probeSizes(control, largest, fit, [&](uint64_t bytes, int iters) {
+    return pingPong(backend, control, bytes, iters, t);
+  });
+}
 // Seconds per byte of reduceInto, on every rank at once, over buffers larger than the
 // caches: the slowest rank's best of three, so that ranks which share cores (4 threads on 2
 // CPUs) price the reduction as the collective's slowest rank meets it, not as the rank that
@@ -243,23 +296,38 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
     // 1 MiB, a loopback ring all-reduce past 4 MiB took twice its prediction); between nodes
     // the probes go past a lab link's token bucket (500 KB at 1 Gbit/s).
     c.model.intra = probeLevel(backend, control, intraPartners(topology, rank), 4 << 20, &c.intra);
+    if (c.intra.probed) {
+      // Every rank of rank 0's node ran a flow of the exchange; a pair of them alone next.
+      const LinkCost alone = probeAlone(backend, control, topology, 4 << 20, &c.intra_alone);
+      c.model.intra.alpha_alone = alone.alpha;
+      c.model.intra.beta_alone = alone.beta;
+      c.model.intra.flows = static_cast<int>(topology.ranksOnNode(topology.node_of_rank[0]).size());
+    }
     const Partners across = interPartners(topology, rank);
     c.model.inter = probeLevel(backend, control, across, 4 << 20, &c.inter);
     if (c.inter.probed)
       c.model.inter.beta_one_way = probeOneWay(backend, control, across, rank, &c.inter_one_way);
     // A level without a pair of ranks (one rank per node; one node) is the other level.
     if (!c.intra.probed) c.model.intra = c.model.inter;
-    if (!c.inter.probed) c.model.inter = c.model.intra;
+    if (!c.inter.probed) {
+      c.model.inter = c.model.intra;
+      c.model.inter.alpha_alone = c.model.inter.beta_alone = 0;  // cores are shared in a node
+      c.model.inter.flows = 0;
+    }
   }
   c.model.gamma = probeReduction(backend, control, dtype);
-  const auto root =
-      control.fromRoot({c.model.intra.alpha, c.model.intra.beta, c.model.inter.alpha,
-                        c.model.inter.beta, c.model.inter.beta_one_way, c.model.gamma,
-                        c.intra.residual, c.inter.residual, c.inter_one_way.residual});
-  c.model = {{root[0], root[1]}, {root[2], root[3], root[4]}, root[5]};
+  const auto root = control.fromRoot(
+      {c.model.intra.alpha, c.model.intra.beta, c.model.inter.alpha, c.model.inter.beta,
+       c.model.inter.beta_one_way, c.model.gamma, c.intra.residual, c.inter.residual,
+       c.inter_one_way.residual, c.model.intra.alpha_alone, c.model.intra.beta_alone,
+       static_cast<double>(c.model.intra.flows), c.intra_alone.residual});
+  c.model = {{root[0], root[1], 0, root[9], root[10], static_cast<int>(root[11])},
+             {root[2], root[3], root[4]},
+             root[5]};
   c.intra.residual = root[6];
   c.inter.residual = root[7];
   c.inter_one_way.residual = root[8];
+  c.intra_alone.residual = root[12];
   return c;
 }
 

@@ -1,6 +1,7 @@
 // Calibrates the α-β-γ cost model on the actual backend before a sweep, one link level at a
 // time: inside a node, every node's ranks shift a message around the node's ring at once
-// (as a step of an intra-node collective does, contention included); between nodes, rank 0
+// (as a step of an intra-node collective does, contention included), and then two of them
+// bounce one back and forth alone (what a step with fewer flows meets); between nodes, rank 0
 // and the first rank of another node exchange messages, and then rank 0 streams large ones
 // to it alone (β one way). Each level is probed, synchronised, over several sizes and
 // fitted (fitLine); γ times a local reduction on every rank at once. The bench, the trainer
@@ -31,6 +32,7 @@ struct Calibration {
   CostModel model;
   LinkFit intra, inter;
   LinkFit inter_one_way;  // the stream between nodes behind inter.beta_one_way
+  LinkFit intra_alone;    // a pair alone inside a node, behind intra.alpha_alone, beta_alone
 };
 
 // What the buffers of a measurement on `backend` are like: host memory of `dtype`; device

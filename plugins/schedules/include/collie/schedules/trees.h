@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "collie/patterns/blocks.h"
@@ -107,14 +108,21 @@ void runTrees(const Parts& parts, ReduceOp op, int group_size, uint64_t seq, Bac
 
 namespace detail {
 
-// The ranks of `tree` from the leaves up: children before their parents.
-inline std::vector<int> leavesFirst(const std::vector<patterns::TreeShape>& tree) {
+// Each rank's depth in `tree`: the edges between it and the root.
+inline std::vector<int> depths(const std::vector<patterns::TreeShape>& tree) {
   const int n = static_cast<int>(tree.size());
-  std::vector<int> ranks, depth(n, 0);
+  std::vector<int> depth(n, 0);
   for (int r = 0; r < n; ++r) {
     for (int p = tree[r].parent; p >= 0 && depth[r] <= n; p = tree[p].parent) ++depth[r];
-    ranks.push_back(r);
   }
+  return depth;
+}
+
+// The ranks of `tree` from the leaves up: children before their parents.
+inline std::vector<int> leavesFirst(const std::vector<patterns::TreeShape>& tree) {
+  const std::vector<int> depth = depths(tree);
+  std::vector<int> ranks(tree.size());
+  for (size_t r = 0; r < ranks.size(); ++r) ranks[r] = static_cast<int>(r);
   std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) { return depth[a] > depth[b]; });
   return ranks;
 }
@@ -193,22 +201,50 @@ inline std::vector<double> downPhase(const std::vector<patterns::TreeShape>& tre
 // `reduce`), the segments flow up, then down: runTrees starts the broadcast when the root
 // has reduced the last one. Each edge carries one segment at a time, in the time
 // flowSeconds gives it with every edge of the phase (of every tree) busy at once; the phase
-// ends when the last segment reaches the root (up) or the last rank (down). Past 256
-// segments the pipeline's pace is steady and the rest is extrapolated.
+// ends when the last segment reaches the root (up) or the last rank (down). A single
+// segment keeps one level busy at a time, so its edges meet only the edges of their own
+// level (the same depth, in every tree). Past 256 segments the pipeline's pace is steady
+// and the rest is extrapolated.
 inline double predictTrees(const std::vector<std::vector<patterns::TreeShape>>& shapes,
                            double segment, double segments, bool reduce, const Topology& topology,
                            const CostModel& model) {
   const int simulated = static_cast<int>(std::min(segments, 256.0));
+  // Each phase's edges in the order upPhase and downPhase number them, with the depth of
+  // the rank below each edge.
   std::vector<Flow> up, down;
+  std::vector<int> up_depth, down_depth;
   for (const auto& tree : shapes) {
+    const std::vector<int> depth = detail::depths(tree);
     for (int rank = 0; rank < static_cast<int>(tree.size()); ++rank) {
-      if (tree[rank].parent >= 0) up.push_back({rank, tree[rank].parent, segment});
-      for (int child : tree[rank].children) down.push_back({rank, child, segment});
+      if (tree[rank].parent >= 0) {
+        up.push_back({rank, tree[rank].parent, segment});
+        up_depth.push_back(depth[rank]);
+      }
+      for (int child : tree[rank].children) {
+        down.push_back({rank, child, segment});
+        down_depth.push_back(depth[child]);
+      }
     }
   }
+  auto priced = [&](const std::vector<Flow>& edges, const std::vector<int>& depth) {
+    if (segments > 1) return flowSeconds(edges, topology, model);
+    std::vector<double> seconds(edges.size());
+    for (int level : std::set<int>(depth.begin(), depth.end())) {
+      std::vector<Flow> same;
+      std::vector<size_t> which;
+      for (size_t e = 0; e < edges.size(); ++e) {
+        if (depth[e] != level) continue;
+        same.push_back(edges[e]);
+        which.push_back(e);
+      }
+      const std::vector<double> s = flowSeconds(same, topology, model);
+      for (size_t i = 0; i < which.size(); ++i) seconds[which[i]] = s[i];
+    }
+    return seconds;
+  };
   double up_end = 0;
   if (reduce) {
-    const std::vector<double> seconds = flowSeconds(up, topology, model);
+    const std::vector<double> seconds = priced(up, up_depth);
     size_t next = 0;
     for (const auto& tree : shapes) {
       up_end = std::max(
@@ -217,7 +253,7 @@ inline double predictTrees(const std::vector<std::vector<patterns::TreeShape>>& 
               detail::upPhase(tree, simulated, segment * model.gamma, seconds, &next), segments));
     }
   }
-  const std::vector<double> seconds = flowSeconds(down, topology, model);
+  const std::vector<double> seconds = priced(down, down_depth);
   double end = up_end;
   size_t next = 0;
   for (const auto& tree : shapes) {
