@@ -12,9 +12,11 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "collie/error.h"
 #include "core/strings.h"
+#include "train/comm_explained.h"
 #include "train/memory_fit.h"
 
 namespace collie::train {
@@ -90,6 +92,7 @@ Result everyFieldSet() {
   r.link_beta = 8e-9;
   r.between_nodes = true;
   r.compute_seconds = {0.2, 0.21};
+  r.comm_explained = {true, 0.045, 0.003, 0.13, 1, 0.008, 0.07, 0.08, 0.04};
   r.straggler_score = {1.0, 0.8};
   r.straggler_wait_seconds = {0.01, 0.0};
   r.arrived_last = {0.1, 0.9};
@@ -194,6 +197,11 @@ TEST_F(ResultFile, KeepsEveryFieldOfAResult) {
   EXPECT_EQ(out.link_beta, in.link_beta);
   EXPECT_EQ(out.between_nodes, in.between_nodes);
   EXPECT_EQ(out.compute_seconds, in.compute_seconds);
+  auto explained = [](const CommExplained& e) {
+    return std::make_tuple(e.explained, e.link, e.latency, e.link_busy, e.below_knee, e.waiting,
+                           e.beyond, e.during_backward, e.predicted_exposed);
+  };
+  EXPECT_EQ(explained(out.comm_explained), explained(in.comm_explained));
   EXPECT_EQ(out.straggler_score, in.straggler_score);
   EXPECT_EQ(out.straggler_wait_seconds, in.straggler_wait_seconds);
   EXPECT_EQ(out.arrived_last, in.arrived_last);
@@ -277,6 +285,15 @@ TEST_F(ResultFile, KeepsTheNamesThatSummaryJsonReadersUse) {
                                           "link_beta_s_per_byte",
                                           "link_between_nodes",
                                           "compute_s",
+                                          "comm_explained",
+                                          "comm_link_s",
+                                          "comm_latency_s",
+                                          "comm_link_busy_s",
+                                          "buckets_below_knee",
+                                          "comm_waiting_s",
+                                          "comm_beyond_s",
+                                          "comm_during_backward_s",
+                                          "predicted_exposed_comm_s",
                                           "straggler_score",
                                           "straggler_wait_s",
                                           "arrived_last",
@@ -487,6 +504,57 @@ TEST(Summary, SaysWhatTheInterfacesCountedAndWhenTheTargetWasReached) {
   EXPECT_NE(text.find("train.target_loss 4.5: not reached in 3 steps"), std::string::npos) << text;
   EXPECT_EQ(text.find("interfaces counted"), std::string::npos) << text;
   EXPECT_EQ(text.find("auto chose"), std::string::npos) << text;
+}
+
+// Two buckets on two ranks: the first took 0.10 s on one rank and 0.06 s on the one that
+// arrived last, the second 0.05 s on both. Measured 0.08 + 0.05 = 0.13 s a step (mean over
+// ranks): 0.05 s the link's, 0.02 s waiting (0.08 - 0.06), 0.06 s beyond both. The first
+// is below the knee (latency 0.02 of its 0.03 s), the second not.
+TEST(CommExplained, SplitsTheMeasuredTimeAndPredictsTheExposedPart) {
+  std::vector<BucketTimes> buckets(2);
+  buckets[0] = {{0.10, 0.06}, 0.03, 0.04, 0.02, 3};
+  buckets[1] = {{0.05, 0.05}, 0.02, 0.02, 0.001, 1};
+  const CommExplained e = explainComm(buckets, /*exposed=*/0.03, /*backward=*/0.1, true);
+  ASSERT_TRUE(e.explained);
+  EXPECT_NEAR(e.link, 0.05, 1e-12);
+  EXPECT_NEAR(e.link_busy, 0.06, 1e-12);
+  EXPECT_NEAR(e.latency, 0.021, 1e-12);
+  EXPECT_EQ(e.below_knee, 1);
+  EXPECT_NEAR(e.waiting, 0.02, 1e-12);
+  EXPECT_NEAR(e.beyond, 0.06, 1e-12);
+  EXPECT_NEAR(e.during_backward, 0.10, 1e-12);
+  // Backward readies the first bucket at 3/4 of its 0.1 s, the second at its end; one
+  // thread runs them at the busy pace: 0.075 + 0.04 = 0.115, then 0.115 + 0.02 = 0.135.
+  EXPECT_NEAR(e.predicted_exposed, 0.035, 1e-12);
+  // Without overlap both wait for backward's end: 0.04 + 0.02.
+  EXPECT_NEAR(predictExposed(buckets, 0.1, false), 0.06, 1e-12);
+  // Without a busy probe the idle link's pace: 0.075 + 0.03 = 0.105, 0.105 + 0.02.
+  for (auto& b : buckets) b.predicted_busy = 0;
+  EXPECT_NEAR(predictExposed(buckets, 0.1, true), 0.025, 1e-12);
+  // Nothing to explain without buckets or without a rank's times.
+  EXPECT_FALSE(explainComm({}, 0, 0.1, true).explained);
+  buckets[1].seconds.clear();
+  EXPECT_FALSE(explainComm(buckets, 0, 0.1, true).explained);
+}
+
+TEST(Summary, ExplainsTheAllReduceWhereItWasExplained) {
+  Result r = everyFieldSet();
+  r.sharding = "none";
+  r.compression = "none";
+  std::ostringstream out;
+  printSummary(out, {r});
+  std::string text = out.str();
+  EXPECT_NE(text.find("all-reduce explained, per step (mean over ranks): measured 0.1230 s = "
+                      "0.0450 s on the calibrated link, idle (0.0030 s of it per-message latency; "
+                      "1 of"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("they take 0.1300 s). Exposed after backward: measured"), std::string::npos)
+      << text;
+  r.comm_explained.explained = false;
+  std::ostringstream again;
+  printSummary(again, {r});
+  EXPECT_EQ(again.str().find("all-reduce explained"), std::string::npos) << again.str();
 }
 
 }  // namespace

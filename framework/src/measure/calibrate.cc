@@ -2,9 +2,11 @@
 #include "measure/calibrate.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <thread>
 #include <vector>
 
 #include "collie/device_memory.h"
@@ -252,6 +254,41 @@ double probeReduction(Backend& backend, Control& control, DType dtype) {
 }
 
 }  // namespace
+
+LinkCost calibrateUnderLoad(Backend& backend, Control& control, const Topology& topology,
+                            uint64_t largest, LinkFit* fit) {
+  if (backend.size() < 2) return {};
+  const int rank = backend.rank();
+  Partners mine = interPartners(topology, rank);
+  bool across = false;
+  for (int r = 0; r < topology.world_size; ++r)
+    across = across || topology.node_of_rank[r] != topology.node_of_rank[0];
+  if (!across) mine = intraPartners(topology, rank);
+  // One core's worth of arithmetic on every rank, for as long as the probes run.
+  std::atomic<bool> done{false};
+  std::thread load([&] {
+    volatile double x = 1;
+    while (!done.load(std::memory_order_relaxed)) {
+      for (int i = 0; i < 4096; ++i) x = x * 1.0000001 + 1e-9;
+    }
+  });
+  LinkCost link;
+  try {
+    // Three times the exchanges of calibrate()'s probes: a busy core makes each noisier.
+    link = probeSizes(control, largest, fit, [&](uint64_t bytes, int iters) {
+      return exchange(backend, control, bytes, 3 * iters, mine);
+    });
+  } catch (...) {
+    done = true;
+    load.join();
+    throw;
+  }
+  done = true;
+  load.join();
+  const auto root = control.fromRoot({link.alpha, link.beta, fit->residual});
+  fit->residual = root[2];
+  return {root[0], root[1]};
+}
 
 Buffer measurementLike(const Backend& backend, DType dtype, int device) {
   Buffer like;

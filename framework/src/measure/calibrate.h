@@ -47,6 +47,14 @@ double median(std::vector<double> values);
 // Collective over the group: every rank calls it and gets rank 0's calibration.
 Calibration calibrate(Backend& backend, Control& control, const Topology& topology, DType dtype);
 
+// The slowest level (between nodes where there are several, else inside one) probed again
+// while every rank keeps one core busy, as a training rank's backward does while its
+// buckets' all-reduces run: on ranks that outnumber the cores the collective's messages
+// then wait for a core. Sizes up to `largest`; collective over the group (rank 0's fit on
+// every rank). `fit`: the probes, as calibrate()'s.
+LinkCost calibrateUnderLoad(Backend& backend, Control& control, const Topology& topology,
+                            uint64_t largest, LinkFit* fit);
+
 // α and β of (bytes, seconds) points sorted by size, smallest first: the line passes through
 // the smallest, with the least-squares slope (which the largest sizes decide); `residual` is
 // the RMS relative error over all points, which says how far a line describes the link.

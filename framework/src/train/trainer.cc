@@ -202,6 +202,7 @@ class RankTrainer {
     const CostModel cost =
         measure::calibrate(comm_.backend(), control_, comm_.topology(), DType::kF32).model;
     for (auto& rule : rules_) rule.choice.scheduler->useCostModel(cost);
+    const CostModel busy = busyModel(cost);
     Reducer reducer(params_, spec_.bucket_bytes, comm_, spec_.overlap, spec_.sharding,
                     unitIndices());
     reducer_ = &reducer;
@@ -284,6 +285,8 @@ class RankTrainer {
     result.sync = checkWeights(spec_.steps, &result.weight_sample);
     enforce(result.sync);
     gatherTimings(stats, interfaces, &result);
+    if (!codec_ && !sharded() && !periodic.local())
+      result.comm_explained = explainSteps(stats, reducer, cost, busy, result.exposed_seconds);
     lossCurve(stats, ended, &result);
     result.rebalances = rebalancer.taken();
     stragglers.report(&result);
@@ -987,6 +990,75 @@ class RankTrainer {
     result->sent_bytes_per_step = stats.empty() ? 0 : sent / static_cast<double>(stats.size());
     result->comm_memory = commMemory(stats);
     result->micro_batch = sharding_.micro_batch;
+  }
+
+  // Where buckets are all-reduced during backward (every step, no codec, no sharding, more
+  // than one rank): the model with its slowest level probed again while every rank keeps a
+  // core busy (measure::calibrateUnderLoad), for the all-reduces that run while backward
+  // computes. Elsewhere the model itself. Every rank decides alike, from the config.
+  CostModel busyModel(const CostModel& cost) {
+    if (world_ < 2 || spec_.compresses() || sharded() || spec_.sync.local() || !spec_.overlap)
+      return cost;
+    measure::LinkFit fit;
+    const LinkCost loaded =
+        measure::calibrateUnderLoad(comm_.backend(), control_, comm_.topology(), 1 << 20, &fit);
+    CostModel busy = cost;
+    (comm_.topology().nodeCount() > 1 ? busy.inter : busy.intra) = {loaded.alpha, loaded.beta};
+    if (comm_.topology().nodeCount() <= 1) busy.inter = busy.intra;
+    return busy;
+  }
+
+  // A run whose every step all-reduces every bucket once (the caller checks): each bucket's
+  // mean seconds over the timed steps on every rank, its prediction on the idle calibrated
+  // link (and the α terms of it), and backward's mean time, into the split of
+  // comm_explained.h. Not explained (and nothing exchanged) where a step ran another number
+  // of collectives, or without a model.
+  CommExplained explainSteps(const std::vector<StepStats>& stats, const Reducer& reducer,
+                             const CostModel& cost, const CostModel& busy, double exposed) {
+    const size_t buckets = reducer.bucketCount();
+    const size_t first = stats.size() > 1 ? 1 : 0;  // the first step is not timed
+    if (stats.size() <= first) return {};           // alike on every rank: no step ran
+    // Each bucket's seconds, backward's, and whether every timed step ran one all-reduce per
+    // bucket in bucket order (1) or not (0): exchanged whatever this rank found, so that
+    // every rank takes part, and explained only where every rank found it so.
+    std::vector<double> mine(buckets + 2, 0);
+    std::vector<std::vector<CollectiveArgs>> planned(buckets);
+    bool regular = true;
+    for (size_t b = 0; b < buckets; ++b) {
+      planned[b] = stepCollectives(reducer, b, spec_.steps - 1, /*float32=*/false);
+      regular = regular && planned[b].size() == 1;
+    }
+    for (size_t i = first; i < stats.size() && regular; ++i) {
+      const auto& collectives = stats[i].sync.collectives;
+      regular = collectives.size() == buckets;
+      for (size_t b = 0; b < buckets && regular; ++b) {
+        regular = collectives[b].bytes == planned[b].front().data.bytes();
+        mine[b] += collectives[b].seconds;
+      }
+      mine[buckets] += stats[i].backward / spec_.grad_accum;  // the last micro-batch's
+    }
+    for (double& v : mine) v /= static_cast<double>(stats.size() - first);
+    mine[buckets + 1] = regular ? 1 : 0;
+    const auto table = control_.allGather(mine);
+    for (const auto& rank : table) {
+      if (rank[buckets + 1] != 1) return {};
+    }
+    CostModel latency_free = cost;
+    for (LinkCost* link : {&latency_free.intra, &latency_free.inter})
+      link->alpha = link->alpha_alone = 0;
+    std::vector<BucketTimes> times(buckets);
+    double backward = 0;
+    for (const auto& rank : table) backward += rank[buckets] / static_cast<double>(table.size());
+    for (size_t b = 0; b < buckets; ++b) {
+      for (const auto& rank : table) times[b].seconds.push_back(rank[b]);
+      const auto& collectives = planned[b];
+      times[b].predicted = predictSeconds(collectives, cost);
+      times[b].latency = times[b].predicted - predictSeconds(collectives, latency_free);
+      times[b].predicted_busy = predictSeconds(collectives, busy);
+      times[b].elements = static_cast<double>(reducer.bucketNumel(b));
+      if (std::isnan(times[b].predicted)) return {};
+    }
+    return explainComm(times, exposed, backward, spec_.overlap);
   }
 
   // The job's mean loss after each step of this run against rank 0's wall time, and when

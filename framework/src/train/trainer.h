@@ -14,6 +14,7 @@
 #include "config/experiment.h"
 #include "plugin/loader.h"
 #include "runtime/run.h"
+#include "train/comm_explained.h"
 
 namespace collie::train {
 
@@ -126,6 +127,9 @@ struct Result {
   double link_alpha = 0, link_beta = 0;  // the slowest level: between nodes when there are several
   bool between_nodes = false;
   std::vector<double> compute_seconds;  // per rank: forward + backward per step
+  // Every step all-reducing every bucket: why the all-reduces took what they took, and the
+  // exposed part predicted from the link and the bucket schedule (comm_explained.h).
+  CommExplained comm_explained;
   // Straggler attribution over the gathered steps (empty with one rank or straggler_every 0):
   // per rank the score, the seconds per step it waited for the others, the share of
   // collectives it arrived at last; the step at the fastest rank's speed.
@@ -223,6 +227,15 @@ void forEachField(R& r, Visit&& visit) {
   visit("link_beta_s_per_byte", r.link_beta);
   visit("link_between_nodes", r.between_nodes);
   visit("compute_s", r.compute_seconds);
+  visit("comm_explained", r.comm_explained.explained);
+  visit("comm_link_s", r.comm_explained.link);
+  visit("comm_latency_s", r.comm_explained.latency);
+  visit("comm_link_busy_s", r.comm_explained.link_busy);
+  visit("buckets_below_knee", r.comm_explained.below_knee);
+  visit("comm_waiting_s", r.comm_explained.waiting);
+  visit("comm_beyond_s", r.comm_explained.beyond);
+  visit("comm_during_backward_s", r.comm_explained.during_backward);
+  visit("predicted_exposed_comm_s", r.comm_explained.predicted_exposed);
   visit("straggler_score", r.straggler_score);
   visit("straggler_wait_s", r.straggler_wait_seconds);
   visit("arrived_last", r.arrived_last);

@@ -1,0 +1,53 @@
+// Why a step's gradient all-reduces took what they took: the measured time of the buckets'
+// all-reduces split, from measured quantities, into the calibrated link's time (and of it,
+// the per-message latency of buckets below the link's knee), the time ranks waited for a
+// slower rank to arrive, and what is left beyond both (the link slower than when it was
+// calibrated, or cores that the all-reduce shares with backward); and the exposed part
+// predicted from the link and the bucket schedule, beside the measured one.
+//
+// For a run whose every step all-reduces every bucket once (no codec, no sharding, no
+// train.sync local mode): the buckets' collectives are then one per bucket, in launch order.
+#pragma once
+
+#include <vector>
+
+namespace collie::train {
+
+struct CommExplained {
+  // The buckets' all-reduce seconds per step, mean over ranks, are link + waiting + beyond.
+  bool explained = false;        // false: the run is not of the kind above, or no model
+  double link = 0;               // their time on the idle calibrated link
+  double latency = 0;            // of `link`, the α terms: per-message latency
+  double link_busy = 0;          // their time on the link probed while every rank kept a core busy
+  int below_knee = 0;            // buckets whose latency is at least their bandwidth's time
+  double waiting = 0;            // per step, mean over ranks of the time a rank waited for the last
+  double beyond = 0;             // the measured time less link and waiting
+  double during_backward = 0;    // the measured time less the exposed: while backward computed
+  double predicted_exposed = 0;  // the step's wait for them after backward, predicted
+};
+
+// One bucket, as the explanation needs it.
+struct BucketTimes {
+  std::vector<double> seconds;  // per rank: its mean all-reduce seconds over the timed steps
+  double predicted = 0;         // on the idle calibrated link
+  double predicted_busy = 0;    // on the link as probed while every rank keeps a core busy
+  double latency = 0;           // of that, the α terms
+  double elements = 0;          // the bucket's gradient elements (readiness order, below)
+};
+
+// The exposed time a step's buckets leave after backward, predicted: backward readies the
+// buckets in launch order, each when the share of the gradient elements up to and including
+// it has been computed (backward's `backward_seconds`, measured), or all at its end without
+// overlap; one communication thread runs them one after the other, each taking
+// `predicted_busy` (`predicted` where that is 0). The busy pace holds after this rank's
+// backward too: where ranks share cores, its end frees none while the others still compute
+// theirs, and where they do not, the busy probe found the idle link.
+double predictExposed(const std::vector<BucketTimes>& buckets, double backward_seconds,
+                      bool overlap);
+
+// The split above, from every bucket's per-rank times and predictions, and the measured
+// exposed seconds per step (mean over ranks).
+CommExplained explainComm(const std::vector<BucketTimes>& buckets, double exposed,
+                          double backward_seconds, bool overlap);
+
+}  // namespace collie::train
