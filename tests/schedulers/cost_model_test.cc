@@ -185,17 +185,19 @@ TEST(CostModel, RanksThatShareCoresShareTheNodesCapacity) {
 }
 
 TEST(CostModel, ASingleSegmentTreeMovesOneLevelAtATime) {
-  // tree on 4 ranks, 0 with children 1 and 2, 1 with child 3. One segment of m: up, 3 -> 1
-  // alone at its level, then 1 -> 0 and 2 -> 0 together; down the same levels in reverse.
-  // Each level's flows share the node among themselves only; with many segments every edge
-  // is busy at once and shares it with all the others.
+  // tree on 4 ranks, 0 with children 1 and 2, 1 with child 3. One segment of m: up, the
+  // leaves send at once (3 -> 1 and 2 -> 0), then 1 -> 0 alone; down, 0 -> 1 and 0 -> 2
+  // together (rank 0's way out carries 2m), then 1 -> 3. Each level's flows share the node
+  // only among themselves; with many segments every edge is busy at once and shares it with
+  // all the others.
   const Topology four = Topology::singleNode(4);
   const CostModel cm = sharedCores();
   auto tree = loadScheduler("tree");
-  const double m = 64 << 10;
-  const double one = std::max(10e-6 + m / 2e9, (40e-6 + m / 1e9) / 4);
-  const double two = std::max(10e-6 + 2 * m / 2e9, 2 * (40e-6 + m / 1e9) / 4);
-  EXPECT_NEAR(tree->predictSeconds(allreduceOf(64 << 10), four, cm), 2 * (one + two), 1e-9);
+  const double m = 64 << 10, exchange = 40e-6 + m / 1e9;
+  const double one = std::max(10e-6 + m / 2e9, exchange / 4);
+  const double pair = std::max(10e-6 + m / 2e9, 2 * exchange / 4);
+  const double two = std::max(10e-6 + 2 * m / 2e9, 2 * exchange / 4);
+  EXPECT_NEAR(tree->predictSeconds(allreduceOf(64 << 10), four, cm), pair + one + two + one, 1e-9);
 }
 
 TEST(CostModel, OnlyTheTreesPhasesRunOneWay) {

@@ -92,7 +92,16 @@ Result everyFieldSet() {
   r.link_beta = 8e-9;
   r.between_nodes = true;
   r.compute_seconds = {0.2, 0.21};
-  r.comm_explained = {true, 0.045, 0.003, 0.13, 1, 0.008, 0.07, 0.08, 0.04};
+  r.comm_explained.explained = true;
+  r.comm_explained.link = 0.045;
+  r.comm_explained.latency = 0.003;
+  r.comm_explained.link_busy = 0.13;
+  r.comm_explained.below_knee = 1;
+  r.comm_explained.waiting = 0.008;
+  r.comm_explained.busy_probed = true;
+  r.comm_explained.beyond = 0.07;
+  r.comm_explained.during_backward = 0.08;
+  r.comm_explained.predicted_exposed = 0.04;
   r.straggler_score = {1.0, 0.8};
   r.straggler_wait_seconds = {0.01, 0.0};
   r.arrived_last = {0.1, 0.9};
@@ -199,7 +208,7 @@ TEST_F(ResultFile, KeepsEveryFieldOfAResult) {
   EXPECT_EQ(out.compute_seconds, in.compute_seconds);
   auto explained = [](const CommExplained& e) {
     return std::make_tuple(e.explained, e.link, e.latency, e.link_busy, e.below_knee, e.waiting,
-                           e.beyond, e.during_backward, e.predicted_exposed);
+                           e.busy_probed, e.beyond, e.during_backward, e.predicted_exposed);
   };
   EXPECT_EQ(explained(out.comm_explained), explained(in.comm_explained));
   EXPECT_EQ(out.straggler_score, in.straggler_score);
@@ -289,6 +298,7 @@ TEST_F(ResultFile, KeepsTheNamesThatSummaryJsonReadersUse) {
                                           "comm_link_s",
                                           "comm_latency_s",
                                           "comm_link_busy_s",
+                                          "comm_busy_probed",
                                           "buckets_below_knee",
                                           "comm_waiting_s",
                                           "comm_beyond_s",
@@ -506,18 +516,20 @@ TEST(Summary, SaysWhatTheInterfacesCountedAndWhenTheTargetWasReached) {
   EXPECT_EQ(text.find("auto chose"), std::string::npos) << text;
 }
 
-// Two buckets on two ranks: the first took 0.10 s on one rank and 0.06 s on the one that
-// arrived last, the second 0.05 s on both. Measured 0.08 + 0.05 = 0.13 s a step (mean over
-// ranks): 0.05 s the link's, 0.02 s waiting (0.08 - 0.06), 0.06 s beyond both. The first
-// is below the knee (latency 0.02 of its 0.03 s), the second not.
+// Two buckets on two ranks over two steps: the first took 0.10 s on one rank and 0.06 s on
+// the one that arrived last, and the other way round in the next step; the second 0.05 s on
+// both. Measured 0.08 + 0.05 = 0.13 s a step (mean over ranks): 0.05 s the link's, 0.02 s
+// waiting (0.08 - 0.06 in each step, though each rank's mean is 0.08), 0.06 s beyond both.
+// The first bucket is below the knee (latency 0.02 of its 0.03 s), the second not.
 TEST(CommExplained, SplitsTheMeasuredTimeAndPredictsTheExposedPart) {
   std::vector<BucketTimes> buckets(2);
-  buckets[0] = {{0.10, 0.06}, 0.03, 0.04, 0.02, 3};
-  buckets[1] = {{0.05, 0.05}, 0.02, 0.02, 0.001, 1};
+  buckets[0] = {{{0.10, 0.06}, {0.06, 0.10}}, 0.03, 0.04, 0.02, 3};
+  buckets[1] = {{{0.05, 0.05}, {0.05, 0.05}}, 0.02, 0.02, 0.001, 1};
   const CommExplained e = explainComm(buckets, /*exposed=*/0.03, /*backward=*/0.1, true);
   ASSERT_TRUE(e.explained);
   EXPECT_NEAR(e.link, 0.05, 1e-12);
   EXPECT_NEAR(e.link_busy, 0.06, 1e-12);
+  EXPECT_TRUE(e.busy_probed);
   EXPECT_NEAR(e.latency, 0.021, 1e-12);
   EXPECT_EQ(e.below_knee, 1);
   EXPECT_NEAR(e.waiting, 0.02, 1e-12);
@@ -531,6 +543,10 @@ TEST(CommExplained, SplitsTheMeasuredTimeAndPredictsTheExposedPart) {
   // Without a busy probe the idle link's pace: 0.075 + 0.03 = 0.105, 0.105 + 0.02.
   for (auto& b : buckets) b.predicted_busy = 0;
   EXPECT_NEAR(predictExposed(buckets, 0.1, true), 0.025, 1e-12);
+  EXPECT_FALSE(explainComm(buckets, 0.03, 0.1, true).busy_probed);
+  // A bucket predicted to take no time is not below the knee.
+  buckets[1].predicted = buckets[1].latency = 0;
+  EXPECT_EQ(explainComm(buckets, 0.03, 0.1, true).below_knee, 1);
   // Nothing to explain without buckets or without a rank's times.
   EXPECT_FALSE(explainComm({}, 0, 0.1, true).explained);
   buckets[1].seconds.clear();
@@ -551,6 +567,12 @@ TEST(Summary, ExplainsTheAllReduceWhereItWasExplained) {
       << text;
   EXPECT_NE(text.find("they take 0.1300 s). Exposed after backward: measured"), std::string::npos)
       << text;
+  r.comm_explained.busy_probed = false;
+  std::ostringstream idle;
+  printSummary(idle, {r});
+  EXPECT_EQ(idle.str().find("probed while every rank kept a core busy"), std::string::npos)
+      << idle.str();
+  EXPECT_NE(idle.str().find("on the idle link)"), std::string::npos) << idle.str();
   r.comm_explained.explained = false;
   std::ostringstream again;
   printSummary(again, {r});

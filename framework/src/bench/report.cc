@@ -366,10 +366,12 @@ LinkFit fitOf(const nlohmann::json& j) {
   return fit;
 }
 
+// The pair alone is absent from a file an older collie wrote (a node of a cluster that runs
+// another build): no sharing of cores then, as before it was measured.
 LinkCost linkOf(const nlohmann::json& j) {
   return {j.at("alpha").get<double>(),        j.at("beta").get<double>(),
-          j.at("beta_one_way").get<double>(), j.at("alpha_alone").get<double>(),
-          j.at("beta_alone").get<double>(),   j.at("flows").get<int>()};
+          j.at("beta_one_way").get<double>(), j.value("alpha_alone", 0.0),
+          j.value("beta_alone", 0.0),         j.value("flows", 0)};
 }
 
 nlohmann::json fitsJson(const Result& result) {
@@ -440,7 +442,8 @@ Result loadResult(const std::string& path) {
     result.fit_intra = fitOf(doc.at("fits").at("intra"));
     result.fit_inter = fitOf(doc.at("fits").at("inter"));
     result.fit_inter_one_way = fitOf(doc.at("fits").at("inter_one_way"));
-    result.fit_intra_alone = fitOf(doc.at("fits").at("intra_alone"));
+    if (doc.at("fits").contains("intra_alone"))
+      result.fit_intra_alone = fitOf(doc.at("fits").at("intra_alone"));
     result.model.intra = linkOf(doc.at("model").at("intra"));
     result.model.inter = linkOf(doc.at("model").at("inter"));
     result.model.gamma = doc.at("model").at("gamma").get<double>();

@@ -334,11 +334,15 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
     // the probes go past a lab link's token bucket (500 KB at 1 Gbit/s).
     c.model.intra = probeLevel(backend, control, intraPartners(topology, rank), 4 << 20, &c.intra);
     if (c.intra.probed) {
-      // Every rank of rank 0's node ran a flow of the exchange; a pair of them alone next.
+      // Every rank of a node ran a flow of the exchange, and the slowest node's time is the
+      // level's: its flows are those of the node with the most ranks. A pair alone next.
       const LinkCost alone = probeAlone(backend, control, topology, 4 << 20, &c.intra_alone);
       c.model.intra.alpha_alone = alone.alpha;
       c.model.intra.beta_alone = alone.beta;
-      c.model.intra.flows = static_cast<int>(topology.ranksOnNode(topology.node_of_rank[0]).size());
+      for (int node = 0; node < topology.nodeCount(); ++node) {
+        c.model.intra.flows =
+            std::max(c.model.intra.flows, static_cast<int>(topology.ranksOnNode(node).size()));
+      }
     }
     const Partners across = interPartners(topology, rank);
     c.model.inter = probeLevel(backend, control, across, 4 << 20, &c.inter);

@@ -26,19 +26,24 @@ CommExplained explainComm(const std::vector<BucketTimes>& buckets, double expose
   if (buckets.empty()) return e;
   double measured = 0;
   e.explained = true;
+  bool busy = true;
   for (const BucketTimes& b : buckets) {
     if (b.seconds.empty()) return {};
-    const double mean = std::accumulate(b.seconds.begin(), b.seconds.end(), 0.0) /
-                        static_cast<double>(b.seconds.size());
-    // The rank that arrived last waited for nobody: its time is the collective's own.
-    const double own = *std::min_element(b.seconds.begin(), b.seconds.end());
-    measured += mean;
-    e.waiting += mean - own;
+    for (const std::vector<double>& step : b.seconds) {
+      if (step.empty()) return {};
+      const double mean =
+          std::accumulate(step.begin(), step.end(), 0.0) / static_cast<double>(step.size());
+      const double own = *std::min_element(step.begin(), step.end());
+      measured += mean / static_cast<double>(b.seconds.size());
+      e.waiting += (mean - own) / static_cast<double>(b.seconds.size());
+    }
     e.link += b.predicted;
     e.link_busy += b.predicted_busy > 0 ? b.predicted_busy : b.predicted;
+    busy = busy && b.predicted_busy > 0;
     e.latency += b.latency;
-    if (b.latency >= b.predicted - b.latency) ++e.below_knee;
+    if (b.predicted > 0 && b.latency >= b.predicted - b.latency) ++e.below_knee;
   }
+  e.busy_probed = busy;
   e.beyond = measured - e.link - e.waiting;
   e.during_backward = std::max(0.0, measured - exposed);
   e.predicted_exposed = predictExposed(buckets, backward_seconds, overlap);

@@ -1,6 +1,6 @@
 // Why a step's gradient all-reduces took what they took: the measured time of the buckets'
 // all-reduces split, from measured quantities, into the calibrated link's time (and of it,
-// the per-message latency of buckets below the link's knee), the time ranks waited for a
+// the per-message latency, with the buckets below the link's knee), the time ranks waited for a
 // slower rank to arrive, and what is left beyond both (the link slower than when it was
 // calibrated, or cores that the all-reduce shares with backward); and the exposed part
 // predicted from the link and the bucket schedule, beside the measured one.
@@ -15,12 +15,16 @@ namespace collie::train {
 
 struct CommExplained {
   // The buckets' all-reduce seconds per step, mean over ranks, are link + waiting + beyond.
-  bool explained = false;        // false: the run is not of the kind above, or no model
-  double link = 0;               // their time on the idle calibrated link
-  double latency = 0;            // of `link`, the α terms: per-message latency
-  double link_busy = 0;          // their time on the link probed while every rank kept a core busy
-  int below_knee = 0;            // buckets whose latency is at least their bandwidth's time
-  double waiting = 0;            // per step, mean over ranks of the time a rank waited for the last
+  bool explained = false;  // false: the run is not of the kind above, or no model
+  double link = 0;         // their time on the idle calibrated link
+  double latency = 0;      // of `link`, the α terms of every bucket: per-message latency
+  // Their time on the link probed while every rank kept a core busy (busy_probed), else
+  // on the idle link.
+  double link_busy = 0;
+  int below_knee = 0;  // buckets whose latency is at least their bandwidth's time
+  // Per step, mean over ranks of the time a rank waited for the one that arrived last.
+  double waiting = 0;
+  bool busy_probed = false;
   double beyond = 0;             // the measured time less link and waiting
   double during_backward = 0;    // the measured time less the exposed: while backward computed
   double predicted_exposed = 0;  // the step's wait for them after backward, predicted
@@ -28,11 +32,12 @@ struct CommExplained {
 
 // One bucket, as the explanation needs it.
 struct BucketTimes {
-  std::vector<double> seconds;  // per rank: its mean all-reduce seconds over the timed steps
-  double predicted = 0;         // on the idle calibrated link
-  double predicted_busy = 0;    // on the link as probed while every rank keeps a core busy
-  double latency = 0;           // of that, the α terms
-  double elements = 0;          // the bucket's gradient elements (readiness order, below)
+  // [step][rank]: its all-reduce's seconds in each timed step, on every rank.
+  std::vector<std::vector<double>> seconds;
+  double predicted = 0;       // on the idle calibrated link
+  double predicted_busy = 0;  // on the link as probed while every rank keeps a core busy
+  double latency = 0;         // of that, the α terms
+  double elements = 0;        // the bucket's gradient elements (readiness order, below)
 };
 
 // The exposed time a step's buckets leave after backward, predicted: backward readies the
@@ -45,8 +50,9 @@ struct BucketTimes {
 double predictExposed(const std::vector<BucketTimes>& buckets, double backward_seconds,
                       bool overlap);
 
-// The split above, from every bucket's per-rank times and predictions, and the measured
-// exposed seconds per step (mean over ranks).
+// The split above, from every bucket's times and predictions, and the measured exposed
+// seconds per step (mean over ranks). In each step a bucket's time on the rank that
+// arrived last is the collective's own (it waited for nobody); the others waited the rest.
 CommExplained explainComm(const std::vector<BucketTimes>& buckets, double exposed,
                           double backward_seconds, bool overlap);
 

@@ -180,24 +180,30 @@ Result fromJson(const json& j) {
   return r;
 }
 
-// What the prediction beside the float32 all-reduce's prices: a codec's collectives, the
-// meetings of train.sync's local modes, or both (the codec's in the synchronous steps).
 // The split of a step's all-reduce time (comm_explained.h), as one line.
 std::string commExplained(const Result& r) {
   const CommExplained& e = r.comm_explained;
+  const std::string busy = e.busy_probed
+                               ? fmt::format(
+                                     "; on the link probed while every rank kept a core busy they "
+                                     "take {:.4f} s",
+                                     e.link_busy)
+                               : "";
   return fmt::format(
       "all-reduce explained, per step (mean over ranks): measured {:.4f} s = {:.4f} s on the "
       "calibrated link, idle ({:.4f} s of it per-message latency; {} of {} bucket(s) below the "
       "link's knee, where latency outweighs bytes) + {:.4f} s waiting for the last rank to "
       "arrive + {:.4f} s beyond both (a link slower than calibrated, or cores shared with "
-      "backward: {:.4f} s of the all-reduces ran while backward computed; on the link probed "
-      "while every rank kept a core busy they take {:.4f} s). Exposed after backward: "
-      "measured {:.4f} s, predicted {:.4f} s (each bucket from when backward's measured time "
-      "readies it, on the link probed busy)",
+      "backward: {:.4f} s of the all-reduces ran while backward computed{}). Exposed after "
+      "backward: measured {:.4f} s, predicted {:.4f} s (each bucket from when backward's "
+      "measured time readies it, on the {})",
       e.link + e.waiting + e.beyond, e.link, e.latency, e.below_knee, r.buckets, e.waiting,
-      e.beyond, e.during_backward, e.link_busy, r.exposed_seconds, e.predicted_exposed);
+      e.beyond, e.during_backward, busy, r.exposed_seconds, e.predicted_exposed,
+      e.busy_probed ? "link probed busy" : "idle link");
 }
 
+// What the prediction beside the float32 all-reduce's prices: a codec's collectives, the
+// meetings of train.sync's local modes, or both (the codec's in the synchronous steps).
 std::string predictedWays(const Result& r, bool coded) {
   const std::string codec =
       "train.compression " + r.compression +

@@ -26,6 +26,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <tuple>
 
 #include "collie/autocast.h"
@@ -202,7 +203,7 @@ class RankTrainer {
     const CostModel cost =
         measure::calibrate(comm_.backend(), control_, comm_.topology(), DType::kF32).model;
     for (auto& rule : rules_) rule.choice.scheduler->useCostModel(cost);
-    const CostModel busy = busyModel(cost);
+    const std::optional<CostModel> busy = busyModel(cost);
     Reducer reducer(params_, spec_.bucket_bytes, comm_, spec_.overlap, spec_.sharding,
                     unitIndices());
     reducer_ = &reducer;
@@ -995,16 +996,25 @@ class RankTrainer {
   // Where buckets are all-reduced during backward (every step, no codec, no sharding, more
   // than one rank): the model with its slowest level probed again while every rank keeps a
   // core busy (measure::calibrateUnderLoad), for the all-reduces that run while backward
-  // computes. Elsewhere the model itself. Every rank decides alike, from the config.
-  CostModel busyModel(const CostModel& cost) {
+  // computes; nothing elsewhere. The probe's sizes go up to the buckets' (at least 1 MiB,
+  // at most calibrate()'s 4 MiB: its repeats cost start-up time on a slow link). Every rank
+  // decides alike, from the config.
+  std::optional<CostModel> busyModel(const CostModel& cost) {
     if (world_ < 2 || spec_.compresses() || sharded() || spec_.sync.local() || !spec_.overlap)
-      return cost;
+      return std::nullopt;
+    const uint64_t largest = std::clamp<uint64_t>(spec_.bucket_bytes, 1 << 20, 4 << 20);
     measure::LinkFit fit;
     const LinkCost loaded =
-        measure::calibrateUnderLoad(comm_.backend(), control_, comm_.topology(), 1 << 20, &fit);
+        measure::calibrateUnderLoad(comm_.backend(), control_, comm_.topology(), largest, &fit);
+    // Only the level's α and β change: what the calibration found of a pair alone and of
+    // the one-way β stays, the one-way β scaled as the exchange's was.
     CostModel busy = cost;
-    (comm_.topology().nodeCount() > 1 ? busy.inter : busy.intra) = {loaded.alpha, loaded.beta};
-    if (comm_.topology().nodeCount() <= 1) busy.inter = busy.intra;
+    const bool across = comm_.topology().nodeCount() > 1;
+    LinkCost& level = across ? busy.inter : busy.intra;
+    if (level.beta > 0) level.beta_one_way *= loaded.beta / level.beta;
+    level.alpha = loaded.alpha;
+    level.beta = loaded.beta;
+    if (!across) busy.inter = busy.intra;
     return busy;
   }
 
@@ -1014,47 +1024,59 @@ class RankTrainer {
   // comm_explained.h. Not explained (and nothing exchanged) where a step ran another number
   // of collectives, or without a model.
   CommExplained explainSteps(const std::vector<StepStats>& stats, const Reducer& reducer,
-                             const CostModel& cost, const CostModel& busy, double exposed) {
+                             const CostModel& cost, const std::optional<CostModel>& busy,
+                             double exposed) {
     const size_t buckets = reducer.bucketCount();
-    const size_t first = stats.size() > 1 ? 1 : 0;  // the first step is not timed
-    if (stats.size() <= first) return {};           // alike on every rank: no step ran
-    // Each bucket's seconds, backward's, and whether every timed step ran one all-reduce per
-    // bucket in bucket order (1) or not (0): exchanged whatever this rank found, so that
-    // every rank takes part, and explained only where every rank found it so.
-    std::vector<double> mine(buckets + 2, 0);
+    // The timed steps (not the first), the last kExplainedSteps of them: each step's time of
+    // every bucket on every rank (who waited for whom changes from step to step).
+    constexpr size_t kExplainedSteps = 256;
+    const size_t first =
+        std::max<size_t>(stats.size() > 1 ? 1 : 0,
+                         stats.size() > kExplainedSteps ? stats.size() - kExplainedSteps : 0);
+    if (stats.size() <= first) return {};  // alike on every rank: no step ran
+    const size_t steps = stats.size() - first;
+    // Per step each bucket's seconds, then backward's mean, then whether every step ran one
+    // all-reduce per bucket in bucket order (1) or not (0): exchanged whatever this rank
+    // found, so that every rank takes part, and explained only where every rank found it so.
+    std::vector<double> mine(steps * buckets + 2, 0);
     std::vector<std::vector<CollectiveArgs>> planned(buckets);
     bool regular = true;
     for (size_t b = 0; b < buckets; ++b) {
       planned[b] = stepCollectives(reducer, b, spec_.steps - 1, /*float32=*/false);
       regular = regular && planned[b].size() == 1;
     }
-    for (size_t i = first; i < stats.size() && regular; ++i) {
-      const auto& collectives = stats[i].sync.collectives;
+    double backward_mine = 0;
+    for (size_t i = 0; i < steps && regular; ++i) {
+      const auto& collectives = stats[first + i].sync.collectives;
       regular = collectives.size() == buckets;
       for (size_t b = 0; b < buckets && regular; ++b) {
         regular = collectives[b].bytes == planned[b].front().data.bytes();
-        mine[b] += collectives[b].seconds;
+        mine[i * buckets + b] = collectives[b].seconds;
       }
-      mine[buckets] += stats[i].backward / spec_.grad_accum;  // the last micro-batch's
+      backward_mine += stats[first + i].backward / spec_.grad_accum;  // the last micro-batch's
     }
-    for (double& v : mine) v /= static_cast<double>(stats.size() - first);
-    mine[buckets + 1] = regular ? 1 : 0;
+    mine[steps * buckets] = backward_mine / static_cast<double>(steps);
+    mine[steps * buckets + 1] = regular ? 1 : 0;
     const auto table = control_.allGather(mine);
     for (const auto& rank : table) {
-      if (rank[buckets + 1] != 1) return {};
+      if (rank[steps * buckets + 1] != 1) return {};
     }
     CostModel latency_free = cost;
     for (LinkCost* link : {&latency_free.intra, &latency_free.inter})
       link->alpha = link->alpha_alone = 0;
     std::vector<BucketTimes> times(buckets);
     double backward = 0;
-    for (const auto& rank : table) backward += rank[buckets] / static_cast<double>(table.size());
+    for (const auto& rank : table)
+      backward += rank[steps * buckets] / static_cast<double>(table.size());
     for (size_t b = 0; b < buckets; ++b) {
-      for (const auto& rank : table) times[b].seconds.push_back(rank[b]);
+      times[b].seconds.assign(steps, {});
+      for (size_t i = 0; i < steps; ++i) {
+        for (const auto& rank : table) times[b].seconds[i].push_back(rank[i * buckets + b]);
+      }
       const auto& collectives = planned[b];
       times[b].predicted = predictSeconds(collectives, cost);
       times[b].latency = times[b].predicted - predictSeconds(collectives, latency_free);
-      times[b].predicted_busy = predictSeconds(collectives, busy);
+      times[b].predicted_busy = busy ? predictSeconds(collectives, *busy) : 0;
       times[b].elements = static_cast<double>(reducer.bucketNumel(b));
       if (std::isnan(times[b].predicted)) return {};
     }
@@ -1148,18 +1170,22 @@ class RankTrainer {
   // Before the first step: what the set-up freed (stage 3: the whole model it built) goes
   // back to the system, and the resident peak starts again from there. Each part between
   // barriers, since ranks that are threads share one resident set, and no rank's first
-  // step may allocate before every rank has restarted the peak.
+  // step may allocate before every rank has restarted the peak. The resident set at the
+  // start is read after the restart, so that the steps' peak is never below it (read
+  // before, a rank that is a thread freeing memory in the barrier between could leave the
+  // restarted peak 160 KB under it).
   StepsMemory startStepsMemory() {
     StepsMemory m;
     control_.barrier();
     releaseFreeMemory();
     control_.barrier();
-    m.resident_at_start = static_cast<double>(residentBytes());
-    m.file_backed_at_start = static_cast<double>(residentFileBytes());
-    m.tracked_at_start = static_cast<double>(ledger_.live());
     m.set_up_peak = static_cast<double>(residentPeakBytes());
     control_.barrier();
     m.restarted = restartResidentPeak();
+    control_.barrier();
+    m.resident_at_start = static_cast<double>(residentBytes());
+    m.file_backed_at_start = static_cast<double>(residentFileBytes());
+    m.tracked_at_start = static_cast<double>(ledger_.live());
     control_.barrier();
     return m;
   }

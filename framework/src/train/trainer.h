@@ -231,6 +231,7 @@ void forEachField(R& r, Visit&& visit) {
   visit("comm_link_s", r.comm_explained.link);
   visit("comm_latency_s", r.comm_explained.latency);
   visit("comm_link_busy_s", r.comm_explained.link_busy);
+  visit("comm_busy_probed", r.comm_explained.busy_probed);
   visit("buckets_below_knee", r.comm_explained.below_knee);
   visit("comm_waiting_s", r.comm_explained.waiting);
   visit("comm_beyond_s", r.comm_explained.beyond);

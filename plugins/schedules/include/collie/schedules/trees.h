@@ -118,6 +118,20 @@ inline std::vector<int> depths(const std::vector<patterns::TreeShape>& tree) {
   return depth;
 }
 
+// Each rank's height in `tree`: the edges on the longest way from it down to a leaf.
+inline std::vector<int> heights(const std::vector<patterns::TreeShape>& tree) {
+  const int n = static_cast<int>(tree.size());
+  const std::vector<int> depth = depths(tree);
+  std::vector<int> ranks(n), height(n, 0);
+  for (int r = 0; r < n; ++r) ranks[r] = r;
+  // Deepest first, so that every child's height is final before its parent's.
+  std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) { return depth[a] > depth[b]; });
+  for (int r : ranks) {
+    for (int child : tree[r].children) height[r] = std::max(height[r], height[child] + 1);
+  }
+  return height;
+}
+
 // The ranks of `tree` from the leaves up: children before their parents.
 inline std::vector<int> leavesFirst(const std::vector<patterns::TreeShape>& tree) {
   const std::vector<int> depth = depths(tree);
@@ -203,37 +217,38 @@ inline std::vector<double> downPhase(const std::vector<patterns::TreeShape>& tre
 // flowSeconds gives it with every edge of the phase (of every tree) busy at once; the phase
 // ends when the last segment reaches the root (up) or the last rank (down). A single
 // segment keeps one level busy at a time, so its edges meet only the edges of their own
-// level (the same depth, in every tree). Past 256 segments the pipeline's pace is steady
-// and the rest is extrapolated.
+// level, in every tree: going up, the edges from ranks of the same height (a leaf sends at
+// once, wherever it sits); going down, the edges to ranks of the same depth. Past 256
+// segments the pipeline's pace is steady and the rest is extrapolated.
 inline double predictTrees(const std::vector<std::vector<patterns::TreeShape>>& shapes,
                            double segment, double segments, bool reduce, const Topology& topology,
                            const CostModel& model) {
   const int simulated = static_cast<int>(std::min(segments, 256.0));
-  // Each phase's edges in the order upPhase and downPhase number them, with the depth of
-  // the rank below each edge.
+  // Each phase's edges in the order upPhase and downPhase number them, with the level of
+  // each: the height of the rank below it going up, its depth going down.
   std::vector<Flow> up, down;
-  std::vector<int> up_depth, down_depth;
+  std::vector<int> up_level, down_level;
   for (const auto& tree : shapes) {
-    const std::vector<int> depth = detail::depths(tree);
+    const std::vector<int> depth = detail::depths(tree), height = detail::heights(tree);
     for (int rank = 0; rank < static_cast<int>(tree.size()); ++rank) {
       if (tree[rank].parent >= 0) {
         up.push_back({rank, tree[rank].parent, segment});
-        up_depth.push_back(depth[rank]);
+        up_level.push_back(height[rank]);
       }
       for (int child : tree[rank].children) {
         down.push_back({rank, child, segment});
-        down_depth.push_back(depth[child]);
+        down_level.push_back(depth[child]);
       }
     }
   }
-  auto priced = [&](const std::vector<Flow>& edges, const std::vector<int>& depth) {
+  auto priced = [&](const std::vector<Flow>& edges, const std::vector<int>& levels) {
     if (segments > 1) return flowSeconds(edges, topology, model);
     std::vector<double> seconds(edges.size());
-    for (int level : std::set<int>(depth.begin(), depth.end())) {
+    for (int level : std::set<int>(levels.begin(), levels.end())) {
       std::vector<Flow> same;
       std::vector<size_t> which;
       for (size_t e = 0; e < edges.size(); ++e) {
-        if (depth[e] != level) continue;
+        if (levels[e] != level) continue;
         same.push_back(edges[e]);
         which.push_back(e);
       }
@@ -244,7 +259,7 @@ inline double predictTrees(const std::vector<std::vector<patterns::TreeShape>>& 
   };
   double up_end = 0;
   if (reduce) {
-    const std::vector<double> seconds = priced(up, up_depth);
+    const std::vector<double> seconds = priced(up, up_level);
     size_t next = 0;
     for (const auto& tree : shapes) {
       up_end = std::max(
@@ -253,7 +268,7 @@ inline double predictTrees(const std::vector<std::vector<patterns::TreeShape>>& 
               detail::upPhase(tree, simulated, segment * model.gamma, seconds, &next), segments));
     }
   }
-  const std::vector<double> seconds = priced(down, down_depth);
+  const std::vector<double> seconds = priced(down, down_level);
   double end = up_end;
   size_t next = 0;
   for (const auto& tree : shapes) {
