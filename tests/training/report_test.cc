@@ -567,6 +567,12 @@ TEST(Summary, ExplainsTheAllReduceWhereItWasExplained) {
       << text;
   EXPECT_NE(text.find("they take 0.1300 s). Exposed after backward: measured"), std::string::npos)
       << text;
+  r.comm_explained.beyond = -0.002;
+  std::ostringstream faster;
+  printSummary(faster, {r});
+  EXPECT_NE(faster.str().find("arrive - 0.0020 s where the link ran faster than calibrated ("),
+            std::string::npos)
+      << faster.str();
   r.comm_explained.busy_probed = false;
   std::ostringstream idle;
   printSummary(idle, {r});
