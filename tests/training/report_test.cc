@@ -102,6 +102,7 @@ Result everyFieldSet() {
   r.comm_explained.beyond = 0.07;
   r.comm_explained.during_backward = 0.08;
   r.comm_explained.predicted_exposed = 0.04;
+  r.comm_explained.exposed = 0.012;
   r.straggler_score = {1.0, 0.8};
   r.straggler_wait_seconds = {0.01, 0.0};
   r.arrived_last = {0.1, 0.9};
@@ -208,7 +209,8 @@ TEST_F(ResultFile, KeepsEveryFieldOfAResult) {
   EXPECT_EQ(out.compute_seconds, in.compute_seconds);
   auto explained = [](const CommExplained& e) {
     return std::make_tuple(e.explained, e.link, e.latency, e.link_busy, e.below_knee, e.waiting,
-                           e.busy_probed, e.beyond, e.during_backward, e.predicted_exposed);
+                           e.busy_probed, e.beyond, e.during_backward, e.exposed,
+                           e.predicted_exposed);
   };
   EXPECT_EQ(explained(out.comm_explained), explained(in.comm_explained));
   EXPECT_EQ(out.straggler_score, in.straggler_score);
@@ -303,6 +305,7 @@ TEST_F(ResultFile, KeepsTheNamesThatSummaryJsonReadersUse) {
                                           "comm_waiting_s",
                                           "comm_beyond_s",
                                           "comm_during_backward_s",
+                                          "explained_exposed_comm_s",
                                           "predicted_exposed_comm_s",
                                           "straggler_score",
                                           "straggler_wait_s",
@@ -523,8 +526,9 @@ TEST(Summary, SaysWhatTheInterfacesCountedAndWhenTheTargetWasReached) {
 // The first bucket is below the knee (latency 0.02 of its 0.03 s), the second not.
 TEST(CommExplained, SplitsTheMeasuredTimeAndPredictsTheExposedPart) {
   std::vector<BucketTimes> buckets(2);
-  buckets[0] = {{{0.10, 0.06}, {0.06, 0.10}}, 0.03, 0.04, 0.02, 3};
-  buckets[1] = {{{0.05, 0.05}, {0.05, 0.05}}, 0.02, 0.02, 0.001, 1};
+  // Per step the mean over the ranks and the least.
+  buckets[0] = {{0.08, 0.08}, {0.06, 0.06}, 0.03, 0.04, 0.02, 3};
+  buckets[1] = {{0.05, 0.05}, {0.05, 0.05}, 0.02, 0.02, 0.001, 1};
   const CommExplained e = explainComm(buckets, /*exposed=*/0.03, /*backward=*/0.1, true);
   ASSERT_TRUE(e.explained);
   EXPECT_NEAR(e.link, 0.05, 1e-12);
@@ -535,6 +539,7 @@ TEST(CommExplained, SplitsTheMeasuredTimeAndPredictsTheExposedPart) {
   EXPECT_NEAR(e.waiting, 0.02, 1e-12);
   EXPECT_NEAR(e.beyond, 0.06, 1e-12);
   EXPECT_NEAR(e.during_backward, 0.10, 1e-12);
+  EXPECT_NEAR(e.exposed, 0.03, 1e-12);
   // Backward readies the first bucket at 3/4 of its 0.1 s, the second at its end; one
   // thread runs them at the busy pace: 0.075 + 0.04 = 0.115, then 0.115 + 0.02 = 0.135.
   EXPECT_NEAR(e.predicted_exposed, 0.035, 1e-12);
@@ -549,7 +554,7 @@ TEST(CommExplained, SplitsTheMeasuredTimeAndPredictsTheExposedPart) {
   EXPECT_EQ(explainComm(buckets, 0.03, 0.1, true).below_knee, 1);
   // Nothing to explain without buckets or without a rank's times.
   EXPECT_FALSE(explainComm({}, 0, 0.1, true).explained);
-  buckets[1].seconds.clear();
+  buckets[1].fastest.pop_back();
   EXPECT_FALSE(explainComm(buckets, 0, 0.1, true).explained);
 }
 
@@ -570,7 +575,7 @@ TEST(Summary, ExplainsTheAllReduceWhereItWasExplained) {
   r.comm_explained.beyond = -0.002;
   std::ostringstream faster;
   printSummary(faster, {r});
-  EXPECT_NE(faster.str().find("arrive - 0.0020 s where the link ran faster than calibrated ("),
+  EXPECT_NE(faster.str().find("arrive - 0.0020 s under the calibrated link's prediction ("),
             std::string::npos)
       << faster.str();
   r.comm_explained.busy_probed = false;

@@ -932,8 +932,10 @@ TEST(Overlap, BackwardHandsEveryBucketToTheCommunicationThread) {
   EXPECT_GT(e.link_busy, 0);
   EXPECT_GE(e.waiting, 0);
   EXPECT_TRUE(e.busy_probed);
-  EXPECT_GT(e.link + e.waiting + e.beyond, 0);
   EXPECT_LE(e.link + e.waiting + e.beyond, result.comm_seconds);
+  // The comm column adds only the choice of schedule and the buffer's checks around each
+  // collective: half of it is a bound that a per-step mean counted wrong would break.
+  EXPECT_GT(e.link + e.waiting + e.beyond, 0.5 * result.comm_seconds);
   EXPECT_GT(e.predicted_exposed, 0);
   auto deferred_sets = sets;
   deferred_sets.push_back("train.overlap=false");

@@ -2,7 +2,6 @@
 #include "train/comm_explained.h"
 
 #include <algorithm>
-#include <numeric>
 
 namespace collie::train {
 
@@ -28,14 +27,11 @@ CommExplained explainComm(const std::vector<BucketTimes>& buckets, double expose
   e.explained = true;
   bool busy = true;
   for (const BucketTimes& b : buckets) {
-    if (b.seconds.empty()) return {};
-    for (const std::vector<double>& step : b.seconds) {
-      if (step.empty()) return {};
-      const double mean =
-          std::accumulate(step.begin(), step.end(), 0.0) / static_cast<double>(step.size());
-      const double own = *std::min_element(step.begin(), step.end());
-      measured += mean / static_cast<double>(b.seconds.size());
-      e.waiting += (mean - own) / static_cast<double>(b.seconds.size());
+    if (b.mean.empty() || b.mean.size() != b.fastest.size()) return {};
+    const double steps = static_cast<double>(b.mean.size());
+    for (size_t i = 0; i < b.mean.size(); ++i) {
+      measured += b.mean[i] / steps;
+      e.waiting += (b.mean[i] - b.fastest[i]) / steps;
     }
     e.link += b.predicted;
     e.link_busy += b.predicted_busy > 0 ? b.predicted_busy : b.predicted;
@@ -45,6 +41,7 @@ CommExplained explainComm(const std::vector<BucketTimes>& buckets, double expose
   }
   e.busy_probed = busy;
   e.beyond = measured - e.link - e.waiting;
+  e.exposed = exposed;
   e.during_backward = std::max(0.0, measured - exposed);
   e.predicted_exposed = predictExposed(buckets, backward_seconds, overlap);
   return e;

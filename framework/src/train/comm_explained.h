@@ -27,13 +27,15 @@ struct CommExplained {
   bool busy_probed = false;
   double beyond = 0;             // the measured time less link and waiting
   double during_backward = 0;    // the measured time less the exposed: while backward computed
+  double exposed = 0;            // measured, over the same steps (the last 256 timed ones)
   double predicted_exposed = 0;  // the step's wait for them after backward, predicted
 };
 
 // One bucket, as the explanation needs it.
 struct BucketTimes {
-  // [step][rank]: its all-reduce's seconds in each timed step, on every rank.
-  std::vector<std::vector<double>> seconds;
+  // Per timed step, over the ranks: its all-reduce's mean seconds, and the least (the
+  // rank that arrived last, which waited for nobody).
+  std::vector<double> mean, fastest;
   double predicted = 0;       // on the idle calibrated link
   double predicted_busy = 0;  // on the link as probed while every rank keeps a core busy
   double latency = 0;         // of that, the α terms
@@ -51,8 +53,8 @@ double predictExposed(const std::vector<BucketTimes>& buckets, double backward_s
                       bool overlap);
 
 // The split above, from every bucket's times and predictions, and the measured exposed
-// seconds per step (mean over ranks). In each step a bucket's time on the rank that
-// arrived last is the collective's own (it waited for nobody); the others waited the rest.
+// seconds per step over the same steps (mean over ranks). In each step a bucket's time on
+// the rank that arrived last is the collective's own; the others waited the rest.
 CommExplained explainComm(const std::vector<BucketTimes>& buckets, double exposed,
                           double backward_seconds, bool overlap);
 

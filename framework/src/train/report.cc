@@ -189,14 +189,15 @@ std::string commExplained(const Result& r) {
                                      "take {:.4f} s",
                                      e.link_busy)
                                : "";
-  // What is left is negative where the link ran faster than when it was calibrated.
+  // What is left is negative where the buckets' own time (the last rank's) came in under
+  // the calibrated link's prediction.
   const std::string rest =
-      e.beyond >= 0
+      e.beyond > -5e-5
           ? fmt::format(
-                "+ {:.4f} s beyond both (a link slower than calibrated, or "
-                "cores shared with backward: ",
-                e.beyond)
-          : fmt::format("- {:.4f} s where the link ran faster than calibrated (", -e.beyond);
+                "+ {:.4f} s beyond both (a link slower than calibrated, "
+                "or cores shared with backward: ",
+                std::max(0.0, e.beyond))
+          : fmt::format("- {:.4f} s under the calibrated link's prediction (", -e.beyond);
   return fmt::format(
       "all-reduce explained, per step (mean over ranks): measured {:.4f} s = {:.4f} s on the "
       "calibrated link, idle ({:.4f} s of it per-message latency; {} of {} bucket(s) below the "
@@ -205,7 +206,7 @@ std::string commExplained(const Result& r) {
       "backward: measured {:.4f} s, predicted {:.4f} s (each bucket from when backward's "
       "measured time readies it, on the {})",
       e.link + e.waiting + e.beyond, e.link, e.latency, e.below_knee, r.buckets, e.waiting, rest,
-      e.during_backward, busy, r.exposed_seconds, e.predicted_exposed,
+      e.during_backward, busy, e.exposed, e.predicted_exposed,
       e.busy_probed ? "link probed busy" : "idle link");
 }
 

@@ -287,7 +287,7 @@ class RankTrainer {
     enforce(result.sync);
     gatherTimings(stats, interfaces, &result);
     if (!codec_ && !sharded() && !periodic.local())
-      result.comm_explained = explainSteps(stats, reducer, cost, busy, result.exposed_seconds);
+      result.comm_explained = explainSteps(stats, reducer, cost, busy);
     lossCurve(stats, ended, &result);
     result.rebalances = rebalancer.taken();
     stragglers.report(&result);
@@ -1011,67 +1011,68 @@ class RankTrainer {
     CostModel busy = cost;
     const bool across = comm_.topology().nodeCount() > 1;
     LinkCost& level = across ? busy.inter : busy.intra;
-    if (level.beta > 0) level.beta_one_way *= loaded.beta / level.beta;
+    level.beta_one_way = level.beta > 0 ? level.beta_one_way * loaded.beta / level.beta : 0;
     level.alpha = loaded.alpha;
     level.beta = loaded.beta;
-    if (!across) busy.inter = busy.intra;
+    if (!across) {
+      busy.inter = busy.intra;
+      busy.inter.alpha_alone = busy.inter.beta_alone = 0;  // cores are shared in a node
+      busy.inter.flows = 0;
+    }
     return busy;
   }
 
-  // A run whose every step all-reduces every bucket once (the caller checks): each bucket's
-  // mean seconds over the timed steps on every rank, its prediction on the idle calibrated
-  // link (and the α terms of it), and backward's mean time, into the split of
-  // comm_explained.h. Not explained (and nothing exchanged) where a step ran another number
-  // of collectives, or without a model.
+  // A run whose every step all-reduces every bucket once (the caller checks): over the last
+  // kExplainedSteps timed steps, each bucket's seconds in each step as the mean and the
+  // least over the ranks (a sum and a max: the exchange grows with the ranks, not with
+  // their square), its prediction on the idle calibrated link (and the α terms of it) and
+  // on the busy one, and backward's and the exposed part's means, into the split of
+  // comm_explained.h. Every rank takes part; not explained where a rank's steps ran
+  // another number of collectives, or without a model.
   CommExplained explainSteps(const std::vector<StepStats>& stats, const Reducer& reducer,
-                             const CostModel& cost, const std::optional<CostModel>& busy,
-                             double exposed) {
-    const size_t buckets = reducer.bucketCount();
-    // The timed steps (not the first), the last kExplainedSteps of them: each step's time of
-    // every bucket on every rank (who waited for whom changes from step to step).
+                             const CostModel& cost, const std::optional<CostModel>& busy) {
     constexpr size_t kExplainedSteps = 256;
+    const size_t buckets = reducer.bucketCount();
     const size_t first =
-        std::max<size_t>(stats.size() > 1 ? 1 : 0,
+        std::max<size_t>(stats.size() > 1 ? 1 : 0,  // the first step is not timed
                          stats.size() > kExplainedSteps ? stats.size() - kExplainedSteps : 0);
     if (stats.size() <= first) return {};  // alike on every rank: no step ran
     const size_t steps = stats.size() - first;
-    // Per step each bucket's seconds, then backward's mean, then whether every step ran one
-    // all-reduce per bucket in bucket order (1) or not (0): exchanged whatever this rank
-    // found, so that every rank takes part, and explained only where every rank found it so.
-    std::vector<double> mine(steps * buckets + 2, 0);
     std::vector<std::vector<CollectiveArgs>> planned(buckets);
     bool regular = true;
     for (size_t b = 0; b < buckets; ++b) {
       planned[b] = stepCollectives(reducer, b, spec_.steps - 1, /*float32=*/false);
       regular = regular && planned[b].size() == 1;
     }
-    double backward_mine = 0;
+    // Summed over ranks: each step's bucket seconds, then backward's and the exposed part's
+    // means. Maximised: each step's negated bucket seconds, then 1 where a rank's steps were
+    // not one all-reduce per bucket in bucket order.
+    std::vector<double> sums(steps * buckets + 2, 0), negated(steps * buckets + 1, 0);
     for (size_t i = 0; i < steps && regular; ++i) {
-      const auto& collectives = stats[first + i].sync.collectives;
-      regular = collectives.size() == buckets;
+      const StepStats& st = stats[first + i];
+      regular = st.sync.collectives.size() == buckets;
       for (size_t b = 0; b < buckets && regular; ++b) {
-        regular = collectives[b].bytes == planned[b].front().data.bytes();
-        mine[i * buckets + b] = collectives[b].seconds;
+        const Provenance& p = st.sync.collectives[b];
+        regular = p.bytes == planned[b].front().data.bytes();
+        sums[i * buckets + b] = p.seconds;
+        negated[i * buckets + b] = -p.seconds;
       }
-      backward_mine += stats[first + i].backward / spec_.grad_accum;  // the last micro-batch's
+      sums[steps * buckets] += st.backward / spec_.grad_accum / steps;  // the last micro-batch's
+      sums[steps * buckets + 1] += st.sync.exposed_seconds / steps;
     }
-    mine[steps * buckets] = backward_mine / static_cast<double>(steps);
-    mine[steps * buckets + 1] = regular ? 1 : 0;
-    const auto table = control_.allGather(mine);
-    for (const auto& rank : table) {
-      if (rank[steps * buckets + 1] != 1) return {};
-    }
+    negated[steps * buckets] = regular ? 0 : 1;
+    const std::vector<double> most = control_.max(negated);
+    if (most[steps * buckets] != 0) return {};
+    const std::vector<double> total = control_.sum(sums);
+    const double ranks = static_cast<double>(world_);
     CostModel latency_free = cost;
     for (LinkCost* link : {&latency_free.intra, &latency_free.inter})
       link->alpha = link->alpha_alone = 0;
     std::vector<BucketTimes> times(buckets);
-    double backward = 0;
-    for (const auto& rank : table)
-      backward += rank[steps * buckets] / static_cast<double>(table.size());
     for (size_t b = 0; b < buckets; ++b) {
-      times[b].seconds.assign(steps, {});
       for (size_t i = 0; i < steps; ++i) {
-        for (const auto& rank : table) times[b].seconds[i].push_back(rank[i * buckets + b]);
+        times[b].mean.push_back(total[i * buckets + b] / ranks);
+        times[b].fastest.push_back(-most[i * buckets + b]);
       }
       const auto& collectives = planned[b];
       times[b].predicted = predictSeconds(collectives, cost);
@@ -1080,7 +1081,8 @@ class RankTrainer {
       times[b].elements = static_cast<double>(reducer.bucketNumel(b));
       if (std::isnan(times[b].predicted)) return {};
     }
-    return explainComm(times, exposed, backward, spec_.overlap);
+    return explainComm(times, total[steps * buckets + 1] / ranks, total[steps * buckets] / ranks,
+                       spec_.overlap);
   }
 
   // The job's mean loss after each step of this run against rank 0's wall time, and when

@@ -236,6 +236,7 @@ void forEachField(R& r, Visit&& visit) {
   visit("comm_waiting_s", r.comm_explained.waiting);
   visit("comm_beyond_s", r.comm_explained.beyond);
   visit("comm_during_backward_s", r.comm_explained.during_backward);
+  visit("explained_exposed_comm_s", r.comm_explained.exposed);
   visit("predicted_exposed_comm_s", r.comm_explained.predicted_exposed);
   visit("straggler_score", r.straggler_score);
   visit("straggler_wait_s", r.straggler_wait_seconds);
