@@ -234,6 +234,7 @@ LinkCost probeAlone(Backend& backend, Control& control, const Topology& t, uint6
     return pingPong(backend, control, bytes, iters, t);
   });
 }
+
 // Seconds per byte of reduceInto, on every rank at once, over buffers larger than the
 // caches: the slowest rank's best of three, so that ranks which share cores (4 threads on 2
 // CPUs) price the reduction as the collective's slowest rank meets it, not as the rank that
@@ -259,35 +260,28 @@ LinkCost calibrateUnderLoad(Backend& backend, Control& control, const Topology& 
                             uint64_t largest, LinkFit* fit) {
   if (backend.size() < 2) return {};
   const int rank = backend.rank();
-  Partners mine = interPartners(topology, rank);
-  bool across = false;
-  for (int r = 0; r < topology.world_size; ++r)
-    across = across || topology.node_of_rank[r] != topology.node_of_rank[0];
-  if (!across) mine = intraPartners(topology, rank);
-  // One core's worth of arithmetic on every rank, for as long as the probes run.
-  std::atomic<bool> done{false};
-  std::thread load([&] {
-    volatile double x = 1;
-    while (!done.load(std::memory_order_relaxed)) {
-      for (int i = 0; i < 4096; ++i) x = x * 1.0000001 + 1e-9;
+  const Partners mine =
+      topology.nodeCount() > 1 ? interPartners(topology, rank) : intraPartners(topology, rank);
+  // One core's worth of arithmetic on every rank, for as long as the probes run (stopped
+  // and joined however they end).
+  struct BusyCore {
+    std::atomic<bool> done{false};
+    std::thread thread{[this] {
+      volatile double x = 1;
+      while (!done.load(std::memory_order_relaxed)) {
+        for (int i = 0; i < 4096; ++i) x = x * 1.0000001 + 1e-9;
+      }
+    }};
+    ~BusyCore() {
+      done = true;
+      thread.join();
     }
+  } busy;
+  // Three times the exchanges of calibrate()'s probes: a busy core makes each noisier.
+  // probeSizes gives every rank the same fit.
+  return probeSizes(control, largest, fit, [&](uint64_t bytes, int iters) {
+    return exchange(backend, control, bytes, 3 * iters, mine);
   });
-  LinkCost link;
-  try {
-    // Three times the exchanges of calibrate()'s probes: a busy core makes each noisier.
-    link = probeSizes(control, largest, fit, [&](uint64_t bytes, int iters) {
-      return exchange(backend, control, bytes, 3 * iters, mine);
-    });
-  } catch (...) {
-    done = true;
-    load.join();
-    throw;
-  }
-  done = true;
-  load.join();
-  const auto root = control.fromRoot({link.alpha, link.beta, fit->residual});
-  fit->residual = root[2];
-  return {root[0], root[1]};
 }
 
 Buffer measurementLike(const Backend& backend, DType dtype, int device) {
