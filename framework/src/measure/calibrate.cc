@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -66,7 +67,11 @@ Partners interPartners(const Topology& t, int rank) {
 ScratchBuffer writtenScratch(const Buffer& like, size_t count) {
   ScratchBuffer buffer(like, count);
   if (like.memory == MemoryKind::kNone) return buffer;
-  std::vector<std::byte> zeros(buffer.view().bytes());
+  if (like.memory == MemoryKind::kHost) {
+    std::memset(buffer.view().data, 0, buffer.view().bytes());
+    return buffer;
+  }
+  std::vector<std::byte> zeros(buffer.view().bytes());  // device memory: written from the host
   Buffer host = buffer.view();
   host.data = zeros.data();
   host.memory = MemoryKind::kHost;
@@ -351,6 +356,8 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
     }
   }
   c.model.gamma = probeReduction(backend, control, dtype);
+  // Each value is equal on every rank already (each comes from a max over the ranks), but
+  // schedulers choose by the model (auto) and must choose alike: rank 0's bits make sure.
   const auto root = control.fromRoot(
       {c.model.intra.alpha, c.model.intra.beta, c.model.inter.alpha, c.model.inter.beta,
        c.model.inter.beta_one_way, c.model.gamma, c.intra.residual, c.inter.residual,

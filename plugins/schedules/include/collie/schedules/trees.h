@@ -118,20 +118,6 @@ inline std::vector<int> depths(const std::vector<patterns::TreeShape>& tree) {
   return depth;
 }
 
-// Each rank's height in `tree`: the edges on the longest way from it down to a leaf.
-inline std::vector<int> heights(const std::vector<patterns::TreeShape>& tree) {
-  const int n = static_cast<int>(tree.size());
-  const std::vector<int> depth = depths(tree);
-  std::vector<int> ranks(n), height(n, 0);
-  for (int r = 0; r < n; ++r) ranks[r] = r;
-  // Deepest first, so that every child's height is final before its parent's.
-  std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) { return depth[a] > depth[b]; });
-  for (int r : ranks) {
-    for (int child : tree[r].children) height[r] = std::max(height[r], height[child] + 1);
-  }
-  return height;
-}
-
 // The ranks of `tree` from the leaves up: children before their parents.
 inline std::vector<int> leavesFirst(const std::vector<patterns::TreeShape>& tree) {
   const std::vector<int> depth = depths(tree);
@@ -139,6 +125,15 @@ inline std::vector<int> leavesFirst(const std::vector<patterns::TreeShape>& tree
   for (size_t r = 0; r < ranks.size(); ++r) ranks[r] = static_cast<int>(r);
   std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) { return depth[a] > depth[b]; });
   return ranks;
+}
+
+// Each rank's height in `tree`: the edges on the longest way from it down to a leaf.
+inline std::vector<int> heights(const std::vector<patterns::TreeShape>& tree) {
+  std::vector<int> height(tree.size(), 0);
+  for (int r : leavesFirst(tree)) {  // every child's height is final before its parent's
+    for (int child : tree[r].children) height[r] = std::max(height[r], height[child] + 1);
+  }
+  return height;
 }
 
 // When the last of `segments` is done, from the times the first ones were (`done`): past
