@@ -63,6 +63,7 @@ Result everyFieldSet() {
   r.gradient_bytes = 222;
   r.optimizer_bytes = 333;
   r.gathered_peak_bytes = 444;
+  r.pooled_bytes = 555;
   r.peak_rss_bytes = {1e9, 2e9};
   r.units = 12;
   r.unit_parameters = 3152384;
@@ -194,6 +195,7 @@ TEST_F(ResultFile, KeepsEveryFieldOfAResult) {
   EXPECT_EQ(out.gradient_bytes, in.gradient_bytes);
   EXPECT_EQ(out.optimizer_bytes, in.optimizer_bytes);
   EXPECT_EQ(out.gathered_peak_bytes, in.gathered_peak_bytes);
+  EXPECT_EQ(out.pooled_bytes, in.pooled_bytes);
   EXPECT_EQ(out.peak_rss_bytes, in.peak_rss_bytes);
   ASSERT_EQ(out.step_memory.size(), 2u);
   // Every field of the record, through its JSON (written and read by one table).
@@ -286,6 +288,7 @@ TEST_F(ResultFile, KeepsTheNamesThatSummaryJsonReadersUse) {
                                           "parameter_bytes",
                                           "gradient_bytes",
                                           "gathered_peak_bytes",
+                                          "pooled_bytes",
                                           "optimizer_bytes",
                                           "peak_rss_bytes",
                                           "step_memory",

@@ -559,6 +559,10 @@ train:
     EXPECT_LT(sharded.parameter_bytes, plain.parameter_bytes / 2 + 8u * plain.buckets);
     EXPECT_GT(sharded.gathered_peak_bytes, 0u);
     EXPECT_LT(sharded.gathered_peak_bytes, plain.parameter_bytes / 2);
+    // Gathered values and full gradients borrow buffers of a pool, given back when freed.
+    EXPECT_GT(sharded.pooled_bytes, 0u);
+    EXPECT_LT(sharded.pooled_bytes, plain.parameter_bytes / 2);
+    EXPECT_EQ(plain.pooled_bytes, 0u);
     // The weight check and its sample go bucket by bucket at stage 3 (one bucket gathered at
     // a time): every parameter checked, the same samples as unsharded.
     EXPECT_EQ(sharded.sync.parameters, plain.sync.parameters);
@@ -602,6 +606,10 @@ faults: [)" + faults + "]\n";
     EXPECT_LT(m.backward, all / 4) << "full gradients piled up";
     EXPECT_GT(m.backward, 2 * 16384);
   }
+  // The full gradients borrow their buffers from a pool that keeps what was in use at once:
+  // two or three buckets', not one per bucket made afresh.
+  EXPECT_GT(r.pooled_bytes, 0u);
+  EXPECT_LT(static_cast<double>(r.pooled_bytes), all / 4) << "the buffers were not reused";
   EXPECT_TRUE(r.sync.identical);
 }
 

@@ -32,14 +32,16 @@ uint64_t bytesOf(const at::Tensor& t) {
   return t.defined() ? static_cast<uint64_t>(t.numel()) * 4 : 0;
 }
 
-// A tensor's memory, released and allocated again in place from its own allocator (host
-// or device): its views (the module's parameters, and what autograd saved of them) see the
-// new memory. The content is not kept: a freed bucket is gathered again before use.
-void resizeStorage(const at::Tensor& t, size_t bytes) {
+// A tensor's memory replaced in place by `memory` (a null DataPtr: none) of `bytes`: its
+// views (the module's parameters, and what autograd saved of them) see the new memory. The
+// content is not kept: a freed bucket is gathered again before use. Returns the memory it
+// held.
+at::DataPtr swapStorage(const at::Tensor& t, at::DataPtr memory, size_t bytes) {
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(bytes == 0 ? at::DataPtr(nullptr, storage->device())
-                                          : storage->allocator()->allocate(bytes));
+  if (!memory) memory = at::DataPtr(nullptr, storage->device());
+  at::DataPtr held = storage->set_data_ptr(std::move(memory));
   storage->set_nbytes(bytes);
+  return held;
 }
 
 }  // namespace
@@ -123,6 +125,8 @@ Reducer::Reducer(std::vector<at::Tensor> params, uint64_t bucket_bytes, Communic
     b.pending = b.params.size();
   }
   if (sharded() && !shardsParameters()) block_scratch_ = at::empty({largest / group_}, options_);
+  largest_bucket_ = largest;
+  bucket_gradients_.resize(buckets_.size());
   for (size_t k = 0; k < params_.size(); ++k) {
     params_[k].mutable_grad() = keepsGradients() ? gradView(k) : at::Tensor();
   }
@@ -248,7 +252,31 @@ void Reducer::makeFullGradient(Bucket& bucket, std::unique_lock<std::mutex>& loc
              [&] { return full() < kFullGradientBuckets || !reducing() || failure_ != nullptr; });
     grad_wait_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
   }
-  bucket.grads = at::zeros({bucket.values.numel()}, options_);
+  const size_t b = static_cast<size_t>(&bucket - buckets_.data());
+  bucket_gradients_[b] = borrowBuffer(bucket.values.numel());
+  bucket.grads = at::from_blob(bucket_gradients_[b].get(), {bucket.values.numel()}, options_);
+  bucket.grads.zero_();
+}
+
+at::DataPtr Reducer::borrowBuffer(int64_t numel) {
+  const at::Tensor like = at::empty({0}, options_);
+  if (!pooled(numel)) return like.storage().allocator()->allocate(static_cast<size_t>(numel) * 4);
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    if (!pool_.empty()) {
+      at::DataPtr buffer = std::move(pool_.back());
+      pool_.pop_back();
+      return buffer;
+    }
+    ++pooled_;
+  }
+  return like.storage().allocator()->allocate(static_cast<size_t>(largest_bucket_) * 4);
+}
+
+void Reducer::giveBack(at::DataPtr buffer, int64_t numel) {
+  if (!buffer || !pooled(numel)) return;  // a small one goes back to the allocator
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  pool_.push_back(std::move(buffer));
 }
 
 void Reducer::collect(size_t param, std::unique_lock<std::mutex>& lock) {
@@ -437,8 +465,11 @@ void Reducer::communicationLoop() {
       cv_.notify_all();
       continue;
     }
-    // Stage 2: the full gradient goes as soon as its block is reduced.
-    if (!keepsGradients()) b.grads = at::Tensor();
+    // Stages 2 and 3: the full gradient goes as soon as its block is reduced.
+    if (!keepsGradients()) {
+      b.grads = at::Tensor();
+      giveBack(std::move(bucket_gradients_[work.bucket]), b.values.numel());
+    }
     in_flight_ = false;
     b.done = true;
     cv_.notify_all();
@@ -521,7 +552,10 @@ void Reducer::waitGathered(std::unique_lock<std::mutex>& lock, size_t b) {
 
 void Reducer::freeValues(Bucket& bucket) {
   if (bucket.held != Held::kGathered) return;
-  resizeStorage(bucket.values, 0);
+  at::DataPtr held = swapStorage(bucket.values, at::DataPtr(), 0);
+  // The set-up's memory (not borrowed) goes back to the allocator.
+  if (bucket.borrowed) giveBack(std::move(held), bucket.values.numel());
+  bucket.borrowed = false;
   bucket.held = Held::kFreed;
   gathered_bytes_ -= bytesOf(bucket.values);
 }
@@ -529,7 +563,9 @@ void Reducer::freeValues(Bucket& bucket) {
 Provenance Reducer::gatherNow(size_t b) {
   const MemoryLedger::Use counted(MemoryUse::kGathered);
   Bucket& bucket = buckets_[b];
-  resizeStorage(bucket.values, static_cast<size_t>(bucket.values.numel()) * 4);
+  const int64_t numel = bucket.values.numel();
+  swapStorage(bucket.values, borrowBuffer(numel), static_cast<size_t>(numel) * 4);
+  bucket.borrowed = true;
   return allGatherInto(b, bucket.kept, bucket.values);
 }
 
@@ -607,6 +643,10 @@ HeldBytes Reducer::held() const {
   std::lock_guard<std::mutex> lock(mu_);
   HeldBytes held;
   held.gathered_peak = gathered_peak_;
+  {
+    std::lock_guard<std::mutex> pool(pool_mu_);
+    held.pooled = pooled_ * static_cast<uint64_t>(largest_bucket_) * 4;
+  }
   for (const auto& b : buckets_) {
     // Stage 3: the values only while gathered, and the kept block always.
     held.parameters += b.values.storage().nbytes() + bytesOf(b.kept);

@@ -464,6 +464,13 @@ void printDetails(std::ostream& out, const Result& r) {
                  "{:.2f} MB in all)\n",
                  mb(r.gathered_peak_bytes), mb(r.parameter_bytes * r.ranks));
     }
+    if (r.pooled_bytes > 0) {
+      out << "# " << tag
+          << fmt::format(
+                 "buffers the buckets borrow (full gradients in flight{}): {:.2f} MB, kept "
+                 "between steps for the next\n",
+                 r.sharding == "parameters" ? ", gathered values" : "", mb(r.pooled_bytes));
+    }
     printStepMemory(out, tag, r);
     printMemoryFit(out, tag, r);
   }

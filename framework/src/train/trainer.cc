@@ -1202,6 +1202,7 @@ class RankTrainer {
     r->parameter_bytes = held.parameters;
     r->gradient_bytes = held.gradients;
     r->gathered_peak_bytes = held.gathered_peak;
+    r->pooled_bytes = held.pooled;
     r->optimizer_bytes = 0;
     for (auto& [name, tensor] : optimizer_->state())
       r->optimizer_bytes += static_cast<uint64_t>(tensor.numel()) * 4;

@@ -109,7 +109,10 @@ struct Result {
   bool overlap = true;            // train.overlap: buckets reduced during the backward
   // Held by rank 0 between steps: parameter values, gradients, optimizer state.
   uint64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;
-  uint64_t gathered_peak_bytes = 0;     // stage 3: most values gathered at once in a step
+  uint64_t gathered_peak_bytes = 0;  // stage 3: most values gathered at once in a step
+  // Stages 2 and 3: the buffers full gradients and gathered values borrow, kept between
+  // steps (not in the three above).
+  uint64_t pooled_bytes = 0;
   std::vector<double> peak_rss_bytes;   // per rank, at the end (getrusage)
   std::vector<StepMemory> step_memory;  // per rank
   // The model's units (stage 3's, a GPT's layers) and one unit's parameters (0 when the
@@ -216,6 +219,7 @@ void forEachField(R& r, Visit&& visit) {
   visit("gradient_bytes", r.gradient_bytes);
   visit("optimizer_bytes", r.optimizer_bytes);
   visit("gathered_peak_bytes", r.gathered_peak_bytes);
+  visit("pooled_bytes", r.pooled_bytes);
   visit("peak_rss_bytes", r.peak_rss_bytes);
   visit("step_memory", r.step_memory);
   visit("units", r.units);
