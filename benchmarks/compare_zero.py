@@ -81,6 +81,24 @@ def main():
     print(f"Stage 3 held at most {gathered / 1e6:,.1f} MB of gathered parameters at once during "
           f"a step (of {4 * psi / 1e6:,.1f} MB).")
     print()
+    print("Peak RSS saved against the formula's saving: less stage 3's gathered peak, and less "
+          "the buffers the buckets borrow (full gradients in flight, gathered values; the "
+          "summary's pooled_bytes):")
+    print()
+    print("| sharding | saved / (formula - gathered peak) | borrowed buffers (MB) "
+          "| saved / (formula - borrowed) |")
+    print("|---|---|---|---|")
+    for s in STAGES[1:]:
+        r = runs[f"collie, sharding: {s}"][0]
+        saving = formula("none", psi, n) - formula(s, psi, n)
+        saved = [a - b for a, b in zip(rss["collie, sharding: none"],
+                                       rss[f"collie, sharding: {s}"])]
+        peak = r["gathered_peak_bytes"] if s == "parameters" else 0
+        borrowed = r.get("pooled_bytes", 0)
+        print(f"| {s} | {spread([v * 1e6 / (saving - peak) for v in saved], lambda v: f'{v:.2f}')} "
+              f"| {borrowed / 1e6:,.1f} "
+              f"| {spread([v * 1e6 / (saving - borrowed) for v in saved], lambda v: f'{v:.2f}')} |")
+    print()
     zero = "PyTorch DDP + ZeroRedundancyOptimizer"
     for mine, theirs in (("collie, sharding: none", "PyTorch DDP + AdamW"),
                          ("collie, sharding: optimizer", zero),
