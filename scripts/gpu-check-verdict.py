@@ -141,7 +141,10 @@ def zero_memory(args):
             problems.append(f"sharding {r['sharding']}: the summary's state {state_bytes(r) / MB:.1f} MB per rank "
                             f"is not 16 B x {p:,} / {n if r is three else 1} = {want / MB:.1f} MB")
     gathered = three["gathered_peak_bytes"]
-    formula3 = 16 * p / n + gathered
+    # The buffers the buckets borrow hold the gathered units and the full gradients in flight,
+    # each the largest bucket's size, kept between steps: the larger of the two figures.
+    borrowed = max(gathered, three.get("pooled_bytes", 0))
+    formula3 = 16 * p / n + borrowed
     try:
         (peak_none, samples_none), (peak_three, samples_three) = (
             peak_mib(args.none_samples), peak_mib(args.three_samples))
@@ -161,7 +164,7 @@ def zero_memory(args):
     ok = not problems
     line = (f"ZeRO-3 over {three['backend']}, {n} ranks on one GPU, {p / 1e6:.1f}M parameters: peak GPU memory "
             f"{m_three / MB:,.0f} MB per rank against {predicted / MB:,.0f} MB predicted: state 16 B x P / {n} = "
-            f"{16 * p / n / MB:,.0f} MB, + gathered units {gathered / MB:,.1f} MB, + {overhead / MB:,.0f} MB that is "
+            f"{16 * p / n / MB:,.0f} MB, + gathered units and full gradients {borrowed / MB:,.1f} MB, + {overhead / MB:,.0f} MB that is "
             f"not state (the sharding: none run's peak {m_none / MB:,.0f} MB less its {state_bytes(none) / MB:,.0f} MB "
             f"state); saved {saving / MB:,.0f} MB per rank against none, formula {saving_formula / MB:,.0f} MB")
     details = [f"nvidia-smi memory.used, the busiest sample less the idle one, divided by the {n} ranks: "

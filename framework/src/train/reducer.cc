@@ -125,7 +125,28 @@ Reducer::Reducer(std::vector<at::Tensor> params, uint64_t bucket_bytes, Communic
     b.pending = b.params.size();
   }
   if (sharded() && !shardsParameters()) block_scratch_ = at::empty({largest / group_}, options_);
-  largest_bucket_ = largest;
+  // The pool's buffers fit the largest of the buckets near the median size by bytes (the
+  // size of the bucket that holds the middle byte of the model): a bucket far larger (a
+  // large vocabulary's embedding at the root) or far smaller takes its own memory, or every
+  // buffer would be the outlier's size, or few bytes would go through the pool.
+  std::vector<int64_t> sizes;
+  int64_t total = 0;
+  for (const auto& b : buckets_) {
+    sizes.push_back(b.values.numel());
+    total += sizes.back();
+  }
+  std::sort(sizes.begin(), sizes.end());
+  int64_t below = 0, median = 0;
+  for (int64_t n : sizes) {
+    below += n;
+    if (2 * below >= total) {
+      median = n;
+      break;
+    }
+  }
+  for (int64_t n : sizes) {
+    if (2 * n >= median && n <= 2 * median) pool_numel_ = std::max(pool_numel_, n);
+  }
   bucket_gradients_.resize(buckets_.size());
   for (size_t k = 0; k < params_.size(); ++k) {
     params_[k].mutable_grad() = keepsGradients() ? gradView(k) : at::Tensor();
@@ -253,28 +274,36 @@ void Reducer::makeFullGradient(Bucket& bucket, std::unique_lock<std::mutex>& loc
     grad_wait_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
   }
   const size_t b = static_cast<size_t>(&bucket - buckets_.data());
-  bucket_gradients_[b] = borrowBuffer(bucket.values.numel());
-  bucket.grads = at::from_blob(bucket_gradients_[b].get(), {bucket.values.numel()}, options_);
-  bucket.grads.zero_();
+  const int64_t numel = bucket.values.numel();
+  at::DataPtr buffer = borrowBuffer(numel);
+  at::Tensor grads = at::from_blob(buffer.get(), {numel}, options_);
+  grads.zero_();
+  bucket_gradients_[b] = std::move(buffer);
+  bucket.grads = std::move(grads);
 }
 
 at::DataPtr Reducer::borrowBuffer(int64_t numel) {
-  const at::Tensor like = at::empty({0}, options_);
-  if (!pooled(numel)) return like.storage().allocator()->allocate(static_cast<size_t>(numel) * 4);
-  {
+  const bool pooled = poolable(numel);
+  if (pooled) {
     std::lock_guard<std::mutex> lock(pool_mu_);
     if (!pool_.empty()) {
       at::DataPtr buffer = std::move(pool_.back());
       pool_.pop_back();
       return buffer;
     }
+  }
+  const at::Tensor like = at::empty({0}, options_);
+  at::DataPtr made =
+      like.storage().allocator()->allocate(static_cast<size_t>(pooled ? pool_numel_ : numel) * 4);
+  if (pooled) {
+    std::lock_guard<std::mutex> lock(pool_mu_);
     ++pooled_;
   }
-  return like.storage().allocator()->allocate(static_cast<size_t>(largest_bucket_) * 4);
+  return made;
 }
 
 void Reducer::giveBack(at::DataPtr buffer, int64_t numel) {
-  if (!buffer || !pooled(numel)) return;  // a small one goes back to the allocator
+  if (!buffer || !poolable(numel)) return;  // one of its own size goes back to the allocator
   std::lock_guard<std::mutex> lock(pool_mu_);
   pool_.push_back(std::move(buffer));
 }
@@ -566,7 +595,13 @@ Provenance Reducer::gatherNow(size_t b) {
   const int64_t numel = bucket.values.numel();
   swapStorage(bucket.values, borrowBuffer(numel), static_cast<size_t>(numel) * 4);
   bucket.borrowed = true;
-  return allGatherInto(b, bucket.kept, bucket.values);
+  try {
+    return allGatherInto(b, bucket.kept, bucket.values);
+  } catch (...) {  // the bucket stays freed, and its buffer goes back
+    giveBack(swapStorage(bucket.values, at::DataPtr(), 0), numel);
+    bucket.borrowed = false;
+    throw;
+  }
 }
 
 void Reducer::gatherRoot() {
@@ -621,11 +656,18 @@ void Reducer::forEachBucketGathered(const std::vector<size_t>& order,
         gathered_here = true;
       }
     }
-    fn(b);
-    if (gathered_here) {
+    const auto free_here = [&] {
+      if (!gathered_here) return;
       std::lock_guard<std::mutex> lock(mu_);
       freeValues(buckets_[b]);
+    };
+    try {
+      fn(b);
+    } catch (...) {
+      free_here();
+      throw;
     }
+    free_here();
   }
 }
 
@@ -645,7 +687,7 @@ HeldBytes Reducer::held() const {
   held.gathered_peak = gathered_peak_;
   {
     std::lock_guard<std::mutex> pool(pool_mu_);
-    held.pooled = pooled_ * static_cast<uint64_t>(largest_bucket_) * 4;
+    held.pooled = pooled_ * static_cast<uint64_t>(pool_numel_) * 4;
   }
   for (const auto& b : buckets_) {
     // Stage 3: the values only while gathered, and the kept block always.

@@ -211,21 +211,24 @@ class Reducer {
   void makeFullGradient(Bucket& bucket, std::unique_lock<std::mutex>& lock);
   static constexpr int kFullGradientBuckets = 2;
   // Stages 2 and 3: a bucket's full gradient and a gathered bucket's values live in buffers
-  // of the largest bucket's size, borrowed from a pool and given back when freed, never
-  // returned to the allocator. Made and freed every step at the buckets' several sizes, they
-  // left memory the heap kept beside the step's peak (about 30 MB a rank at stage 2 and 65
-  // MB at stage 3 for the 50.6 M-parameter GPT on 4 ranks); the pool holds what the
-  // schedule needs at once and no more. A bucket of less than half the largest's size (a
-  // model's last, the root's) takes memory of its own size instead. Any thread; takes
-  // pool_mu_.
+  // borrowed from a pool and given back when freed, never returned to the allocator. Made
+  // and freed every step at the buckets' several sizes, they left memory the heap kept
+  // beside the step's peak (about 30 MB a rank at stage 2 and 65 MB at stage 3 for the
+  // 50.6 M-parameter GPT on 4 ranks). The pool makes a buffer only when none is free, so it
+  // keeps as many as were ever in use at once, each of pool_numel_ elements: the largest of
+  // the buckets between half and twice the median bucket by bytes (the one that holds the
+  // model's middle byte). A bucket outside [pool_numel_ / 2, pool_numel_] (gpt's root, a
+  // model's last, a large vocabulary's embedding) takes memory of its own size. Any thread;
+  // takes pool_mu_ (never before mu_).
   at::DataPtr borrowBuffer(int64_t numel);
   void giveBack(at::DataPtr buffer, int64_t numel);
-  bool pooled(int64_t numel) const { return 2 * numel >= largest_bucket_; }
+  bool poolable(int64_t numel) const { return numel <= pool_numel_ && 2 * numel >= pool_numel_; }
   mutable std::mutex pool_mu_;
   std::vector<at::DataPtr> pool_;              // free buffers
   size_t pooled_ = 0;                          // buffers made
   std::vector<at::DataPtr> bucket_gradients_;  // per bucket: its full gradient's buffer
-  int64_t largest_bucket_ = 0;                 // elements
+  int64_t pool_numel_ = 0;                     // a buffer's elements
+
   // Hands ready buckets to the communication thread strictly in bucket order, so that every
   // rank issues the same collectives in the same order. Caller holds mu_.
   int launchReady();  // queues the buckets that are complete, in order; how many
