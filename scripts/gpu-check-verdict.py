@@ -141,8 +141,9 @@ def zero_memory(args):
             problems.append(f"sharding {r['sharding']}: the summary's state {state_bytes(r) / MB:.1f} MB per rank "
                             f"is not 16 B x {p:,} / {n if r is three else 1} = {want / MB:.1f} MB")
     gathered = three["gathered_peak_bytes"]
-    # The buffers the buckets borrow hold the gathered units and the full gradients in flight,
-    # each the largest bucket's size, kept between steps: the larger of the two figures.
+    # The buffers the buckets borrow from the pool hold the gathered units and the full
+    # gradients in flight, kept between steps: the larger of the two figures (buckets that
+    # take memory of their own are left to the slack below).
     borrowed = max(gathered, three.get("pooled_bytes", 0))
     formula3 = 16 * p / n + borrowed
     try:

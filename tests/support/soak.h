@@ -141,7 +141,7 @@ inline bool soak(std::shared_ptr<Backend> backend, int total, std::vector<Usage>
 // Whether readings of the usage agree: the same descriptors and threads in every reading,
 // and (with `memory`) resident memory that does not keep growing. Two readings: within 2 %.
 // Three (the soak's): one of the two intervals grew less than 1 %, and the whole less than
-// 2 % and 1 MiB. A leak grows with every collective, so it moves both intervals alike; an
+// 2 % plus 1 MiB. A leak grows with every collective, so it moves both intervals alike; an
 // allocator's or a transport's pool that settles once (UCX's grows by about 0.7 MB at some
 // moment after the 2,000th collective of a soak) moves only one, and by a bounded step.
 // Prints the readings, under the names of the moments they were read.

@@ -125,13 +125,14 @@ Reducer::Reducer(std::vector<at::Tensor> params, uint64_t bucket_bytes, Communic
     b.pending = b.params.size();
   }
   if (sharded() && !shardsParameters()) block_scratch_ = at::empty({largest / group_}, options_);
-  // The pool's buffers fit the largest of the buckets near the median size by bytes (the
-  // size of the bucket that holds the middle byte of the model): a bucket far larger (a
-  // large vocabulary's embedding at the root) or far smaller takes its own memory, or every
-  // buffer would be the outlier's size, or few bytes would go through the pool.
+  // The pool's buffers fit the largest bucket near the median size by bytes (the size of
+  // the bucket that holds the middle byte), the root's buckets left out: a root bucket (a
+  // large vocabulary's embedding) or a bucket far larger or smaller takes its own memory, or
+  // every buffer would be an outlier's size, or few bytes would go through the pool.
   std::vector<int64_t> sizes;
   int64_t total = 0;
   for (const auto& b : buckets_) {
+    if (b.root || b.values.numel() == 0) continue;
     sizes.push_back(b.values.numel());
     total += sizes.back();
   }
@@ -595,13 +596,9 @@ Provenance Reducer::gatherNow(size_t b) {
   const int64_t numel = bucket.values.numel();
   swapStorage(bucket.values, borrowBuffer(numel), static_cast<size_t>(numel) * 4);
   bucket.borrowed = true;
-  try {
-    return allGatherInto(b, bucket.kept, bucket.values);
-  } catch (...) {  // the bucket stays freed, and its buffer goes back
-    giveBack(swapStorage(bucket.values, at::DataPtr(), 0), numel);
-    bucket.borrowed = false;
-    throw;
-  }
+  // A gather that throws leaves the buffer with the bucket: a receive the backend may still
+  // have posted into it must not land in memory another bucket has borrowed meanwhile.
+  return allGatherInto(b, bucket.kept, bucket.values);
 }
 
 void Reducer::gatherRoot() {

@@ -211,18 +211,22 @@ class Reducer {
   void makeFullGradient(Bucket& bucket, std::unique_lock<std::mutex>& lock);
   static constexpr int kFullGradientBuckets = 2;
   // Stages 2 and 3: a bucket's full gradient and a gathered bucket's values live in buffers
-  // borrowed from a pool and given back when freed, never returned to the allocator. Made
-  // and freed every step at the buckets' several sizes, they left memory the heap kept
-  // beside the step's peak (about 30 MB a rank at stage 2 and 65 MB at stage 3 for the
-  // 50.6 M-parameter GPT on 4 ranks). The pool makes a buffer only when none is free, so it
-  // keeps as many as were ever in use at once, each of pool_numel_ elements: the largest of
-  // the buckets between half and twice the median bucket by bytes (the one that holds the
-  // model's middle byte). A bucket outside [pool_numel_ / 2, pool_numel_] (gpt's root, a
-  // model's last, a large vocabulary's embedding) takes memory of its own size. Any thread;
-  // takes pool_mu_ (never before mu_).
+  // borrowed from a pool and given back when freed; the pool's buffers are never returned to
+  // the allocator. Made and freed every step at the buckets' several sizes, they left memory
+  // the heap kept beside the step's peak (about 30 MB a rank at stage 2 and 65 MB at stage 3
+  // for the 50.6 M-parameter GPT on 4 ranks). The pool makes a buffer only when none is
+  // free, so it keeps as many as were ever in use at once (two full gradients with overlap
+  // on; with it off, every bucket's full gradient lives at once), each of pool_numel_
+  // elements: the largest bucket between half and twice the median bucket by bytes (the one
+  // that holds the middle byte), the root's buckets left out. A root bucket (gpt's
+  // embeddings), or one outside [pool_numel_ / 2, pool_numel_] (a model's last), takes
+  // memory of its own size, given back to the allocator when freed. Any thread; takes
+  // pool_mu_ (never before mu_).
   at::DataPtr borrowBuffer(int64_t numel);
   void giveBack(at::DataPtr buffer, int64_t numel);
-  bool poolable(int64_t numel) const { return numel <= pool_numel_ && 2 * numel >= pool_numel_; }
+  bool poolable(int64_t numel) const {
+    return numel > 0 && numel <= pool_numel_ && 2 * numel >= pool_numel_;
+  }
   mutable std::mutex pool_mu_;
   std::vector<at::DataPtr> pool_;              // free buffers
   size_t pooled_ = 0;                          // buffers made
