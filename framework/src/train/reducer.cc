@@ -126,9 +126,10 @@ Reducer::Reducer(std::vector<at::Tensor> params, uint64_t bucket_bytes, Communic
   }
   if (sharded() && !shardsParameters()) block_scratch_ = at::empty({largest / group_}, options_);
   // The pool's buffers fit the largest bucket near the median size by bytes (the size of
-  // the bucket that holds the middle byte), the root's buckets left out: a root bucket (a
-  // large vocabulary's embedding) or a bucket far larger or smaller takes its own memory, or
-  // every buffer would be an outlier's size, or few bytes would go through the pool.
+  // the bucket that holds the middle byte), the root's buckets left out of the choice: a
+  // bucket far larger (a large vocabulary's embedding at the root) or far smaller takes its
+  // own memory, or every buffer would be an outlier's size, or few bytes would go through
+  // the pool.
   std::vector<int64_t> sizes;
   int64_t total = 0;
   for (const auto& b : buckets_) {

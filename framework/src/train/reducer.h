@@ -218,10 +218,10 @@ class Reducer {
   // free, so it keeps as many as were ever in use at once (two full gradients with overlap
   // on; with it off, every bucket's full gradient lives at once), each of pool_numel_
   // elements: the largest bucket between half and twice the median bucket by bytes (the one
-  // that holds the middle byte), the root's buckets left out. A root bucket (gpt's
-  // embeddings), or one outside [pool_numel_ / 2, pool_numel_] (a model's last), takes
-  // memory of its own size, given back to the allocator when freed. Any thread; takes
-  // pool_mu_ (never before mu_).
+  // that holds the middle byte), the root's buckets left out of the choice. A bucket outside
+  // [pool_numel_ / 2, pool_numel_] (a model's last; gpt's embeddings with a large
+  // vocabulary) takes memory of its own size, given back to the allocator when freed. Any
+  // thread; takes pool_mu_ (never before mu_).
   at::DataPtr borrowBuffer(int64_t numel);
   void giveBack(at::DataPtr buffer, int64_t numel);
   bool poolable(int64_t numel) const {
