@@ -44,6 +44,30 @@ at::DataPtr swapStorage(const at::Tensor& t, at::DataPtr memory, size_t bytes) {
   return held;
 }
 
+// The elements of a buffer of the pool for buckets of `sizes`: the largest bucket near the
+// median size by bytes (the size of the bucket that holds the middle byte), within half to
+// twice it. A bucket far larger (a large vocabulary's embedding) or far smaller takes its
+// own memory, or every buffer would be an outlier's size, or few bytes would go through the
+// pool. 0 for no bucket.
+int64_t poolBufferElements(std::vector<int64_t> sizes) {
+  std::sort(sizes.begin(), sizes.end());
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  int64_t below = 0, median = 0;
+  for (int64_t n : sizes) {
+    below += n;
+    if (2 * below >= total) {
+      median = n;
+      break;
+    }
+  }
+  int64_t largest = 0;
+  for (int64_t n : sizes) {
+    if (2 * n >= median && n <= 2 * median) largest = std::max(largest, n);
+  }
+  return largest;
+}
+
 }  // namespace
 
 Reducer::Reducer(std::vector<at::Tensor> params, uint64_t bucket_bytes, Communicator& comm,
@@ -125,31 +149,11 @@ Reducer::Reducer(std::vector<at::Tensor> params, uint64_t bucket_bytes, Communic
     b.pending = b.params.size();
   }
   if (sharded() && !shardsParameters()) block_scratch_ = at::empty({largest / group_}, options_);
-  // The pool's buffers fit the largest bucket near the median size by bytes (the size of
-  // the bucket that holds the middle byte), the root's buckets left out of the choice: a
-  // bucket far larger (a large vocabulary's embedding at the root) or far smaller takes its
-  // own memory, or every buffer would be an outlier's size, or few bytes would go through
-  // the pool.
-  std::vector<int64_t> sizes;
-  int64_t total = 0;
+  std::vector<int64_t> sizes;  // the root's buckets left out of the pool's size
   for (const auto& b : buckets_) {
-    if (b.root || b.values.numel() == 0) continue;
-    sizes.push_back(b.values.numel());
-    total += sizes.back();
+    if (!b.root) sizes.push_back(b.values.numel());
   }
-  std::sort(sizes.begin(), sizes.end());
-  int64_t below = 0, median = 0;
-  for (int64_t n : sizes) {
-    below += n;
-    if (2 * below >= total) {
-      median = n;
-      break;
-    }
-  }
-  for (int64_t n : sizes) {
-    if (2 * n >= median && n <= 2 * median) pool_numel_ = std::max(pool_numel_, n);
-  }
-  bucket_gradients_.resize(buckets_.size());
+  pool_numel_ = poolBufferElements(std::move(sizes));
   for (size_t k = 0; k < params_.size(); ++k) {
     params_[k].mutable_grad() = keepsGradients() ? gradView(k) : at::Tensor();
   }
@@ -275,12 +279,11 @@ void Reducer::makeFullGradient(Bucket& bucket, std::unique_lock<std::mutex>& loc
              [&] { return full() < kFullGradientBuckets || !reducing() || failure_ != nullptr; });
     grad_wait_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
   }
-  const size_t b = static_cast<size_t>(&bucket - buckets_.data());
   const int64_t numel = bucket.values.numel();
   at::DataPtr buffer = borrowBuffer(numel);
   at::Tensor grads = at::from_blob(buffer.get(), {numel}, options_);
   grads.zero_();
-  bucket_gradients_[b] = std::move(buffer);
+  bucket.grads_memory = std::move(buffer);
   bucket.grads = std::move(grads);
 }
 
@@ -499,7 +502,7 @@ void Reducer::communicationLoop() {
     // Stages 2 and 3: the full gradient goes as soon as its block is reduced.
     if (!keepsGradients()) {
       b.grads = at::Tensor();
-      giveBack(std::move(bucket_gradients_[work.bucket]), b.values.numel());
+      giveBack(std::move(b.grads_memory), b.values.numel());
     }
     in_flight_ = false;
     b.done = true;

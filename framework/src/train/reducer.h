@@ -173,9 +173,10 @@ class Reducer {
     std::vector<size_t> params;
     at::Tensor values;  // (numel of its params, padded to a multiple of N) float32
     at::Tensor grads;   // the same layout; stages 2, 3: only while the last backward needs it
-                        // (in a buffer borrowed from the pool)
-    at::Tensor shard;   // stages 2, 3: (values / N) this rank's reduced block
-    at::Tensor kept;    // stage 3: (values / N) this rank's block of the values
+                        // (in grads_memory, borrowed from the pool)
+    at::DataPtr grads_memory;
+    at::Tensor shard;  // stages 2, 3: (values / N) this rank's reduced block
+    at::Tensor kept;   // stage 3: (values / N) this rank's block of the values
     size_t pending = 0;
     bool launched = false, done = false;
     double seconds = 0;
@@ -228,10 +229,9 @@ class Reducer {
     return numel > 0 && numel <= pool_numel_ && 2 * numel >= pool_numel_;
   }
   mutable std::mutex pool_mu_;
-  std::vector<at::DataPtr> pool_;              // free buffers
-  size_t pooled_ = 0;                          // buffers made
-  std::vector<at::DataPtr> bucket_gradients_;  // per bucket: its full gradient's buffer
-  int64_t pool_numel_ = 0;                     // a buffer's elements
+  std::vector<at::DataPtr> pool_;  // free buffers
+  size_t pooled_ = 0;              // buffers made
+  int64_t pool_numel_ = 0;         // a buffer's elements (poolBufferElements)
 
   // Hands ready buckets to the communication thread strictly in bucket order, so that every
   // rank issues the same collectives in the same order. Caller holds mu_.
