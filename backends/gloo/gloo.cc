@@ -5,8 +5,8 @@
 // ring, ring_chunked, halving_doubling, bcube).
 //
 // Every blocking wait has the group's timeout. A peer that dies closes its sockets, which
-// Gloo reports as an I/O error at once; a peer that stops leaves them open, so the wait runs
-// into the timeout. Either way the error names the peer, the tag (collective sequence number,
+// Gloo reports as an I/O error at once (a message caught half way across: about 1 s later,
+// see PeerWatch); a peer that stops leaves them open, so the wait runs into the timeout. Either way the error names the peer, the tag (collective sequence number,
 // phase, step) and what Gloo said.
 #include <gloo/allreduce_bcube.h>
 #include <gloo/allreduce_halving_doubling.h>
@@ -33,6 +33,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -48,6 +49,14 @@ namespace {
 constexpr uint64_t kTagSlotBit = 1ull << 63;
 // The slot of eager messages (below collie's tags, far above Gloo's counter).
 constexpr uint64_t kEagerSlot = 1ull << 62;
+// A slot nothing is ever sent on: the peer watch keeps a receive posted there per pair it
+// watches, which Gloo fails with the pair.
+constexpr uint64_t kProbeSlot = kEagerSlot + 1;
+// How often the peer watch looks at the pairs that threads wait on, and how long a wait goes
+// on over a failed pair before the watch ends it (a message that completed before the pair
+// failed has woken its waiter long before).
+constexpr auto kPeerWatchInterval = std::chrono::milliseconds(100);
+constexpr auto kStuckOnAFailedPair = std::chrono::seconds(1);
 // Eager receives a rank keeps posted per peer: that many messages can be sent before the
 // receiver asks for any of them without the sender's Gloo waiting for a "ready" notice.
 constexpr size_t kEagerDepth = 4;
@@ -148,8 +157,21 @@ class LoopThreadPolicy {
   bool active_ = false;
 };
 
+using Clock = std::chrono::steady_clock;
+
+// A buffer that abort() wakes: the group and peer it goes through and, while a thread waits
+// on it, since when. `broken` is what the peer watch found when it ended the wait.
+struct Pending {
+  gloo::transport::UnboundBuffer* buf = nullptr;
+  std::weak_ptr<gloo::Context> context;
+  int peer = -1;
+  bool sending = false;
+  Clock::time_point waiting{};  // the epoch: no thread waits on it yet
+  std::string broken;
+};
+
 // What every group of one backend shares: the device (one event loop thread), the store and
-// the registry of pending buffers that abort() wakes.
+// the registry of pending buffers that abort() and the peer watch wake.
 struct Shared {
   std::shared_ptr<gloo::transport::Device> device;
   collie::Store* store = nullptr;
@@ -159,20 +181,161 @@ struct Shared {
   std::mutex mu;
   // Under `mu`. A vector, not a set: it keeps its capacity, so that registering a message
   // costs no allocation; it holds a few entries per thread.
-  std::vector<gloo::transport::UnboundBuffer*> pending;
+  std::vector<Pending> pending;
   AbortFlag aborted;  // set before the pending buffers are woken, under `mu`
 
-  void addPending(gloo::transport::UnboundBuffer* buf) {
+  // `waiting`: a thread waits on it from now on (else from beginWait()).
+  void addPending(gloo::transport::UnboundBuffer* buf,
+                  const std::shared_ptr<gloo::Context>& context, int peer, bool sending,
+                  bool waiting) {
     std::lock_guard<std::mutex> lock(mu);
-    pending.push_back(buf);
+    pending.push_back(
+        {buf, context, peer, sending, waiting ? Clock::now() : Clock::time_point{}, {}});
   }
-  void removePending(gloo::transport::UnboundBuffer* buf) {
+  void beginWait(gloo::transport::UnboundBuffer* buf) {
     std::lock_guard<std::mutex> lock(mu);
-    auto it = std::find(pending.begin(), pending.end(), buf);
-    if (it == pending.end()) return;
-    *it = pending.back();
+    auto it = find(buf);
+    if (it != pending.end()) it->waiting = Clock::now();
+  }
+  // Unregisters `buf`; what the peer watch found if it ended the wait, else "".
+  std::string removePending(gloo::transport::UnboundBuffer* buf) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = find(buf);
+    if (it == pending.end()) return "";
+    std::string broken = std::move(it->broken);
+    *it = std::move(pending.back());
     pending.pop_back();
+    return broken;
   }
+
+ private:
+  std::vector<Pending>::iterator find(gloo::transport::UnboundBuffer* buf) {
+    return std::find_if(pending.begin(), pending.end(),
+                        [buf](const Pending& p) { return p.buf == buf; });
+  }
+};
+
+// Ends the waits that Gloo would leave to the timeout after their peer failed. When a peer
+// dies while its message to this rank is half read (or this rank's to it half written),
+// Gloo closes the pair and fails the buffers queued on it, but not the one of the message
+// in flight (its reader or writer holds it): that wait would run for the whole timeout.
+// The watch keeps a receive posted on kProbeSlot of each pair a thread has waited on, which
+// Gloo fails with the pair, and looks at it every kPeerWatchInterval without waiting (an
+// abortWaitRecv() first makes the wait return at once unless the buffer failed). A wait
+// that has gone on for kStuckOnAFailedPair over a failed pair is ended, and fails with
+// what Gloo said of the pair.
+class PeerWatch {
+ public:
+  explicit PeerWatch(Shared& shared) : shared_(shared), thread_([this] { run(); }) {}
+  ~PeerWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  PeerWatch(const PeerWatch&) = delete;
+  PeerWatch& operator=(const PeerWatch&) = delete;
+
+ private:
+  // One watched pair: its probe, and when the watch first saw it failed and why.
+  struct Watched {
+    std::weak_ptr<gloo::Context> context;
+    const gloo::Context* key;
+    int peer;
+    char byte = 0;  // the probe's memory; nothing is ever written into it
+    std::unique_ptr<gloo::transport::UnboundBuffer> probe;
+    Clock::time_point failed_since{};
+    std::string why;
+  };
+
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!wake_.wait_for(lock, kPeerWatchInterval, [this] { return stop_; })) {
+      lock.unlock();
+      look();
+      lock.lock();
+    }
+  }
+
+  void look() {
+    std::vector<std::pair<std::shared_ptr<gloo::Context>, int>> waited_on;
+    {
+      std::lock_guard<std::mutex> lock(shared_.mu);
+      for (const Pending& p : shared_.pending) {
+        if (p.waiting == Clock::time_point{}) continue;
+        if (auto context = p.context.lock()) waited_on.emplace_back(std::move(context), p.peer);
+      }
+    }
+    // The pairs of groups that are gone are forgotten (their probes with them).
+    watched_.remove_if([](const Watched& w) { return w.context.expired(); });
+    const auto now = Clock::now();
+    bool any_failed = false;
+    for (const auto& [context, peer] : waited_on) {
+      Watched& w = watch(context, peer);
+      if (w.why.empty()) {
+        w.why = failure(w);
+        if (!w.why.empty()) w.failed_since = now;
+      }
+      any_failed = any_failed || !w.why.empty();
+    }
+    if (!any_failed) return;
+    std::lock_guard<std::mutex> lock(shared_.mu);
+    for (Pending& p : shared_.pending) {
+      if (p.waiting == Clock::time_point{} || !p.broken.empty()) continue;
+      const auto context = p.context.lock();
+      for (const Watched& w : watched_) {
+        if (w.key != context.get() || w.peer != p.peer || w.why.empty()) continue;
+        if (now - std::max(p.waiting, w.failed_since) < kStuckOnAFailedPair) continue;
+        p.broken = w.why;
+        if (p.sending) {
+          p.buf->abortWaitSend();
+        } else {
+          p.buf->abortWaitRecv();
+        }
+      }
+    }
+  }
+
+  // The pair to `peer` in `context`, watched from now on if it was not.
+  Watched& watch(const std::shared_ptr<gloo::Context>& context, int peer) {
+    for (Watched& w : watched_) {
+      if (w.key == context.get() && w.peer == peer && !w.context.expired()) return w;
+    }
+    Watched& w = watched_.emplace_back();
+    w.context = context;
+    w.key = context.get();
+    w.peer = peer;
+    w.probe = context->createUnboundBuffer(&w.byte, 1);
+    try {
+      w.probe->recv(peer, kProbeSlot);
+    } catch (const std::exception& e) {
+      w.probe.reset();  // the pair had failed before: Gloo refused the receive
+      w.why = glooMessage(e);
+      w.failed_since = Clock::now();
+    }
+    return w;
+  }
+
+  // What Gloo said when the pair of `w` failed; "" while it is good. Never waits.
+  static std::string failure(Watched& w) {
+    if (w.probe == nullptr) return w.why;
+    w.probe->abortWaitRecv();
+    try {
+      w.probe->waitRecv(nullptr, std::chrono::hours(1));  // returns at once: aborted
+    } catch (const std::exception& e) {
+      return glooMessage(e);
+    }
+    return "";
+  }
+
+  Shared& shared_;
+  std::list<Watched> watched_;  // the watch thread's own; a list: `byte` must not move
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;  // last: it starts once the rest is made
 };
 
 using Transfer = TransferInfo;
@@ -197,10 +360,15 @@ CommError waitFailure(const Transfer& transfer, const std::exception& e,
                    ". HINT: the peer process died or closed its connection");
 }
 
+// The CommError for a transfer whose pair failed: `why` is what Gloo said of it.
+CommError pairFailure(const Transfer& transfer, const std::string& why) {
+  return CommError("gloo: " + transfer.describe() + " failed: " + why +
+                   ". HINT: the peer process died or closed its connection");
+}
+
 // The CommError for a send or receive that Gloo refused to post.
 CommError postFailure(const Transfer& transfer, const std::exception& e) {
-  return CommError("gloo: " + transfer.describe() + " failed: " + glooMessage(e) +
-                   ". HINT: the peer process died or closed its connection");
+  return pairFailure(transfer, glooMessage(e));
 }
 
 // The CommError for a wait that abort() ended.
@@ -220,13 +388,24 @@ struct EagerHeader {
   uint64_t bytes = 0;
 };
 
-// Registers an unbound buffer that a thread waits on, so that abort() wakes it.
+// Registers a receive buffer that a thread waits on, so that abort() and the peer watch
+// wake it.
 class PendingWait {
  public:
-  PendingWait(Shared& shared, gloo::transport::UnboundBuffer* buf) : shared_(shared), buf_(buf) {
-    shared_.addPending(buf_);
+  PendingWait(Shared& shared, gloo::transport::UnboundBuffer* buf,
+              const std::shared_ptr<gloo::Context>& context, int peer)
+      : shared_(shared), buf_(buf) {
+    shared_.addPending(buf_, context, peer, /*sending=*/false, /*waiting=*/true);
   }
-  ~PendingWait() { shared_.removePending(buf_); }
+  ~PendingWait() {
+    if (buf_ != nullptr) shared_.removePending(buf_);
+  }
+  // Unregisters it; why the peer watch ended the wait, if it did.
+  std::string end() {
+    std::string broken = shared_.removePending(buf_);
+    buf_ = nullptr;
+    return broken;
+  }
   PendingWait(const PendingWait&) = delete;
   PendingWait& operator=(const PendingWait&) = delete;
 
@@ -381,14 +560,15 @@ class EagerChannel : public std::enable_shared_from_this<EagerChannel> {
 class GlooRequest : public Request, public PooledAllocation<GlooRequest> {
  public:
   GlooRequest(std::shared_ptr<Shared> shared, std::unique_ptr<gloo::transport::UnboundBuffer> buf,
-              Transfer transfer)
+              const std::shared_ptr<gloo::Context>& context, Transfer transfer)
       : shared_(std::move(shared)), buf_(std::move(buf)), transfer_(transfer) {
-    shared_->addPending(buf_.get());
+    shared_->addPending(buf_.get(), context, transfer_.peer, transfer_.sending, /*waiting=*/false);
   }
   // An eager send from `staging`, handed back to `channel` once it completed.
-  GlooRequest(std::shared_ptr<Shared> shared, Staging staging, Transfer transfer,
+  GlooRequest(std::shared_ptr<Shared> shared, Staging staging,
+              const std::shared_ptr<gloo::Context>& context, Transfer transfer,
               std::shared_ptr<EagerChannel> channel)
-      : GlooRequest(std::move(shared), std::move(staging.buf), transfer) {
+      : GlooRequest(std::move(shared), std::move(staging.buf), context, transfer) {
     memory_ = std::move(staging.memory);
     channel_ = std::move(channel);
   }
@@ -404,14 +584,16 @@ class GlooRequest : public Request, public PooledAllocation<GlooRequest> {
       throw abortedError(transfer_, *shared_);
     }
     bool completed = false;
+    shared_->beginWait(buf_.get());
     try {
       completed = transfer_.sending ? buf_->waitSend(timeout) : buf_->waitRecv(timeout);
     } catch (const std::exception& e) {
       forget();
       throw waitFailure(transfer_, e, timeout);
     }
-    forget();
+    const std::string broken = forget();
     if (!completed) {
+      if (!broken.empty()) throw pairFailure(transfer_, broken);
       throw abortedError(transfer_, *shared_);
     }
     done_ = true;
@@ -421,7 +603,7 @@ class GlooRequest : public Request, public PooledAllocation<GlooRequest> {
   bool test() override { return done_; }
 
  private:
-  void forget() { shared_->removePending(buf_.get()); }
+  std::string forget() { return shared_->removePending(buf_.get()); }
 
   std::shared_ptr<Shared> shared_;
   std::unique_ptr<gloo::transport::UnboundBuffer> buf_;
@@ -449,7 +631,8 @@ std::unique_ptr<Request> EagerChannel::send(const Buffer& buf, const Transfer& t
   } catch (const std::exception& e) {
     throw postFailure(transfer, e);
   }
-  return std::make_unique<GlooRequest>(shared_, std::move(staging), transfer, shared_from_this());
+  return std::make_unique<GlooRequest>(shared_, std::move(staging), context_, transfer,
+                                       shared_from_this());
 }
 
 class EagerRecvRequest : public Request, public PooledAllocation<EagerRecvRequest> {
@@ -522,13 +705,15 @@ void EagerChannel::receive(Tag tag, uint64_t index, const Buffer& into,
     // framework may destroy it after the plugin is unloaded.
     std::optional<CommError> failure;
     {
-      PendingWait pending(*shared_, staging.buf.get());
+      PendingWait pending(*shared_, staging.buf.get(), context_, peer_);
       try {
         // An abort() before the registration above set the flag before it looked.
         completed = !shared_->aborted.isSet() && staging.buf->waitRecv(nullptr, left);
       } catch (const std::exception& e) {
         failure = waitFailure(transfer, e, timeout);
       }
+      const std::string broken = pending.end();
+      if (!completed && !failure && !broken.empty()) failure = pairFailure(transfer, broken);
     }
     lock.lock();
     reading_ = false;
@@ -681,6 +866,7 @@ class GlooBackend : public Backend {
                         ". HINT: params.interface names a NIC (`ip -brief addr` lists them)");
     }
     connect(ctx.rank, ctx.size, "gloo/");
+    watch_ = std::make_unique<PeerWatch>(*shared_);  // the groups split from it use it too
   }
 
   GlooBackend(std::shared_ptr<Shared> shared, int rank, int size, const std::string& prefix)
@@ -752,9 +938,9 @@ class GlooBackend : public Backend {
   void abort(const std::string& reason) override {
     std::lock_guard<std::mutex> lock(shared_->mu);
     shared_->aborted.set(reason);
-    for (auto* buf : shared_->pending) {
-      buf->abortWaitSend();
-      buf->abortWaitRecv();
+    for (const Pending& p : shared_->pending) {
+      p.buf->abortWaitSend();
+      p.buf->abortWaitRecv();
     }
   }
 
@@ -796,7 +982,7 @@ class GlooBackend : public Backend {
     } catch (const std::exception& e) {
       throw postFailure(transfer, e);
     }
-    return std::make_unique<GlooRequest>(shared_, std::move(ub), transfer);
+    return std::make_unique<GlooRequest>(shared_, std::move(ub), context_, transfer);
   }
 
   // The eager channel to `peer`, made (and its receives posted) on first use.
@@ -867,6 +1053,7 @@ class GlooBackend : public Backend {
   std::list<Native> natives_;
   std::mutex channels_mu_;
   std::vector<std::shared_ptr<EagerChannel>> channels_;  // by peer; destroyed before context_
+  std::unique_ptr<PeerWatch> watch_;  // the backend's first group only; stopped first
 };
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -522,6 +523,69 @@ TEST(GlooBackend, SmallSendsCompleteBeforeTheirReceivesArePosted) {
       return true;
     });
     EXPECT_EQ(codes, (std::vector<int>{0, 0})) << threshold;
+  }
+}
+
+// A peer killed while its message is half way across: the wait on that message (a receive
+// from it, a send to it) fails naming the peer within seconds, never after the backend's
+// timeout. Gloo fails the buffers queued on a pair that closes, but not the one whose bytes
+// are moving; the backend's watch of its pairs ends that wait. The kill comes 20 ms into a
+// 512 MiB message; a try where the message was not moving then (it had arrived whole, or
+// had not begun) is tried again.
+TEST(GlooBackend, APeerKilledMidMessageFailsTheWaitLongBeforeTheTimeout) {
+  for (const bool sending : {false, true}) {
+    const std::string verdict =
+        ::testing::TempDir() + "/gloo-mid-" + std::to_string(::getpid()) + (sending ? "s" : "r");
+    bool checked = false;
+    for (int attempt = 0; attempt < 5 && !checked; ++attempt) {
+      std::remove(verdict.c_str());
+      auto codes = runJobWith("gloo", [&](ProcessJob& job, const config::PluginRef& plugin) {
+        config::PluginRef ref = plugin;
+        ref.params.set("timeout", "60s", "test");
+        WorkerRank w = createBackend(job, testing::buildTreeLoader(), ref, "test/", 20s);
+        Backend& b = *w.backend;
+        constexpr size_t kCount = size_t{128} << 20;  // 512 MiB
+        std::vector<int32_t> data(kCount, b.rank() == 0 ? -1 : 0x11111111);
+        const Tag tag = makeTag(3, 1, 0);
+        // Rank 0 sends (`sending`) or receives; rank 1 does the other and is killed.
+        auto request = (b.rank() == 0) == sending
+                           ? b.isend(1 - b.rank(), view(data.data(), kCount), tag)
+                           : b.irecv(1 - b.rank(), view(data.data(), kCount), tag);
+        job.allGather("posted", "");
+        if (b.rank() == 1) {
+          std::this_thread::sleep_for(20ms);
+          ::raise(SIGKILL);
+        }
+        const auto start = std::chrono::steady_clock::now();
+        std::string error;
+        try {
+          request->wait(b.timeout());
+        } catch (const CommError& e) {
+          error = e.what();
+        }
+        const double waited =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        const auto arrived = std::count(data.begin(), data.end(), 0x11111111);
+        bool good = true;
+        if (!error.empty() && (sending || (arrived > 0 && arrived < static_cast<long>(kCount)))) {
+          std::ofstream(verdict) << "checked\n";  // else the message was not moving at the kill
+          if (waited > 10 || error.find("rank 1") == std::string::npos) {
+            std::fprintf(stderr, "rank 0 (%s): the wait failed after %.1f s: %s\n",
+                         sending ? "sending" : "receiving", waited, error.c_str());
+            good = false;
+          }
+        }
+        // Rank 1 is dead: the job's goodbye on the store would wait for it until its timeout.
+        std::fflush(nullptr);
+        _exit(good ? 0 : 1);
+        return good;
+      });
+      EXPECT_EQ(codes, (std::vector<int>{0, 128 + SIGKILL})) << (sending ? "send" : "receive");
+      checked = static_cast<bool>(std::ifstream(verdict));
+      std::remove(verdict.c_str());
+    }
+    EXPECT_TRUE(checked) << "in 5 tries no kill fell while the " << (sending ? "send" : "receive")
+                         << " was moving";
   }
 }
 
