@@ -5,8 +5,9 @@
 // ring, ring_chunked, halving_doubling, bcube).
 //
 // Every blocking wait has the group's timeout. A peer that dies closes its sockets, which
-// Gloo reports as an I/O error at once (a message caught half way across: about 1 s later,
-// see PeerWatch); a peer that stops leaves them open, so the wait runs into the timeout. Either way the error names the peer, the tag (collective sequence number,
+// Gloo reports as an I/O error at once (a message caught half way across: 1 to 1.2 s
+// later, see PeerWatch); a peer that stops leaves them open, so the wait runs into the
+// timeout. Either way the error names the peer, the tag (collective sequence number,
 // phase, step) and what Gloo said.
 #include <gloo/allreduce_bcube.h>
 #include <gloo/allreduce_halving_doubling.h>
@@ -21,6 +22,7 @@
 #include <dirent.h>
 #include <netinet/in.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -170,9 +172,23 @@ struct Pending {
   std::string broken;
 };
 
-// What every group of one backend shares: the device (one event loop thread), the store and
-// the registry of pending buffers that abort() and the peer watch wake.
+class PeerWatch;
+
+// Gloo writes to its sockets with writev, which raises SIGPIPE when the peer has reset the
+// connection; its default action would end this process before the write's EPIPE could
+// become a CommError naming the peer. So SIGPIPE is ignored, as Python ignores it for
+// PyTorch's gloo, unless the process already handles it.
+void ignoreBrokenPipes() {
+  struct sigaction now {};
+  if (::sigaction(SIGPIPE, nullptr, &now) == 0 && now.sa_handler == SIG_DFL) {
+    ::signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+// What every group of one backend shares: the device (one event loop thread), the store,
+// the registry of pending buffers that abort() and the peer watch wake, and the watch.
 struct Shared {
+  ~Shared();
   std::shared_ptr<gloo::transport::Device> device;
   collie::Store* store = nullptr;
   std::chrono::milliseconds timeout{30000};
@@ -213,6 +229,11 @@ struct Shared {
     return std::find_if(pending.begin(), pending.end(),
                         [buf](const Pending& p) { return p.buf == buf; });
   }
+
+ public:
+  // Started by the backend's first group; every group split from it, and every request
+  // that outlives them, is watched until the last of them is gone. Last: stopped first.
+  std::unique_ptr<PeerWatch> watch;
 };
 
 // Ends the waits that Gloo would leave to the timeout after their peer failed. When a peer
@@ -254,7 +275,13 @@ class PeerWatch {
     std::unique_lock<std::mutex> lock(mu_);
     while (!wake_.wait_for(lock, kPeerWatchInterval, [this] { return stop_; })) {
       lock.unlock();
-      look();
+      try {
+        look();
+      } catch (const std::exception& e) {
+        // Out of memory, or Gloo refusing a probe: this round ends; the waits keep their
+        // timeout, and the next round tries again.
+        logWarn(std::string("backend gloo: the peer watch skipped a round: ") + e.what());
+      }
       lock.lock();
     }
   }
@@ -284,9 +311,11 @@ class PeerWatch {
     std::lock_guard<std::mutex> lock(shared_.mu);
     for (Pending& p : shared_.pending) {
       if (p.waiting == Clock::time_point{} || !p.broken.empty()) continue;
-      const auto context = p.context.lock();
       for (const Watched& w : watched_) {
-        if (w.key != context.get() || w.peer != p.peer || w.why.empty()) continue;
+        // The same group, told without locking its context here (under the registry's lock,
+        // a lock could be the one that destroys it).
+        const bool same = !p.context.owner_before(w.context) && !w.context.owner_before(p.context);
+        if (!same || w.peer != p.peer || w.why.empty()) continue;
         if (now - std::max(p.waiting, w.failed_since) < kStuckOnAFailedPair) continue;
         p.broken = w.why;
         if (p.sending) {
@@ -337,6 +366,8 @@ class PeerWatch {
   bool stop_ = false;
   std::thread thread_;  // last: it starts once the rest is made
 };
+
+Shared::~Shared() = default;
 
 using Transfer = TransferInfo;
 
@@ -554,7 +585,8 @@ class EagerChannel : public std::enable_shared_from_this<EagerChannel> {
   std::vector<std::vector<char>> spare_early_;
   std::vector<Counts> counts_;  // the tags with messages expected or arrived, oldest first
   std::vector<Staging> spare_sends_;
-  std::string broken_;  // why Gloo refused to post a buffer again, if it did
+  std::string broken_;       // why Gloo refused to post a buffer again, if it did
+  std::string failed_pair_;  // what the peer watch found when it ended a receive, if it did
 };
 
 class GlooRequest : public Request, public PooledAllocation<GlooRequest> {
@@ -681,6 +713,7 @@ void EagerChannel::receive(Tag tag, uint64_t index, const Buffer& into,
     if (shared_->aborted.isSet()) {
       throw abortedError(transfer, *shared_);
     }
+    if (!failed_pair_.empty()) throw pairFailure(transfer, failed_pair_);
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) throw timeoutError(transfer, timeout, "");
@@ -704,6 +737,7 @@ void EagerChannel::receive(Tag tag, uint64_t index, const Buffer& into,
     // std::make_exception_ptr here would carry a destructor of this plugin's, and the
     // framework may destroy it after the plugin is unloaded.
     std::optional<CommError> failure;
+    std::string pair_failed;  // what the peer watch found, if it ended this wait
     {
       PendingWait pending(*shared_, staging.buf.get(), context_, peer_);
       try {
@@ -712,11 +746,13 @@ void EagerChannel::receive(Tag tag, uint64_t index, const Buffer& into,
       } catch (const std::exception& e) {
         failure = waitFailure(transfer, e, timeout);
       }
-      const std::string broken = pending.end();
-      if (!completed && !failure && !broken.empty()) failure = pairFailure(transfer, broken);
+      pair_failed = pending.end();
+      if (!completed && !failure && !pair_failed.empty())
+        failure = pairFailure(transfer, pair_failed);
     }
     lock.lock();
     reading_ = false;
+    if (!pair_failed.empty()) failed_pair_ = pair_failed;  // every later receive fails at once
     arrived_.notify_all();
     if (failure || !completed) {
       staged_.insert(staged_.begin(), std::move(staging));  // still Gloo's oldest receive
@@ -856,6 +892,7 @@ class GlooBackend : public Backend {
       throw ConfigError("backend gloo: params.loop_thread: expected batch or normal, found '" +
                         loop_thread + "'");
     }
+    ignoreBrokenPipes();
     try {
       LoopThreadPolicy policy(loop_thread == "batch");
       shared_->device = gloo::transport::tcp::CreateDevice(attr);
@@ -866,7 +903,7 @@ class GlooBackend : public Backend {
                         ". HINT: params.interface names a NIC (`ip -brief addr` lists them)");
     }
     connect(ctx.rank, ctx.size, "gloo/");
-    watch_ = std::make_unique<PeerWatch>(*shared_);  // the groups split from it use it too
+    shared_->watch = std::make_unique<PeerWatch>(*shared_);
   }
 
   GlooBackend(std::shared_ptr<Shared> shared, int rank, int size, const std::string& prefix)
@@ -1053,7 +1090,6 @@ class GlooBackend : public Backend {
   std::list<Native> natives_;
   std::mutex channels_mu_;
   std::vector<std::shared_ptr<EagerChannel>> channels_;  // by peer; destroyed before context_
-  std::unique_ptr<PeerWatch> watch_;  // the backend's first group only; stopped first
 };
 
 }  // namespace

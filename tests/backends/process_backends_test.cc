@@ -566,9 +566,13 @@ TEST(GlooBackend, APeerKilledMidMessageFailsTheWaitLongBeforeTheTimeout) {
         const double waited =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         const auto arrived = std::count(data.begin(), data.end(), 0x11111111);
+        // Moving at the kill: a receive that got part of the message; a send that Gloo did not
+        // fail at once itself (it fails a send still queued on the pair when the pair closes).
+        const bool moving =
+            sending ? waited >= 0.5 : arrived > 0 && arrived < static_cast<long>(kCount);
         bool good = true;
-        if (!error.empty() && (sending || (arrived > 0 && arrived < static_cast<long>(kCount)))) {
-          std::ofstream(verdict) << "checked\n";  // else the message was not moving at the kill
+        if (!error.empty() && moving) {
+          std::ofstream(verdict) << "checked\n";
           if (waited > 10 || error.find("rank 1") == std::string::npos) {
             std::fprintf(stderr, "rank 0 (%s): the wait failed after %.1f s: %s\n",
                          sending ? "sending" : "receiving", waited, error.c_str());
