@@ -510,6 +510,41 @@ TEST(AutoCompression, BadCandidatesAreRefusedByName) {
   EXPECT_NE(other.find("train.compression.params.rank: unknown key"), std::string::npos) << other;
 }
 
+// A codec whose rehearsal fails on one rank fails the run on every rank before the first
+// step, never leaving the others waiting for it: each rank's error names the codec and the
+// rank, and that rank's says why. Named and as an auto candidate, over three processes.
+TEST(AutoCompression, ARehearsalThatFailsOnOneRankFailsEveryRankNamingIt) {
+  const std::string codec =
+      std::string(COLLIE_TEST_BINARY_DIR) + "/training/plugins/libcollie_codec_refusing.so";
+  const std::string config = testing::writeTempFile("refusing.yaml", R"(name: refusing
+launch: {nproc_per_node: 3}
+backend: {plugin: gloo, params: {timeout: 20s}}
+model: {plugin: mlp, params: {seq_len: 6, vocab: 48, d_embed: 8, hidden: 32, layers: 2}}
+train: {steps: 3, micro_batch: 2, bucket_bytes: 4KiB, log_every: 100}
+)");
+  const std::string refusing = "{plugin: " + codec + ", params: {fail_rank: 1}, label: refusing}";
+  for (const std::string& compression :
+       {refusing, "{plugin: auto, params: {candidates: [bf16, " + refusing + "]}}"}) {
+    const auto r = testing::runCollie({"run", config, "--out", kRuns.dir("refusing").string(),
+                                       "--set", "train.compression=" + compression});
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << r.output;  // no step ran
+    const std::string said =
+        "codec 'refusing' failed its rehearsal before the first step on rank 1";
+    for (int rank = 0; rank < 3; ++rank) {
+      const std::string line = "[rank " + std::to_string(rank) + "] collie: error: ";
+      const auto at = r.output.find(line);
+      ASSERT_NE(at, std::string::npos) << compression << ": rank " << rank << " said nothing\n"
+                                       << r.output;
+      const std::string error = r.output.substr(at, r.output.find('\n', at) - at);
+      EXPECT_NE(error.find(said), std::string::npos) << error;
+      EXPECT_NE(error.find(rank == 1 ? "rank 1 refuses to prepare" : "its error says why"),
+                std::string::npos)
+          << error;
+    }
+  }
+}
+
 // ---- the loss against wall time --------------------------------------------------------
 
 // The summary's loss curve is the job's mean loss of each step (every rank's loss weighted

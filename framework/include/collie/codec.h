@@ -66,10 +66,12 @@ struct CodecSetup {
 };
 
 // Besides the instance that trains, the trainer makes one more of the codec before the
-// first step, prepares it on fresh buffers of the same shapes and times synchronize() on a
-// group whose collectives move nothing (an all-reduce leaves the tensor as it is, an
-// all-gather copies this rank's part into every place), then destroys it: its arithmetic
-// enters the predicted step, and train.compression: auto chooses by it. So instances must
+// first step (and before it prepares the one that trains), prepares it on fresh buffers of
+// the same shapes and times synchronize() on a group whose collectives move nothing (an
+// all-reduce leaves the tensor as it is, an all-gather copies this rank's part into every
+// place), then destroys it: its arithmetic enters the predicted step, and
+// train.compression: auto chooses by it. An exception from this rehearsal on any rank fails
+// the run on every rank, naming the codec and that rank. So instances must
 // share no state, and what synchronize() computes must not depend on the values its
 // collectives return (only its results may).
 class Codec {

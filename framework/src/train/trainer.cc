@@ -209,6 +209,10 @@ class RankTrainer {
     reducer_ = &reducer;
     const std::unique_ptr<UnitGate> gate = shardAndMakeOptimizer(reducer);
     const std::string choice = spec_.choosesCompression() ? chooseCodec(reducer, cost) : "";
+    // A named codec is rehearsed before the run's instance is prepared, as auto's are: a
+    // codec that cannot prepare on one rank fails every rank there, naming it, and the
+    // rehearsal's buffers are gone before the run's state comes.
+    if (codec_ && !spec_.choosesCompression()) codec_arithmetic_ = timeArithmetic(reducer, cost);
     if (codec_) {
       reducer.useCodec(codec_, codec_label_, {spec_.seed, rank_, world_});
       requireStepCollectives(reducer);
@@ -225,9 +229,7 @@ class RankTrainer {
     Rebalancer rebalancer(spec_, rank_, world_, control_);
     // The local modes all-reduce the gradients in their synchronous steps only (a codec's
     // collectives there), and the parameters, in float32, at each meeting: per step, over
-    // the run.
-    if (codec_ && !spec_.choosesCompression()) codec_arithmetic_ = timeArithmetic(reducer, cost);
-    // A codec's step: its collectives from the calibrated link, and its arithmetic.
+    // the run. A codec's step: its collectives from the calibrated link, and its arithmetic.
     double predicted = predictComm(reducer, cost);
     if (codec_ && !std::isnan(predicted)) predicted += codec_arithmetic_;
     if (periodic.local()) {
