@@ -208,15 +208,7 @@ class RankTrainer {
                     unitIndices());
     reducer_ = &reducer;
     const std::unique_ptr<UnitGate> gate = shardAndMakeOptimizer(reducer);
-    const std::string choice = spec_.choosesCompression() ? chooseCodec(reducer, cost) : "";
-    // A named codec is rehearsed before the run's instance is prepared, as auto's are: a
-    // codec that cannot prepare on one rank fails every rank there, naming it, and the
-    // rehearsal's buffers are gone before the run's state comes.
-    if (codec_ && !spec_.choosesCompression()) codec_arithmetic_ = timeArithmetic(reducer, cost);
-    if (codec_) {
-      reducer.useCodec(codec_, codec_label_, {spec_.seed, rank_, world_});
-      requireStepCollectives(reducer);
-    }
+    const std::string choice = setUpCodec(reducer, cost);
     PeriodicSync periodic(spec_.sync, spec_.steps, reducer, comm_);
     periodic_ = &periodic;
     GateInstalled installed(*model_, gate.get());  // taken out of the model before `gate` goes
@@ -227,24 +219,7 @@ class RankTrainer {
     StepLog log(out_dir_, rank_, e_.matrix_point.empty() ? -1 : e_.matrix_index, start > 0);
     StragglerMonitor stragglers(spec_, rank_, world_, control_, comm_.topology());
     Rebalancer rebalancer(spec_, rank_, world_, control_);
-    // The local modes all-reduce the gradients in their synchronous steps only (a codec's
-    // collectives there), and the parameters, in float32, at each meeting: per step, over
-    // the run. A codec's step: its collectives from the calibrated link, and its arithmetic.
-    double predicted = predictComm(reducer, cost);
-    if (codec_ && !std::isnan(predicted)) predicted += codec_arithmetic_;
-    if (periodic.local()) {
-      predicted = (static_cast<double>(periodic.synchronousSteps()) * predicted +
-                   static_cast<double>(periodic.meetings()) *
-                       predictComm(reducer, cost, /*float32=*/true)) /
-                  static_cast<double>(spec_.steps);
-    }
-    Result result = describeRun(reducer, cost, predicted);
-    result.compression_choice = choice;
-    result.predicted_codec_arithmetic_seconds = codec_ ? codec_arithmetic_ : 0;
-    if (codec_ || periodic.local()) {  // what the float32 all-reduce every step would take
-      const double float32 = predictComm(reducer, cost, /*float32=*/true);
-      result.predicted_float32_comm_seconds = std::isnan(float32) ? 0 : float32;
-    }
+    Result result = planRun(reducer, cost, periodic, choice);
 
     std::vector<StepStats> stats;
     // Memory: what the steps allocate outside the parts that say otherwise is "other"; the
@@ -260,19 +235,11 @@ class RankTrainer {
       if (ProgressBoard* board = comm_.progress()) board->setStep(s + 1);
       stats.push_back(step(s, reducer));
       ended.push_back(since(started));
-      const int64_t samples = static_cast<int64_t>(stats.back().micro_batch) * spec_.grad_accum;
-      log.write(s, samples, samples * shape_.seq_len, stats.back());
-      if ((s + 1) % spec_.log_every == 0 || s + 1 == spec_.steps) {
-        progress(s, stats.back(), since(started) / static_cast<double>(s - start + 1));
-      }
+      logStep(s, stats.back(), log, since(started) / static_cast<double>(s - start + 1));
       stragglers.afterStep(s, start, stats.back());
       if (rebalancer.afterStep(s, start, stats.back(), &sharding_))
         mb_ = sharding_.micro_batch[rank_];
-      // The local modes check every meeting: the ranks hold one model only then.
-      const bool check =
-          periodic.local() ? periodic.meetsAfter(s)
-                           : spec_.verify_sync_every > 0 && (s + 1) % spec_.verify_sync_every == 0;
-      if (check && s + 1 != spec_.steps) enforce(checkWeights(s + 1, nullptr));
+      if (weightsCheckedAfter(s, periodic)) enforce(checkWeights(s + 1, nullptr));
       // A checkpoint holds one model: in the local modes one due between meetings waits for
       // the next.
       checkpoint_due = checkpoint_due || checkpoints.dueAfter(s + 1);
@@ -301,6 +268,64 @@ class RankTrainer {
  private:
   bool sharded() const { return spec_.sharding != config::ShardedState::kNone; }
   bool shardsParameters() const { return spec_.sharding == config::ShardedState::kParameters; }
+
+  // train.compression before the first step: auto's choice among its candidates (returned,
+  // for the summary) or the named codec rehearsed, then the run's instance prepared in the
+  // reducer. A named codec is rehearsed before that instance is prepared, as auto's are: a
+  // codec that cannot prepare on one rank fails every rank there, naming it, and the
+  // rehearsal's buffers are gone before the run's state comes.
+  std::string setUpCodec(Reducer& reducer, const CostModel& cost) {
+    const std::string choice = spec_.choosesCompression() ? chooseCodec(reducer, cost) : "";
+    if (codec_ && !spec_.choosesCompression()) codec_arithmetic_ = timeArithmetic(reducer, cost);
+    if (codec_) {
+      reducer.useCodec(codec_, codec_label_, {spec_.seed, rank_, world_});
+      requireStepCollectives(reducer);
+    }
+    return choice;
+  }
+
+  // The result as it stands before the first step: what the run is (describeRun) and its
+  // predicted synchronisation per step. The local modes all-reduce the gradients in their
+  // synchronous steps only (a codec's collectives there), and the parameters, in float32,
+  // at each meeting: per step, over the run. A codec's step: its collectives from the
+  // calibrated link, and its arithmetic.
+  Result planRun(const Reducer& reducer, const CostModel& cost, const PeriodicSync& periodic,
+                 const std::string& choice) const {
+    double predicted = predictComm(reducer, cost);
+    if (codec_ && !std::isnan(predicted)) predicted += codec_arithmetic_;
+    if (periodic.local()) {
+      predicted = (static_cast<double>(periodic.synchronousSteps()) * predicted +
+                   static_cast<double>(periodic.meetings()) *
+                       predictComm(reducer, cost, /*float32=*/true)) /
+                  static_cast<double>(spec_.steps);
+    }
+    Result result = describeRun(reducer, cost, predicted);
+    result.compression_choice = choice;
+    result.predicted_codec_arithmetic_seconds = codec_ ? codec_arithmetic_ : 0;
+    if (codec_ || periodic.local()) {  // what the float32 all-reduce every step would take
+      const double float32 = predictComm(reducer, cost, /*float32=*/true);
+      result.predicted_float32_comm_seconds = std::isnan(float32) ? 0 : float32;
+    }
+    return result;
+  }
+
+  // Step `s` (0-based) in this rank's step log and, every train.log_every steps and at the
+  // last, in the job's progress line (`seconds_per_step`: the mean since the first step).
+  void logStep(int64_t s, const StepStats& stats, StepLog& log, double seconds_per_step) {
+    const int64_t samples = static_cast<int64_t>(stats.micro_batch) * spec_.grad_accum;
+    log.write(s, samples, samples * shape_.seq_len, stats);
+    if ((s + 1) % spec_.log_every == 0 || s + 1 == spec_.steps)
+      progress(s, stats, seconds_per_step);
+  }
+
+  // Whether the weights are compared after step `s` (0-based), before the last (which the
+  // run's end checks): every train.verify_sync_every steps, or in the local modes at every
+  // meeting, when the ranks hold one model.
+  bool weightsCheckedAfter(int64_t s, const PeriodicSync& periodic) const {
+    if (s + 1 == spec_.steps) return false;
+    return periodic.local() ? periodic.meetsAfter(s)
+                            : spec_.verify_sync_every > 0 && (s + 1) % spec_.verify_sync_every == 0;
+  }
 
   // Installs a stage-3 gate (or none) in the model for as long as it lives.
   class GateInstalled {
