@@ -71,7 +71,7 @@ struct CodecSetup {
 // all-reduce leaves the tensor as it is, an all-gather copies this rank's part into every
 // place), then destroys it: its arithmetic enters the predicted step, and
 // train.compression: auto chooses by it. An exception from this rehearsal on any rank fails
-// the run on every rank, naming the codec and that rank. So instances must
+// the run on every rank, naming the codec and a rank where it failed. So instances must
 // share no state, and what synchronize() computes must not depend on the values its
 // collectives return (only its results may).
 class Codec {

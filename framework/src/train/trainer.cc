@@ -310,7 +310,8 @@ class RankTrainer {
   }
 
   // Step `s` (0-based) in this rank's step log and, every train.log_every steps and at the
-  // last, in the job's progress line (`seconds_per_step`: the mean since the first step).
+  // last, in the job's progress line (`seconds_per_step`: the mean since the first step),
+  // which is a collective then (progress() averages the loss over the ranks).
   void logStep(int64_t s, const StepStats& stats, StepLog& log, double seconds_per_step) {
     const int64_t samples = static_cast<int64_t>(stats.micro_batch) * spec_.grad_accum;
     log.write(s, samples, samples * shape_.seq_len, stats);
