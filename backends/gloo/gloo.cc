@@ -292,7 +292,12 @@ class PeerWatch {
       std::lock_guard<std::mutex> lock(shared_.mu);
       for (const Pending& p : shared_.pending) {
         if (p.waiting == Clock::time_point{}) continue;
-        if (auto context = p.context.lock()) waited_on.emplace_back(std::move(context), p.peer);
+        auto context = p.context.lock();
+        const std::pair<std::shared_ptr<gloo::Context>, int> pair{std::move(context), p.peer};
+        if (pair.first != nullptr &&
+            std::find(waited_on.begin(), waited_on.end(), pair) == waited_on.end()) {
+          waited_on.push_back(pair);  // each pair once, however many threads wait on it
+        }
       }
     }
     // The pairs of groups that are gone are forgotten (their probes with them).
