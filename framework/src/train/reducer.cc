@@ -468,6 +468,7 @@ void Reducer::communicationLoop() {
     Bucket& b = buckets_[work.bucket];
     queue_.pop_front();
     const bool skip = failure_ != nullptr;
+    bool failed = false;
     in_flight_ = !skip;
     lock.unlock();
     if (!skip) {
@@ -490,6 +491,7 @@ void Reducer::communicationLoop() {
       } catch (...) {
         lock.lock();
         failure_ = std::current_exception();
+        failed = true;
         lock.unlock();
       }
     }
@@ -499,8 +501,10 @@ void Reducer::communicationLoop() {
       cv_.notify_all();
       continue;
     }
-    // Stages 2 and 3: the full gradient goes as soon as its block is reduced.
-    if (!keepsGradients()) {
+    // Stages 2 and 3: the full gradient goes as soon as its block is reduced; one whose
+    // reduction failed stays with its bucket, as a failed gather's buffer does (the backend
+    // may still receive into it).
+    if (!keepsGradients() && !failed) {
       b.grads = at::Tensor();
       giveBack(std::move(b.grads_memory), b.values.numel());
     }
@@ -598,10 +602,13 @@ Provenance Reducer::gatherNow(size_t b) {
   const MemoryLedger::Use counted(MemoryUse::kGathered);
   Bucket& bucket = buckets_[b];
   const int64_t numel = bucket.values.numel();
-  swapStorage(bucket.values, borrowBuffer(numel), static_cast<size_t>(numel) * 4);
-  bucket.borrowed = true;
   // A gather that throws leaves the buffer with the bucket: a receive the backend may still
-  // have posted into it must not land in memory another bucket has borrowed meanwhile.
+  // have posted into it must not land in memory another bucket has borrowed meanwhile. A
+  // gather tried again goes into that buffer.
+  if (!bucket.borrowed) {
+    swapStorage(bucket.values, borrowBuffer(numel), static_cast<size_t>(numel) * 4);
+    bucket.borrowed = true;
+  }
   return allGatherInto(b, bucket.kept, bucket.values);
 }
 
