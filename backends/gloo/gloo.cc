@@ -179,10 +179,13 @@ class PeerWatch;
 // become a CommError naming the peer. So SIGPIPE is ignored, as Python ignores it for
 // PyTorch's gloo, unless the process already handles it.
 void ignoreBrokenPipes() {
-  struct sigaction now {};
-  if (::sigaction(SIGPIPE, nullptr, &now) == 0 && now.sa_handler == SIG_DFL) {
-    ::signal(SIGPIPE, SIG_IGN);
-  }
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction now {};
+    if (::sigaction(SIGPIPE, nullptr, &now) != 0 || now.sa_handler != SIG_DFL) return;
+    now.sa_handler = SIG_IGN;
+    ::sigaction(SIGPIPE, &now, nullptr);
+  });
 }
 
 // What every group of one backend shares: the device (one event loop thread), the store,
@@ -337,7 +340,9 @@ class PeerWatch {
     for (Watched& w : watched_) {
       if (w.key == context.get() && w.peer == peer && !w.context.expired()) return w;
     }
-    Watched& w = watched_.emplace_back();
+    // Listed only once its probe is made: a round that throws before tries this pair again.
+    std::list<Watched> made(1);
+    Watched& w = made.front();
     w.context = context;
     w.key = context.get();
     w.peer = peer;
@@ -349,6 +354,7 @@ class PeerWatch {
       w.why = glooMessage(e);
       w.failed_since = Clock::now();
     }
+    watched_.splice(watched_.end(), made);  // the element, and its `byte`, stay where they are
     return w;
   }
 
