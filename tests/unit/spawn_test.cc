@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -87,6 +88,28 @@ TEST(Spawn, TheChildRunsOnItsCpusWithItsSignalMask) {
   EXPECT_NE(out.find("Cpus_allowed_list:\t" + std::to_string(last) + "\n"), std::string::npos)
       << out;
   EXPECT_NE(out.find("SigBlk:\t0000000000000800\n"), std::string::npos) << out;
+}
+
+// A parent that ignores SIGPIPE (the gloo backend does, for its sockets) and SIGUSR1: the
+// child gets SIGPIPE's default back, as Python's subprocess gives it, and keeps the rest
+// ignored, as across exec.
+TEST(Spawn, TheChildGetsSigpipesDefaultBackAndKeepsOtherIgnoredSignals) {
+  struct sigaction ignore {
+  }, old_pipe{}, old_usr1{};
+  ignore.sa_handler = SIG_IGN;
+  ASSERT_EQ(::sigaction(SIGPIPE, &ignore, &old_pipe), 0);
+  ASSERT_EQ(::sigaction(SIGUSR1, &ignore, &old_usr1), 0);
+  SpawnOptions o;
+  o.argv = {"grep", "^SigIgn:", "/proc/self/status"};
+  const auto [out, code] = outputOf(o);
+  ::sigaction(SIGPIPE, &old_pipe, nullptr);
+  ::sigaction(SIGUSR1, &old_usr1, nullptr);
+  EXPECT_EQ(code, 0);
+  const auto tab = out.find('\t');
+  ASSERT_NE(tab, std::string::npos) << out;
+  const unsigned long long ignored = std::stoull(out.substr(tab + 1), nullptr, 16);
+  EXPECT_EQ(ignored & (1ull << (SIGPIPE - 1)), 0u) << out;
+  EXPECT_NE(ignored & (1ull << (SIGUSR1 - 1)), 0u) << out;
 }
 
 TEST(Spawn, EveryFailedStepIsNamedAndTheChildReaped) {

@@ -94,11 +94,14 @@ bool redirect(int fd, int target) {
   };
   // Every signal is blocked (the parent blocked them around the fork): no handler of the
   // parent's runs here. Those it caught go back to their default before the mask is opened
-  // (exec would do so too); those it ignores stay ignored, as across exec.
+  // (exec would do so too); those it ignores stay ignored, as across exec, but for SIGPIPE,
+  // which a socket backend of the parent may have ignored for itself: the child gets its
+  // default again, as Python's subprocess gives it.
   for (int sig = 1; sig < NSIG; ++sig) {
     struct sigaction action {};
     if (::sigaction(sig, nullptr, &action) != 0) continue;
-    if (action.sa_handler == SIG_DFL || action.sa_handler == SIG_IGN) continue;
+    if (action.sa_handler == SIG_DFL) continue;
+    if (action.sa_handler == SIG_IGN && sig != SIGPIPE) continue;
     action.sa_handler = SIG_DFL;
     action.sa_flags = 0;
     ::sigaction(sig, &action, nullptr);
