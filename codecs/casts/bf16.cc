@@ -6,26 +6,27 @@
 
 #include "collie/codec.h"
 
+namespace collie::bf16 {
 namespace {
 
-class Bf16 final : public collie::Codec {
+class Bf16 final : public Codec {
  public:
-  explicit Bf16(const collie::PluginContext&) {}
+  explicit Bf16(const PluginContext&) {}
 
-  void synchronize(collie::CodecBucket& bucket, collie::CodecGroup& group) override {
+  void synchronize(CodecBucket& bucket, CodecGroup& group) override {
     at::Tensor half = bucket.gradient.to(at::kBFloat16);  // (numel)
-    group.allReduce(half, collie::ReduceOp::kSum);
+    group.allReduce(half, ReduceOp::kSum);
     bucket.gradient.copy_(half);
   }
 
-  std::vector<collie::CodecCall> plan(const collie::CodecBucket& bucket, int,
-                                      int64_t) const override {
-    return {{collie::Collective::kAllReduce, collie::DType::kBF16, bucket.gradient.numel()}};
+  std::vector<CodecCall> plan(const CodecBucket& bucket, int, int64_t) const override {
+    return {{Collective::kAllReduce, DType::kBF16, bucket.gradient.numel()}};
   }
 };
 
 }  // namespace
+}  // namespace collie::bf16
 
 COLLIE_CODEC_PLUGIN("bf16", "1.0.0",
                     "gradients summed in bfloat16: half the bytes (DDP's bf16_compress_hook)",
-                    Bf16);
+                    collie::bf16::Bf16);

@@ -15,30 +15,30 @@
 
 #include "collie/codec.h"
 
+namespace collie::fp16 {
 namespace {
 
 constexpr double kHalfMax = 65504.0;
 
-class Fp16 final : public collie::Codec {
+class Fp16 final : public Codec {
  public:
-  explicit Fp16(const collie::PluginContext&) {}
+  explicit Fp16(const PluginContext&) {}
 
-  void synchronize(collie::CodecBucket& bucket, collie::CodecGroup& group) override {
+  void synchronize(CodecBucket& bucket, CodecGroup& group) override {
     at::Tensor gradient = bucket.gradient;  // (numel) float32
     if (gradient.numel() == 0) return;
     at::Tensor largest = gradient.abs().max().reshape({1});  // (1) on the bucket's device
-    group.allReduce(largest, collie::ReduceOp::kMax);
+    group.allReduce(largest, ReduceOp::kMax);
     const at::Tensor scale = scaleFor(largest, group.size());  // (1), never read on the host
     at::Tensor half = gradient.mul(scale).to(at::kHalf);       // (numel)
-    group.allReduce(half, collie::ReduceOp::kSum);
+    group.allReduce(half, ReduceOp::kSum);
     gradient.copy_(half).div_(scale);
   }
 
-  std::vector<collie::CodecCall> plan(const collie::CodecBucket& bucket, int,
-                                      int64_t) const override {
+  std::vector<CodecCall> plan(const CodecBucket& bucket, int, int64_t) const override {
     if (bucket.gradient.numel() == 0) return {};
-    return {{collie::Collective::kAllReduce, collie::DType::kF32, 1},
-            {collie::Collective::kAllReduce, collie::DType::kF16, bucket.gradient.numel()}};
+    return {{Collective::kAllReduce, DType::kF32, 1},
+            {Collective::kAllReduce, DType::kF16, bucket.gradient.numel()}};
   }
 
   // The power of two that brings a sum of `ranks` values of at most `largest` to just
@@ -54,8 +54,9 @@ class Fp16 final : public collie::Codec {
 };
 
 }  // namespace
+}  // namespace collie::fp16
 
 COLLIE_CODEC_PLUGIN("fp16", "1.0.0",
                     "gradients scaled and summed in float16: half the bytes "
                     "(DDP's fp16_compress_hook)",
-                    Fp16);
+                    collie::fp16::Fp16);
