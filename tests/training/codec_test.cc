@@ -567,7 +567,9 @@ TEST(LossCurve, IsTheJobsMeanAndTheTargetItsFirstEightStepMean) {
   }
   for (size_t i = 0; i < job.size(); ++i) {
     EXPECT_NEAR(r.loss_curve[i], job[i] / 7, 1e-6 * job[i]) << "step " << i + 1;
-    if (i > 0) EXPECT_GE(r.loss_curve_seconds[i], r.loss_curve_seconds[i - 1]);
+    if (i > 0) {
+      EXPECT_GE(r.loss_curve_seconds[i], r.loss_curve_seconds[i - 1]);
+    }
   }
   EXPECT_NEAR(r.loss_curve.back(), r.last_loss, 1e-9);
   EXPECT_EQ(r.steps_to_target, 0);  // no target

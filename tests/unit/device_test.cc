@@ -113,8 +113,10 @@ TEST(HostStaging, EveryCollectiveThroughHostCopiesGivesTheUnstagedResult) {
       const Provenance p = comm.run(args);
       std::lock_guard<std::mutex> lock(mu);
       EXPECT_TRUE(p.staged);
-      if (n > 0) EXPECT_EQ(x.max().item<float>(), 6.0f) << n;  // 1 + 2 + 3
-      if (n > 0) EXPECT_EQ(x.min().item<float>(), 6.0f) << n;
+      if (n > 0) {
+        EXPECT_EQ(x.max().item<float>(), 6.0f) << n;  // 1 + 2 + 3
+        EXPECT_EQ(x.min().item<float>(), 6.0f) << n;
+      }
     }
     at::Tensor whole = at::arange(9, at::kFloat).add_(r), block = at::zeros({3}, at::kFloat);
     CollectiveArgs scatter;
