@@ -74,6 +74,46 @@ TEST(HostReduce, MatchesATenAndIsCommutativeBitForBit) {
   }
 }
 
+// Every float16 value against a partner, and sums that fall exactly between two float16
+// values, in a buffer whose length leaves a tail past any vector width: each sum is the
+// float sum rounded to nearest even, bit for bit (subnormals, overflow to infinity and
+// signed zeros included; a NaN stays a NaN), whichever instructions the host uses.
+TEST(HostReduce, Float16SumsRoundToNearestEvenBitForBit) {
+  std::vector<c10::Half> a, b;
+  auto pair = [&](float x, float y) {
+    a.emplace_back(x);
+    b.emplace_back(y);
+  };
+  pair(2048, 1);       // 2049: between 2048 and 2050, to the even 2048
+  pair(2050, 1);       // 2051: between 2050 and 2052, to the even 2052
+  pair(65504, 65504);  // past float16's largest: infinity
+  pair(6e-8f, 6e-8f);  // subnormals
+  std::mt19937 gen(3);
+  for (uint32_t bits = 0; bits < 65536; ++bits) {
+    a.emplace_back(static_cast<uint16_t>(bits), c10::Half::from_bits());
+    b.emplace_back(static_cast<uint16_t>(gen()), c10::Half::from_bits());
+  }
+  for (int tail = 0; tail < 5; ++tail) pair(1.0f + tail, 0.5f);
+  std::vector<c10::Half> sum = a;
+  reduceInto(Buffer{sum.data(), sum.size(), DType::kF16}, Buffer{b.data(), b.size(), DType::kF16},
+             ReduceOp::kSum);
+  EXPECT_EQ(float(sum[0]), 2048.0f);
+  EXPECT_EQ(float(sum[1]), 2052.0f);
+  EXPECT_TRUE(std::isinf(float(sum[2])));
+  size_t wrong = 0;
+  for (size_t i = 0; i < sum.size(); ++i) {
+    const c10::Half expected(float(a[i]) + float(b[i]));
+    const bool nan = std::isnan(float(expected));
+    if (nan ? !std::isnan(float(sum[i])) : sum[i].x != expected.x) {
+      if (++wrong <= 5) {
+        ADD_FAILURE() << "element " << i << ": " << float(a[i]) << " + " << float(b[i])
+                      << " gave bits " << sum[i].x << ", expected " << expected.x;
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0u);
+}
+
 TEST(HostReduce, MinAndMaxPickTheSignedZeroAndPropagateNaN) {
   std::vector<float> a{0.0f, -0.0f, std::nanf(""), 1.0f}, b{-0.0f, 0.0f, 1.0f, std::nanf("")};
   Buffer vb{b.data(), b.size(), DType::kF32};

@@ -7,6 +7,10 @@
 #include <cstdint>
 #include <type_traits>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "collie/error.h"
 
 namespace collie::detail {
@@ -52,12 +56,42 @@ void reduceFloat(const Buffer& dst, const Buffer& src, ReduceOp op) {
   }
 }
 
+#if defined(__x86_64__)
+// A float16 sum with the CPU's conversion instructions, 8 elements at a time: each pair
+// widened to float exactly, added in float and rounded to nearest even, as the scalar loop
+// does with c10::Half's conversions (which run in software, about 40 times slower; a fp16
+// codec's all-reduce spent most of its reduction time there).
+__attribute__((target("avx,f16c"))) void sumHalfF16c(c10::Half* __restrict__ d,
+                                                     const c10::Half* __restrict__ s, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d + i)));
+    const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm256_cvtps_ph(_mm256_add_ps(a, b), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) d[i] = c10::Half(float(d[i]) + float(s[i]));
+}
+
+bool haveF16c() {
+  static const bool yes = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return yes;
+}
+#endif
+
 // Half and bfloat16: the arithmetic in float, rounded back to nearest even (as ATen does).
 template <typename H>
 void reduceHalf(const Buffer& dst, const Buffer& src, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:
+#if defined(__x86_64__)
+      if constexpr (std::is_same_v<H, c10::Half>) {
+        if (haveF16c()) {
+          return sumHalfF16c(static_cast<H*>(dst.data), static_cast<const H*>(src.data), dst.count);
+        }
+      }
+#endif
       return each<H>(dst, src, [](H a, H b) { return H(float(a) + float(b)); });
     case ReduceOp::kProd:
       return each<H>(dst, src, [](H a, H b) { return H(float(a) * float(b)); });
