@@ -2,19 +2,23 @@
 tokens/s over the rounds, collie / PyTorch (the median of the rounds' ratios, and their
 range), each peer's final loss (the job's mean loss of each of the last 8 steps, averaged:
 median and range), and collie's tokens/s against its own DDP.
-  compare_slow_link.py OUT ROUNDS RATE WAY...  (without ddp, no "÷ its DDP")"""
+  compare_slow_link.py OUT ROUNDS RATE WAY...  (without ddp, no "÷ its DDP")
+PYTORCH=0: collie ran alone, the PyTorch columns are left out. EVERY and MICRO_BATCH: what
+the script ran with, for the labels."""
 
 import json
+import os
 import statistics
 import sys
 
 from compare_ddp import peer_result
 
+EVERY = os.environ.get("EVERY", "8")
 WAYS = {
     "ddp": "float32 all-reduce every step (DDP)",
     "fp16": "fp16 (fp16_compress_hook)",
     "powersgd": "PowerSGD rank 4 from step 8 (powerSGD_hook)",
-    "localsgd": "local SGD every 8 after 8 (PostLocalSGDOptimizer)",
+    "localsgd": f"local SGD every {EVERY} after {EVERY} (PostLocalSGDOptimizer)",
 }
 
 
@@ -35,30 +39,51 @@ def spread(values, fmt):
 
 def main():
     out, rounds, rate, ways = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
-    print(f"2 lab hosts x 2 ranks at {rate}, {rounds} round(s); tokens/s: the mean of all steps "
-          "but the first, slowest rank; medians (min-max over the rounds)")
+    pytorch = os.environ.get("PYTORCH", "1") != "0"
+    micro_batch = os.environ.get("MICRO_BATCH", "8")
+    print(f"2 lab hosts x 2 ranks at {rate}, micro-batch {micro_batch} per rank, {rounds} "
+          "round(s); tokens/s: the mean of all steps but the first, slowest rank; medians "
+          "(min-max over the rounds)")
     print()
-    print("| way | collie tokens/s | PyTorch tokens/s | collie / PyTorch | collie ÷ its DDP | "
-          "collie loss, last 8 steps | PyTorch loss, last 8 steps | collie sent MB/step |")
-    print("|---|---|---|---|---|---|---|---|")
-    base = ([collie(out, "ddp", r)["tokens_per_s"] for r in range(1, rounds + 1)]
-            if "ddp" in ways else None)
+    columns = ["way", "collie tokens/s"]
+    if pytorch:
+        columns += ["PyTorch tokens/s", "collie / PyTorch"]
+    columns += ["collie ÷ its DDP", "collie loss, last 8 steps"]
+    if pytorch:
+        columns += ["PyTorch loss, last 8 steps"]
+    columns += ["collie sent MB/step"]
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    runs = {way: [collie(out, way, r) for r in range(1, rounds + 1)] for way in ways}
+    base = [m["tokens_per_s"] for m in runs["ddp"]] if "ddp" in ways else None
     for way in ways:
-        name = WAYS[way]
-        mine = [collie(out, way, r) for r in range(1, rounds + 1)]
-        peers = [peer_result(f"{out}/pytorch-{way}-{r}-h0.log") for r in range(1, rounds + 1)]
+        mine = runs[way]
         ours = [m["tokens_per_s"] for m in mine]
-        theirs = [p["tokens_per_s"] for p in peers]
-        ratios = [a / b for a, b in zip(ours, theirs)]
-        own = [a / b for a, b in zip(ours, base)] if base else None
-        print(f"| {name} | {spread(ours, '{:,.0f}')} | {spread(theirs, '{:,.0f}')} | "
-              f"{spread(ratios, '{:.2f}')} | {spread(own, '{:.2f}') if own else '-'} | "
-              f"{spread([tail(m) for m in mine], '{:.3f}')} | "
-              f"{spread([p['job_tail_loss'] for p in peers], '{:.3f}')} | "
-              f"{spread([m['sent_bytes_per_step'] / 1e6 for m in mine], '{:.2f}')} |")
-    p = peers[0]
+        row = [WAYS[way], spread(ours, "{:,.0f}")]
+        if pytorch:
+            peers = [peer_result(f"{out}/pytorch-{way}-{r}-h0.log") for r in range(1, rounds + 1)]
+            theirs = [p["tokens_per_s"] for p in peers]
+            row += [spread(theirs, "{:,.0f}"),
+                    spread([a / b for a, b in zip(ours, theirs)], "{:.2f}")]
+        row += [spread([a / b for a, b in zip(ours, base)], "{:.2f}") if base else "-",
+                spread([tail(m) for m in mine], "{:.3f}")]
+        if pytorch:
+            row += [spread([p["job_tail_loss"] for p in peers], "{:.3f}")]
+        row += [spread([m["sent_bytes_per_step"] / 1e6 for m in mine], "{:.2f}")]
+        print("| " + " | ".join(row) + " |")
     print()
-    print(f"PyTorch {p['torch']} ({p['parameters']:,} parameters), BLAS {p['blas']}")
+    if base:
+        # How far the runs went: the job's loss at the end against its first step's.
+        ddp = runs["ddp"]
+        print("collie DDP's loss, last 8 steps ÷ first step: " +
+              spread([tail(m) / m["loss_curve"][0] for m in ddp], "{:.2f}"))
+        for way in ways:
+            if way != "ddp":
+                print(f"collie {way}'s loss, last 8 steps ÷ its DDP's (same round): " +
+                      spread([tail(m) / tail(d) for m, d in zip(runs[way], ddp)], "{:.3f}"))
+    if pytorch:
+        print(f"PyTorch {peers[0]['torch']} ({peers[0]['parameters']:,} parameters), "
+              f"BLAS {peers[0]['blas']}")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@
 #   ddp       the float32 all-reduce every step        (DDP, no hook)
 #   fp16      gradients summed in float16               (DDP's fp16_compress_hook)
 #   powersgd  rank 4 from step 8, error feedback        (DDP's powerSGD_hook)
-#   localsgd  parameters averaged every 8 steps after 8 (PostLocalSGDOptimizer, a subgroup
-#             of each rank alone)
+#   localsgd  parameters averaged every EVERY steps after EVERY (PostLocalSGDOptimizer, a
+#             subgroup of each rank alone)
 # The same model, token file, AdamW, constant learning rate and clipping, DDP's default 25 MB
 # buckets; 1 thread per rank, the same OpenBLAS and malloc.
 # Both peers synchronise one 25 MB bucket (this model's 3.4 MB of gradients in one): PyTorch's
@@ -16,9 +16,13 @@
 # each peer's final loss has a spread over the rounds. Prints, per way, each peer's median
 # tokens/s over the rounds, collie / PyTorch with its range over the rounds, and each peer's
 # final loss (the job's mean) with its range.
+# MICRO_BATCH (8: each rank's samples per step, on both peers) sets how much a step computes
+# against what it sends; EVERY (8) is local SGD's H and its warm-up; PYTORCH=0 runs collie
+# alone (its ÷ DDP column, without the PyTorch columns).
 #   benchmarks/slow_link_peers.sh [OUT]     (RATE=100mbit ROUNDS=3 STEPS=64
 #                                            WAYS="ddp fp16 powersgd localsgd"
-#                                            FIRST_BUCKET_MB=25 to change)
+#                                            FIRST_BUCKET_MB=25 MICRO_BATCH=8 EVERY=8
+#                                            PYTORCH=1 to change)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ "$(id -u)" == 0 ]] || { echo "the lab needs root" >&2; exit 2; }
@@ -28,6 +32,9 @@ rounds="${ROUNDS:-3}"
 steps="${STEPS:-64}"
 ways="${WAYS:-ddp fp16 powersgd localsgd}"
 first_bucket="${FIRST_BUCKET_MB:-25}"
+micro_batch="${MICRO_BATCH:-8}"
+every="${EVERY:-8}"
+pytorch="${PYTORCH:-1}"
 if [[ "$first_bucket" != 25 && " $ways " == *" powersgd "* ]]; then
   echo "FIRST_BUCKET_MB=$first_bucket: PyTorch's powerSGD_hook over Gloo needs one bucket;" \
     "leave powersgd out of WAYS" >&2
@@ -59,7 +66,7 @@ torch_args() {
     ddp) ;;
     fp16) echo "--hook fp16" ;;
     powersgd) echo "--hook powersgd --powersgd-rank 4 --powersgd-start 8" ;;
-    localsgd) echo "--local-sgd-every 8 --local-sgd-warmup 8" ;;
+    localsgd) echo "--local-sgd-every $every --local-sgd-warmup $every" ;;
   esac
 }
 
@@ -68,11 +75,12 @@ run_collie() {  # way round
   case "$1" in
     fp16) way=(--set train.compression=fp16) ;;
     powersgd) way=(--set "train.compression={plugin: powersgd, params: {rank: 4, start_step: 8}}") ;;
-    localsgd) way=(--set "train.sync={mode: local_sgd, every: 8, warmup_steps: 8}") ;;
+    localsgd) way=(--set "train.sync={mode: local_sgd, every: $every, warmup_steps: $every}") ;;
   esac
   "$collie" --log-level warn run configs/slow-link.yaml --out "$out/collie-$1-$2" \
     --set 'matrix=[{}]' --set name="$1" --set launch.lab.rate="$rate" \
     --set data.source=tokens --set data.path="$out/tokens.bin" --set train.steps="$steps" \
+    --set train.micro_batch="$micro_batch" \
     --set train.lr_schedule=constant --set train.warmup_steps=0 --set train.bucket_bytes=25MB \
     --set train.seed=$((1233 + $2)) --set data.seed=$((1233 + $2)) \
     "${way[@]}" > /dev/null
@@ -88,6 +96,7 @@ run_pytorch() {  # way round: torchrun on each lab host, host 0 the master
       --nproc_per_node 2 --master_addr 198.18.0.1 --master_port 29700 \
       --redirects 2 --tee 1 --log_dir "$out/torchrun-logs/$1-$2-h$host" \
       "$PWD/benchmarks/ddp_gpt.py" --steps "$steps" --data "$out/tokens.bin" --bucket-mb 25 \
+      --micro-batch "$micro_batch" \
       --first-bucket-mb "$first_bucket" \
       --seed $((1233 + $2)) $(torch_args "$1") > "$out/pytorch-$1-$2-h$host.log" 2>&1 &
     pids+=($!)
@@ -102,9 +111,10 @@ run_pytorch() {  # way round: torchrun on each lab host, host 0 the master
 for round in $(seq 1 "$rounds"); do
   for way in $ways; do
     run_collie "$way" "$round"
-    run_pytorch "$way" "$round"
+    [[ "$pytorch" == 0 ]] || run_pytorch "$way" "$round"
     echo "# round $round: $way done"
   done
 done
 
-"$python" benchmarks/compare_slow_link.py "$out" "$rounds" "$rate" $ways | tee "$out/table.md"
+EVERY="$every" PYTORCH="$pytorch" MICRO_BATCH="$micro_batch" \
+  "$python" benchmarks/compare_slow_link.py "$out" "$rounds" "$rate" $ways | tee "$out/table.md"
