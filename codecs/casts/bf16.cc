@@ -6,27 +6,26 @@
 
 #include "collie/codec.h"
 
-namespace collie::bf16 {
 namespace {
 
-class Bf16 final : public Codec {
+class Bf16 final : public collie::Codec {
  public:
-  explicit Bf16(const PluginContext&) {}
+  explicit Bf16(const collie::PluginContext&) {}
 
-  void synchronize(CodecBucket& bucket, CodecGroup& group) override {
+  void synchronize(collie::CodecBucket& bucket, collie::CodecGroup& group) override {
     at::Tensor half = bucket.gradient.to(at::kBFloat16);  // (numel)
-    group.allReduce(half, ReduceOp::kSum);
+    group.allReduce(half, collie::ReduceOp::kSum);
     bucket.gradient.copy_(half);
   }
 
-  std::vector<CodecCall> plan(const CodecBucket& bucket, int, int64_t) const override {
-    return {{Collective::kAllReduce, DType::kBF16, bucket.gradient.numel()}};
+  std::vector<collie::CodecCall> plan(const collie::CodecBucket& bucket, int,
+                                      int64_t) const override {
+    return {{collie::Collective::kAllReduce, collie::DType::kBF16, bucket.gradient.numel()}};
   }
 };
 
 }  // namespace
-}  // namespace collie::bf16
 
 COLLIE_CODEC_PLUGIN("bf16", "1.0.0",
                     "gradients summed in bfloat16: half the bytes (DDP's bf16_compress_hook)",
-                    collie::bf16::Bf16);
+                    Bf16);

@@ -15,30 +15,30 @@
 
 #include "collie/codec.h"
 
-namespace collie::fp16 {
 namespace {
 
 constexpr double kHalfMax = 65504.0;
 
-class Fp16 final : public Codec {
+class Fp16 final : public collie::Codec {
  public:
-  explicit Fp16(const PluginContext&) {}
+  explicit Fp16(const collie::PluginContext&) {}
 
-  void synchronize(CodecBucket& bucket, CodecGroup& group) override {
+  void synchronize(collie::CodecBucket& bucket, collie::CodecGroup& group) override {
     at::Tensor gradient = bucket.gradient;  // (numel) float32
     if (gradient.numel() == 0) return;
     at::Tensor largest = gradient.abs().max().reshape({1});  // (1) on the bucket's device
-    group.allReduce(largest, ReduceOp::kMax);
+    group.allReduce(largest, collie::ReduceOp::kMax);
     const at::Tensor scale = scaleFor(largest, group.size());  // (1), never read on the host
     at::Tensor half = gradient.mul(scale).to(at::kHalf);       // (numel)
-    group.allReduce(half, ReduceOp::kSum);
+    group.allReduce(half, collie::ReduceOp::kSum);
     gradient.copy_(half).div_(scale);
   }
 
-  std::vector<CodecCall> plan(const CodecBucket& bucket, int, int64_t) const override {
+  std::vector<collie::CodecCall> plan(const collie::CodecBucket& bucket, int,
+                                      int64_t) const override {
     if (bucket.gradient.numel() == 0) return {};
-    return {{Collective::kAllReduce, DType::kF32, 1},
-            {Collective::kAllReduce, DType::kF16, bucket.gradient.numel()}};
+    return {{collie::Collective::kAllReduce, collie::DType::kF32, 1},
+            {collie::Collective::kAllReduce, collie::DType::kF16, bucket.gradient.numel()}};
   }
 
   // The power of two that brings a sum of `ranks` values of at most `largest` to just
@@ -54,9 +54,8 @@ class Fp16 final : public Codec {
 };
 
 }  // namespace
-}  // namespace collie::fp16
 
 COLLIE_CODEC_PLUGIN("fp16", "1.0.0",
                     "gradients scaled and summed in float16: half the bytes "
                     "(DDP's fp16_compress_hook)",
-                    collie::fp16::Fp16);
+                    Fp16);
