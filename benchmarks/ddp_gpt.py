@@ -139,7 +139,9 @@ def main():
                         help="DDP's first bucket (PyTorch's default: 1 MB, whatever "
                              "--bucket-mb says); equal to --bucket-mb: buckets as collie's")
     parser.add_argument("--seed", type=int, default=1234,
-                        help="the model's initial weights and each rank's sampling (seed + rank)")
+                        help="the model's initial weights and each rank's sampling "
+                             "(seed * 1000 + rank: runs of consecutive seeds share no rank's "
+                             "windows)")
     parser.add_argument("--hook", default="none", choices=["none", "fp16", "powersgd"],
                         help="DDP's communication hook")
     parser.add_argument("--powersgd-rank", type=int, default=1)
@@ -211,7 +213,10 @@ def main():
     if averager is not None:
         from torch.distributed.optim import PostLocalSGDOptimizer
         optimizer = PostLocalSGDOptimizer(optim=optimizer, averager=averager)
-    generator = torch.Generator().manual_seed(args.seed + rank)
+    # seed + rank would give round k's rank 1 the windows of round k + 1's rank 0: rounds
+    # of consecutive seeds would share most of their batches, and their losses would vary
+    # less than independent runs do.
+    generator = torch.Generator().manual_seed(args.seed * 1000 + rank)
     corpus = None
     if args.data:
         import numpy
