@@ -114,8 +114,8 @@ std::string Schema::expected() const {
   switch (type_) {
     case Type::kMap:
       return "a map";
-    case Type::kList:
-      return "a list";
+    case Type::kList:  // a single item stands for a list of one
+      return item_ ? item_->expected() + " or a list of them" : "a list";
     case Type::kString:
       return "a string";
     case Type::kInt:
