@@ -13,7 +13,8 @@
 //   attribution  the straggler attribution's all-gather of 10 steps' samples (every 10 steps)
 //   trace/span (no communication) one compute span recorded (forward, backward, ...)
 //   reduce     (no communication) reduceInto of 1024 floats, and the same through ATen (the
-//              path host memory took before, and device memory still takes)
+//              path host memory took before, and device memory still takes); reduceInto of
+//              1024 float16, and the loop through c10::Half's software conversions
 //
 // The difference between two adjacent layers is what the upper one adds. One process
 // forks two ranks; both run the same benchmarks with a fixed iteration count, so they stay
@@ -267,6 +268,33 @@ void BM_reduce_aten(benchmark::State& s) {
   }
 }
 
+// float16, as the fp16 codec sums it: reduceInto (F16C where the CPU has it), and the loop
+// through c10::Half's conversions, which run in software (host memory's path before).
+struct HalfPair {
+  std::vector<c10::Half> dst, src;
+  HalfPair() {
+    for (int i = 0; i < 1024; ++i) {
+      dst.emplace_back(0.001f * static_cast<float>(i));
+      src.emplace_back(0.0f);  // the sums stay where they are however many iterations run
+    }
+  }
+};
+void BM_reduce_f16_reduceInto(benchmark::State& s) {
+  HalfPair p;
+  const Buffer dst{p.dst.data(), p.dst.size(), collie::DType::kF16};
+  const Buffer src{p.src.data(), p.src.size(), collie::DType::kF16};
+  for (auto _ : s) collie::reduceInto(dst, src, collie::ReduceOp::kSum);
+}
+void BM_reduce_f16_c10(benchmark::State& s) {
+  HalfPair p;
+  for (auto _ : s) {
+    for (size_t i = 0; i < p.dst.size(); ++i) {
+      p.dst[i] = c10::Half(float(p.dst[i]) + float(p.src[i]));
+    }
+    benchmark::DoNotOptimize(p.dst.data());
+  }
+}
+
 collie::config::PluginRef backendRef(const std::string& plugin) {
   collie::config::PluginRef ref;
   ref.plugin = ref.label = plugin;
@@ -317,7 +345,9 @@ int runRank(int rank, uint16_t port, const std::string& gloo_dir, int argc, char
            {"gloo/6_attribution", BM_gloo_attribution},
            {"trace/span", BM_trace_span},
            {"reduce/reduceInto", BM_reduce_reduceInto},
-           {"reduce/aten", BM_reduce_aten}}) {
+           {"reduce/aten", BM_reduce_aten},
+           {"reduce/f16_reduceInto", BM_reduce_f16_reduceInto},
+           {"reduce/f16_c10", BM_reduce_f16_c10}}) {
     benchmark::RegisterBenchmark(name, fn)->Iterations(g_iterations)->Unit(benchmark::kMicrosecond);
   }
   benchmark::Initialize(&argc, argv);

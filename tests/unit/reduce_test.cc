@@ -77,42 +77,47 @@ TEST(HostReduce, MatchesATenAndIsCommutativeBitForBit) {
 // Every float16 value against a partner, and sums that fall exactly between two float16
 // values, in a buffer whose length leaves a tail of 5 past a vector of 8: each sum is the
 // float sum rounded to nearest even, bit for bit as c10::Half's conversions give it
-// (subnormals, overflow to infinity, signed zeros, and NaNs as c10's one NaN), whichever
-// instructions the host uses.
-TEST(HostReduce, Float16SumsRoundToNearestEvenBitForBit) {
+// (subnormals, overflow to infinity, signed zeros), and every NaN is the one NaN +0x7E00,
+// so that a + b and b + a are the same bytes, whichever instructions the host uses.
+TEST(HostReduce, Float16SumsRoundToNearestEvenAndCommuteBitForBit) {
   std::vector<c10::Half> a, b;
   auto pair = [&](float x, float y) {
     a.emplace_back(x);
     b.emplace_back(y);
+  };
+  auto bits = [&](uint16_t x, uint16_t y) {
+    a.emplace_back(x, c10::Half::from_bits());
+    b.emplace_back(y, c10::Half::from_bits());
   };
   pair(2048, 1);       // 2049: between 2048 and 2050, to the even 2048
   pair(2050, 1);       // 2051: between 2050 and 2052, to the even 2052
   pair(65504, 65504);  // past float16's largest: infinity
   pair(6e-8f, 6e-8f);  // subnormals
   std::mt19937 gen(3);
-  for (uint32_t bits = 0; bits < 65536; ++bits) {
-    a.emplace_back(static_cast<uint16_t>(bits), c10::Half::from_bits());
-    b.emplace_back(static_cast<uint16_t>(gen()), c10::Half::from_bits());
-  }
-  pair(std::nanf(""), 1.0f);  // NaNs with payloads of their own: c10's one NaN comes out
-  a.back().x = 0x7D01;
-  pair(1.0f, 1.0f);
-  b.back().x = 0xFE03;
-  for (int tail = 0; tail < 7; ++tail) pair(1.0f + tail, 0.5f);
+  for (uint32_t x = 0; x < 65536; ++x) bits(static_cast<uint16_t>(x), static_cast<uint16_t>(gen()));
+  bits(0x7D01, 0x3C00);  // NaNs with payloads and signs of their own, in the last vector
+  bits(0x3C00, 0xFE03);
+  bits(0x7E00, 0xFE00);  // NaNs of both signs
+  for (int tail = 0; tail < 5; ++tail) pair(1.0f + tail, 0.5f);
+  bits(0xFC01, 0x7C02);  // and in the tail
   ASSERT_EQ(a.size() % 8, 5u);
-  std::vector<c10::Half> sum = a;
-  reduceInto(Buffer{sum.data(), sum.size(), DType::kF16}, Buffer{b.data(), b.size(), DType::kF16},
+  std::vector<c10::Half> ab = a, ba = b;
+  reduceInto(Buffer{ab.data(), ab.size(), DType::kF16}, Buffer{b.data(), b.size(), DType::kF16},
              ReduceOp::kSum);
-  EXPECT_EQ(float(sum[0]), 2048.0f);
-  EXPECT_EQ(float(sum[1]), 2052.0f);
-  EXPECT_TRUE(std::isinf(float(sum[2])));
+  reduceInto(Buffer{ba.data(), ba.size(), DType::kF16}, Buffer{a.data(), a.size(), DType::kF16},
+             ReduceOp::kSum);
+  EXPECT_EQ(float(ab[0]), 2048.0f);
+  EXPECT_EQ(float(ab[1]), 2052.0f);
+  EXPECT_TRUE(std::isinf(float(ab[2])));
   size_t wrong = 0;
-  for (size_t i = 0; i < sum.size(); ++i) {
-    const c10::Half expected(float(a[i]) + float(b[i]));
-    if (sum[i].x != expected.x) {
+  for (size_t i = 0; i < ab.size(); ++i) {
+    c10::Half expected(float(a[i]) + float(b[i]));
+    if (std::isnan(float(expected))) expected.x = 0x7E00;
+    if (ab[i].x != expected.x || ba[i].x != expected.x) {
       if (++wrong <= 5) {
         ADD_FAILURE() << "element " << i << ": " << float(a[i]) << " + " << float(b[i])
-                      << " gave bits " << sum[i].x << ", expected " << expected.x;
+                      << " gave bits " << ab[i].x << " (the other way round " << ba[i].x
+                      << "), expected " << expected.x;
       }
     }
   }

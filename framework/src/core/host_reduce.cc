@@ -56,17 +56,23 @@ void reduceFloat(const Buffer& dst, const Buffer& src, ReduceOp op) {
   }
 }
 
+// A float16 sum: the pair widened to float exactly, added in float and rounded to nearest
+// even (as ATen does), and any NaN written as +0x7E00. Which NaN an addition of two NaNs
+// returns depends on the order the compiler put the operands in, and c10 keeps that NaN's
+// sign: one NaN keeps the sum commutative bit for bit (as bfloat16's conversion does).
+c10::Half sumHalf(c10::Half a, c10::Half b) {
+  c10::Half sum(float(a) + float(b));
+  if ((sum.x & 0x7FFF) > 0x7C00) sum.x = 0x7E00;
+  return sum;
+}
+
 #if defined(__x86_64__)
-// A float16 sum with the CPU's conversion instructions, 8 elements at a time: each pair
-// widened to float exactly, added in float and rounded to nearest even, as the scalar loop
-// does with c10::Half's conversions (which run in software, about 40 times slower; a fp16
-// codec's all-reduce spent most of its reduction time there). The instruction keeps a
-// NaN's payload where c10 writes its one NaN 0x7E00 (with the sign): NaNs are made that
-// one too, so that the bytes are the same whichever way a host sums.
+// sumHalf 8 elements at a time with the CPU's conversion instructions (c10::Half's run in
+// software, about 30 times slower: a fp16 codec's all-reduce spent most of its reduction
+// time there), the same bits.
 __attribute__((target("avx,f16c"))) void sumHalfF16c(c10::Half* __restrict__ d,
                                                      const c10::Half* __restrict__ s, size_t n) {
   const __m128i magnitude = _mm_set1_epi16(0x7FFF), infinity = _mm_set1_epi16(0x7C00);
-  const __m128i sign = _mm_set1_epi16(static_cast<int16_t>(0x8000));
   const __m128i quiet_nan = _mm_set1_epi16(0x7E00);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -74,11 +80,10 @@ __attribute__((target("avx,f16c"))) void sumHalfF16c(c10::Half* __restrict__ d,
     const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
     const __m128i sum = _mm256_cvtps_ph(_mm256_add_ps(a, b), _MM_FROUND_TO_NEAREST_INT);
     const __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(sum, magnitude), infinity);
-    const __m128i canonical = _mm_or_si128(_mm_and_si128(sum, sign), quiet_nan);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
-                     _mm_or_si128(_mm_and_si128(nan, canonical), _mm_andnot_si128(nan, sum)));
+                     _mm_or_si128(_mm_and_si128(nan, quiet_nan), _mm_andnot_si128(nan, sum)));
   }
-  for (; i < n; ++i) d[i] = c10::Half(float(d[i]) + float(s[i]));
+  for (; i < n; ++i) d[i] = sumHalf(d[i], s[i]);
 }
 
 bool haveF16c() {
@@ -93,13 +98,14 @@ void reduceHalf(const Buffer& dst, const Buffer& src, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:
-#if defined(__x86_64__)
       if constexpr (std::is_same_v<H, c10::Half>) {
+#if defined(__x86_64__)
         if (haveF16c()) {
           return sumHalfF16c(static_cast<H*>(dst.data), static_cast<const H*>(src.data), dst.count);
         }
-      }
 #endif
+        return each<H>(dst, src, sumHalf);
+      }
       return each<H>(dst, src, [](H a, H b) { return H(float(a) + float(b)); });
     case ReduceOp::kProd:
       return each<H>(dst, src, [](H a, H b) { return H(float(a) * float(b)); });
