@@ -9,7 +9,8 @@ namespace collie::detail {
 
 // dst[i] = op(dst[i], src[i]) on host views of the same count and dtype. Every op is
 // commutative bit for bit (min/max pick -0 / +0 between equal zeros, NaN wins), so two ranks
-// that reduce the same pair in either order get the same bytes; integers wrap on overflow.
+// that reduce the same pair in either order get the same bytes, except where both are NaNs:
+// which NaN comes out then follows the operand order; integers wrap on overflow.
 // A float16 or bfloat16 sum writes one NaN whatever NaNs went in (+0x7E00; 0x7FC0, as
 // c10's bfloat16 conversion does), on every host: float16 sums use F16C where the CPU has
 // it, with the scalar loop's bits.
