@@ -41,7 +41,9 @@ def main():
     out, rounds, rate, ways = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
     pytorch = os.environ.get("PYTORCH", "1") != "0"
     micro_batch = os.environ.get("MICRO_BATCH", "8")
-    print(f"2 lab hosts x 2 ranks at {rate}, micro-batch {micro_batch} per rank, {rounds} "
+    where = ("4 ranks on one host, no lab" if rate == "none"
+             else f"2 lab hosts x 2 ranks at {rate}")
+    print(f"{where}, micro-batch {micro_batch} per rank, {rounds} "
           "round(s); tokens/s: the mean of all steps but the first, slowest rank; medians "
           "(min-max over the rounds)")
     print()

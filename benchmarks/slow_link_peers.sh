@@ -19,15 +19,19 @@
 # MICRO_BATCH (8: each rank's samples per step, on both peers) sets how much a step computes
 # against what it sends; EVERY (8) is local SGD's H and its warm-up; PYTORCH=0 runs collie
 # alone (its ÷ DDP column, without the PyTorch columns).
+# RATE=none runs both peers' 4 ranks on this host without the lab (no root needed): the
+# losses are those of the lab's runs (the same ranks, batches and seeds; no way's result
+# depends on the link), so many rounds give each peer's loss spread in minutes; tokens/s is
+# then this host's, not a slow link's.
 #   benchmarks/slow_link_peers.sh [OUT]     (RATE=100mbit ROUNDS=3 STEPS=64
 #                                            WAYS="ddp fp16 powersgd localsgd"
 #                                            FIRST_BUCKET_MB=25 MICRO_BATCH=8 EVERY=8
-#                                            PYTORCH=1 to change)
+#                                            PYTORCH=1 to change; RATE=none: one host)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[[ "$(id -u)" == 0 ]] || { echo "the lab needs root" >&2; exit 2; }
-out="${1:-runs/slow-link-peers-$(date +%Y%m%d-%H%M%S)}"
 rate="${RATE:-100mbit}"
+[[ "$rate" == none || "$(id -u)" == 0 ]] || { echo "the lab needs root (RATE=none: one host)" >&2; exit 2; }
+out="${1:-runs/slow-link-peers-$(date +%Y%m%d-%H%M%S)}"
 rounds="${ROUNDS:-3}"
 steps="${STEPS:-64}"
 ways="${WAYS:-ddp fp16 powersgd localsgd}"
@@ -43,7 +47,8 @@ fi
 source benchmarks/pytorch_peer.sh
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
-trap '"$collie" lab down > /dev/null 2>&1 || true' EXIT  # the lab goes however the run ends
+# The lab goes however the run ends.
+[[ "$rate" == none ]] || trap '"$collie" lab down > /dev/null 2>&1 || true' EXIT
 
 # Learnable tokens, as collie's synthetic source makes them: each token follows from the one
 # before (t -> 5t + 3 mod 256) three times in four, else uniform.
@@ -71,14 +76,15 @@ torch_args() {
 }
 
 run_collie() {  # way round
-  local way=()
+  local way=() where=(--set launch.lab.rate="$rate")
+  [[ "$rate" != none ]] || where=(--set 'launch={nproc_per_node: 4, threads_per_rank: 1}')
   case "$1" in
     fp16) way=(--set train.compression=fp16) ;;
     powersgd) way=(--set "train.compression={plugin: powersgd, params: {rank: 4, start_step: 8}}") ;;
     localsgd) way=(--set "train.sync={mode: local_sgd, every: $every, warmup_steps: $every}") ;;
   esac
   "$collie" --log-level warn run configs/slow-link.yaml --out "$out/collie-$1-$2" \
-    --set 'matrix=[{}]' --set name="$1" --set launch.lab.rate="$rate" \
+    --set 'matrix=[{}]' --set name="$1" "${where[@]}" \
     --set data.source=tokens --set data.path="$out/tokens.bin" --set train.steps="$steps" \
     --set train.micro_batch="$micro_batch" \
     --set train.lr_schedule=constant --set train.warmup_steps=0 --set train.bucket_bytes=25MB \
@@ -87,6 +93,15 @@ run_collie() {  # way round
 }
 
 run_pytorch() {  # way round: torchrun on each lab host, host 0 the master
+  if [[ "$rate" == none ]]; then  # 4 processes here; the log named as host 0's
+    # shellcheck disable=SC2046
+    LD_PRELOAD="$preload" OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 4 \
+      --redirects 2 --tee 1 --log_dir "$out/torchrun-logs/$1-$2" \
+      "$PWD/benchmarks/ddp_gpt.py" --steps "$steps" --data "$out/tokens.bin" --bucket-mb 25 \
+      --micro-batch "$micro_batch" --first-bucket-mb "$first_bucket" \
+      --seed $((1233 + $2)) $(torch_args "$1") > "$out/pytorch-$1-$2-h0.log" 2>&1
+    return
+  fi
   "$collie" lab up --hosts 2 --rate "$rate" > /dev/null
   local pids=()
   for host in 0 1; do
