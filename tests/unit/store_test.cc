@@ -89,6 +89,54 @@ TEST(Store, SetGetAddCheckAndWait) {
   EXPECT_EQ(server.get("big"), big);
 }
 
+// Reads one reply frame from `fd` within `limit`; "" when none came.
+std::string readReply(int fd, std::chrono::milliseconds limit) {
+  const timeval tv{0, static_cast<suseconds_t>(limit.count() * 1000)};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  uint32_t length = 0;
+  if (::recv(fd, &length, 4, MSG_WAITALL) != 4 || length > 1024) return "";
+  std::string payload(length, '\0');
+  if (::recv(fd, payload.data(), length, MSG_WAITALL) != static_cast<ssize_t>(length)) return "";
+  return payload;
+}
+
+std::string u32(uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); }
+
+// A WAIT is held by the server, not polled for: it is answered when another connection sets
+// its key, a request sent behind it is answered after it, in order, and a WAIT for a key
+// nobody sets is answered "not yet" once its slice is over.
+TEST(Store, AWaitIsHeldUntilItsKeyIsSetAndWhatFollowsItIsAnsweredAfter) {
+  TcpStore server("127.0.0.1", 0, true, 5s);
+  const int fd = connectRaw(server.port());
+  ASSERT_GE(fd, 0);
+  const std::string hello = frame(std::string(1, '\1') + str(""));
+  ASSERT_EQ(::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(hello.size()));
+  ASSERT_EQ(readReply(fd, 1000ms), std::string(1, '\0'));
+  const std::string wait = frame(std::string(1, '\6') + u32(1) + str("k") + u32(5000));
+  const std::string check = frame(std::string(1, '\5') + u32(1) + str("k"));
+  const std::string both = wait + check;
+  ASSERT_EQ(::send(fd, both.data(), both.size(), MSG_NOSIGNAL), static_cast<ssize_t>(both.size()));
+  EXPECT_EQ(readReply(fd, 300ms), "") << "answered before the key was set";
+  server.setString("k", "v");
+  EXPECT_EQ(readReply(fd, 1000ms), std::string("\0\1", 2)) << "the WAIT";
+  EXPECT_EQ(readReply(fd, 1000ms), std::string("\0\1", 2)) << "the CHECK behind it";
+  const auto start = std::chrono::steady_clock::now();
+  const std::string never = frame(std::string(1, '\6') + u32(1) + str("never") + u32(200));
+  ASSERT_EQ(::send(fd, never.data(), never.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(never.size()));
+  EXPECT_EQ(readReply(fd, 2000ms), std::string("\0\0", 2));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 190ms) << "not held for its slice";
+  ::close(fd);
+  // Another thread of a client that waits gets its own request through between slices.
+  TcpStore client("127.0.0.1", server.port(), false, 5s);
+  std::thread waiter([&] { client.wait({"later"}, 5s); });
+  std::this_thread::sleep_for(300ms);
+  client.setString("later", "x");  // through the waiting client's own connection
+  waiter.join();
+  EXPECT_EQ(server.getString("later"), "x");
+}
+
 // A counter's key and digits count against the store's byte limit as a set's do: once the
 // store is full, an add that would make a new key is refused, and an add to a key that holds
 // an empty value counts the key once.

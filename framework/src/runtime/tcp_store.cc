@@ -5,7 +5,9 @@
 // (strings as u32 length + bytes, integers little endian). Reply: u8 status (0 ok, 1
 // refused: a string follows), then the op's result. The first request of a connection must
 // be HELLO with the job token; anything else, a frame over the limit or a malformed request
-// closes the connection.
+// closes the connection. WAIT is answered when its keys are all there or its slice of time
+// has passed, whichever comes first: a waiting rank learns of a key as soon as it is set,
+// without polling, and the connection answers nothing else meanwhile.
 #include "runtime/tcp_store.h"
 
 #include <arpa/inet.h>
@@ -32,7 +34,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-enum Op : uint8_t { kHello = 1, kSet = 2, kGet = 3, kAdd = 4, kCheck = 5 };
+enum Op : uint8_t { kHello = 1, kSet = 2, kGet = 3, kAdd = 4, kCheck = 5, kWait = 6 };
+
+// The longest a WAIT is held by the server (the client asks for less: TcpStore::wait).
+constexpr std::chrono::milliseconds kMaxWaitSlice{2000};
 
 // A key as messages quote it: at most its first 80 bytes, so that an error about a key of
 // megabytes stays readable (and a refusal stays within a frame).
@@ -186,6 +191,11 @@ class StoreServer {
     bool authenticated = false;
     bool closing = false;  // close once `out` is written
     Clock::time_point opened;
+    // A WAIT not yet answered: its keys and when it is answered "not yet". Requests after
+    // it stay in `in` until it is.
+    bool parked = false;
+    std::vector<std::string> awaited;
+    Clock::time_point awaited_until;
   };
 
   // A connection must greet the store this soon, or it is closed: strangers cannot hold
@@ -199,7 +209,7 @@ class StoreServer {
         fds.push_back({c.fd, static_cast<short>(c.closing ? 0 : POLLIN), 0});
         if (!c.out.empty()) fds.back().events |= POLLOUT;
       }
-      if (::poll(fds.data(), fds.size(), 1000) < 0 && errno != EINTR) return;
+      if (::poll(fds.data(), fds.size(), pollTimeoutMs()) < 0 && errno != EINTR) return;
       if (fds[0].revents != 0) return;
       size_t k = 2;  // conns_ in the order `fds` lists them
       for (auto it = conns_.begin(); it != conns_.end(); ++k) {
@@ -213,6 +223,44 @@ class StoreServer {
         }
       }
       if (fds[1].revents & POLLIN) accept();  // after: accepting may evict a stranger
+      answerWaits();
+    }
+  }
+
+  // Until the nearest parked WAIT is due, at most a second (the greeting deadline's check).
+  int pollTimeoutMs() const {
+    auto wake = Clock::now() + std::chrono::seconds(1);
+    for (const auto& c : conns_) {
+      if (c.parked) wake = std::min(wake, c.awaited_until);
+    }
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(wake - Clock::now());
+    return static_cast<int>(std::max<int64_t>(0, left.count()));
+  }
+
+  // Answers every parked WAIT whose keys are all there now ("yes") or whose slice is over
+  // ("not yet"), then serves what its connection sent meanwhile; a connection whose requests
+  // turn out malformed closes.
+  void answerWaits() {
+    const auto now = Clock::now();
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      Conn& c = *it;
+      bool open = true;
+      if (c.parked) {
+        const bool all = std::all_of(c.awaited.begin(), c.awaited.end(),
+                                     [&](const std::string& k) { return data_.count(k) > 0; });
+        if (all || now >= c.awaited_until) {
+          c.parked = false;
+          c.awaited.clear();
+          c.out += framed(std::string{'\0', all ? '\1' : '\0'});
+          open = drain(c);
+        }
+      }
+      if (open) {
+        ++it;
+      } else {
+        ::close(it->fd);
+        it = conns_.erase(it);
+      }
     }
   }
 
@@ -248,17 +296,8 @@ class StoreServer {
       const ssize_t n = ::recv(c.fd, buffer, sizeof(buffer), 0);
       if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return false;
       if (n > 0) c.in.append(buffer, static_cast<size_t>(n));
-      while (!c.closing && c.in.size() >= 4) {
-        uint32_t length = 0;
-        std::memcpy(&length, c.in.data(), 4);
-        const uint32_t limit =
-            c.authenticated ? StoreLimits::kMaxFrame : StoreLimits::kMaxHelloFrame;
-        if (length > limit) return false;  // a huge length prefix: never buffered
-        if (c.in.size() < 4 + static_cast<size_t>(length)) break;
-        const std::string request = c.in.substr(4, length);
-        c.in.erase(0, 4 + static_cast<size_t>(length));
-        if (!answer(c, request)) return false;
-      }
+      if (c.in.size() > 2 * StoreLimits::kMaxFrame) return false;  // piled up behind a WAIT
+      if (!drain(c)) return false;
     }
     if (!c.out.empty() && (revents & POLLOUT)) {
       const ssize_t n = ::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL);
@@ -267,6 +306,21 @@ class StoreServer {
     }
     if (c.out.size() > 2 * StoreLimits::kMaxFrame) return false;  // a client that never reads
     return !(c.closing && c.out.empty());
+  }
+
+  // Answers the whole requests in `c.in`, up to a WAIT that has to be held; false: close.
+  bool drain(Conn& c) {
+    while (!c.closing && !c.parked && c.in.size() >= 4) {
+      uint32_t length = 0;
+      std::memcpy(&length, c.in.data(), 4);
+      const uint32_t limit = c.authenticated ? StoreLimits::kMaxFrame : StoreLimits::kMaxHelloFrame;
+      if (length > limit) return false;  // a huge length prefix: never buffered
+      if (c.in.size() < 4 + static_cast<size_t>(length)) break;
+      const std::string request = c.in.substr(4, length);
+      c.in.erase(0, 4 + static_cast<size_t>(length));
+      if (!answer(c, request)) return false;
+    }
+    return true;
   }
 
   // Handles one request of `c`; false for a malformed one (the connection closes).
@@ -363,6 +417,23 @@ class StoreServer {
         bool all = r.ok();
         for (uint32_t i = 0; i < n && r.ok(); ++i) all = data_.count(r.string()) > 0 && all;
         if (!r.done()) return false;
+        reply += all ? '\1' : '\0';
+        break;
+      }
+      case kWait: {  // held (parked) until its keys are there or its slice is over
+        const uint32_t n = r.u32();
+        std::vector<std::string> keys;
+        for (uint32_t i = 0; i < n && r.ok(); ++i) keys.push_back(r.string());
+        const std::chrono::milliseconds slice(r.u32());
+        if (!r.done()) return false;
+        const bool all = std::all_of(keys.begin(), keys.end(),
+                                     [&](const std::string& k) { return data_.count(k) > 0; });
+        if (!all && slice.count() > 0) {
+          c.parked = true;
+          c.awaited = std::move(keys);
+          c.awaited_until = Clock::now() + std::min(slice, kMaxWaitSlice);
+          return true;
+        }
         reply += all ? '\1' : '\0';
         break;
       }
@@ -566,10 +637,26 @@ bool TcpStore::check(const std::vector<std::string>& keys) {
   return r.u8() == 1;
 }
 
+// The server holds the request until the keys are all there, for one slice at most: the
+// client lock is free between slices, so another thread of this rank (one reporting an
+// error) waits a slice at most for its own request.
 void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  constexpr std::chrono::milliseconds kSlice{100};
   const auto deadline = Clock::now() + timeout;
-  auto pause = std::chrono::milliseconds(1);
-  while (!check(keys)) {
+  while (true) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const std::chrono::milliseconds limit(call_limit_.load());
+    // Short enough that the reply comes within the call's own deadline.
+    auto slice = std::clamp(left, std::chrono::milliseconds(0), std::min(kSlice, timeout_ / 2));
+    if (limit.count() > 0) slice = std::min(slice, limit / 2);
+    std::string request(1, static_cast<char>(kWait));
+    putU32(request, static_cast<uint32_t>(keys.size()));
+    for (const auto& k : keys) putString(request, k);
+    putU32(request, static_cast<uint32_t>(slice.count()));
+    const std::string reply = call(request, "wait");
+    Reader r(reply);
+    if (r.u8() == 1) return;
     if (Clock::now() >= deadline) {
       std::string missing;
       for (const auto& key : keys) {
@@ -579,8 +666,6 @@ void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseco
       throw CommError(fmt::format("rendezvous store at {}: waited {} ms for {}", where_,
                                   timeout.count(), missing));
     }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::milliseconds(20));
   }
 }
 
