@@ -162,7 +162,7 @@ double firstStallWait(const std::string& log) {
 using StallCase = std::tuple<std::string, std::string, int>;  // launcher, backend, stopped rank
 class StallLine : public ::testing::TestWithParam<StallCase> {};
 
-// A rank stopped before step 5 of a job with a 30 s timeout: long before the timeout, one
+// A rank stopped before step 5 of a job with a 20 s timeout: well before the timeout, one
 // line names it as the rank the others wait for, with its process stopped, said by collie's
 // launcher, or under torchrun by the lowest rank still alive (rank 0 when it is not the one
 // stopped). `collie analyze` agrees once the job has failed.
@@ -172,7 +172,7 @@ TEST_P(StallLine, NamesAStoppedRankWhileTheJobStillWaits) {
   const std::string name = "stall-" + launcher + "-" + backend + "-" + std::to_string(stopped);
   const std::string out = scratch(name);
   const std::string fault = "[{rank: " + std::to_string(stopped) + ", at_step: 5, action: stop}]";
-  const JobRun run = runUnder(launcher, trainWith(name, backend, fault, 3, 30, "30s"), out, 3);
+  const JobRun run = runUnder(launcher, trainWith(name, backend, fault, 3, 30, "20s"), out, 3);
   EXPECT_NE(run.exit_code, 0) << run.log;
   EXPECT_NE(run.exit_code, 124) << "the job did not end within 2 minutes\n" << run.log;
   const double waited = firstStallWait(run.log);
@@ -203,7 +203,8 @@ TEST_P(StallLine, NamesAStoppedRankWhileTheJobStillWaits) {
 
 INSTANTIATE_TEST_SUITE_P(Jobs, StallLine,
                          // Each backend, rank 0 (the store's host) and another, each
-                         // launcher that decides who speaks: about 40 s a job.
+                         // launcher that decides who speaks: about 35 s a job, 60 s under
+                         // torchrun (it gives the stopped rank 30 s to obey SIGTERM).
                          ::testing::Values(StallCase{"collie", "gloo", 0},
                                            StallCase{"collie", "ucx", 1},
                                            StallCase{"torchrun", "gloo", 0}),
