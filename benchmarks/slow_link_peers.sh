@@ -95,7 +95,8 @@ run_collie() {  # way round
 run_pytorch() {  # way round: torchrun on each lab host, host 0 the master
   if [[ "$rate" == none ]]; then  # 4 processes here; the log named as host 0's
     # shellcheck disable=SC2046
-    LD_PRELOAD="$preload" OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 4 \
+    LD_PRELOAD="$preload" OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo \
+      torchrun --standalone --nproc_per_node 4 \
       --redirects 2 --tee 1 --log_dir "$out/torchrun-logs/$1-$2" \
       "$PWD/benchmarks/ddp_gpt.py" --steps "$steps" --data "$out/tokens.bin" --bucket-mb 25 \
       --micro-batch "$micro_batch" --first-bucket-mb "$first_bucket" \

@@ -91,8 +91,9 @@ TEST(Store, SetGetAddCheckAndWait) {
 
 // Reads one reply frame from `fd` within `limit`; "" when none came.
 std::string readReply(int fd, std::chrono::milliseconds limit) {
-  const timeval tv{0, static_cast<suseconds_t>(limit.count() * 1000)};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  const timeval tv{static_cast<time_t>(limit.count() / 1000),
+                   static_cast<suseconds_t>(limit.count() % 1000 * 1000)};
+  if (::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0) return "";
   uint32_t length = 0;
   if (::recv(fd, &length, 4, MSG_WAITALL) != 4 || length > 1024) return "";
   std::string payload(length, '\0');
@@ -112,7 +113,7 @@ TEST(Store, AWaitIsHeldUntilItsKeyIsSetAndWhatFollowsItIsAnsweredAfter) {
   const std::string hello = frame(std::string(1, '\1') + str(""));
   ASSERT_EQ(::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL),
             static_cast<ssize_t>(hello.size()));
-  ASSERT_EQ(readReply(fd, 1000ms), std::string(1, '\0'));
+  ASSERT_EQ(readReply(fd, 1000ms), std::string("\0\1", 2)) << "ok, and WAIT is held";
   const std::string wait = frame(std::string(1, '\6') + u32(1) + str("k") + u32(5000));
   const std::string check = frame(std::string(1, '\5') + u32(1) + str("k"));
   const std::string both = wait + check;
@@ -127,13 +128,31 @@ TEST(Store, AWaitIsHeldUntilItsKeyIsSetAndWhatFollowsItIsAnsweredAfter) {
             static_cast<ssize_t>(never.size()));
   EXPECT_EQ(readReply(fd, 2000ms), std::string("\0\0", 2));
   EXPECT_GE(std::chrono::steady_clock::now() - start, 190ms) << "not held for its slice";
+  // A WAIT naming more keys than any rendezvous does is refused, not held.
+  const std::string many = frame(std::string(1, '\6') + u32(70000) + u32(100));
+  ASSERT_EQ(::send(fd, many.data(), many.size(), MSG_NOSIGNAL), static_cast<ssize_t>(many.size()));
+  const std::string refused = readReply(fd, 1000ms);
+  ASSERT_FALSE(refused.empty());
+  EXPECT_EQ(refused[0], '\1');
+  EXPECT_NE(refused.find("a wait for 70000 keys"), std::string::npos) << refused;
   ::close(fd);
-  // Another thread of a client that waits gets its own request through between slices.
+  // Another thread of a client that waits gets its own request through between slices,
+  // within a slice or two, not when the wait ends.
   TcpStore client("127.0.0.1", server.port(), false, 5s);
-  std::thread waiter([&] { client.wait({"later"}, 5s); });
+  std::string failed;
+  std::thread waiter([&] {
+    try {
+      client.wait({"later"}, 5s);
+    } catch (const std::exception& e) {
+      failed = e.what();
+    }
+  });
   std::this_thread::sleep_for(300ms);
+  const auto before_set = std::chrono::steady_clock::now();
   client.setString("later", "x");  // through the waiting client's own connection
+  EXPECT_LT(std::chrono::steady_clock::now() - before_set, 1s) << "the set waited out the wait";
   waiter.join();
+  EXPECT_EQ(failed, "");
   EXPECT_EQ(server.getString("later"), "x");
 }
 

@@ -36,8 +36,15 @@ using Clock = std::chrono::steady_clock;
 
 enum Op : uint8_t { kHello = 1, kSet = 2, kGet = 3, kAdd = 4, kCheck = 5, kWait = 6 };
 
-// The longest a WAIT is held by the server (the client asks for less: TcpStore::wait).
+// The longest a WAIT is held by the server (the client asks for less: TcpStore::wait), and
+// the most keys one may name (a rendezvous waits for a few).
 constexpr std::chrono::milliseconds kMaxWaitSlice{2000};
+constexpr uint32_t kMaxWaitKeys = 1u << 16;
+
+// What a server can do beyond the requests every collie store serves, in the byte after
+// HELLO's status: a client of a server without it (another collie version, which the job
+// then refuses by name) polls CHECK instead of sending WAIT.
+constexpr uint8_t kFeatureHeldWait = 1;
 
 // A key as messages quote it: at most its first 80 bytes, so that an error about a key of
 // megabytes stays readable (and a refusal stays within a frame).
@@ -195,6 +202,8 @@ class StoreServer {
     // it stay in `in` until it is.
     bool parked = false;
     std::vector<std::string> awaited;
+    size_t awaited_next = 0;    // awaited[0, next) are there (keys are never removed)
+    uint64_t awaited_seen = 0;  // the store's changes_ when they were last looked at
     Clock::time_point awaited_until;
   };
 
@@ -246,8 +255,11 @@ class StoreServer {
       Conn& c = *it;
       bool open = true;
       if (c.parked) {
-        const bool all = std::all_of(c.awaited.begin(), c.awaited.end(),
-                                     [&](const std::string& k) { return data_.count(k) > 0; });
+        if (c.awaited_seen != changes_) {
+          c.awaited_seen = changes_;
+          c.awaited_next = firstMissing(c.awaited, c.awaited_next);
+        }
+        const bool all = c.awaited_next == c.awaited.size();
         if (all || now >= c.awaited_until) {
           c.parked = false;
           c.awaited.clear();
@@ -262,6 +274,12 @@ class StoreServer {
         it = conns_.erase(it);
       }
     }
+  }
+
+  // The index of the first of keys[from, end) the store lacks (keys.size(): none).
+  size_t firstMissing(const std::vector<std::string>& keys, size_t from) const {
+    while (from < keys.size() && data_.count(keys[from]) > 0) ++from;
+    return from;
   }
 
   void accept() {
@@ -303,14 +321,16 @@ class StoreServer {
       const ssize_t n = ::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL);
       if (n < 0 && errno != EAGAIN && errno != EINTR) return false;
       if (n > 0) c.out.erase(0, static_cast<size_t>(n));
+      if (!drain(c)) return false;  // what waited for room in `out`
     }
     if (c.out.size() > 2 * StoreLimits::kMaxFrame) return false;  // a client that never reads
     return !(c.closing && c.out.empty());
   }
 
-  // Answers the whole requests in `c.in`, up to a WAIT that has to be held; false: close.
+  // Answers the whole requests in `c.in`, up to a WAIT that has to be held or until a frame's
+  // worth of replies waits to be sent (the rest once it is); false: close.
   bool drain(Conn& c) {
-    while (!c.closing && !c.parked && c.in.size() >= 4) {
+    while (!c.closing && !c.parked && c.out.size() < StoreLimits::kMaxFrame && c.in.size() >= 4) {
       uint32_t length = 0;
       std::memcpy(&length, c.in.data(), 4);
       const uint32_t limit = c.authenticated ? StoreLimits::kMaxFrame : StoreLimits::kMaxHelloFrame;
@@ -339,6 +359,7 @@ class StoreServer {
         return true;
       }
       c.authenticated = true;
+      reply += static_cast<char>(kFeatureHeldWait);
       c.out += framed(reply);
       return true;
     }
@@ -365,6 +386,7 @@ class StoreServer {
         }
         stored_ = stored_ - freed + key.size() + value.size();
         data_[key] = value;
+        ++changes_;
         break;
       }
       case kGet: {
@@ -409,6 +431,7 @@ class StoreServer {
         } else {
           it->second = std::move(value);
         }
+        ++changes_;
         putI64(reply, sum);
         break;
       }
@@ -422,19 +445,24 @@ class StoreServer {
       }
       case kWait: {  // held (parked) until its keys are there or its slice is over
         const uint32_t n = r.u32();
+        if (n > kMaxWaitKeys) {
+          reply = refusal(fmt::format("a wait for {} keys; at most {}", n, kMaxWaitKeys));
+          break;
+        }
         std::vector<std::string> keys;
         for (uint32_t i = 0; i < n && r.ok(); ++i) keys.push_back(r.string());
         const std::chrono::milliseconds slice(r.u32());
         if (!r.done()) return false;
-        const bool all = std::all_of(keys.begin(), keys.end(),
-                                     [&](const std::string& k) { return data_.count(k) > 0; });
-        if (!all && slice.count() > 0) {
+        const size_t missing = firstMissing(keys, 0);
+        if (missing < keys.size() && slice.count() > 0) {
           c.parked = true;
           c.awaited = std::move(keys);
+          c.awaited_next = missing;
+          c.awaited_seen = changes_;
           c.awaited_until = Clock::now() + std::min(slice, kMaxWaitSlice);
           return true;
         }
-        reply += all ? '\1' : '\0';
+        reply += missing == keys.size() ? '\1' : '\0';
         break;
       }
       default:
@@ -452,6 +480,7 @@ class StoreServer {
   std::list<Conn> conns_;
   std::map<std::string, std::string> data_;
   uint64_t stored_ = 0;
+  uint64_t changes_ = 0;  // sets and adds so far: parked WAITs look again when it moves
 };
 
 namespace {
@@ -549,7 +578,8 @@ TcpStore::TcpStore(const std::string& host, uint16_t port, bool is_server,
   ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   std::string hello(1, static_cast<char>(kHello));
   putString(hello, token);
-  call(hello, "joining");
+  const std::string features = call(hello, "joining");
+  held_waits_ = !features.empty() && (static_cast<uint8_t>(features[0]) & kFeatureHeldWait) != 0;
 }
 
 TcpStore::~TcpStore() {
@@ -558,7 +588,10 @@ TcpStore::~TcpStore() {
 }
 
 std::string TcpStore::call(const std::string& request, const std::string& what) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+  queued_.fetch_add(1);  // wait() lets a thread that queues here go first between its slices
+  lock.lock();
+  queued_.fetch_sub(1);
   if (fd_ < 0) throw CommError("rendezvous store at " + where_ + ": " + what + " failed: closed");
   const std::chrono::milliseconds limit(call_limit_.load());
   const auto deadline = Clock::now() + (limit.count() > 0 ? std::min(timeout_, limit) : timeout_);
@@ -637,26 +670,35 @@ bool TcpStore::check(const std::vector<std::string>& keys) {
   return r.u8() == 1;
 }
 
-// The server holds the request until the keys are all there, for one slice at most: the
-// client lock is free between slices, so another thread of this rank (one reporting an
-// error) waits a slice at most for its own request.
+// The server holds the request until the keys are all there, for one slice at most. The
+// client lock is free between slices, and a thread of this rank queued for it (one reporting
+// an error) takes it before the next slice. A server without held waits is polled instead.
 void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  constexpr std::chrono::milliseconds kSlice{100};
+  using std::chrono::milliseconds;
+  constexpr milliseconds kSlice{100};
   const auto deadline = Clock::now() + timeout;
+  auto pause = milliseconds(1);  // polling's
   while (true) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    const std::chrono::milliseconds limit(call_limit_.load());
-    // Short enough that the reply comes within the call's own deadline.
-    auto slice = std::clamp(left, std::chrono::milliseconds(0), std::min(kSlice, timeout_ / 2));
-    if (limit.count() > 0) slice = std::min(slice, limit / 2);
-    std::string request(1, static_cast<char>(kWait));
-    putU32(request, static_cast<uint32_t>(keys.size()));
-    for (const auto& k : keys) putString(request, k);
-    putU32(request, static_cast<uint32_t>(slice.count()));
-    const std::string reply = call(request, "wait");
-    Reader r(reply);
-    if (r.u8() == 1) return;
+    bool there = false;
+    if (held_waits_) {
+      const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+      const milliseconds limit(call_limit_.load());
+      // Short enough that the reply comes within the call's own deadline.
+      auto slice = std::min(kSlice, timeout_ / 2);
+      if (limit.count() > 0) slice = std::min(slice, limit / 2);
+      slice = left.count() > 0 ? std::clamp(slice, milliseconds(1), std::max(left, milliseconds(1)))
+                               : milliseconds(0);
+      std::string request(1, static_cast<char>(kWait));
+      putU32(request, static_cast<uint32_t>(keys.size()));
+      for (const auto& k : keys) putString(request, k);
+      putU32(request, static_cast<uint32_t>(slice.count()));
+      const std::string reply = call(request, "wait");
+      Reader r(reply);
+      there = r.u8() == 1;
+    } else {
+      there = check(keys);
+    }
+    if (there) return;
     if (Clock::now() >= deadline) {
       std::string missing;
       for (const auto& key : keys) {
@@ -665,6 +707,13 @@ void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseco
       if (missing.empty()) return;  // they arrived while we looked
       throw CommError(fmt::format("rendezvous store at {}: waited {} ms for {}", where_,
                                   timeout.count(), missing));
+    }
+    if (held_waits_) {
+      for (int i = 0; i < 50 && queued_.load() > 0; ++i)
+        std::this_thread::sleep_for(milliseconds(1));
+    } else {
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, milliseconds(20));
     }
   }
 }

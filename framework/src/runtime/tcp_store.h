@@ -68,6 +68,8 @@ class TcpStore : public Store {
   std::string where_;  // "host:port", for messages
   std::chrono::milliseconds timeout_;
   std::atomic<std::chrono::milliseconds::rep> call_limit_{0};  // 0: the timeout alone
+  bool held_waits_ = false;     // the server holds a WAIT (else wait() polls CHECK)
+  std::atomic<int> queued_{0};  // threads waiting for mu_ in call()
 };
 
 // Whether `host` is a loopback address (127.0.0.0/8, "localhost"): reachable from this
