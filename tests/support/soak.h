@@ -32,7 +32,8 @@ struct Usage {
 inline Usage usageNow() {
   // Free memory the allocator still holds goes back first: what is left resident is what is
   // in use (a leak stays; the allocator's caching of the last 1 MiB buffers does not). The
-  // tests run on tcmalloc, as collie does, where it is linked; glibc's heap otherwise.
+  // soaks run on glibc's malloc (tests/CMakeLists.txt says why); other readers may run on
+  // tcmalloc, whose free spans go back too.
   using Release = void (*)();
   if (auto release =
           reinterpret_cast<Release>(::dlsym(RTLD_DEFAULT, "MallocExtension_ReleaseFreeMemory"))) {
