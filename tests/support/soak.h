@@ -5,7 +5,6 @@
 #pragma once
 
 #include <dirent.h>
-#include <dlfcn.h>
 #include <malloc.h>
 #include <unistd.h>
 
@@ -31,14 +30,7 @@ struct Usage {
 
 inline Usage usageNow() {
   // Free memory the allocator still holds goes back first: what is left resident is what is
-  // in use (a leak stays; the allocator's caching of the last 1 MiB buffers does not). The
-  // soaks run on glibc's malloc (tests/CMakeLists.txt says why); other readers may run on
-  // tcmalloc, whose free spans go back too.
-  using Release = void (*)();
-  if (auto release =
-          reinterpret_cast<Release>(::dlsym(RTLD_DEFAULT, "MallocExtension_ReleaseFreeMemory"))) {
-    release();
-  }
+  // in use (a leak stays; the allocator's caching of the last 1 MiB buffers does not).
   ::malloc_trim(0);
   Usage u;
   long pages = 0, resident = 0;
