@@ -1,10 +1,12 @@
 """The table of benchmarks/slow_link_peers.sh: per way of training, each peer's median
 tokens/s over the rounds, collie / PyTorch (the median of the rounds' ratios, and their
 range), each peer's final loss (the job's mean loss of each of the last 8 steps, averaged:
-median and range), and collie's tokens/s against its own DDP.
+median and range), and collie's tokens/s against its own DDP under the same scheduler.
   compare_slow_link.py OUT ROUNDS RATE WAY...  (without ddp, no "÷ its DDP")
-PYTORCH=0: collie ran alone, the PyTorch columns are left out. EVERY and MICRO_BATCH: what
-the script ran with, for the labels."""
+SCHEDULERS (ring): collie's schedulers, one row per way and scheduler, each against the same
+PyTorch runs; for a scheduler that delegates (auto), what it ran. PYTORCH=0: collie ran
+alone, the PyTorch columns are left out. EVERY and MICRO_BATCH: what the script ran with,
+for the labels."""
 
 import json
 import os
@@ -22,9 +24,20 @@ WAYS = {
 }
 
 
-def collie(out, way, rnd):
-    with open(f"{out}/collie-{way}-{rnd}/summary.json") as f:
+def collie(out, way, scheduler, rnd):
+    with open(f"{out}/collie-{way}-{scheduler}-{rnd}/summary.json") as f:
         return json.load(f)[0]
+
+
+def ran(out, way, scheduler, rounds):
+    """What rank 0's collectives ran during the steps, by size: {scheduler: sizes in bytes}."""
+    seen = {}
+    for rnd in range(1, rounds + 1):
+        with open(f"{out}/collie-{way}-{scheduler}-{rnd}/run-0-rank-0.jsonl") as f:
+            for line in f:
+                for c in json.loads(line).get("collectives", []):
+                    seen.setdefault(c["ran"], set()).add(c["bytes"])
+    return seen
 
 
 def tail(summary):
@@ -41,13 +54,14 @@ def main():
     out, rounds, rate, ways = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
     pytorch = os.environ.get("PYTORCH", "1") != "0"
     micro_batch = os.environ.get("MICRO_BATCH", "8")
+    schedulers = os.environ.get("SCHEDULERS", "ring").split()
     where = ("4 ranks on one host, no lab" if rate == "none"
              else f"2 lab hosts x 2 ranks at {rate}")
     print(f"{where}, micro-batch {micro_batch} per rank, {rounds} "
           "round(s); tokens/s: the mean of all steps but the first, slowest rank; medians "
           "(min-max over the rounds)")
     print()
-    columns = ["way", "collie tokens/s"]
+    columns = ["way", "collie's scheduler", "collie tokens/s"]
     if pytorch:
         columns += ["PyTorch tokens/s", "collie / PyTorch"]
     columns += ["collie ÷ its DDP", "collie loss, last 8 steps"]
@@ -56,12 +70,14 @@ def main():
     columns += ["collie sent MB/step"]
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
-    runs = {way: [collie(out, way, r) for r in range(1, rounds + 1)] for way in ways}
-    base = [m["tokens_per_s"] for m in runs["ddp"]] if "ddp" in ways else None
-    for way in ways:
-        mine = runs[way]
+    runs = {(way, s): [collie(out, way, s, r) for r in range(1, rounds + 1)]
+            for way in ways for s in schedulers}
+    for way, scheduler in runs:
+        mine = runs[(way, scheduler)]
         ours = [m["tokens_per_s"] for m in mine]
-        row = [WAYS[way], spread(ours, "{:,.0f}")]
+        base = ([m["tokens_per_s"] for m in runs[("ddp", scheduler)]] if "ddp" in ways
+                else None)
+        row = [WAYS[way], scheduler, spread(ours, "{:,.0f}")]
         if pytorch:
             peers = [peer_result(f"{out}/pytorch-{way}-{r}-h0.log") for r in range(1, rounds + 1)]
             theirs = [p["tokens_per_s"] for p in peers]
@@ -74,15 +90,23 @@ def main():
         row += [spread([m["sent_bytes_per_step"] / 1e6 for m in mine], "{:.2f}")]
         print("| " + " | ".join(row) + " |")
     print()
-    if base:
+    for way, scheduler in runs:
+        chose = ran(out, way, scheduler, rounds)
+        if list(chose) != [scheduler]:
+            print(f"collie {way} with {scheduler} ran: " + ", ".join(
+                f"{name} ({', '.join(f'{b:,}' for b in sorted(sizes))} bytes)"
+                for name, sizes in sorted(chose.items())))
+    if "ddp" in ways:
         # How far the runs went: the job's loss at the end against its first step's.
-        ddp = runs["ddp"]
-        print("collie DDP's loss, last 8 steps ÷ first step: " +
-              spread([tail(m) / m["loss_curve"][0] for m in ddp], "{:.2f}"))
-        for way in ways:
-            if way != "ddp":
-                print(f"collie {way}'s loss, last 8 steps ÷ its DDP's (same round): " +
-                      spread([tail(m) / tail(d) for m, d in zip(runs[way], ddp)], "{:.3f}"))
+        for scheduler in schedulers:
+            ddp = runs[("ddp", scheduler)]
+            print(f"collie DDP's ({scheduler}) loss, last 8 steps ÷ first step: " +
+                  spread([tail(m) / m["loss_curve"][0] for m in ddp], "{:.2f}"))
+            for way in ways:
+                if way != "ddp":
+                    print(f"collie {way}'s ({scheduler}) loss, last 8 steps ÷ its DDP's "
+                          "(same round): " + spread([tail(m) / tail(d) for m, d in
+                                                     zip(runs[(way, scheduler)], ddp)], "{:.3f}"))
     if pytorch:
         print(f"PyTorch {peers[0]['torch']} ({peers[0]['parameters']:,} parameters), "
               f"BLAS {peers[0]['blas']}")

@@ -19,6 +19,9 @@
 # MICRO_BATCH (8: each rank's samples per step, on both peers) sets how much a step computes
 # against what it sends; EVERY (8) is local SGD's H and its warm-up; PYTORCH=0 runs collie
 # alone (its ÷ DDP column, without the PyTorch columns).
+# SCHEDULERS (ring: the algorithm PyTorch's Gloo runs) names collie's all-reduce schedulers;
+# collie trains each way once per scheduler ("ring auto": also the one its cost model picks
+# for this lab, which PyTorch over Gloo cannot run), each against the same PyTorch run.
 # RATE=none runs both peers' 4 ranks on this host without the lab (no root needed): the
 # losses are those of the lab's runs (the same ranks, batches and seeds; no way's result
 # depends on the link), so many rounds give each peer's loss spread in minutes; tokens/s is
@@ -26,7 +29,8 @@
 #   benchmarks/slow_link_peers.sh [OUT]     (RATE=100mbit ROUNDS=3 STEPS=64
 #                                            WAYS="ddp fp16 powersgd localsgd"
 #                                            FIRST_BUCKET_MB=25 MICRO_BATCH=8 EVERY=8
-#                                            PYTORCH=1 to change; RATE=none: one host)
+#                                            SCHEDULERS=ring PYTORCH=1 to change;
+#                                            RATE=none: one host)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rate="${RATE:-100mbit}"
@@ -39,6 +43,7 @@ first_bucket="${FIRST_BUCKET_MB:-25}"
 micro_batch="${MICRO_BATCH:-8}"
 every="${EVERY:-8}"
 pytorch="${PYTORCH:-1}"
+schedulers="${SCHEDULERS:-ring}"
 if [[ "$first_bucket" != 25 && " $ways " == *" powersgd "* ]]; then
   echo "FIRST_BUCKET_MB=$first_bucket: PyTorch's powerSGD_hook over Gloo needs one bucket;" \
     "leave powersgd out of WAYS" >&2
@@ -75,7 +80,7 @@ torch_args() {
   esac
 }
 
-run_collie() {  # way round
+run_collie() {  # way round scheduler
   local way=() where=(--set launch.lab.rate="$rate")
   [[ "$rate" != none ]] || where=(--set 'launch={nproc_per_node: 4, threads_per_rank: 1}')
   case "$1" in
@@ -83,8 +88,8 @@ run_collie() {  # way round
     powersgd) way=(--set "train.compression={plugin: powersgd, params: {rank: 4, start_step: 8}}") ;;
     localsgd) way=(--set "train.sync={mode: local_sgd, every: $every, warmup_steps: $every}") ;;
   esac
-  "$collie" --log-level warn run configs/slow-link.yaml --out "$out/collie-$1-$2" \
-    --set 'matrix=[{}]' --set name="$1" "${where[@]}" \
+  "$collie" --log-level warn run configs/slow-link.yaml --out "$out/collie-$1-$3-$2" \
+    --set 'matrix=[{}]' --set name="$1" "${where[@]}" --set train.scheduler="$3" \
     --set data.source=tokens --set data.path="$out/tokens.bin" --set train.steps="$steps" \
     --set train.micro_batch="$micro_batch" \
     --set train.lr_schedule=constant --set train.warmup_steps=0 --set train.bucket_bytes=25MB \
@@ -126,11 +131,11 @@ run_pytorch() {  # way round: torchrun on each lab host, host 0 the master
 # Rounds alternate the peers so that a noisy minute does not favour one of them.
 for round in $(seq 1 "$rounds"); do
   for way in $ways; do
-    run_collie "$way" "$round"
+    for scheduler in $schedulers; do run_collie "$way" "$round" "$scheduler"; done
     [[ "$pytorch" == 0 ]] || run_pytorch "$way" "$round"
     echo "# round $round: $way done"
   done
 done
 
-EVERY="$every" PYTORCH="$pytorch" MICRO_BATCH="$micro_batch" \
+EVERY="$every" PYTORCH="$pytorch" MICRO_BATCH="$micro_batch" SCHEDULERS="$schedulers" \
   "$python" benchmarks/compare_slow_link.py "$out" "$rounds" "$rate" $ways | tee "$out/table.md"
