@@ -19,6 +19,8 @@ function(collie_add_plugin)
   add_library(${target} MODULE ${ARG_SOURCES})
   target_link_libraries(${target} PRIVATE collie::core ${ARG_LIBRARIES})
   set_property(GLOBAL APPEND PROPERTY COLLIE_PLUGIN_TARGETS ${target})  # collie_main builds them
+  string(TOUPPER "${ARG_KIND}" kind)
+  set_property(GLOBAL APPEND PROPERTY COLLIE_${kind}_TARGETS ${target})  # and collie_schedulers
   set_target_properties(${target} PROPERTIES
     PREFIX "lib"
     OUTPUT_NAME "collie_${ARG_KIND}_${ARG_NAME}"

@@ -1,12 +1,34 @@
 #!/usr/bin/env bash
-# The main job: install what it needs, build collie and its plugins (not the tests), and
-# run configs/quickstart.yaml. scripts/test.sh installs and builds the rest.
+# The main job: install what it needs, build collie, its schedulers and the backend, model
+# and codecs configs/quickstart.yaml names (not the tests, nor the other plugins), and run
+# it. Arguments go to `collie run` (its --set ones also choose what is built).
+# scripts/test.sh installs and builds the rest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+config=configs/quickstart.yaml
 start=$SECONDS
 scripts/setup.sh main
 echo "quickstart: packages ready in $((SECONDS - start)) s"
 start=$SECONDS
-scripts/build.sh collie_main
-echo "quickstart: built collie and its plugins in $((SECONDS - start)) s"
-exec build/bin/collie run configs/quickstart.yaml "$@"
+scripts/build.sh collie collie_schedulers
+# The --set arguments change what the file names (--set backend=ucx).
+sets=()
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case "${args[i]}" in
+    --set) sets+=(--set "${args[i + 1]:-}"); i=$((i + 1)) ;;
+    --set=*) sets+=("${args[i]}") ;;
+  esac
+done
+# Each backend, model and codec named, where this tree builds it (a plugin given as a path,
+# or one of another tree, is not ours to build: collie says so if it is missing).
+known=$(ninja -C build -t targets all | cut -d: -f1)
+targets=()
+while read -r kind name; do
+  target="collie_${kind}_${name}"
+  [[ "$kind" =~ ^(backend|model|codec)$ && "$name" =~ ^[a-z0-9_]+$ ]] || continue
+  grep -qxF "$target" <<< "$known" && targets+=("$target")
+done < <(build/bin/collie validate "$config" ${sets[@]+"${sets[@]}"} --list-plugins)
+[[ ${#targets[@]} == 0 ]] || scripts/build.sh "${targets[@]}"
+echo "quickstart: built collie and the plugins it runs in $((SECONDS - start)) s"
+exec build/bin/collie run "$config" "$@"

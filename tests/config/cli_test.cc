@@ -126,6 +126,27 @@ TEST(Cli, ValidateChecksWithoutRunning) {
   EXPECT_NE(r.output.find("OK, 1 run(s)"), std::string::npos) << r.output;
 }
 
+// What scripts/quickstart.sh builds before the main job: every plugin a file names, once, with
+// the --set overrides applied, and none opened (a name that no file provides is listed, not
+// refused).
+TEST(Cli, ValidateListsThePluginsAFileNamesWithoutOpeningThem) {
+  const std::string dir = std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/";
+  auto r = runCollie({"validate", dir + "quickstart.yaml", "--list-plugins"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "backend gloo\nmodel gpt\nscheduler ring\n");
+  r = runCollie({"validate", dir + "quickstart.yaml", "--set", "backend=no_such_backend", "--set",
+                 "train.compression=bf16", "--list-plugins"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "backend no_such_backend\nmodel gpt\nscheduler ring\ncodec bf16\n");
+  // A matrix: each plugin once, in the order the runs first name it (auto's candidates too).
+  r = runCollie({"validate", dir + "slow-link.yaml", "--list-plugins"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "backend gloo\nmodel gpt\nscheduler ring\ncodec bf16\ncodec powersgd\n");
+  expectBadInput(
+      runCollie({"validate", dir + "quickstart.yaml", "--set", "train.steps=0", "--list-plugins"}),
+      "train.steps");
+}
+
 TEST(Cli, BadConfigsExitTwoWithLocation) {
   std::string path = writeTempFile("typo.yaml", "backend: loopback\nbench:\n  schedulrs: [ring]\n");
   expectBadInput(runCollie({"run", path}),

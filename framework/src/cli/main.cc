@@ -9,6 +9,8 @@
 #include <cstring>
 #include <iomanip>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "bench/bench.h"
 #include "check/plugin_check.h"
@@ -60,8 +62,23 @@ int runCommand(const RunRequest& request) {
   return runExperiments(request, experiments, {kindFor, lab::wantsLab, lab::runOnLab});
 }
 
-int validateCommand(const RunRequest& request) {
+// `list_plugins`: prints "KIND NAME" (or KIND PATH) for every plugin the file's runs name,
+// each once, without opening them: what a build must make before the file can run
+// (scripts/quickstart.sh builds those). A scheduler that runs others (auto, hierarchical)
+// opens those itself; they are not listed.
+int validateCommand(const RunRequest& request, bool list_plugins) {
   auto experiments = config::loadExperiments(request.config, request.sets);
+  if (list_plugins) {
+    std::vector<std::string> lines;
+    for (const auto& e : experiments) {
+      for (const auto& use : pluginsOf(e)) {
+        std::string line = std::string(pluginKindName(use.kind)) + " " + use.plugin;
+        if (std::find(lines.begin(), lines.end(), line) == lines.end()) lines.push_back(line);
+      }
+    }
+    for (const auto& line : lines) std::cout << line << "\n";
+    return 0;
+  }
   PluginLoader loader;
   for (const auto& e : experiments) {
     for (const auto& use : pluginsOf(e)) loader.open(use.kind, use.plugin);
@@ -188,6 +205,9 @@ int dispatch(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 20));
   auto* validate = app.add_subcommand("validate", "check an experiment file without running it");
   addConfigOptions(validate, opt.run);
+  bool list_plugins = false;
+  validate->add_flag("--list-plugins", list_plugins,
+                     "print the plugins the file names (KIND NAME a line) without opening them");
   std::string analyze_dir;
   auto* analyze = app.add_subcommand(
       "analyze", "read a failed run's flight records: the rank the others were waiting for");
@@ -262,7 +282,7 @@ int dispatch(int argc, char** argv) {
     }
     return runCommand(opt.run);
   }
-  if (*validate) return validateCommand(opt.run);
+  if (*validate) return validateCommand(opt.run, list_plugins);
   if (*analyze) return analyzeRun(analyze_dir, std::cout);
   if (*status) return printStatus(status_dir, std::cout);
   if (*plugins) return pluginsCommand();

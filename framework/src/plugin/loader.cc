@@ -309,7 +309,8 @@ std::shared_ptr<PluginLibrary> PluginLoader::resolve(PluginKind kind,
                     " in: " + detail::join(dirs_, ", ") +
                     "; available: " + (known.empty() ? "none" : detail::join(known, ", ")) +
                     ". HINT: `collie plugins` lists every plugin found; set COLLIE_PLUGIN_PATH "
-                    "to add a folder, or give a path");
+                    "to add a folder, or give a path; in collie's source tree "
+                    "`scripts/build.sh collie_main` builds all of its plugins");
 }
 
 std::shared_ptr<Backend> PluginLoader::createBackend(const std::string& name, Params& params,
