@@ -8,7 +8,9 @@
 #             subgroup of each rank alone)
 # The same model, token file, AdamW, constant learning rate and clipping, DDP's default 25 MB
 # buckets; 1 thread per rank, the same OpenBLAS and malloc.
-# Both peers synchronise one 25 MB bucket (this model's 3.4 MB of gradients in one): PyTorch's
+# Both peers use 25 MB buckets: PyTorch's one holds this model's 3.4 MB of gradients; collie's
+# reducer keeps the root parameters (embeddings, final LayerNorm) in two small buckets of
+# their own beside the blocks' one. PyTorch's
 # DDP is told to make its first bucket as large as the others (--first-bucket-mb), which
 # its powerSGD_hook over Gloo needs (ddp_gpt.py says why); FIRST_BUCKET_MB=1 gives DDP its
 # default 1 MB first bucket instead, which overlaps part of the all-reduce with the backward

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Configures and builds collie into ./build (Ninja, ccache when present, two jobs): every
-# target, or only the targets named (scripts/build.sh collie_main: the executable and the
-# plugins, what the main job needs).
+# target, or only the targets named (scripts/build.sh collie_main: the executable and every
+# plugin, without the tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"

@@ -11,7 +11,8 @@ scripts/setup.sh main
 echo "quickstart: packages ready in $((SECONDS - start)) s"
 start=$SECONDS
 scripts/build.sh collie collie_schedulers
-# The --set arguments change what the file names (--set backend=ucx).
+# The --set arguments change what the file names (--set backend=ucx); collie takes one value
+# after each --set.
 sets=()
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
@@ -20,15 +21,20 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     --set=*) sets+=("${args[i]}") ;;
   esac
 done
-# Each backend, model and codec named, where this tree builds it (a plugin given as a path,
-# or one of another tree, is not ours to build: collie says so if it is missing).
-known=$(ninja -C build -t targets all | cut -d: -f1)
+uses=$(build/bin/collie validate "$config" ${sets[@]+"${sets[@]}"} --list-plugins)
+# Each backend, model and codec named, where this build makes it. A plugin given as a path is
+# not ours to build; a name this build has no target for (another tree's plugin, or one whose
+# packages configure did not find) is said here, and collie says it again if it is missing.
+known=$(cmake --build build -- -t targets all | cut -d: -f1)
 targets=()
 while read -r kind name; do
-  target="collie_${kind}_${name}"
   [[ "$kind" =~ ^(backend|model|codec)$ && "$name" =~ ^[a-z0-9_]+$ ]] || continue
-  grep -qxF "$target" <<< "$known" && targets+=("$target")
-done < <(build/bin/collie validate "$config" ${sets[@]+"${sets[@]}"} --list-plugins)
+  if grep -qxF "collie_${kind}_${name}" <<< "$known"; then
+    targets+=("collie_${kind}_${name}")
+  else
+    echo "quickstart: this build makes no $kind plugin '$name'; the run needs it from elsewhere"
+  fi
+done <<< "$uses"
 [[ ${#targets[@]} == 0 ]] || scripts/build.sh "${targets[@]}"
 echo "quickstart: built collie and the plugins it runs in $((SECONDS - start)) s"
 exec build/bin/collie run "$config" "$@"

@@ -124,6 +124,14 @@ TEST(Cli, ValidateChecksWithoutRunning) {
   auto r = runCollie({"validate", kRingVsTree});
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("OK, 1 run(s)"), std::string::npos) << r.output;
+  // --set takes one value: the file may follow it, and a second value is refused.
+  r = runCollie({"validate", "--set", "bench.iters=3", kRingVsTree});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = runCollie({"validate", kRingVsTree, "--set", "bench.iters=3", "bench.warmup=1"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("The following argument was not expected: bench.warmup=1"),
+            std::string::npos)
+      << r.output;
 }
 
 // What scripts/quickstart.sh builds before the main job: every plugin a file names, once, with

@@ -160,8 +160,11 @@ void printVersion() {
 
 void addConfigOptions(CLI::App* cmd, RunRequest& opt) {
   cmd->add_option("config", opt.config, "experiment file (YAML)")->required();
+  // One value after each --set: a second word is an argument of its own (a config file
+  // after `--set k=v` is not taken for another override).
   cmd->add_option("--set", opt.sets, "override a key: --set bench.iters=5 (repeatable)")
-      ->type_name("KEY=VALUE");
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false);
 }
 
 int dispatch(int argc, char** argv) {

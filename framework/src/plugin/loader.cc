@@ -310,7 +310,7 @@ std::shared_ptr<PluginLibrary> PluginLoader::resolve(PluginKind kind,
                     "; available: " + (known.empty() ? "none" : detail::join(known, ", ")) +
                     ". HINT: `collie plugins` lists every plugin found; set COLLIE_PLUGIN_PATH "
                     "to add a folder, or give a path; in collie's source tree "
-                    "`scripts/build.sh collie_main` builds all of its plugins");
+                    "`scripts/build.sh collie_main` builds every plugin the build configured");
 }
 
 std::shared_ptr<Backend> PluginLoader::createBackend(const std::string& name, Params& params,
