@@ -16,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <regex>
 
 #include "auto_split.h"
 #include "collie/error.h"
@@ -148,6 +149,14 @@ TEST_P(SchedulerSync, WeightsStayIdenticalOnEveryRank) {
   EXPECT_EQ(result.sync.step, 40);
   EXPECT_GT(result.buckets, 1);
   EXPECT_LT(result.last_loss, result.first_loss);
+  // What auto chose is reported by size; a scheduler that runs itself reports nothing.
+  if (GetParam() == "auto") {
+    EXPECT_TRUE(std::regex_search(result.schedulers_ran,
+                                  std::regex("^auto ran [a-z_]+ for [1-9][0-9,]*( B|, )")))
+        << result.schedulers_ran;
+  } else {
+    EXPECT_EQ(result.schedulers_ran, "");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Schedulers, SchedulerSync,

@@ -370,8 +370,10 @@ void printDetails(std::ostream& out, const Result& r) {
                                 r.compression, r.sent_bytes_per_step / 1e6, float32_sent / 1e6,
                                 float32_sent / std::max(1.0, r.sent_bytes_per_step))
                   : std::string())
-        << " in " << r.buckets << " bucket(s): measured " << fmt::format("{:.4f}", r.comm_seconds)
-        << " s (" << fmt::format("{:.4f}", r.exposed_seconds) << " s exposed)"
+        << " in " << r.buckets << " bucket(s)"
+        << (r.schedulers_ran.empty() ? std::string() : " (" + r.schedulers_ran + ")")
+        << ": measured " << fmt::format("{:.4f}", r.comm_seconds) << " s ("
+        << fmt::format("{:.4f}", r.exposed_seconds) << " s exposed)"
         << (sharded ? fmt::format(": reduce-scatter {:.4f} s ({:.4f} s exposed), all-gather "
                                   "{:.4f} s ({:.4f} s exposed)",
                                   r.comm_seconds - r.gather_seconds,

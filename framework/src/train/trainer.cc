@@ -27,6 +27,8 @@
 #include <mutex>
 #include <numeric>
 #include <optional>
+#include <set>
+#include <string_view>
 #include <tuple>
 
 #include "collie/autocast.h"
@@ -1018,6 +1020,7 @@ class RankTrainer {
     for (const StepStats& st : stats) sent += st.sync.sent_bytes;
     result->sent_bytes_per_step = stats.empty() ? 0 : sent / static_cast<double>(stats.size());
     result->comm_memory = commMemory(stats);
+    result->schedulers_ran = schedulersRan(stats);
     result->micro_batch = sharding_.micro_batch;
   }
 
@@ -1180,6 +1183,35 @@ class RankTrainer {
   }
 
   // Which memory the last step's collectives ran on (Result::comm_memory).
+  // What delegating schedulers (auto) chose over the steps: per label, each choice with the
+  // message sizes it ran, largest first (Result::schedulers_ran).
+  static std::string schedulersRan(const std::vector<StepStats>& stats) {
+    constexpr size_t kSizesShown = 6;
+    std::map<std::string_view, std::map<std::string_view, std::set<uint64_t, std::greater<>>>>
+        chosen;
+    for (const StepStats& st : stats) {
+      for (const Provenance& p : st.sync.collectives) {
+        if (!p.ran.empty() && p.ran != p.scheduler) chosen[p.scheduler][p.ran].insert(p.bytes);
+      }
+    }
+    std::vector<std::string> labels;
+    for (const auto& [label, choices] : chosen) {
+      std::vector<std::string> parts;
+      for (const auto& [ran, sizes] : choices) {
+        std::vector<std::string> shown;
+        for (uint64_t bytes : sizes) {
+          if (shown.size() == kSizesShown) break;
+          shown.push_back(detail::withCommas(static_cast<int64_t>(bytes)));
+        }
+        if (sizes.size() > kSizesShown)
+          shown.push_back(fmt::format("{} more sizes", sizes.size() - kSizesShown));
+        parts.push_back(fmt::format("{} for {} B", ran, fmt::join(shown, ", ")));
+      }
+      labels.push_back(fmt::format("{} ran {}", label, fmt::join(parts, ", ")));
+    }
+    return fmt::format("{}", fmt::join(labels, "; "));
+  }
+
   std::string commMemory(const std::vector<StepStats>& stats) const {
     if (!spec_.cuda) return "host memory";  // train.device: cuda is a GPU or the emulated device
     if (stats.empty()) return "device memory";
