@@ -52,6 +52,7 @@ Result everyFieldSet() {
   r.gather_exposed_seconds = 0.002;
   r.device = "cuda:0 (test)";
   r.comm_memory = "host-staged";
+  r.schedulers_ran = "auto ran swing for 1,024 B";
   r.allreduce_bytes = 987654;
   r.sync_mode = "diloco";
   r.sync_every = 8;
@@ -173,6 +174,7 @@ TEST_F(ResultFile, KeepsEveryFieldOfAResult) {
   EXPECT_EQ(out.gather_exposed_seconds, in.gather_exposed_seconds);
   EXPECT_EQ(out.device, in.device);
   EXPECT_EQ(out.comm_memory, in.comm_memory);
+  EXPECT_EQ(out.schedulers_ran, in.schedulers_ran);
   EXPECT_EQ(out.allreduce_bytes, in.allreduce_bytes);
   EXPECT_EQ(out.sync_mode, in.sync_mode);
   EXPECT_EQ(out.sync_every, in.sync_every);
@@ -266,6 +268,7 @@ TEST_F(ResultFile, KeepsTheNamesThatSummaryJsonReadersUse) {
                                           "exposed_allgather_s",
                                           "device",
                                           "comm_memory",
+                                          "schedulers_ran",
                                           "allreduce_bytes",
                                           "sync_mode",
                                           "sync_every",

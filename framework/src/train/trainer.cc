@@ -1182,36 +1182,43 @@ class RankTrainer {
     return r;
   }
 
-  // Which memory the last step's collectives ran on (Result::comm_memory).
-  // What delegating schedulers (auto) chose over the steps: per label, each choice with the
-  // message sizes it ran, largest first (Result::schedulers_ran).
+  // What delegating schedulers (auto) chose over the steps (Result::schedulers_ran): per
+  // label, each choice with the message sizes it ran, largest first, by collective where a
+  // step ran more than one kind (ZeRO's reduce-scatters and all-gathers, a codec's).
   static std::string schedulersRan(const std::vector<StepStats>& stats) {
     constexpr size_t kSizesShown = 6;
-    std::map<std::string_view, std::map<std::string_view, std::set<uint64_t, std::greater<>>>>
-        chosen;
+    using Sizes = std::set<uint64_t, std::greater<>>;
+    std::map<std::string_view, std::map<Collective, std::map<std::string_view, Sizes>>> chosen;
     for (const StepStats& st : stats) {
       for (const Provenance& p : st.sync.collectives) {
-        if (!p.ran.empty() && p.ran != p.scheduler) chosen[p.scheduler][p.ran].insert(p.bytes);
+        if (!p.ran.empty() && p.ran != p.scheduler)
+          chosen[p.scheduler][p.coll][p.ran].insert(p.bytes);
       }
     }
     std::vector<std::string> labels;
-    for (const auto& [label, choices] : chosen) {
+    for (const auto& [label, kinds] : chosen) {
       std::vector<std::string> parts;
-      for (const auto& [ran, sizes] : choices) {
-        std::vector<std::string> shown;
-        for (uint64_t bytes : sizes) {
-          if (shown.size() == kSizesShown) break;
-          shown.push_back(detail::withCommas(static_cast<int64_t>(bytes)));
+      for (const auto& [coll, choices] : kinds) {
+        const std::string kind = kinds.size() > 1 ? std::string(collectiveName(coll)) + ": " : "";
+        for (const auto& [ran, sizes] : choices) {
+          std::vector<std::string> shown;
+          for (uint64_t bytes : sizes) {
+            if (shown.size() == kSizesShown) break;
+            shown.push_back(detail::withCommas(static_cast<int64_t>(bytes)));
+          }
+          const std::string more =
+              sizes.size() > kSizesShown
+                  ? fmt::format(" (+{} more sizes)", sizes.size() - kSizesShown)
+                  : "";
+          parts.push_back(fmt::format("{}{} for {} B{}", kind, ran, fmt::join(shown, " / "), more));
         }
-        if (sizes.size() > kSizesShown)
-          shown.push_back(fmt::format("{} more sizes", sizes.size() - kSizesShown));
-        parts.push_back(fmt::format("{} for {} B", ran, fmt::join(shown, ", ")));
       }
-      labels.push_back(fmt::format("{} ran {}", label, fmt::join(parts, ", ")));
+      labels.push_back(fmt::format("{} ran {}", label, fmt::join(parts, "; ")));
     }
     return fmt::format("{}", fmt::join(labels, "; "));
   }
 
+  // Which memory the last step's collectives ran on (Result::comm_memory).
   std::string commMemory(const std::vector<StepStats>& stats) const {
     if (!spec_.cuda) return "host memory";  // train.device: cuda is a GPU or the emulated device
     if (stats.empty()) return "device memory";

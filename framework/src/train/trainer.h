@@ -92,9 +92,9 @@ struct Result {
   // How gradients met the backend: "host memory", "device memory" (a backend that moves it)
   // or "host-staged" (device buckets through pinned host buffers).
   std::string comm_memory = "host memory";
-  // What a scheduler that chooses others (auto) ran during the steps, on rank 0, by message
-  // size: "auto ran swing for 3,172,352 and 196,608 B, recursive_doubling for 1,024 B" ("":
-  // every collective ran the scheduler named).
+  // What a scheduler that chooses among others (auto, alone or as a rule) ran during the
+  // steps, on rank 0, by message size: "auto ran recursive_doubling for 1,024 B; swing for
+  // 3,172,352 / 196,608 B" ("": nothing chose; auto inside hierarchical is not seen here).
   std::string schedulers_ran;
   uint64_t allreduce_bytes = 0;  // gradient bytes per step
   // train.sync: the mode, the steps between meetings and the synchronous steps first.
