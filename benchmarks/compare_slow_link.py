@@ -4,7 +4,8 @@ range), each peer's final loss (the job's mean loss of each of the last 8 steps,
 median and range), and collie's tokens/s against its own DDP under the same scheduler.
   compare_slow_link.py OUT ROUNDS RATE WAY...  (without ddp, no "÷ its DDP")
 SCHEDULERS (ring): collie's schedulers, one row per way and scheduler, each against the same
-PyTorch runs; for a scheduler that delegates (auto), what it ran. PYTORCH=0: collie ran
+PyTorch runs; for a scheduler that delegates (auto), what it ran (summary.json's
+schedulers_ran). PYTORCH=0: collie ran
 alone, the PyTorch columns are left out. EVERY and MICRO_BATCH: what the script ran with,
 for the labels."""
 
@@ -29,15 +30,6 @@ def collie(out, way, scheduler, rnd):
         return json.load(f)[0]
 
 
-def ran(out, way, scheduler, rounds):
-    """What rank 0's collectives ran during the steps, by size: {scheduler: sizes in bytes}."""
-    seen = {}
-    for rnd in range(1, rounds + 1):
-        with open(f"{out}/collie-{way}-{scheduler}-{rnd}/run-0-rank-0.jsonl") as f:
-            for line in f:
-                for c in json.loads(line).get("collectives", []):
-                    seen.setdefault(c["ran"], set()).add(c["bytes"])
-    return seen
 
 
 def tail(summary):
@@ -90,12 +82,10 @@ def main():
         row += [spread([m["sent_bytes_per_step"] / 1e6 for m in mine], "{:.2f}")]
         print("| " + " | ".join(row) + " |")
     print()
-    for way, scheduler in runs:
-        chose = ran(out, way, scheduler, rounds)
-        if list(chose) != [scheduler]:
-            print(f"collie {way} with {scheduler} ran: " + ", ".join(
-                f"{name} ({', '.join(f'{b:,}' for b in sorted(sizes))} bytes)"
-                for name, sizes in sorted(chose.items())))
+    for (way, scheduler), mine in runs.items():
+        # What a delegating scheduler (auto) chose, as the summary says it, once per wording.
+        for chose in dict.fromkeys(m["schedulers_ran"] for m in mine if m["schedulers_ran"]):
+            print(f"collie {way}: {chose}")
     if "ddp" in ways:
         # How far the runs went: the job's loss at the end against its first step's.
         for scheduler in schedulers:
