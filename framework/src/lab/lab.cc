@@ -251,7 +251,8 @@ std::optional<Lab> current() {
   return lab;
 }
 
-Lab up(const UpRequest& request) {
+Lab up(const UpRequest& request, bool* made) {
+  if (made) *made = false;
   if (request.hosts < 1 || request.hosts > config::LabSpec::kMaxHosts) {
     throw ConfigError(
         fmt::format("lab hosts: {} is not in [1, {}]", request.hosts, config::LabSpec::kMaxHosts));
@@ -262,7 +263,9 @@ Lab up(const UpRequest& request) {
   if (auto lab = current(); lab && same(*lab, request, rate_bits, cpus)) return *lab;
   down();
   try {
-    return make(request, rate_bits, cpus);
+    Lab lab = make(request, rate_bits, cpus);
+    if (made) *made = true;
+    return lab;
   } catch (...) {
     down();  // never leave half a lab
     throw;

@@ -45,8 +45,9 @@ struct UpRequest {
 void requirePrivileges();
 
 // Sets the lab up as asked. Idempotent: a lab that is already up as asked is left as it is;
-// one that differs (host count, rate or CPUs) is taken down and made again. Returns it.
-Lab up(const UpRequest& request);
+// one that differs (host count, rate or CPUs) is taken down and made again. Returns it;
+// `made` (when given) says whether this call made it.
+Lab up(const UpRequest& request, bool* made = nullptr);
 
 // Removes everything a lab made: every namespace named collie-*, the host-name namespaces
 // and the state folder, whether or not the lab's state file survived a crash. Returns what

@@ -47,7 +47,22 @@ void runOnLab(const RunRequest& request, const config::Experiment& e, size_t ind
         "launch.lab starts a launcher on every emulated host itself. HINT: use `collie run`, "
         "not `collie launch`");
   }
-  Lab lab = up({e.lab.hosts, e.lab.rate, e.lab.cpus});
+  bool made = false;
+  Lab lab = up({e.lab.hosts, e.lab.rate, e.lab.cpus}, &made);
+  // A run that made the lab takes it down when it ends, however it ends, and leaves the
+  // machine as it found it; a lab that was up as asked (`collie lab up` before the run, to
+  // keep it between runs) stays up.
+  struct TakeDown {
+    bool armed;
+    ~TakeDown() {
+      if (!armed) return;
+      try {
+        down();
+      } catch (const std::exception& e) {
+        logWarn(fmt::format("lab: cannot take the lab down: {}. HINT: collie lab down", e.what()));
+      }
+    }
+  } take_down{made};
   // Consecutive runs use consecutive ports, as collie launch does (a late rank never meets
   // the previous run's store).
   const int port = (e.master_port != 0 ? e.master_port : kDefaultPort) + static_cast<int>(index);
