@@ -37,16 +37,18 @@ CostModel readCalibration(const std::string& path) {
     const auto doc = nlohmann::json::parse(in);
     auto link = [&](const char* level) {
       const auto& l = doc.at(level);
-      // beta_one_way and the pair alone: absent from calibrations written before they were
-      // measured (0: as beta; no sharing of cores)
+      // beta_one_way, the pair alone and the gap: absent from calibrations written before
+      // they were measured (0: as beta; no sharing of cores; each message pays alpha)
       return LinkCost{l.at("alpha").get<double>(),  l.at("beta").get<double>(),
                       l.value("beta_one_way", 0.0), l.value("alpha_alone", 0.0),
-                      l.value("beta_alone", 0.0),   l.value("flows", 0)};
+                      l.value("beta_alone", 0.0),   l.value("flows", 0),
+                      l.value("gap", 0.0)};
     };
     CostModel model{link("intra"), link("inter"), doc.at("gamma").get<double>()};
-    for (double v : {model.intra.alpha, model.intra.beta, model.intra.beta_one_way,
-                     model.intra.alpha_alone, model.intra.beta_alone, model.inter.alpha,
-                     model.inter.beta, model.inter.beta_one_way, model.gamma}) {
+    for (double v :
+         {model.intra.alpha, model.intra.beta, model.intra.beta_one_way, model.intra.alpha_alone,
+          model.intra.beta_alone, model.intra.gap, model.inter.alpha, model.inter.beta,
+          model.inter.beta_one_way, model.inter.gap, model.gamma}) {
       if (!std::isfinite(v) || v < 0) throw std::invalid_argument("a negative or infinite value");
     }
     if (model.intra.flows < 0 || model.inter.flows < 0)

@@ -184,6 +184,35 @@ TEST(CostModel, RanksThatShareCoresShareTheNodesCapacity) {
   EXPECT_NEAR(stepSeconds({{0, 2, m}}, two_nodes, across), 1e-3 + 1e-3, 1e-12);
 }
 
+// A flow of several messages posted at once is a stream: α for the first, the gap for each
+// further one. Without a gap measured every message pays α, as before it was.
+TEST(CostModel, AStreamPaysTheGapForEachMessageAfterTheFirst) {
+  const Topology two = Topology::singleNode(2);
+  CostModel cm = model(100e-6, 1.0, 4.0);
+  const double m = 1e6, bytes = m * cm.intra.beta;
+  EXPECT_NEAR(stepSeconds({{0, 1, m, 16}}, two, cm), 16 * 100e-6 + bytes, 1e-12);
+  cm.intra.gap = 5e-6;
+  EXPECT_NEAR(stepSeconds({{0, 1, m, 16}}, two, cm), 100e-6 + 15 * 5e-6 + bytes, 1e-12);
+  EXPECT_NEAR(stepSeconds({{0, 1, m, 1}}, two, cm), 100e-6 + bytes, 1e-12);
+  // A ring of 4 MiB blocks in 64 KiB chunks: 64 messages a step, 63 of them at the gap.
+  Params params;
+  params.set("chunk_bytes", "64KiB");
+  auto ring = loadScheduler("ring", params);
+  const Topology four = Topology::singleNode(4);
+  cm.inter = cm.intra;
+  const double step = 100e-6 + 63 * 5e-6 + (4 << 20) * cm.intra.beta;
+  EXPECT_NEAR(ring->predictSeconds(allreduceOf(16 << 20), four, cm),
+              6 * step + 0.75 * (16 << 20) * cm.gamma, 1e-12);
+  // Where ranks share cores the node's share counts each flow's α once and the gap for the
+  // rest, and a pair alone streams at the same gap.
+  CostModel shared = sharedCores();
+  shared.intra.gap = 5e-6;
+  const double exchange = 40e-6 + 1e-3;
+  EXPECT_NEAR(stepSeconds({{0, 1, m, 8}, {1, 2, m, 8}, {2, 3, m, 8}, {3, 0, m, 8}}, four, shared),
+              exchange + 7 * 5e-6, 1e-12);
+  EXPECT_NEAR(stepSeconds({{0, 1, m, 8}}, four, shared), 10e-6 + 7 * 5e-6 + 0.5e-3, 1e-12);
+}
+
 TEST(CostModel, ASingleSegmentTreeMovesOneLevelAtATime) {
   // tree on 4 ranks, 0 with children 1 and 2, 1 with child 3. One segment of m: up, the
   // leaves send at once (3 -> 1 and 2 -> 0), then 1 -> 0 alone; down, 0 -> 1 and 0 -> 2
@@ -473,6 +502,16 @@ TEST(Auto, ACalibrationFileReplacesTheBuiltInModel) {
   bad.set("calibration",
           testing::writeTempFile("bad-one-way.json", R"({"intra": {"alpha": 1e-9, "beta": 1e-6},
  "inter": {"alpha": 1e-9, "beta": 1e-6, "beta_one_way": -1e-6}, "gamma": 1e-12})"));
+  try {
+    loadScheduler("auto", bad);
+    FAIL() << "accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("a negative or infinite value"), std::string::npos)
+        << e.what();
+  }
+  // Nor a negative gap.
+  bad.set("calibration", testing::writeTempFile("bad-gap.json", R"({"intra": {"alpha": 1e-9,
+ "beta": 1e-6, "gap": -1e-9}, "inter": {"alpha": 1e-9, "beta": 1e-6}, "gamma": 1e-12})"));
   try {
     loadScheduler("auto", bad);
     FAIL() << "accepted";

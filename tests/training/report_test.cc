@@ -92,6 +92,7 @@ Result everyFieldSet() {
   r.predicted_comm_seconds = 0.029;
   r.link_alpha = 3e-5;
   r.link_beta = 8e-9;
+  r.link_gap = 7e-6;
   r.between_nodes = true;
   r.compute_seconds = {0.2, 0.21};
   r.comm_explained.explained = true;
@@ -209,6 +210,7 @@ TEST_F(ResultFile, KeepsEveryFieldOfAResult) {
   EXPECT_EQ(out.predicted_comm_seconds, in.predicted_comm_seconds);
   EXPECT_EQ(out.link_alpha, in.link_alpha);
   EXPECT_EQ(out.link_beta, in.link_beta);
+  EXPECT_EQ(out.link_gap, in.link_gap);
   EXPECT_EQ(out.between_nodes, in.between_nodes);
   EXPECT_EQ(out.compute_seconds, in.compute_seconds);
   auto explained = [](const CommExplained& e) {
@@ -300,6 +302,7 @@ TEST_F(ResultFile, KeepsTheNamesThatSummaryJsonReadersUse) {
                                           "predicted_comm_s",
                                           "link_alpha_s",
                                           "link_beta_s_per_byte",
+                                          "link_gap_s",
                                           "link_between_nodes",
                                           "compute_s",
                                           "comm_explained",

@@ -24,6 +24,12 @@ namespace collie {
 // loopback copy is CPU work, and so is a socket's), so the node as a whole moves `flows`
 // flows at α and β each, and a step with fewer flows on the node runs faster than the
 // exchange did, though never faster than a pair alone (flowSeconds).
+//
+// A flow of several messages posted at once (a ring's chunks) is a stream: its first message
+// pays α, each further one `gap` (LogGP's g: how soon the next message follows, which on
+// ranks that share cores is mostly the CPU time each message costs its two ends), and the
+// bytes pay β. The calibration measures it as a stream of small messages on the same flows
+// as α; 0: not measured, every message pays α, as when they go one after the other.
 struct LinkCost {
   double alpha = 0;
   double beta = 0;
@@ -31,8 +37,15 @@ struct LinkCost {
   double alpha_alone = 0;
   double beta_alone = 0;
   int flows = 0;
+  double gap = 0;
   // Time of one message of `bytes`.
   double message(double bytes) const { return alpha + beta * bytes; }
+  // What the messages after the first of a stream of `messages` add to it, each `unmeasured`
+  // where the gap is not measured (α: each message alone).
+  double followers(int messages, double unmeasured) const {
+    return std::max(0, messages - 1) * (gap > 0 ? gap : unmeasured);
+  }
+  double followers(int messages) const { return followers(messages, alpha); }
   // β of a direction whose opposite direction is busy (`both_ways`) or idle.
   double betaFor(bool both_ways) const {
     return both_ways || beta_one_way <= 0 ? beta : beta_one_way;
@@ -60,8 +73,9 @@ struct Flow {
 };
 
 // The time of each flow of `flows` when all of them run at once: a flow pays its level's α
-// per message, and β for the most bytes that pass one of the resources it needs, because
-// flows that meet there share it:
+// for its first message and the gap for each further one (LinkCost::followers), and β for
+// the most bytes that pass one of the resources it needs, because flows that meet there
+// share it:
 // - inside a node, the sending rank's way out and the receiving rank's way in (each
 //   direction on its own: a rank that sends and receives at once does both at full speed,
 //   as the calibration's probe inside a node measured);
@@ -75,8 +89,8 @@ struct Flow {
 // Where the calibration measured a pair alone inside a node (LinkCost::sharesCores), a flow
 // inside a node takes the longer of two times: its ranks' ways out and in at a pair's α
 // and β, and its node's share, every message and byte that moves inside the node in the
-// step at the exchange's α and β, divided among the `flows` flows the node moved at once
-// in the calibration.
+// step at the exchange's α (each flow's first message), gap (each further one) and β,
+// divided among the `flows` flows the node moved at once in the calibration.
 inline std::vector<double> flowSeconds(const std::vector<Flow>& flows, const Topology& topology,
                                        const CostModel& model) {
   const int ranks = topology.world_size;
@@ -85,13 +99,14 @@ inline std::vector<double> flowSeconds(const std::vector<Flow>& flows, const Top
     return rank < static_cast<int>(topology.node_of_rank.size()) ? topology.node_of_rank[rank] : 0;
   };
   std::vector<double> out(ranks), in(ranks), egress(nodes), ingress(nodes);
-  std::vector<double> node_bytes(nodes), node_messages(nodes);  // inside each node
+  std::vector<double> node_bytes(nodes), node_flows(nodes), node_followers(nodes);  // inside
   for (const Flow& f : flows) {
     if (node(f.from) == node(f.to)) {
       out[f.from] += f.bytes;
       in[f.to] += f.bytes;
       node_bytes[node(f.from)] += f.bytes;
-      node_messages[node(f.from)] += f.messages;
+      node_flows[node(f.from)] += 1;
+      node_followers[node(f.from)] += model.intra.followers(f.messages);
     } else {
       egress[node(f.from)] += f.bytes;
       ingress[node(f.to)] += f.bytes;
@@ -108,13 +123,15 @@ inline std::vector<double> flowSeconds(const std::vector<Flow>& flows, const Top
                                  : ingress[node(f.from)] > 0 || egress[node(f.to)] > 0;
     if (local && intra.sharesCores()) {
       const int n = node(f.from);
-      const double alone = f.messages * intra.alpha_alone + load * intra.beta_alone;
-      const double share = (node_messages[n] * intra.alpha + node_bytes[n] * intra.beta) /
-                           static_cast<double>(intra.flows);
+      const double alone = intra.alpha_alone + intra.followers(f.messages, intra.alpha_alone) +
+                           load * intra.beta_alone;
+      const double share =
+          (node_flows[n] * intra.alpha + node_followers[n] + node_bytes[n] * intra.beta) /
+          static_cast<double>(intra.flows);
       seconds.push_back(std::max(alone, share));
       continue;
     }
-    seconds.push_back(f.messages * link.alpha + load * link.betaFor(both_ways));
+    seconds.push_back(link.alpha + link.followers(f.messages) + load * link.betaFor(both_ways));
   }
   return seconds;
 }

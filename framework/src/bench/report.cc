@@ -46,8 +46,10 @@ void header(std::ostream& out, const Row& first, const Result& result) {
     const CostModel& m = result.model;
     auto level = [](const std::string& name, const LinkCost& l, const LinkFit& fit) {
       return fmt::format(
-          "{} alpha {:.2f} us, beta {:.3f} GB/s (fit over {} sizes, residual {:.0f}%)", name,
-          l.alpha * 1e6, l.beta > 0 ? 1e-9 / l.beta : INFINITY, fit.sizes, fit.residual * 100);
+          "{} alpha {:.2f} us{}, beta {:.3f} GB/s (fit over {} sizes, residual {:.0f}%)", name,
+          l.alpha * 1e6,
+          l.gap > 0 ? fmt::format(" (then {:.2f} us a message in a stream)", l.gap * 1e6) : "",
+          l.beta > 0 ? 1e-9 / l.beta : INFINITY, fit.sizes, fit.residual * 100);
     };
     out << "# cost model (calibrated):";
     if (result.fit_intra.probed && m.intra.sharesCores()) {
@@ -346,7 +348,8 @@ nlohmann::json linkJson(const LinkCost& link) {
           {"beta_one_way", link.beta_one_way},
           {"alpha_alone", link.alpha_alone},
           {"beta_alone", link.beta_alone},
-          {"flows", link.flows}};
+          {"flows", link.flows},
+          {"gap", link.gap}};
 }
 
 nlohmann::json fitJson(const LinkFit& fit) {
@@ -366,12 +369,14 @@ LinkFit fitOf(const nlohmann::json& j) {
   return fit;
 }
 
-// The pair alone is absent from a file an older collie wrote (a node of a cluster that runs
-// another build): no sharing of cores then, as before it was measured.
+// The pair alone and the gap are absent from a file an older collie wrote (a node of a
+// cluster that runs another build): no sharing of cores then, and every message of a stream
+// pays α, as before they were measured.
 LinkCost linkOf(const nlohmann::json& j) {
-  return {j.at("alpha").get<double>(),        j.at("beta").get<double>(),
-          j.at("beta_one_way").get<double>(), j.value("alpha_alone", 0.0),
-          j.value("beta_alone", 0.0),         j.value("flows", 0)};
+  return {
+      j.at("alpha").get<double>(), j.at("beta").get<double>(), j.at("beta_one_way").get<double>(),
+      j.value("alpha_alone", 0.0), j.value("beta_alone", 0.0), j.value("flows", 0),
+      j.value("gap", 0.0)};
 }
 
 nlohmann::json fitsJson(const Result& result) {

@@ -89,31 +89,52 @@ constexpr int kBatches = 5;
 
 // Each batch's mean time of one exchange of `bytes` for this rank (0 when it sits out),
 // `iters` exchanges in all; a barrier before each batch, so every probing rank starts
-// together.
+// together. An exchange of several `messages` posts them all at once each way, as a ring
+// posts its chunks: a stream.
 std::vector<double> exchange(Backend& backend, Control& control, uint64_t bytes, int iters,
-                             Partners p) {
+                             Partners p, int messages = 1) {
   // The probe moves raw bytes; any dtype of the right size will do.
   const Buffer like = measurementLike(backend, DType::kF64, control.device());
   const size_t count = std::max<uint64_t>(1, bytes / 8);
-  ScratchBuffer out = writtenScratch(like, count), in = writtenScratch(like, count);
+  ScratchBuffer out = writtenScratch(like, count);  // only read, by every send at once
+  std::vector<ScratchBuffer> in;                    // one per message: they land at once
+  for (int m = 0; m < messages; ++m) in.push_back(writtenScratch(like, count));
   const int per_batch = std::max(1, iters / kBatches);
   std::vector<double> means(kBatches, 0);
   for (double& mean : means) {
     std::vector<Tag> tags;  // drawn on every rank, so that the control sequence stays in step
-    for (int i = 0; i < per_batch; ++i) tags.push_back(control.nextTag());
+    for (int i = 0; i < per_batch * messages; ++i) tags.push_back(control.nextTag());
     control.barrier();
     if (p.to < 0) continue;
     const double start = clockSeconds(backend);
-    for (Tag tag : tags) {
+    for (size_t first = 0; first < tags.size(); first += messages) {
       std::vector<std::unique_ptr<Request>> requests;
-      requests.push_back(backend.irecv(p.from, in.view(), tag));
-      requests.push_back(backend.isend(p.to, out.view(), tag));
+      for (int m = 0; m < messages; ++m)
+        requests.push_back(backend.irecv(p.from, in[m].view(), tags[first + m]));
+      for (int m = 0; m < messages; ++m)
+        requests.push_back(backend.isend(p.to, out.view(), tags[first + m]));
       waitAll(requests, backend.timeout());
     }
     mean = (clockSeconds(backend) - start) / per_batch;
   }
   control.barrier();
   return means;
+}
+
+// Messages in the stream that measures the gap, and how many streams are timed.
+constexpr int kStream = 16, kStreamIters = 50;
+
+// The gap of one level (LinkCost::gap): the level's partners exchange one 8-byte message,
+// then a stream of kStream of them each way posted at once, in turn within the same probe;
+// what the stream took beyond the single message, per further message. At least 1 ns (0
+// reads as not measured).
+double probeGap(Backend& backend, Control& control, Partners mine) {
+  double single = 0, stream = 0;
+  for (int round = 0; round < 2; ++round) {  // the first round warms up, the second is timed
+    single = median(control.max(exchange(backend, control, 8, kStreamIters, mine)));
+    stream = median(control.max(exchange(backend, control, 8, kStreamIters, mine, kStream)));
+  }
+  return std::max(1e-9, (stream - single) / (kStream - 1));
 }
 
 // A pair alone inside each node: the node's first two ranks bounce a message back and forth
@@ -333,6 +354,7 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
     // the probes go past a lab link's token bucket (500 KB at 1 Gbit/s).
     c.model.intra = probeLevel(backend, control, intraPartners(topology, rank), 4 << 20, &c.intra);
     if (c.intra.probed) {
+      c.model.intra.gap = probeGap(backend, control, intraPartners(topology, rank));
       // Every rank of a node ran a flow of the exchange, and the slowest node's time is the
       // level's: its flows are those of the node with the most ranks. A pair alone next.
       const LinkCost alone = probeAlone(backend, control, topology, 4 << 20, &c.intra_alone);
@@ -345,8 +367,10 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
     }
     const Partners across = interPartners(topology, rank);
     c.model.inter = probeLevel(backend, control, across, 4 << 20, &c.inter);
-    if (c.inter.probed)
+    if (c.inter.probed) {
+      c.model.inter.gap = probeGap(backend, control, across);
       c.model.inter.beta_one_way = probeOneWay(backend, control, across, rank, &c.inter_one_way);
+    }
     // A level without a pair of ranks (one rank per node; one node) is the other level.
     if (!c.intra.probed) c.model.intra = c.model.inter;
     if (!c.inter.probed) {
@@ -362,9 +386,10 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
       {c.model.intra.alpha, c.model.intra.beta, c.model.inter.alpha, c.model.inter.beta,
        c.model.inter.beta_one_way, c.model.gamma, c.intra.residual, c.inter.residual,
        c.inter_one_way.residual, c.model.intra.alpha_alone, c.model.intra.beta_alone,
-       static_cast<double>(c.model.intra.flows), c.intra_alone.residual});
-  c.model = {{root[0], root[1], 0, root[9], root[10], static_cast<int>(root[11])},
-             {root[2], root[3], root[4]},
+       static_cast<double>(c.model.intra.flows), c.intra_alone.residual, c.model.intra.gap,
+       c.model.inter.gap});
+  c.model = {{root[0], root[1], 0, root[9], root[10], static_cast<int>(root[11]), root[13]},
+             {root[2], root[3], root[4], 0, 0, 0, root[14]},
              root[5]};
   c.intra.residual = root[6];
   c.inter.residual = root[7];

@@ -1172,6 +1172,7 @@ class RankTrainer {
     const LinkCost& link = r.between_nodes ? cost.inter : cost.intra;
     r.link_alpha = link.alpha;
     r.link_beta = link.beta;
+    r.link_gap = link.gap;
 
     r.token_budgets = spec_.token_budgets;
     r.peak_flops = spec_.peak_flops;

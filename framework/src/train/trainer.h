@@ -131,7 +131,8 @@ struct Result {
   // With a codec: the part of predicted_comm_seconds that is its arithmetic, timed on a
   // rehearsal before the first step (codec_group.h's RehearsalGroup).
   double predicted_codec_arithmetic_seconds = 0;
-  double link_alpha = 0, link_beta = 0;  // the slowest level: between nodes when there are several
+  // The slowest level: between nodes when there are several; the gap 0 where not measured.
+  double link_alpha = 0, link_beta = 0, link_gap = 0;
   bool between_nodes = false;
   std::vector<double> compute_seconds;  // per rank: forward + backward per step
   // Every step all-reducing every bucket: why the all-reduces took what they took, and the
@@ -234,6 +235,7 @@ void forEachField(R& r, Visit&& visit) {
   visit("predicted_codec_arithmetic_s", r.predicted_codec_arithmetic_seconds);
   visit("link_alpha_s", r.link_alpha);
   visit("link_beta_s_per_byte", r.link_beta);
+  visit("link_gap_s", r.link_gap);
   visit("link_between_nodes", r.between_nodes);
   visit("compute_s", r.compute_seconds);
   visit("comm_explained", r.comm_explained.explained);
