@@ -194,6 +194,7 @@ TEST(CostModel, AStreamPaysTheGapForEachMessageAfterTheFirst) {
   cm.intra.gap = 5e-6;
   EXPECT_NEAR(stepSeconds({{0, 1, m, 16}}, two, cm), 100e-6 + 15 * 5e-6 + bytes, 1e-12);
   EXPECT_NEAR(stepSeconds({{0, 1, m, 1}}, two, cm), 100e-6 + bytes, 1e-12);
+  EXPECT_NEAR(stepSeconds({{0, 1, m, 0}}, two, cm), bytes, 1e-12);  // no message, no α
   // A ring of 4 MiB blocks in 64 KiB chunks: 64 messages a step, 63 of them at the gap.
   Params params;
   params.set("chunk_bytes", "64KiB");

@@ -40,12 +40,14 @@ struct LinkCost {
   double gap = 0;
   // Time of one message of `bytes`.
   double message(double bytes) const { return alpha + beta * bytes; }
-  // What the messages after the first of a stream of `messages` add to it, each `unmeasured`
-  // where the gap is not measured (α: each message alone).
-  double followers(int messages, double unmeasured) const {
-    return std::max(0, messages - 1) * (gap > 0 ? gap : unmeasured);
+  // The per-message part of a stream of `messages` whose first message pays `first`: the
+  // gap for each further one, or `first` again where the gap is not measured (each message
+  // alone); nothing for no message.
+  double perMessage(int messages, double first) const {
+    if (messages <= 0) return 0;
+    return first + (messages - 1) * (gap > 0 ? gap : first);
   }
-  double followers(int messages) const { return followers(messages, alpha); }
+  double perMessage(int messages) const { return perMessage(messages, alpha); }
   // β of a direction whose opposite direction is busy (`both_ways`) or idle.
   double betaFor(bool both_ways) const {
     return both_ways || beta_one_way <= 0 ? beta : beta_one_way;
@@ -64,7 +66,7 @@ struct CostModel {
 constexpr double kNoPrediction = std::numeric_limits<double>::quiet_NaN();
 
 // `bytes` that rank `from` sends rank `to` in one step of a schedule, as `messages` messages
-// one after the other.
+// posted at once: a stream (LinkCost::gap); 0 messages cost no α.
 struct Flow {
   int from = 0;
   int to = 0;
@@ -73,7 +75,7 @@ struct Flow {
 };
 
 // The time of each flow of `flows` when all of them run at once: a flow pays its level's α
-// for its first message and the gap for each further one (LinkCost::followers), and β for
+// for its first message and the gap for each further one (LinkCost::perMessage), and β for
 // the most bytes that pass one of the resources it needs, because flows that meet there
 // share it:
 // - inside a node, the sending rank's way out and the receiving rank's way in (each
@@ -99,14 +101,13 @@ inline std::vector<double> flowSeconds(const std::vector<Flow>& flows, const Top
     return rank < static_cast<int>(topology.node_of_rank.size()) ? topology.node_of_rank[rank] : 0;
   };
   std::vector<double> out(ranks), in(ranks), egress(nodes), ingress(nodes);
-  std::vector<double> node_bytes(nodes), node_flows(nodes), node_followers(nodes);  // inside
-  for (const Flow& f : flows) {
+  std::vector<double> node_bytes(nodes), node_messages(nodes);  // inside each node: bytes, and
+  for (const Flow& f : flows) {                                 // what their messages cost
     if (node(f.from) == node(f.to)) {
       out[f.from] += f.bytes;
       in[f.to] += f.bytes;
       node_bytes[node(f.from)] += f.bytes;
-      node_flows[node(f.from)] += 1;
-      node_followers[node(f.from)] += model.intra.followers(f.messages);
+      node_messages[node(f.from)] += model.intra.perMessage(f.messages);
     } else {
       egress[node(f.from)] += f.bytes;
       ingress[node(f.to)] += f.bytes;
@@ -123,15 +124,16 @@ inline std::vector<double> flowSeconds(const std::vector<Flow>& flows, const Top
                                  : ingress[node(f.from)] > 0 || egress[node(f.to)] > 0;
     if (local && intra.sharesCores()) {
       const int n = node(f.from);
-      const double alone = intra.alpha_alone + intra.followers(f.messages, intra.alpha_alone) +
-                           load * intra.beta_alone;
+      // (The gap was measured with the node's every rank streaming, as α was: a pair alone
+      // pays it whole, which prices a lone stream on the safe side.)
+      const double alone =
+          intra.perMessage(f.messages, intra.alpha_alone) + load * intra.beta_alone;
       const double share =
-          (node_flows[n] * intra.alpha + node_followers[n] + node_bytes[n] * intra.beta) /
-          static_cast<double>(intra.flows);
+          (node_messages[n] + node_bytes[n] * intra.beta) / static_cast<double>(intra.flows);
       seconds.push_back(std::max(alone, share));
       continue;
     }
-    seconds.push_back(link.alpha + link.followers(f.messages) + load * link.betaFor(both_ways));
+    seconds.push_back(link.perMessage(f.messages) + load * link.betaFor(both_ways));
   }
   return seconds;
 }

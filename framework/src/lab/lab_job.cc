@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <cstdlib>
 
 #include "collie/error.h"
@@ -58,8 +59,8 @@ void runOnLab(const RunRequest& request, const config::Experiment& e, size_t ind
       if (!armed) return;
       try {
         down();
-      } catch (const std::exception& e) {
-        logWarn(fmt::format("lab: cannot take the lab down: {}. HINT: collie lab down", e.what()));
+      } catch (...) {
+        std::fputs("lab: cannot take the lab down. HINT: collie lab down\n", stderr);
       }
     }
   } take_down{made};

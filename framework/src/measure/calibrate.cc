@@ -124,17 +124,18 @@ std::vector<double> exchange(Backend& backend, Control& control, uint64_t bytes,
 // Messages in the stream that measures the gap, and how many streams are timed.
 constexpr int kStream = 16, kStreamIters = 50;
 
-// The gap of one level (LinkCost::gap): the level's partners exchange one 8-byte message,
-// then a stream of kStream of them each way posted at once, in turn within the same probe;
-// what the stream took beyond the single message, per further message. At least 1 ns (0
-// reads as not measured).
+// The gap of one level (LinkCost::gap): the level's partners exchange single 8-byte
+// messages, then streams of kStream of them each way posted at once, one probe right after
+// the other (twice: the first round warms up); what a stream took beyond a single message,
+// per further message. 0 (not measured: each message pays α) where the stream took no
+// longer than the single message, which only noise does.
 double probeGap(Backend& backend, Control& control, Partners mine) {
   double single = 0, stream = 0;
-  for (int round = 0; round < 2; ++round) {  // the first round warms up, the second is timed
+  for (int round = 0; round < 2; ++round) {
     single = median(control.max(exchange(backend, control, 8, kStreamIters, mine)));
     stream = median(control.max(exchange(backend, control, 8, kStreamIters, mine, kStream)));
   }
-  return std::max(1e-9, (stream - single) / (kStream - 1));
+  return std::max(0.0, (stream - single) / (kStream - 1));
 }
 
 // A pair alone inside each node: the node's first two ranks bounce a message back and forth

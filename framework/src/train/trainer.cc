@@ -1038,11 +1038,12 @@ class RankTrainer {
     const LinkCost loaded =
         measure::calibrateUnderLoad(comm_.backend(), control_, comm_.topology(), largest, &fit);
     // Only the level's α and β change: what the calibration found of a pair alone and of
-    // the one-way β stays, the one-way β scaled as the exchange's was.
+    // the one-way β stays, the one-way β scaled as the exchange's was, the gap as α was.
     CostModel busy = cost;
     const bool across = comm_.topology().nodeCount() > 1;
     LinkCost& level = across ? busy.inter : busy.intra;
     level.beta_one_way = level.beta > 0 ? level.beta_one_way * loaded.beta / level.beta : 0;
+    level.gap = level.alpha > 0 ? level.gap * loaded.alpha / level.alpha : 0;
     level.alpha = loaded.alpha;
     level.beta = loaded.beta;
     if (!across) {
@@ -1098,7 +1099,7 @@ class RankTrainer {
     const double ranks = static_cast<double>(world_);
     CostModel latency_free = cost;
     for (LinkCost* link : {&latency_free.intra, &latency_free.inter})
-      link->alpha = link->alpha_alone = 0;
+      link->alpha = link->alpha_alone = link->gap = 0;
     std::vector<BucketTimes> times(buckets);
     for (size_t b = 0; b < buckets; ++b) {
       for (size_t i = 0; i < steps; ++i) {
