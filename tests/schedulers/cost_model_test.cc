@@ -489,48 +489,31 @@ TEST(Auto, ACalibrationFileReplacesTheBuiltInModel) {
     differ += plain->accepts(allreduceOf(bytes), t).reason != best ? 1 : 0;
   }
   EXPECT_GT(differ, 0) << "the calibration changed no choice";
-  // A file that is not a calibration is refused, naming it.
-  Params bad;
-  bad.set("calibration", testing::writeTempFile("bad.json", "{\"intra\": 3}"));
-  try {
-    loadScheduler("auto", bad);
-    FAIL() << "accepted";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("is not a calibration the bench wrote"), std::string::npos)
-        << e.what();
-  }
+  // A file that is not a calibration is refused, naming what is wrong with it.
+  auto refused = [](const std::string& name, const std::string& text, const std::string& why) {
+    Params bad;
+    bad.set("calibration", testing::writeTempFile(name, text));
+    try {
+      loadScheduler("auto", bad);
+      ADD_FAILURE() << name << " accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  refused("bad.json", "{\"intra\": 3}", "is not a calibration the bench wrote");
   // Nor a one-way β below zero.
-  bad.set("calibration",
-          testing::writeTempFile("bad-one-way.json", R"({"intra": {"alpha": 1e-9, "beta": 1e-6},
- "inter": {"alpha": 1e-9, "beta": 1e-6, "beta_one_way": -1e-6}, "gamma": 1e-12})"));
-  try {
-    loadScheduler("auto", bad);
-    FAIL() << "accepted";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("a negative or infinite value"), std::string::npos)
-        << e.what();
-  }
+  refused("bad-one-way.json", R"({"intra": {"alpha": 1e-9, "beta": 1e-6},
+ "inter": {"alpha": 1e-9, "beta": 1e-6, "beta_one_way": -1e-6}, "gamma": 1e-12})",
+          "a negative or infinite value");
   // Nor a negative gap.
-  bad.set("calibration", testing::writeTempFile("bad-gap.json", R"({"intra": {"alpha": 1e-9,
- "beta": 1e-6, "gap": -1e-9}, "inter": {"alpha": 1e-9, "beta": 1e-6}, "gamma": 1e-12})"));
-  try {
-    loadScheduler("auto", bad);
-    FAIL() << "accepted";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("a negative or infinite value"), std::string::npos)
-        << e.what();
-  }
+  refused("bad-gap.json", R"({"intra": {"alpha": 1e-9, "beta": 1e-6, "gap": -1e-9},
+ "inter": {"alpha": 1e-9, "beta": 1e-6}, "gamma": 1e-12})",
+          "a negative or infinite value");
   // Nor a negative count of flows sharing a node.
-  bad.set("calibration", testing::writeTempFile("bad-flows.json", R"({"intra": {"alpha": 1e-9,
+  refused("bad-flows.json", R"({"intra": {"alpha": 1e-9,
  "beta": 1e-6, "alpha_alone": 1e-9, "beta_alone": 1e-7, "flows": -4},
- "inter": {"alpha": 1e-9, "beta": 1e-6}, "gamma": 1e-12})"));
-  try {
-    loadScheduler("auto", bad);
-    FAIL() << "accepted";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("a negative count of flows"), std::string::npos)
-        << e.what();
-  }
+ "inter": {"alpha": 1e-9, "beta": 1e-6}, "gamma": 1e-12})",
+          "a negative count of flows");
 }
 
 TEST(Auto, TheRunsCalibrationReplacesTheBuiltInModelButNotAFile) {
