@@ -147,13 +147,9 @@ class HierarchicalScheduler : public Scheduler {
     // The per_node column all-reduces run at once and share each node's link: each flow
     // gets 1/per_node of the link the calibration measured with one flow alone (each way).
     CostModel remote = model;
-    remote.intra = {model.inter.alpha,
-                    model.inter.beta * per_node,
-                    model.inter.beta_one_way * per_node,
-                    0,
-                    0,
-                    0,
-                    model.inter.gap};
+    remote.intra = model.inter;
+    remote.intra.beta *= per_node;
+    remote.intra.beta_one_way *= per_node;
     const double inter =
         inter_->predictSeconds(part, subTopology(topology, topology.nodeCount()), remote);
     return static_cast<double>(chunks.count - 1) * std::max(intra, inter) + intra + inter;

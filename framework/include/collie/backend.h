@@ -139,6 +139,9 @@ class Backend {
   // completes. Throws CommError for a bad peer, an unsupported memory kind or after abort().
   virtual std::unique_ptr<Request> isend(int peer, const Buffer& buf, Tag tag) = 0;
   // Starts receiving exactly buf.bytes() bytes from `peer` with `tag` into `buf`.
+  // Any number of sends and receives may be outstanding at once, to and from one peer, each
+  // with its own tag (a ring posts a block's chunks at once, and the calibration streams 16
+  // messages each way to time the gap of a stream): none waits for another to complete.
   virtual std::unique_ptr<Request> irecv(int peer, const Buffer& buf, Tag tag) = 0;
 
   // A new group of `ranks` (ranks of this group, ascending, including this rank); every
