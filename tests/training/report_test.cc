@@ -106,6 +106,7 @@ Result everyFieldSet() {
   r.comm_explained.during_backward = 0.08;
   r.comm_explained.predicted_exposed = 0.04;
   r.comm_explained.exposed = 0.012;
+  r.comm_explained.late = 0.006;
   r.straggler_score = {1.0, 0.8};
   r.straggler_wait_seconds = {0.01, 0.0};
   r.arrived_last = {0.1, 0.9};
@@ -215,7 +216,7 @@ TEST_F(ResultFile, KeepsEveryFieldOfAResult) {
   EXPECT_EQ(out.compute_seconds, in.compute_seconds);
   auto explained = [](const CommExplained& e) {
     return std::make_tuple(e.explained, e.link, e.latency, e.link_busy, e.below_knee, e.waiting,
-                           e.busy_probed, e.beyond, e.during_backward, e.exposed,
+                           e.busy_probed, e.beyond, e.during_backward, e.exposed, e.late,
                            e.predicted_exposed);
   };
   EXPECT_EQ(explained(out.comm_explained), explained(in.comm_explained));
@@ -315,6 +316,7 @@ TEST_F(ResultFile, KeepsTheNamesThatSummaryJsonReadersUse) {
                                           "comm_beyond_s",
                                           "comm_during_backward_s",
                                           "explained_exposed_comm_s",
+                                          "comm_last_arrival_late_s",
                                           "predicted_exposed_comm_s",
                                           "straggler_score",
                                           "straggler_wait_s",
@@ -538,7 +540,8 @@ TEST(CommExplained, SplitsTheMeasuredTimeAndPredictsTheExposedPart) {
   // Per step the mean over the ranks and the least.
   buckets[0] = {{0.08, 0.08}, {0.06, 0.06}, 0.03, 0.04, 0.02, 3};
   buckets[1] = {{0.05, 0.05}, {0.05, 0.05}, 0.02, 0.02, 0.001, 1};
-  const CommExplained e = explainComm(buckets, /*exposed=*/0.03, /*backward=*/0.1, true);
+  const CommExplained e =
+      explainComm(buckets, /*exposed=*/0.03, /*backward=*/0.1, /*late=*/0, true);
   ASSERT_TRUE(e.explained);
   EXPECT_NEAR(e.link, 0.05, 1e-12);
   EXPECT_NEAR(e.link_busy, 0.06, 1e-12);
@@ -550,21 +553,32 @@ TEST(CommExplained, SplitsTheMeasuredTimeAndPredictsTheExposedPart) {
   EXPECT_NEAR(e.during_backward, 0.10, 1e-12);
   EXPECT_NEAR(e.exposed, 0.03, 1e-12);
   // Backward readies the first bucket at 3/4 of its 0.1 s, the second at its end; one
-  // thread runs them at the busy pace: 0.075 + 0.04 = 0.115, then 0.115 + 0.02 = 0.135.
-  EXPECT_NEAR(e.predicted_exposed, 0.035, 1e-12);
-  // Without overlap both wait for backward's end: 0.04 + 0.02.
-  EXPECT_NEAR(predictExposed(buckets, 0.1, false), 0.06, 1e-12);
+  // thread runs them, at the busy pace while backward computes: the first from 0.075, 0.025
+  // s of its 0.04 (5/8) by 0.1, the rest at the idle pace, 3/8 of 0.03: 0.11125; then the
+  // second, 0.02 s: 0.13125.
+  EXPECT_NEAR(e.predicted_exposed, 0.03125, 1e-12);
+  // A longer backward (0.2 s) runs the first whole at the busy pace, 0.15 to 0.19, and the
+  // second from 0.2 at the idle pace: 0.02 s exposed.
+  EXPECT_NEAR(predictExposed(buckets, 0.2, 0, true), 0.02, 1e-12);
+  // The last rank 0.03 s late readies them at 0.105 and 0.13, and computes until 0.13: the
+  // first 5/8 done by then, 0.13 + 0.01125, then 0.02 more, 0.06125 s after the mean rank's
+  // backward (more than the lateness alone).
+  const CommExplained waited = explainComm(buckets, 0.03, 0.1, /*late=*/0.03, true);
+  EXPECT_NEAR(waited.late, 0.03, 1e-12);
+  EXPECT_NEAR(waited.predicted_exposed, 0.06125, 1e-12);
+  // Without overlap both wait for backward's end, then go at the idle pace: 0.03 + 0.02.
+  EXPECT_NEAR(predictExposed(buckets, 0.1, 0, false), 0.05, 1e-12);
   // Without a busy probe the idle link's pace: 0.075 + 0.03 = 0.105, 0.105 + 0.02.
   for (auto& b : buckets) b.predicted_busy = 0;
-  EXPECT_NEAR(predictExposed(buckets, 0.1, true), 0.025, 1e-12);
-  EXPECT_FALSE(explainComm(buckets, 0.03, 0.1, true).busy_probed);
+  EXPECT_NEAR(predictExposed(buckets, 0.1, 0, true), 0.025, 1e-12);
+  EXPECT_FALSE(explainComm(buckets, 0.03, 0.1, 0, true).busy_probed);
   // A bucket predicted to take no time is not below the knee.
   buckets[1].predicted = buckets[1].latency = 0;
-  EXPECT_EQ(explainComm(buckets, 0.03, 0.1, true).below_knee, 1);
+  EXPECT_EQ(explainComm(buckets, 0.03, 0.1, 0, true).below_knee, 1);
   // Nothing to explain without buckets or without a rank's times.
-  EXPECT_FALSE(explainComm({}, 0, 0.1, true).explained);
+  EXPECT_FALSE(explainComm({}, 0, 0.1, 0, true).explained);
   buckets[1].fastest.pop_back();
-  EXPECT_FALSE(explainComm(buckets, 0, 0.1, true).explained);
+  EXPECT_FALSE(explainComm(buckets, 0, 0.1, 0, true).explained);
 }
 
 TEST(Summary, ExplainsTheAllReduceWhereItWasExplained) {
@@ -580,6 +594,9 @@ TEST(Summary, ExplainsTheAllReduceWhereItWasExplained) {
             std::string::npos)
       << text;
   EXPECT_NE(text.find("they take 0.1300 s). Exposed after backward: measured"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("readies it on the last rank to get there, 0.0060 s after the mean rank"),
+            std::string::npos)
       << text;
   r.comm_explained.beyond = -0.002;
   std::ostringstream faster;

@@ -8,6 +8,8 @@
 namespace collie::bench {
 namespace {
 
+using measure::fitLineFrom;
+
 Row row(const std::string& scheduler, uint64_t bytes, double low, double median, double high) {
   Row r;
   r.scheduler = scheduler;
@@ -216,6 +218,29 @@ TEST(CostModelFit, TheSlopeIsTheLargeMessagesBandwidth) {
   EXPECT_NEAR(1.0 / link.beta, 125e6, 125e6 * 0.25);
   EXPECT_NEAR(link.alpha, 20e-6, 1e-7);
   EXPECT_GT(residual, 0.5);
+}
+
+TEST(CostModelFit, FromAMessageSizeOnTheLinePricesThoseSizes) {
+  // A link on which 8 bytes and 4 KiB waited 2.7 ms for a core, and from 64 KiB on took
+  // 0.7 ms + 10 ns a byte.
+  const double alpha = 0.7e-3, beta = 10e-9;
+  std::vector<std::pair<double, double>> points = {{8, 2.7e-3}, {4096, 2.7e-3}};
+  for (double m : {65536.0, 262144.0, 1048576.0}) points.emplace_back(m, alpha + beta * m);
+  double residual = -1;
+  // From a 250 kB message on: the line from 64 KiB up, the largest size not above it.
+  LinkCost link = fitLineFrom(points, 250e3, &residual);
+  EXPECT_NEAR(link.alpha, alpha, alpha * 1e-6);
+  EXPECT_NEAR(link.beta, beta, beta * 1e-6);
+  EXPECT_LT(residual, 1e-9);
+  // The same from exactly 64 KiB; anchored at 8 bytes, the line misses both.
+  EXPECT_NEAR(fitLineFrom(points, 65536, &residual).alpha, alpha, alpha * 1e-6);
+  EXPECT_GT(fitLine(points, &residual).alpha, 2e-3);
+  // Beyond the largest size, the two largest; below the smallest, every point.
+  EXPECT_NEAR(fitLineFrom(points, 1e9, &residual).beta, beta, beta * 1e-6);
+  const LinkCost all = fitLine(points, &residual);
+  EXPECT_EQ(fitLineFrom(points, 1, &residual).alpha, all.alpha);
+  EXPECT_EQ(fitLineFrom(points, 1, &residual).beta, all.beta);
+  EXPECT_EQ(fitLineFrom({}, 1, &residual).beta, 0);
 }
 
 TEST(CostModelFit, NeverNegative) {

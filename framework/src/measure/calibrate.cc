@@ -284,7 +284,7 @@ double probeReduction(Backend& backend, Control& control, DType dtype) {
 }  // namespace
 
 LinkCost calibrateUnderLoad(Backend& backend, Control& control, const Topology& topology,
-                            uint64_t largest, LinkFit* fit) {
+                            uint64_t message, uint64_t largest, LinkFit* fit) {
   if (backend.size() < 2) return {};
   const int rank = backend.rank();
   const Partners mine =
@@ -306,9 +306,10 @@ LinkCost calibrateUnderLoad(Backend& backend, Control& control, const Topology& 
   } busy;
   // Three times the exchanges of calibrate()'s probes: a busy core makes each noisier.
   // probeSizes gives every rank the same fit.
-  return probeSizes(control, largest, fit, [&](uint64_t bytes, int iters) {
+  probeSizes(control, largest, fit, [&](uint64_t bytes, int iters) {
     return exchange(backend, control, bytes, 3 * iters, mine);
   });
+  return fitLineFrom(fit->points, message, &fit->residual);
 }
 
 Buffer measurementLike(const Backend& backend, DType dtype, int device) {
@@ -397,6 +398,13 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
   c.inter_one_way.residual = root[8];
   c.intra_alone.residual = root[12];
   return c;
+}
+
+LinkCost fitLineFrom(const std::vector<std::pair<double, double>>& points, double message,
+                     double* residual) {
+  size_t first = 0;
+  while (first + 2 < points.size() && points[first + 1].first <= message) ++first;
+  return fitLine({points.begin() + static_cast<std::ptrdiff_t>(first), points.end()}, residual);
 }
 
 }  // namespace collie::measure

@@ -50,15 +50,25 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
 // The slowest level (between nodes where there are several, else inside one) probed again
 // while every rank keeps one core busy, as a training rank's backward does while its
 // buckets' all-reduces run: on ranks that outnumber the cores the collective's messages
-// then wait for a core. Sizes up to `largest`; collective over the group (rank 0's fit on
-// every rank). `fit`: the probes, as calibrate()'s.
+// then wait for a core. Sizes up to `largest`, the line fitted from the largest size up to
+// `message` on, the messages to be priced (with at least two sizes): a busy core delays
+// the smallest exchanges by anything from the idle latency to a scheduler's time slice
+// (8 bytes between two lab hosts took 70 us in some runs and 2.7 ms in others), which a
+// line anchored there would carry to every size.
+// Collective over the group (rank 0's fit on every rank). `fit`: the probes, as
+// calibrate()'s, and the residual of the line.
 LinkCost calibrateUnderLoad(Backend& backend, Control& control, const Topology& topology,
-                            uint64_t largest, LinkFit* fit);
+                            uint64_t message, uint64_t largest, LinkFit* fit);
 
 // α and β of (bytes, seconds) points sorted by size, smallest first: the line passes through
 // the smallest, with the least-squares slope (which the largest sizes decide); `residual` is
 // the RMS relative error over all points, which says how far a line describes the link.
 // Neither α nor β is ever negative.
 LinkCost fitLine(const std::vector<std::pair<double, double>>& points, double* residual);
+
+// fitLine over the points from the largest size up to `message` on, the sizes to be priced
+// (the two largest where `message` is beyond them; all where it is below the smallest).
+LinkCost fitLineFrom(const std::vector<std::pair<double, double>>& points, double message,
+                     double* residual);
 
 }  // namespace collie::measure

@@ -5,22 +5,30 @@
 
 namespace collie::train {
 
-double predictExposed(const std::vector<BucketTimes>& buckets, double backward_seconds,
+double predictExposed(const std::vector<BucketTimes>& buckets, double backward_seconds, double late,
                       bool overlap) {
   double total = 0;
   for (const BucketTimes& b : buckets) total += b.elements;
+  const double computed = late + backward_seconds;  // the last rank's backward ends
   double ready_share = 0, end = 0;
   for (const BucketTimes& b : buckets) {
     ready_share += b.elements;
     const double ready =
-        overlap && total > 0 ? backward_seconds * ready_share / total : backward_seconds;
-    end = std::max(end, ready) + (b.predicted_busy > 0 ? b.predicted_busy : b.predicted);
+        late + (overlap && total > 0 ? backward_seconds * ready_share / total : backward_seconds);
+    const double start = std::max(end, ready);
+    const double busy = b.predicted_busy > 0 ? b.predicted_busy : b.predicted;
+    if (start + busy <= computed) {
+      end = start + busy;
+    } else {  // what is left when every rank has computed goes at the idle pace
+      const double done = start < computed ? (computed - start) / busy : 0;
+      end = std::max(start, computed) + (1 - done) * b.predicted;
+    }
   }
   return std::max(0.0, end - backward_seconds);
 }
 
 CommExplained explainComm(const std::vector<BucketTimes>& buckets, double exposed,
-                          double backward_seconds, bool overlap) {
+                          double backward_seconds, double late, bool overlap) {
   CommExplained e;
   if (buckets.empty()) return e;
   double measured = 0;
@@ -43,7 +51,8 @@ CommExplained explainComm(const std::vector<BucketTimes>& buckets, double expose
   e.beyond = measured - e.link - e.waiting;
   e.exposed = exposed;
   e.during_backward = std::max(0.0, measured - exposed);
-  e.predicted_exposed = predictExposed(buckets, backward_seconds, overlap);
+  e.late = late;
+  e.predicted_exposed = predictExposed(buckets, backward_seconds, late, overlap);
   return e;
 }
 

@@ -204,10 +204,11 @@ std::string commExplained(const Result& r) {
       "link's knee, where latency outweighs bytes) + {:.4f} s waiting for the last rank to "
       "arrive {}{:.4f} s of the all-reduces ran while backward computed{}). Exposed after "
       "backward: measured {:.4f} s, predicted {:.4f} s (each bucket from when backward's "
-      "measured time readies it, on the {})",
+      "measured time readies it on the last rank to get there, {:.4f} s after the mean rank, "
+      "on the {})",
       e.link + e.waiting + e.beyond, e.link, e.latency, e.below_knee, r.buckets, e.waiting, rest,
-      e.during_backward, busy, e.exposed, e.predicted_exposed,
-      e.busy_probed ? "link probed busy" : "idle link");
+      e.during_backward, busy, e.exposed, e.predicted_exposed, e.late,
+      e.busy_probed ? "link probed busy while a rank computes, the idle link after" : "idle link");
 }
 
 // What the prediction beside the float32 all-reduce's prices: a codec's collectives, the

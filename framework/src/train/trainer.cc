@@ -1028,15 +1028,25 @@ class RankTrainer {
   // than one rank): the model with its slowest level probed again while every rank keeps a
   // core busy (measure::calibrateUnderLoad), for the all-reduces that run while backward
   // computes; nothing elsewhere. The probe's sizes go up to the buckets' (at least 1 MiB,
-  // at most calibrate()'s 4 MiB: its repeats cost start-up time on a slow link). Every rank
+  // at most calibrate()'s 4 MiB: its repeats cost start-up time on a slow link), its line
+  // is fitted from a bucket's share of one rank on (the chunk a ring moves). Every rank
   // decides alike, from the config.
   std::optional<CostModel> busyModel(const CostModel& cost) {
     if (world_ < 2 || spec_.compresses() || sharded() || spec_.sync.local() || !spec_.overlap)
       return std::nullopt;
     const uint64_t largest = std::clamp<uint64_t>(spec_.bucket_bytes, 1 << 20, 4 << 20);
+    const uint64_t chunk = spec_.bucket_bytes / static_cast<uint64_t>(world_);
     measure::LinkFit fit;
-    const LinkCost loaded =
-        measure::calibrateUnderLoad(comm_.backend(), control_, comm_.topology(), largest, &fit);
+    const LinkCost loaded = measure::calibrateUnderLoad(comm_.backend(), control_, comm_.topology(),
+                                                        chunk, largest, &fit);
+    if (rank_ == 0) {
+      std::string points;
+      for (const auto& [bytes, seconds] : fit.points)
+        points += fmt::format(" {:.0f} B {:.1f} us,", bytes, seconds * 1e6);
+      logDebug(fmt::format("the link probed busy: alpha {:.1f} us, {:.3f} GB/s (exchanges:{})",
+                           loaded.alpha * 1e6, loaded.beta > 0 ? 1e-9 / loaded.beta : 0.0,
+                           points.substr(0, points.size() - 1)));
+    }
     // Only the level's α and β change: what the calibration found of a pair alone and of
     // the one-way β stays, the one-way β scaled as the exchange's was, the gap as α was.
     CostModel busy = cost;
@@ -1058,7 +1068,8 @@ class RankTrainer {
   // kExplainedSteps timed steps, each bucket's seconds in each step as the mean and the
   // least over the ranks (a sum and a max: the exchange grows with the ranks, not with
   // their square), its prediction on the idle calibrated link (and the α terms of it) and
-  // on the busy one, and backward's and the exposed part's means, into the split of
+  // on the busy one, backward's and the exposed part's means, and how much later than the
+  // mean the last rank arrived at the end of its backward, into the split of
   // comm_explained.h. Every rank takes part; not explained where a rank's steps ran
   // another number of collectives, or without a model.
   CommExplained explainSteps(const std::vector<StepStats>& stats, const Reducer& reducer,
@@ -1076,10 +1087,14 @@ class RankTrainer {
       planned[b] = stepCollectives(reducer, b, spec_.steps - 1, /*float32=*/false);
       regular = regular && planned[b].size() == 1;
     }
-    // Summed over ranks: each step's bucket seconds, then backward's and the exposed part's
-    // means. Maximised: each step's negated bucket seconds, then 1 where a rank's steps were
-    // not one all-reduce per bucket in bucket order.
-    std::vector<double> sums(steps * buckets + 2, 0), negated(steps * buckets + 1, 0);
+    // A rank's arrival in a step: the seconds from the step's start to the end of its
+    // backward, when it waits for what is left of the all-reduces (the step less the
+    // optimizer and that wait). Summed over ranks: each step's bucket seconds, then backward's
+    // and the exposed part's means, then each step's arrival. Maximised: each step's negated
+    // bucket seconds, then 1 where a rank's steps were not one all-reduce per bucket in
+    // bucket order, then each step's arrival.
+    const size_t arrivals = steps * buckets + 2, flag = steps * buckets;
+    std::vector<double> sums(arrivals + steps, 0), most(flag + 1 + steps, 0);
     for (size_t i = 0; i < steps && regular; ++i) {
       const StepStats& st = stats[first + i];
       regular = st.sync.collectives.size() == buckets;
@@ -1087,16 +1102,21 @@ class RankTrainer {
         const Provenance& p = st.sync.collectives[b];
         regular = p.bytes == planned[b].front().data.bytes();
         sums[i * buckets + b] = p.seconds;
-        negated[i * buckets + b] = -p.seconds;
+        most[i * buckets + b] = -p.seconds;
       }
       sums[steps * buckets] += st.backward / spec_.grad_accum / steps;  // the last micro-batch's
       sums[steps * buckets + 1] += st.sync.exposed_seconds / steps;
+      const double arrival = st.step - st.optimizer - st.sync.exposed_seconds;
+      sums[arrivals + i] = most[flag + 1 + i] = arrival;
     }
-    negated[steps * buckets] = regular ? 0 : 1;
-    const std::vector<double> most = control_.max(negated);
-    if (most[steps * buckets] != 0) return {};
+    most[flag] = regular ? 0 : 1;
+    most = control_.max(most);
+    if (most[flag] != 0) return {};
     const std::vector<double> total = control_.sum(sums);
     const double ranks = static_cast<double>(world_);
+    double late = 0;  // the last rank's arrival after the mean's, mean over the steps
+    for (size_t i = 0; i < steps; ++i)
+      late += (most[flag + 1 + i] - total[arrivals + i] / ranks) / static_cast<double>(steps);
     CostModel latency_free = cost;
     for (LinkCost* link : {&latency_free.intra, &latency_free.inter})
       link->alpha = link->alpha_alone = link->gap = 0;
@@ -1114,7 +1134,7 @@ class RankTrainer {
       if (std::isnan(times[b].predicted)) return {};
     }
     return explainComm(times, total[steps * buckets + 1] / ranks, total[steps * buckets] / ranks,
-                       spec_.overlap);
+                       late, spec_.overlap);
   }
 
   // The job's mean loss after each step of this run against rank 0's wall time, and when

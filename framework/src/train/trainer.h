@@ -248,6 +248,7 @@ void forEachField(R& r, Visit&& visit) {
   visit("comm_beyond_s", r.comm_explained.beyond);
   visit("comm_during_backward_s", r.comm_explained.during_backward);
   visit("explained_exposed_comm_s", r.comm_explained.exposed);
+  visit("comm_last_arrival_late_s", r.comm_explained.late);
   visit("predicted_exposed_comm_s", r.comm_explained.predicted_exposed);
   visit("straggler_score", r.straggler_score);
   visit("straggler_wait_s", r.straggler_wait_seconds);
