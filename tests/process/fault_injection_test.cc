@@ -30,14 +30,15 @@ namespace {
 // `ranks` ranks train a small MLP over `backend` for `steps` steps, with `faults` (YAML).
 std::string trainWith(const std::string& name, const std::string& backend,
                       const std::string& faults, int ranks = 3, int steps = 30,
-                      const std::string& timeout = "5s") {
+                      const std::string& timeout = "5s", const std::string& more = "") {
   return writeTempFile(
       name + ".yaml",
       "name: " + name + "\nlaunch: {nproc_per_node: " + std::to_string(ranks) +
           "}\nbackend: {plugin: " + backend + ", params: {timeout: " + timeout + "}}\n" +
           "model: {plugin: mlp, params: {seq_len: 16, vocab: 64, d_embed: 32, hidden: 256, "
           "layers: 2}}\ntrain: {steps: " +
-          std::to_string(steps) + ", micro_batch: 8, log_every: 1000}\nfaults: " + faults + "\n");
+          std::to_string(steps) + ", micro_batch: 8, log_every: 1000}\nfaults: " + faults + "\n" +
+          more);
 }
 
 struct JobRun {
@@ -162,22 +163,25 @@ double firstStallWait(const std::string& log) {
 using StallCase = std::tuple<std::string, std::string, int>;  // launcher, backend, stopped rank
 class StallLine : public ::testing::TestWithParam<StallCase> {};
 
-// A rank stopped before step 5 of a job with a 20 s timeout: well before the timeout, one
-// line names it as the rank the others wait for, with its process stopped, said by collie's
-// launcher, or under torchrun by the lowest rank still alive (rank 0 when it is not the one
-// stopped). `collie analyze` agrees once the job has failed.
+// A rank stopped before step 5 of a job with an 8 s timeout: well before it, after the 3 s
+// of debug.stall_warning, one line names it as the rank the others wait for, with its
+// process stopped, said by collie's launcher, or under torchrun by the lowest rank still
+// alive (rank 0 when it is not the one stopped). `collie analyze` agrees once the job has
+// failed.
 TEST_P(StallLine, NamesAStoppedRankWhileTheJobStillWaits) {
   const auto& [launcher, backend, stopped] = GetParam();
   if (launcher != "collie" && !haveProgram(launcher)) GTEST_SKIP() << launcher << " is missing";
   const std::string name = "stall-" + launcher + "-" + backend + "-" + std::to_string(stopped);
   const std::string out = scratch(name);
   const std::string fault = "[{rank: " + std::to_string(stopped) + ", at_step: 5, action: stop}]";
-  const JobRun run = runUnder(launcher, trainWith(name, backend, fault, 3, 30, "20s"), out, 3);
+  const JobRun run = runUnder(
+      launcher, trainWith(name, backend, fault, 3, 30, "8s", "debug: {stall_warning: 3s}\n"), out,
+      3);
   EXPECT_NE(run.exit_code, 0) << run.log;
   EXPECT_NE(run.exit_code, 124) << "the job did not end within 2 minutes\n" << run.log;
   const double waited = firstStallWait(run.log);
-  EXPECT_GE(waited, 10.0) << run.log;  // debug.stall_warning's default
-  EXPECT_LT(waited, 12.0) << run.log;
+  EXPECT_GE(waited, 3.0) << run.log;  // debug.stall_warning
+  EXPECT_LT(waited, 5.0) << run.log;
   const std::string named = "rank " + std::to_string(stopped) + " has not reached it (";
   const auto line = run.log.find("stall: ");
   ASSERT_NE(line, std::string::npos) << run.log;
@@ -203,7 +207,7 @@ TEST_P(StallLine, NamesAStoppedRankWhileTheJobStillWaits) {
 
 INSTANTIATE_TEST_SUITE_P(Jobs, StallLine,
                          // Each backend, rank 0 (the store's host) and another, each
-                         // launcher that decides who speaks: about 35 s a job, 60 s under
+                         // launcher that decides who speaks: about 15 s a job, 45 s under
                          // torchrun (it gives the stopped rank 30 s to obey SIGTERM).
                          ::testing::Values(StallCase{"collie", "gloo", 0},
                                            StallCase{"collie", "ucx", 1},
