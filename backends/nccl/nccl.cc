@@ -637,6 +637,5 @@ class NcclBackend : public Backend {
 }  // namespace collie::nccl
 
 COLLIE_DEVICE_BACKEND_PLUGIN("nccl", "1.0.0",
-                             "NCCL between processes, one GPU per rank; NCCL's collectives as "
-                             "native",
+                             "NCCL between processes, a GPU per rank; NCCL's collectives native",
                              collie::nccl::NcclBackend);

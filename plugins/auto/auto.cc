@@ -296,6 +296,5 @@ class AutoScheduler : public Scheduler {
 }  // namespace collie::autoselect
 
 COLLIE_SCHEDULER_PLUGIN("auto", "1.0.0",
-                        "picks a scheduler per collective and message size (cost model or a "
-                        "rules file from the bench)",
+                        "picks a scheduler per collective and size (cost model or bench rules)",
                         collie::autoselect::AutoScheduler);

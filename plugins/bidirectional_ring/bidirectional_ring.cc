@@ -80,6 +80,5 @@ class BidirectionalRingScheduler : public Scheduler {
 }  // namespace collie::bidirectional_ring
 
 COLLIE_SCHEDULER_PLUGIN("bidirectional_ring", "1.0.0",
-                        "two rings in opposite directions, half the data each: both directions "
-                        "of every link busy",
+                        "two rings in opposite directions, half the data each",
                         collie::bidirectional_ring::BidirectionalRingScheduler);

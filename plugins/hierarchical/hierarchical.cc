@@ -277,6 +277,5 @@ class HierarchicalScheduler : public Scheduler {
 }  // namespace collie::hierarchical
 
 COLLIE_SCHEDULER_PLUGIN("hierarchical", "1.0.0",
-                        "two-level all-reduce: intra-node reduce-scatter, inter-node all-reduce, "
-                        "intra-node all-gather",
+                        "two-level: reduce-scatter in a node, all-reduce across, all-gather",
                         collie::hierarchical::HierarchicalScheduler);

@@ -54,6 +54,5 @@ class RecursiveDoublingScheduler : public Scheduler {
 }  // namespace collie::recursive_doubling
 
 COLLIE_SCHEDULER_PLUGIN("recursive_doubling", "1.0.0",
-                        "recursive-doubling all-reduce: log2(p) whole-message exchanges, "
-                        "latency-optimal",
+                        "log2(p) whole-message exchanges: latency-optimal",
                         collie::recursive_doubling::RecursiveDoublingScheduler);

@@ -162,6 +162,5 @@ class SwingScheduler : public Scheduler {
 }  // namespace collie::swing
 
 COLLIE_SCHEDULER_PLUGIN("swing", "1.0.0",
-                        "Swing all-reduce (NSDI'24): near peers v±(1-(-2)^(s+1))/3, latency or "
-                        "bandwidth variant",
+                        "Swing (NSDI'24): peers at v±(1-(-2)^(s+1))/3, latency or bandwidth",
                         collie::swing::SwingScheduler);
