@@ -15,28 +15,23 @@
 
 #include "collie/codec.h"
 
+namespace collie::int8 {
 namespace {
 
-using collie::CodecBucket;
-using collie::CodecCall;
-using collie::CodecGroup;
-using collie::Collective;
-using collie::DType;
-
-class Int8 final : public collie::Codec {
+class Int8 final : public Codec {
  public:
-  explicit Int8(const collie::PluginContext& ctx)
+  explicit Int8(const PluginContext& ctx)
       : block_(ctx.params->getInt("block", 256, 4, 1 << 20)),
         error_feedback_(ctx.params->getBool("error_feedback", true)) {
     if (block_ % 4 != 0) {
-      throw collie::ConfigError(ctx.params->where("block") + ctx.params->owner() +
-                                ": params.block: expected a multiple of 4 (the blocks of int8 "
-                                "travel as 4-byte words), found " +
-                                std::to_string(block_));
+      throw ConfigError(ctx.params->where("block") + ctx.params->owner() +
+                        ": params.block: expected a multiple of 4 (the blocks of int8 "
+                        "travel as 4-byte words), found " +
+                        std::to_string(block_));
     }
   }
 
-  void prepare(const std::vector<CodecBucket>& buckets, const collie::CodecSetup&) override {
+  void prepare(const std::vector<CodecBucket>& buckets, const CodecSetup&) override {
     errors_.clear();
     for (const CodecBucket& bucket : buckets) {
       errors_.push_back(error_feedback_ ? at::zeros_like(bucket.gradient) : at::Tensor());
@@ -93,7 +88,8 @@ class Int8 final : public collie::Codec {
 };
 
 }  // namespace
+}  // namespace collie::int8
 
 COLLIE_CODEC_PLUGIN("int8", "1.0.0",
                     "gradients as int8 with a scale per block, all-gathered, with error feedback",
-                    Int8);
+                    collie::int8::Int8);

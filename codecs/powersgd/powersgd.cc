@@ -23,14 +23,8 @@
 
 #include "collie/codec.h"
 
+namespace collie::powersgd {
 namespace {
-
-using collie::CodecBucket;
-using collie::CodecCall;
-using collie::CodecGroup;
-using collie::Collective;
-using collie::DType;
-using collie::ReduceOp;
 
 // One parameter's gradient, compressed: its view (n, m) ≈ P Qᵀ.
 struct Matrix {
@@ -48,9 +42,9 @@ struct BucketState {
   at::Tensor error;  // (error_numel) every matrix's error feedback
 };
 
-class PowerSgd final : public collie::Codec {
+class PowerSgd final : public Codec {
  public:
-  explicit PowerSgd(const collie::PluginContext& ctx)
+  explicit PowerSgd(const PluginContext& ctx)
       : rank_(ctx.params->getInt("rank", 1, 1, 1 << 16)),
         start_step_(ctx.params->getInt("start_step", 0, 0, int64_t{1} << 40)),
         min_rate_(ctx.params->getDouble("min_compression_rate", 2.0)),
@@ -58,21 +52,20 @@ class PowerSgd final : public collie::Codec {
         warm_start_(ctx.params->getBool("warm_start", true)),
         epsilon_(ctx.params->getDouble("orthogonalization_epsilon", 0.0)) {
     if (!(min_rate_ >= 1.0 && min_rate_ <= 1e6)) {
-      throw collie::ConfigError(ctx.params->where("min_compression_rate") + ctx.params->owner() +
-                                ": params.min_compression_rate: expected a number from 1 to "
-                                "1e6, found " +
-                                std::to_string(min_rate_));
+      throw ConfigError(ctx.params->where("min_compression_rate") + ctx.params->owner() +
+                        ": params.min_compression_rate: expected a number from 1 to "
+                        "1e6, found " +
+                        std::to_string(min_rate_));
     }
     if (!(epsilon_ >= 0.0 && epsilon_ <= 1.0)) {
-      throw collie::ConfigError(ctx.params->where("orthogonalization_epsilon") +
-                                ctx.params->owner() +
-                                ": params.orthogonalization_epsilon: expected a number from 0 "
-                                "to 1, found " +
-                                std::to_string(epsilon_));
+      throw ConfigError(ctx.params->where("orthogonalization_epsilon") + ctx.params->owner() +
+                        ": params.orthogonalization_epsilon: expected a number from 0 "
+                        "to 1, found " +
+                        std::to_string(epsilon_));
     }
   }
 
-  void prepare(const std::vector<CodecBucket>& buckets, const collie::CodecSetup& setup) override {
+  void prepare(const std::vector<CodecBucket>& buckets, const CodecSetup& setup) override {
     seed_ = setup.seed;
     states_.clear();
     for (const CodecBucket& bucket : buckets) {
@@ -226,8 +219,8 @@ class PowerSgd final : public collie::Codec {
 };
 
 }  // namespace
+}  // namespace collie::powersgd
 
 COLLIE_CODEC_PLUGIN("powersgd", "1.0.0",
-                    "each gradient matrix as two rank-r factors with error feedback (PowerSGD, "
-                    "DDP's powerSGD_hook)",
-                    PowerSgd);
+                    "each gradient matrix as two rank-r factors with error feedback (PowerSGD)",
+                    collie::powersgd::PowerSgd);
