@@ -230,6 +230,23 @@ TEST(CostModel, ASingleSegmentTreeMovesOneLevelAtATime) {
   EXPECT_NEAR(tree->predictSeconds(allreduceOf(64 << 10), four, cm), pair + one + two + one, 1e-9);
 }
 
+TEST(CostModel, ATreesLaterSegmentsFollowTheFirstAsAStream) {
+  // tree on 2 ranks, 8 segments of 64 KiB: up, 1 -> 0, then down, 0 -> 1. On each edge the
+  // first segment pays α and each later one the gap; the root reduces each segment as it
+  // lands (faster than the next one arrives), so only the last reduction adds to the time.
+  Params params;
+  params.set("segment_bytes", "64KiB");
+  auto tree = loadScheduler("tree", params);
+  const Topology two = Topology::singleNode(2);
+  CostModel cm = model(100e-6, 1.0, 4.0);
+  const double m = 64 << 10, mb = m * cm.intra.beta, reduce = m * cm.gamma;
+  const auto args = allreduceOf(8 * (64 << 10));
+  EXPECT_NEAR(tree->predictSeconds(args, two, cm), 2 * 8 * (100e-6 + mb) + reduce, 1e-12);
+  cm.intra.gap = cm.inter.gap = 5e-6;
+  EXPECT_NEAR(tree->predictSeconds(args, two, cm),
+              2 * (100e-6 + mb + 7 * (5e-6 + mb)) + reduce, 1e-12);
+}
+
 TEST(CostModel, OnlyTheTreesPhasesRunOneWay) {
   // 2 nodes x 2 ranks, the link far slower than inside: with a one-way β 25 % faster than
   // an exchange's, the tree (whose phases each cross the link one way) is predicted 1.25x

@@ -144,12 +144,19 @@ inline double extrapolated(const std::vector<double>& done, double segments) {
   return done.back() + (segments - static_cast<double>(done.size())) * pace;
 }
 
+// Each edge's time for one segment: its first, which pays the level's α, and each later one,
+// which follows it as a stream and pays the gap instead (LinkCost::gap, where measured).
+struct EdgeSeconds {
+  std::vector<double> first, next;
+  double at(size_t edge, int segment) const { return (segment == 0 ? first : next)[edge]; }
+};
+
 // Up: when the root has reduced each of `simulated` segments. A rank sends segment i to its
 // parent once it has it from every child and has reduced them (after segment i - 1), over
-// an edge that carries one segment at a time in `seconds[edge]` (edges numbered by
+// an edge that carries one segment at a time in `seconds.at(edge, i)` (edges numbered by
 // `*next_edge`, in rank order).
 inline std::vector<double> upPhase(const std::vector<patterns::TreeShape>& tree, int simulated,
-                                   double reduce_seconds, const std::vector<double>& seconds,
+                                   double reduce_seconds, const EdgeSeconds& seconds,
                                    size_t* next_edge) {
   const int n = static_cast<int>(tree.size());
   std::vector<size_t> edge(n);
@@ -166,7 +173,7 @@ inline std::vector<double> upPhase(const std::vector<patterns::TreeShape>& tree,
       if (tree[r].parent < 0) {
         root_done.push_back(ready[r]);
       } else {
-        sent[r] = std::max(ready[r], sent[r]) + seconds[edge[r]];
+        sent[r] = std::max(ready[r], sent[r]) + seconds.at(edge[r], i);
       }
     }
   }
@@ -177,8 +184,7 @@ inline std::vector<double> upPhase(const std::vector<patterns::TreeShape>& tree,
 // `simulated` segments. A rank passes segment i to each child once it has it, over edges
 // that carry one segment at a time (numbered by `*next_edge`, in rank and child order).
 inline std::vector<double> downPhase(const std::vector<patterns::TreeShape>& tree, int simulated,
-                                     double start, const std::vector<double>& seconds,
-                                     size_t* next_edge) {
+                                     double start, const EdgeSeconds& seconds, size_t* next_edge) {
   const int n = static_cast<int>(tree.size());
   std::vector<std::vector<size_t>> edges(n);
   std::vector<std::vector<double>> free(n);
@@ -193,7 +199,7 @@ inline std::vector<double> downPhase(const std::vector<patterns::TreeShape>& tre
     double last = start;
     for (int r : order) {
       for (size_t c = 0; c < tree[r].children.size(); ++c) {
-        free[r][c] = std::max(has[r], free[r][c]) + seconds[edges[r][c]];
+        free[r][c] = std::max(has[r], free[r][c]) + seconds.at(edges[r][c], i);
         has[tree[r].children[c]] = free[r][c];
       }
       last = std::max(last, has[r]);
@@ -213,8 +219,11 @@ inline std::vector<double> downPhase(const std::vector<patterns::TreeShape>& tre
 // ends when the last segment reaches the root (up) or the last rank (down). A single
 // segment keeps one level busy at a time, so its edges meet only the edges of their own
 // level, in every tree: going up, the edges from ranks of the same height (a leaf sends at
-// once, wherever it sits); going down, the edges to ranks of the same depth. Past 256
-// segments the pipeline's pace is steady and the rest is extrapolated.
+// once, wherever it sits); going down, the edges to ranks of the same depth. An edge's
+// first segment pays the level's α; the later ones follow it as a stream (a leaf posts them
+// all at once, and every receive is posted before the first arrives) and pay the gap
+// instead, where the calibration measured one. Past 256 segments the pipeline's pace is
+// steady and the rest is extrapolated.
 inline double predictTrees(const std::vector<std::vector<patterns::TreeShape>>& shapes,
                            double segment, double segments, bool reduce, const Topology& topology,
                            const CostModel& model) {
@@ -236,8 +245,14 @@ inline double predictTrees(const std::vector<std::vector<patterns::TreeShape>>& 
       }
     }
   }
-  auto priced = [&](const std::vector<Flow>& edges, const std::vector<int>& levels) {
-    if (segments > 1) return flowSeconds(edges, topology, model);
+  // A later segment's message: the gap in place of α, alone or among the node's flows.
+  CostModel streaming = model;
+  for (LinkCost* link : {&streaming.intra, &streaming.inter}) {
+    if (link->gap > 0) link->alpha = link->alpha_alone = link->gap;
+  }
+  auto pricedBy = [&](const std::vector<Flow>& edges, const std::vector<int>& levels,
+                      const CostModel& costs) {
+    if (segments > 1) return flowSeconds(edges, topology, costs);
     std::vector<double> seconds(edges.size());
     for (int level : std::set<int>(levels.begin(), levels.end())) {
       std::vector<Flow> same;
@@ -247,14 +262,17 @@ inline double predictTrees(const std::vector<std::vector<patterns::TreeShape>>& 
         same.push_back(edges[e]);
         which.push_back(e);
       }
-      const std::vector<double> s = flowSeconds(same, topology, model);
+      const std::vector<double> s = flowSeconds(same, topology, costs);
       for (size_t i = 0; i < which.size(); ++i) seconds[which[i]] = s[i];
     }
     return seconds;
   };
+  auto priced = [&](const std::vector<Flow>& edges, const std::vector<int>& levels) {
+    return detail::EdgeSeconds{pricedBy(edges, levels, model), pricedBy(edges, levels, streaming)};
+  };
   double up_end = 0;
   if (reduce) {
-    const std::vector<double> seconds = priced(up, up_level);
+    const detail::EdgeSeconds seconds = priced(up, up_level);
     size_t next = 0;
     for (const auto& tree : shapes) {
       up_end = std::max(
@@ -263,7 +281,7 @@ inline double predictTrees(const std::vector<std::vector<patterns::TreeShape>>& 
               detail::upPhase(tree, simulated, segment * model.gamma, seconds, &next), segments));
     }
   }
-  const std::vector<double> seconds = priced(down, down_level);
+  const detail::EdgeSeconds seconds = priced(down, down_level);
   double end = up_end;
   size_t next = 0;
   for (const auto& tree : shapes) {
