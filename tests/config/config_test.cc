@@ -92,10 +92,12 @@ TEST(Config, FaultsAreReadIntoTheirStructs) {
   - {rank: 1, at_collective: 40, action: delay, delay: 500ms}
   - {rank: 2, at_collective: 7, action: exit, code: 0}
   - {rank: 0, at_collective: 3, action: slow, cpu_share: 0.25}
+  - {rank: 2, at_collective: 5, action: stop, delay: 20s}
+  - {rank: 2, at_collective: 6, action: stop}
 )"),
                               {});
   const auto& faults = runs.at(0).faults;
-  ASSERT_EQ(faults.size(), 3u);
+  ASSERT_EQ(faults.size(), 5u);
   EXPECT_EQ(faults[0].index, 0);
   EXPECT_EQ(faults[0].rank, 1);
   EXPECT_EQ(faults[0].at_collective, 40);
@@ -110,6 +112,9 @@ TEST(Config, FaultsAreReadIntoTheirStructs) {
   EXPECT_DOUBLE_EQ(faults[2].cpu_share, 0.25);
   EXPECT_TRUE(faults[2].needsOwnProcess());
   EXPECT_FALSE(faults[0].needsOwnProcess());
+  EXPECT_EQ(faults[3].delay, std::chrono::milliseconds(20000));
+  EXPECT_EQ(faults[3].describe(), "SIGSTOP, then SIGCONT after 20000 ms");
+  EXPECT_EQ(faults[4].describe(), "SIGSTOP");
 }
 
 TEST(Config, AFaultNeedsOneTriggerAndOnlyItsActionsKeys) {
@@ -126,6 +131,10 @@ TEST(Config, AFaultNeedsOneTriggerAndOnlyItsActionsKeys) {
                  {"faults[0]: action exit needs code: N"});
   expectContains(errorOf(bench + "  - {rank: 1, at_collective: 2, action: delay}\n"),
                  {"action delay needs delay: DURATION"});
+  expectContains(errorOf(bench + "  - {rank: 1, at_collective: 2, action: kill, delay: 1s}\n"),
+                 {"faults[0].delay: only actions delay and stop take a delay"});
+  expectContains(errorOf(bench + "  - {rank: 1, at_collective: 2, action: stop, delay: 5ms}\n"),
+                 {"faults[0].delay: a stop's delay is at least 10ms", "found 5 ms"});
   expectContains(errorOf(bench + "  - {rank: 1, at_collective: 2, action: slow}\n"),
                  {"action slow needs cpu_share"});
   expectContains(errorOf(bench + "  - {rank: 1, at_collective: 2, action: slow, cpu_share: 2}\n"),

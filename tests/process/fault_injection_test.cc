@@ -173,7 +173,11 @@ TEST_P(StallLine, NamesAStoppedRankWhileTheJobStillWaits) {
   if (launcher != "collie" && !haveProgram(launcher)) GTEST_SKIP() << launcher << " is missing";
   const std::string name = "stall-" + launcher + "-" + backend + "-" + std::to_string(stopped);
   const std::string out = scratch(name);
-  const std::string fault = "[{rank: " + std::to_string(stopped) + ", at_step: 5, action: stop}]";
+  // Under torchrun the stopped rank continues itself after 20 s, long after the others
+  // failed at the timeout: torchrun gives each rank 30 s to obey its SIGTERM, which a
+  // stopped one cannot.
+  const std::string fault = "[{rank: " + std::to_string(stopped) + ", at_step: 5, action: stop" +
+                            (launcher == "torchrun" ? ", delay: 20s" : "") + "}]";
   const JobRun run = runUnder(
       launcher, trainWith(name, backend, fault, 3, 30, "8s", "debug: {stall_warning: 3s}\n"), out,
       3);
@@ -207,8 +211,8 @@ TEST_P(StallLine, NamesAStoppedRankWhileTheJobStillWaits) {
 
 INSTANTIATE_TEST_SUITE_P(Jobs, StallLine,
                          // Each backend, rank 0 (the store's host) and another, each
-                         // launcher that decides who speaks: about 15 s a job, 45 s under
-                         // torchrun (it gives the stopped rank 30 s to obey SIGTERM).
+                         // launcher that decides who speaks: about 20 s a job, 25 s under
+                         // torchrun.
                          ::testing::Values(StallCase{"collie", "gloo", 0},
                                            StallCase{"collie", "ucx", 1},
                                            StallCase{"torchrun", "gloo", 0}),

@@ -1,4 +1,5 @@
-// CpuLimit and MemoryGroup on cgroup v2 (cpu.max, memory.max, subtree_control, the "0::"
+// A stop with a duration (the process continues itself), then CpuLimit and MemoryGroup on
+// cgroup v2 (cpu.max, memory.max, subtree_control, the "0::"
 // membership line) and MemoryGroup on v1, against a mount table, a membership file and
 // folders standing for the cgroup file systems, all made by the test: no root, and no cgroup
 // controller on the machine needed. The kernel's side (a rank really killed at its limit) is
@@ -6,8 +7,11 @@
 #include "runtime/faults.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -55,6 +59,55 @@ class CgroupV2 : public ::testing::Test {
   fs::path dir_, root_;
   CgroupFiles files_;
 };
+
+// A child process takes a stop of 300 ms before its step 2 and then exits with 7: the
+// parent sees it stopped, and exited without sending it SIGCONT, no sooner than 300 ms
+// after it stopped. A stop without a duration stays stopped until continued.
+TEST(StopFault, AStopWithADurationContinuesItselfAfterIt) {
+  config::FaultSpec stop;
+  stop.rank = 1;
+  stop.at_step = 2;
+  stop.action = config::FaultSpec::Action::kStop;
+  stop.delay = std::chrono::milliseconds(300);
+  auto child = [&](const config::FaultSpec& fault) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      Faults faults({fault}, 1);
+      faults.beforeStep(1);  // not due yet
+      faults.beforeStep(2);
+      std::_Exit(7);
+    }
+    return pid;
+  };
+  const pid_t timed = child(stop);
+  ASSERT_GT(timed, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(timed, &status, WUNTRACED), timed);
+  ASSERT_TRUE(WIFSTOPPED(status)) << status;
+  const auto stopped = std::chrono::steady_clock::now();
+  auto since = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+  };
+  while (::waitpid(timed, &status, WNOHANG) == 0 && since() < 5) ::usleep(10 * 1000);
+  const double seconds = since();
+  if (seconds >= 5) {
+    ::kill(timed, SIGKILL);
+    ::waitpid(timed, &status, 0);
+    FAIL() << "still stopped after 5 s";
+  }
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 7);
+  EXPECT_GE(seconds, 0.25);  // the stop was seen a moment after it began
+  stop.delay = {};
+  const pid_t held = child(stop);
+  ASSERT_GT(held, 0);
+  ASSERT_EQ(::waitpid(held, &status, WUNTRACED), held);
+  ASSERT_TRUE(WIFSTOPPED(status)) << status;
+  ::usleep(500 * 1000);
+  EXPECT_EQ(::waitpid(held, &status, WNOHANG), 0) << "a stop without a duration ended";
+  ::kill(held, SIGKILL);
+  ASSERT_EQ(::waitpid(held, &status, 0), held);
+}
 
 // cpu.max is "quota period": the period 10 ms, stretched so that the quota is never under the
 // kernel's 1 ms minimum (period = max(10 ms, 1 ms / share)), the quota share x period.

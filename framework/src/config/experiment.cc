@@ -487,11 +487,19 @@ void checkFaults(const Experiment& e, std::vector<Issue>* issues) {
     }
     const bool exits = f.action == FaultSpec::Action::kExit;
     const bool delays = f.action == FaultSpec::Action::kDelay;
+    const bool stops = f.action == FaultSpec::Action::kStop;
     const bool slows = f.action == FaultSpec::Action::kSlow;
     if (node["code"] && !exits) problem("code", "only action exit takes an exit code");
     if (exits && !node["code"]) problem("", "action exit needs code: N (0 included)");
-    if (node["delay"] && !delays) problem("delay", "only action delay takes a delay");
+    if (node["delay"] && !delays && !stops) {
+      problem("delay", "only actions delay and stop take a delay");
+    }
     if (delays && !node["delay"]) problem("", "action delay needs delay: DURATION (e.g. 500ms)");
+    if (stops && node["delay"] && f.delay < std::chrono::milliseconds(10)) {
+      problem("delay", fmt::format("a stop's delay is at least 10ms (the timer that continues "
+                                   "the rank must not fire before it stops), found {} ms",
+                                   f.delay.count()));
+    }
     if (node["cpu_share"] && !slows) problem("cpu_share", "only action slow takes a cpu_share");
     if (slows && !node["cpu_share"]) {
       problem("", "action slow needs cpu_share: FRACTION (of one CPU, e.g. 0.25)");
@@ -641,7 +649,8 @@ std::string FaultSpec::describe() const {
     case Action::kKill:
       return "SIGKILL";
     case Action::kStop:
-      return "SIGSTOP";
+      return delay.count() > 0 ? fmt::format("SIGSTOP, then SIGCONT after {} ms", delay.count())
+                               : "SIGSTOP";
     case Action::kExit:
       return fmt::format("exit with code {}", exit_code);
     case Action::kThrow:
@@ -1173,7 +1182,10 @@ const Schema& experimentSchema() {
                                          FaultSpec::Action::kExit, FaultSpec::Action::kThrow,
                                          FaultSpec::Action::kDelay, FaultSpec::Action::kSlow})},
                    {"code", S::integer(0, 255).into(&FaultSpec::exit_code).doc("exit: its code")},
-                   {"delay", S::duration().into(&FaultSpec::delay).doc("delay: the sleep")},
+                   {"delay",
+                    S::duration()
+                        .into(&FaultSpec::delay)
+                        .doc("delay: the sleep; stop: how long until SIGCONT")},
                    {"cpu_share", S::number(0.01, 1)
                                      .into(&FaultSpec::cpu_share)
                                      .doc("slow: the fraction of one CPU left")},

@@ -173,7 +173,7 @@ struct FaultSpec {
   int64_t at_collective = 0;
   Action action{};
   int exit_code = 0;                  // exit
-  std::chrono::milliseconds delay{};  // delay: the sleep
+  std::chrono::milliseconds delay{};  // delay: the sleep; stop: until SIGCONT (0: never)
   double cpu_share = 0;               // slow: the fraction of one CPU left to the rank
 
   // "exit with code 0", "a delay of 500 ms", ...

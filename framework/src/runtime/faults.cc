@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
+#include <system_error>
 #include <thread>
 
 #include "collie/error.h"
@@ -34,6 +35,31 @@ namespace {
 // kernel's 1 ms minimum, so shares under 0.1 get a longer period.
 constexpr long kCfsPeriodUs = 10000;
 constexpr long kMinQuotaUs = 1000;
+
+// SIGSTOP; with a duration, a one-shot timer of the process's own sends it SIGCONT after that
+// (the kernel continues a stopped process on SIGCONT, whoever sends it; none of its threads
+// could): a machine that freezes and comes back.
+void stopFor(std::chrono::milliseconds duration) {
+  timer_t timer{};
+  const bool timed = duration.count() > 0;
+  if (timed) {
+    sigevent event{};
+    event.sigev_notify = SIGEV_SIGNAL;
+    event.sigev_signo = SIGCONT;
+    if (::timer_create(CLOCK_MONOTONIC, &event, &timer) != 0)
+      throw std::system_error(errno, std::generic_category(), "faults: a timer for SIGCONT");
+    itimerspec when{};
+    when.it_value.tv_sec = static_cast<time_t>(duration.count() / 1000);
+    when.it_value.tv_nsec = static_cast<long>(duration.count() % 1000) * 1000000L;
+    if (::timer_settime(timer, 0, &when, nullptr) != 0) {
+      const int error = errno;
+      ::timer_delete(timer);
+      throw std::system_error(error, std::generic_category(), "faults: a timer for SIGCONT");
+    }
+  }
+  ::raise(SIGSTOP);
+  if (timed) ::timer_delete(timer);
+}
 
 }  // namespace
 
@@ -133,7 +159,7 @@ void Faults::take(const config::FaultSpec& f) {
       ::raise(SIGKILL);
       break;
     case Action::kStop:
-      ::raise(SIGSTOP);
+      stopFor(f.delay);
       break;
     case Action::kExit:
       std::_Exit(f.exit_code);  // no destructors, no atexit: as abrupt as a crash
