@@ -74,6 +74,19 @@ class HierarchicalScheduler : public Scheduler {
     const int per_node = groups.node->size(), nodes = groups.column->size();
     const ReduceOp op = args.op == ReduceOp::kAvg ? ReduceOp::kSum : args.op;
     const Buffer& data = args.data;
+    if (nodes == 1 || per_node == 1) {
+      // One level only: the other's steps would only copy the message into a block and back
+      // (on 4 ranks of one node the three steps took 1.3-1.9x a ring all-reduce). That
+      // level's all-reduce is the same sum.
+      CollectiveArgs whole = subArgs(args, Collective::kAllReduce, op, 3, 0);
+      if (nodes == 1) {
+        intra_->run(whole, *groups.node, subTopology(topology, per_node));
+      } else {
+        inter_->run(whole, *groups.column, subTopology(topology, nodes));
+      }
+      finishAverage(data, args.op, backend.size());
+      return;
+    }
     const size_t block = data.count / per_node;
     Range main{0, block * per_node}, tail{block * per_node, data.count % per_node};
 
@@ -122,7 +135,8 @@ class HierarchicalScheduler : public Scheduler {
 
   // α-β-γ: intra reduce-scatter + all-gather on the intra link (I), the inter all-reduce of a
   // 1/L block between nodes (A), each as its own scheduler predicts, per chunk; K chunks
-  // overlap the two: (K - 1)·max(I, A) + I + A.
+  // overlap the two: (K - 1)·max(I, A) + I + A. One level alone (one node, or one rank a
+  // node): that level's all-reduce.
   void useCostModel(const CostModel& model) override {
     intra_->useCostModel(model);
     inter_->useCostModel(model);
@@ -132,11 +146,16 @@ class HierarchicalScheduler : public Scheduler {
                         const CostModel& model) const override {
     if (args.coll != Collective::kAllReduce) return kNoPrediction;
     const int per_node = static_cast<int>(topology.ranksOnNode(0).size());
+    const int nodes = topology.nodeCount();
+    CostModel local = model;
+    local.inter = model.intra;
+    if (nodes == 1) return intra_->predictSeconds(args, subTopology(topology, per_node), local);
+    CostModel remote = model;
+    remote.intra = model.inter;
+    if (per_node == 1) return inter_->predictSeconds(args, subTopology(topology, nodes), remote);
     const size_t block = args.data.count / static_cast<size_t>(per_node);
     const Chunks chunks =
         chunksOf(block, per_node, dtypeSize(args.data.dtype), topology.concurrent_groups);
-    CostModel local = model;
-    local.inter = model.intra;
     CollectiveArgs whole = args;
     // One chunk: the whole message, the tail of fewer than L elements included.
     if (chunks.count > 1) whole.data.count = chunks.per_rank * static_cast<size_t>(per_node);
@@ -146,8 +165,6 @@ class HierarchicalScheduler : public Scheduler {
     part.data.count = chunks.count > 1 ? chunks.per_rank : block;
     // The per_node column all-reduces run at once and share each node's link: each flow
     // gets 1/per_node of the link the calibration measured with one flow alone (each way).
-    CostModel remote = model;
-    remote.intra = model.inter;
     remote.intra.beta *= per_node;
     remote.intra.beta_one_way *= per_node;
     const double inter =
@@ -240,8 +257,10 @@ class HierarchicalScheduler : public Scheduler {
     return t;
   }
 
-  // A sub-collective with its own sequence number: `part` (0-3) and the chunk keep the
-  // sub-collectives of one call apart on the same sub-group, so their tags never meet.
+  // A sub-collective with its own sequence number: `part` (0: reduce-scatter and the
+  // all-reduce between nodes, 1: all-gather, 2: the tail, 3: one level's whole all-reduce)
+  // and the chunk keep the sub-collectives of one call apart on the same sub-group, so their
+  // tags never meet.
   static CollectiveArgs subArgs(const CollectiveArgs& args, Collective coll, ReduceOp op, int part,
                                 size_t chunk) {
     CollectiveArgs sub = args;

@@ -72,6 +72,25 @@ TEST(CostModel, HierarchicalUsesTheSlowerLinkForItsInterPart) {
             hier->predictSeconds(allreduceOf(1 << 20), two_nodes, fast));
 }
 
+TEST(CostModel, HierarchicalOfOneLevelIsThatLevelsAllReduce) {
+  // One node: ring's all-reduce inside it. One rank a node: tree's between the nodes, on
+  // the link between them.
+  Params params;
+  params.set("intra", "ring");
+  params.set("inter", "tree");
+  auto hier = loadScheduler("hierarchical", params);
+  CostModel cm = model(10e-6, 10.0, 4.0);
+  cm.inter = {100e-6, 1.0 / 0.1e9};
+  CostModel between = cm;
+  between.intra = cm.inter;
+  const auto args = allreduceOf(64 << 20);
+  const Topology four = Topology::singleNode(4);
+  EXPECT_DOUBLE_EQ(hier->predictSeconds(args, Topology::fromLabels({"a", "a", "a", "a"}), cm),
+                   loadScheduler("ring")->predictSeconds(args, four, cm));
+  EXPECT_DOUBLE_EQ(hier->predictSeconds(args, Topology::fromLabels({"a", "b", "c", "d"}), cm),
+                   loadScheduler("tree")->predictSeconds(args, four, between));
+}
+
 TEST(CostModel, HierarchicalColumnsShareTheNodesLink) {
   // 2 nodes x 2 ranks, a link between nodes 100x slower than inside: for a large message
   // the link decides. A host-ordered ring sends 1.5 m across each node's link, hierarchical
@@ -243,8 +262,8 @@ TEST(CostModel, ATreesLaterSegmentsFollowTheFirstAsAStream) {
   const auto args = allreduceOf(8 * (64 << 10));
   EXPECT_NEAR(tree->predictSeconds(args, two, cm), 2 * 8 * (100e-6 + mb) + reduce, 1e-12);
   cm.intra.gap = cm.inter.gap = 5e-6;
-  EXPECT_NEAR(tree->predictSeconds(args, two, cm),
-              2 * (100e-6 + mb + 7 * (5e-6 + mb)) + reduce, 1e-12);
+  EXPECT_NEAR(tree->predictSeconds(args, two, cm), 2 * (100e-6 + mb + 7 * (5e-6 + mb)) + reduce,
+              1e-12);
 }
 
 TEST(CostModel, OnlyTheTreesPhasesRunOneWay) {

@@ -40,6 +40,29 @@ TEST(Schedulers, CommunicatorNamesTheRefusals) {
   });
 }
 
+// hierarchical where one level is all there is (one node; one rank a node) runs that
+// level's all-reduce and sums right.
+TEST(Schedulers, HierarchicalOfOneLevelSums) {
+  Params params;
+  params.set("intra", "ring");
+  params.set("inter", "tree");
+  for (const auto& labels : {std::vector<std::string>{"a", "a", "a", "a"},
+                             std::vector<std::string>{"a", "b", "c", "d"}}) {
+    runLoopback(4, [&](std::shared_ptr<Backend> backend) {
+      Communicator comm(backend, "loopback", Topology::fromLabels(labels));
+      comm.addRule("hierarchical", loadScheduler("hierarchical", params));
+      std::vector<float> data(1001);
+      for (size_t i = 0; i < data.size(); ++i)
+        data[i] = static_cast<float>((backend->rank() + 1) * (i % 7 + 1));
+      CollectiveArgs args;
+      args.data = {data.data(), data.size(), DType::kF32};
+      comm.run(args);
+      for (size_t i = 0; i < data.size(); ++i)
+        ASSERT_EQ(data[i], static_cast<float>(10 * (i % 7 + 1))) << labels[1] << " at " << i;
+    });
+  }
+}
+
 // A call whose buffers do not fit its collective is refused before any scheduler runs it,
 // naming what it got and what it needs: a scheduler would read or write past a buffer.
 TEST(Schedulers, CommunicatorRefusesACallOfTheWrongShape) {
