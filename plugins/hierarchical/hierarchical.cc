@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 #include <tuple>
+#include <vector>
 
 #include "collie/patterns/blocks.h"
 #include "collie/plugin.h"
@@ -55,11 +56,20 @@ class HierarchicalScheduler : public Scheduler {
             "equal nodes");
       }
     }
-    for (auto [scheduler, name, coll, size] :
-         {std::tuple{intra_.get(), intra_name_, Collective::kReduceScatter, per_node},
-          std::tuple{intra_.get(), intra_name_, Collective::kAllGather, per_node},
-          std::tuple{intra_.get(), intra_name_, Collective::kAllReduce, per_node},
-          std::tuple{inter_.get(), inter_name_, Collective::kAllReduce, topology.nodeCount()}}) {
+    const int nodes = topology.nodeCount();
+    // One level only: that level's all-reduce is all it runs (run()).
+    std::vector<std::tuple<Scheduler*, std::string, Collective, int>> needs;
+    if (nodes == 1) {
+      needs = {{intra_.get(), intra_name_, Collective::kAllReduce, per_node}};
+    } else if (per_node == 1) {
+      needs = {{inter_.get(), inter_name_, Collective::kAllReduce, nodes}};
+    } else {
+      needs = {{intra_.get(), intra_name_, Collective::kReduceScatter, per_node},
+               {intra_.get(), intra_name_, Collective::kAllGather, per_node},
+               {intra_.get(), intra_name_, Collective::kAllReduce, per_node},
+               {inter_.get(), inter_name_, Collective::kAllReduce, nodes}};
+    }
+    for (const auto& [scheduler, name, coll, size] : needs) {
       CollectiveArgs probe = args;
       probe.coll = coll;
       Topology group = subTopology(topology, size);

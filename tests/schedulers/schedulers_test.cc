@@ -41,11 +41,18 @@ TEST(Schedulers, CommunicatorNamesTheRefusals) {
 }
 
 // hierarchical where one level is all there is (one node; one rank a node) runs that
-// level's all-reduce and sums right.
+// level's all-reduce and sums right. tree on both levels: it has no reduce-scatter or
+// all-gather, which the two-level steps would need, so hierarchical of two levels declines.
 TEST(Schedulers, HierarchicalOfOneLevelSums) {
   Params params;
-  params.set("intra", "ring");
+  params.set("intra", "tree");
   params.set("inter", "tree");
+  CollectiveArgs probe;
+  probe.data.count = 1001;
+  probe.data.dtype = DType::kF32;
+  EXPECT_FALSE(loadScheduler("hierarchical", params)
+                   ->accepts(probe, Topology::fromLabels({"a", "a", "b", "b"}))
+                   .accepted);
   for (const auto& labels : {std::vector<std::string>{"a", "a", "a", "a"},
                              std::vector<std::string>{"a", "b", "c", "d"}}) {
     runLoopback(4, [&](std::shared_ptr<Backend> backend) {
@@ -56,6 +63,10 @@ TEST(Schedulers, HierarchicalOfOneLevelSums) {
         data[i] = static_cast<float>((backend->rank() + 1) * (i % 7 + 1));
       CollectiveArgs args;
       args.data = {data.data(), data.size(), DType::kF32};
+      comm.run(args);
+      for (size_t i = 0; i < data.size(); ++i)
+        ASSERT_EQ(data[i], static_cast<float>(10 * (i % 7 + 1))) << labels[1] << " at " << i;
+      args.op = ReduceOp::kAvg;  // the sum, divided once by the 4 ranks
       comm.run(args);
       for (size_t i = 0; i < data.size(); ++i)
         ASSERT_EQ(data[i], static_cast<float>(10 * (i % 7 + 1))) << labels[1] << " at " << i;

@@ -566,6 +566,8 @@ TEST(CommExplained, SplitsTheMeasuredTimeAndPredictsTheExposedPart) {
   const CommExplained waited = explainComm(buckets, 0.03, 0.1, /*late=*/0.03, true);
   EXPECT_NEAR(waited.late, 0.03, 1e-12);
   EXPECT_NEAR(waited.predicted_exposed, 0.06125, 1e-12);
+  // The wait moves with the lateness one for one: late by 0.1, 0.13125.
+  EXPECT_NEAR(predictExposed(buckets, 0.1, 0.1, true), 0.13125, 1e-12);
   // Without overlap both wait for backward's end, then go at the idle pace: 0.03 + 0.02.
   EXPECT_NEAR(predictExposed(buckets, 0.1, 0, false), 0.05, 1e-12);
   // Without a busy probe the idle link's pace: 0.075 + 0.03 = 0.105, 0.105 + 0.02.

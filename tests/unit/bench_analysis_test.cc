@@ -225,18 +225,23 @@ TEST(CostModelFit, FromAMessageSizeOnTheLinePricesThoseSizes) {
   // 0.7 ms + 10 ns a byte.
   const double alpha = 0.7e-3, beta = 10e-9;
   std::vector<std::pair<double, double>> points = {{8, 2.7e-3}, {4096, 2.7e-3}};
-  for (double m : {65536.0, 262144.0, 1048576.0}) points.emplace_back(m, alpha + beta * m);
+  for (double m : {65536.0, 262144.0, 1048576.0, 4194304.0})
+    points.emplace_back(m, alpha + beta * m);
   double residual = -1;
+  int fitted = 0;
   // From a 250 kB message on: the line from 64 KiB up, the largest size not above it.
-  LinkCost link = fitLineFrom(points, 250e3, &residual);
+  LinkCost link = fitLineFrom(points, 250e3, &residual, &fitted);
   EXPECT_NEAR(link.alpha, alpha, alpha * 1e-6);
   EXPECT_NEAR(link.beta, beta, beta * 1e-6);
   EXPECT_LT(residual, 1e-9);
-  // The same from exactly 64 KiB; anchored at 8 bytes, the line misses both.
+  EXPECT_EQ(fitted, 4);
+  // The same from exactly 64 KiB; from 4 KiB on, or anchored at 8 bytes, the line misses.
   EXPECT_NEAR(fitLineFrom(points, 65536, &residual).alpha, alpha, alpha * 1e-6);
+  EXPECT_GT(fitLineFrom(points, 4096, &residual).alpha, 1e-3);
   EXPECT_GT(fitLine(points, &residual).alpha, 2e-3);
-  // Beyond the largest size, the two largest; below the smallest, every point.
-  EXPECT_NEAR(fitLineFrom(points, 1e9, &residual).beta, beta, beta * 1e-6);
+  // Beyond the largest size, the three largest; below the smallest, every point.
+  EXPECT_NEAR(fitLineFrom(points, 1e9, &residual, &fitted).beta, beta, beta * 1e-6);
+  EXPECT_EQ(fitted, 3);
   const LinkCost all = fitLine(points, &residual);
   EXPECT_EQ(fitLineFrom(points, 1, &residual).alpha, all.alpha);
   EXPECT_EQ(fitLineFrom(points, 1, &residual).beta, all.beta);

@@ -71,10 +71,14 @@ TEST(StopFault, AStopWithADurationContinuesItselfAfterIt) {
   stop.delay = std::chrono::milliseconds(300);
   auto child = [&](const config::FaultSpec& fault) {
     const pid_t pid = ::fork();
-    if (pid == 0) {
-      Faults faults({fault}, 1);
-      faults.beforeStep(1);  // not due yet
-      faults.beforeStep(2);
+    if (pid == 0) {  // never back into the test runner: a failure is an exit code
+      try {
+        Faults faults({fault}, 1);
+        faults.beforeStep(1);  // not due yet
+        faults.beforeStep(2);
+      } catch (...) {
+        std::_Exit(99);
+      }
       std::_Exit(7);
     }
     return pid;

@@ -309,7 +309,10 @@ LinkCost calibrateUnderLoad(Backend& backend, Control& control, const Topology& 
   probeSizes(control, largest, fit, [&](uint64_t bytes, int iters) {
     return exchange(backend, control, bytes, 3 * iters, mine);
   });
-  return fitLineFrom(fit->points, message, &fit->residual);
+  int fitted = 0;
+  const LinkCost line = fitLineFrom(fit->points, message, &fit->residual, &fitted);
+  fit->sizes = fitted;
+  return line;
 }
 
 Buffer measurementLike(const Backend& backend, DType dtype, int device) {
@@ -401,9 +404,10 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
 }
 
 LinkCost fitLineFrom(const std::vector<std::pair<double, double>>& points, double message,
-                     double* residual) {
+                     double* residual, int* fitted) {
   size_t first = 0;
-  while (first + 2 < points.size() && points[first + 1].first <= message) ++first;
+  while (first + 3 < points.size() && points[first + 1].first <= message) ++first;
+  if (fitted != nullptr) *fitted = static_cast<int>(points.size() - first);
   return fitLine({points.begin() + static_cast<std::ptrdiff_t>(first), points.end()}, residual);
 }
 

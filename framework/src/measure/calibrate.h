@@ -51,12 +51,12 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
 // while every rank keeps one core busy, as a training rank's backward does while its
 // buckets' all-reduces run: on ranks that outnumber the cores the collective's messages
 // then wait for a core. Sizes up to `largest`, the line fitted from the largest size up to
-// `message` on, the messages to be priced (with at least two sizes): a busy core delays
+// `message` on, the messages to be priced (with at least three sizes): a busy core delays
 // the smallest exchanges by anything from the idle latency to a scheduler's time slice
 // (8 bytes between two lab hosts took 70 us in some runs and 2.7 ms in others), which a
 // line anchored there would carry to every size.
 // Collective over the group (rank 0's fit on every rank). `fit`: the probes, as
-// calibrate()'s, and the residual of the line.
+// calibrate()'s, with the line's residual and the count of sizes it went through.
 LinkCost calibrateUnderLoad(Backend& backend, Control& control, const Topology& topology,
                             uint64_t message, uint64_t largest, LinkFit* fit);
 
@@ -66,9 +66,10 @@ LinkCost calibrateUnderLoad(Backend& backend, Control& control, const Topology& 
 // Neither α nor β is ever negative.
 LinkCost fitLine(const std::vector<std::pair<double, double>>& points, double* residual);
 
-// fitLine over the points from the largest size up to `message` on, the sizes to be priced
-// (the two largest where `message` is beyond them; all where it is below the smallest).
+// fitLine over the points from the largest size up to `message` on, the sizes to be priced,
+// but at least the three largest (all where `message` is below the smallest); `fitted`,
+// when given: how many points it went through.
 LinkCost fitLineFrom(const std::vector<std::pair<double, double>>& points, double message,
-                     double* residual);
+                     double* residual, int* fitted = nullptr);
 
 }  // namespace collie::measure

@@ -28,9 +28,9 @@ struct CommExplained {
   double beyond = 0;           // the measured time less link and waiting
   double during_backward = 0;  // the measured time less the exposed: while backward computed
   double exposed = 0;          // measured, over the same steps (the last 256 timed ones)
-  // Per step, mean over the steps: how much later the last rank reached the end of its
-  // backward than the ranks did on average. No bucket's all-reduce ends before that rank
-  // has readied it.
+  // How much later the last rank reached the end of its backward than the ranks did on
+  // average, mean over the steps. No bucket's all-reduce ends before that rank has readied
+  // it.
   double late = 0;
   double predicted_exposed = 0;  // the step's wait for them after backward, predicted
 };
@@ -47,20 +47,23 @@ struct BucketTimes {
 };
 
 // The exposed time a step's buckets leave after backward, predicted, as the ranks' mean: the
-// last rank to get there readies the buckets `late` seconds after the mean rank would, in
-// launch order, each when the share of the gradient elements up to and including it has
-// been computed (backward's `backward_seconds`, measured), or all at its end without
-// overlap; one communication thread runs them one after the other, each taking
-// `predicted_busy` (`predicted` where that is 0) while any rank computes, and at the
+// last rank to get there readies the buckets `late` seconds after the mean rank would (its
+// whole backward shifted by that: a rank late because its backward is slower readies its
+// first buckets earlier than this says), in launch order, each when the share of the gradient
+// elements up to and including it has been computed (backward's `backward_seconds`, measured), or
+// all at its end without overlap; one communication thread runs them one after the other, each
+// taking `predicted_busy` (`predicted` where that is 0) while any rank computes, and at the
 // `predicted` pace for what is left once the last rank's backward has ended. (The busy
 // pace holds until then: where ranks share cores, a rank's end frees none while the others
 // still compute theirs.)
 double predictExposed(const std::vector<BucketTimes>& buckets, double backward_seconds, double late,
                       bool overlap);
 
-// The split above, from every bucket's times and predictions, and the measured exposed
-// seconds per step over the same steps (mean over ranks). In each step a bucket's time on
-// the rank that arrived last is the collective's own; the others waited the rest.
+// The split above, from every bucket's times and predictions, the measured exposed seconds
+// per step over the same steps (mean over ranks), and the last rank's mean lateness (the
+// predicted wait moves with the lateness one for one, every ready time shifted by it, so
+// the mean lateness gives the mean wait). In each step a bucket's time on the rank that
+// arrived last is the collective's own; the others waited the rest.
 CommExplained explainComm(const std::vector<BucketTimes>& buckets, double exposed,
                           double backward_seconds, double late, bool overlap);
 

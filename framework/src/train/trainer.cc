@@ -1048,12 +1048,16 @@ class RankTrainer {
                            points.substr(0, points.size() - 1)));
     }
     // Only the level's α and β change: what the calibration found of a pair alone and of
-    // the one-way β stays, the one-way β scaled as the exchange's was, the gap as α was.
+    // the one-way β stays, the one-way β scaled as the exchange's was, the gap as a chunk's
+    // exchange was (the busy line's α is where a line through the chunks' sizes meets zero,
+    // not a small message's time as the idle α is).
     CostModel busy = cost;
     const bool across = comm_.topology().nodeCount() > 1;
     LinkCost& level = across ? busy.inter : busy.intra;
+    const double idle_chunk = level.message(static_cast<double>(chunk));
     level.beta_one_way = level.beta > 0 ? level.beta_one_way * loaded.beta / level.beta : 0;
-    level.gap = level.alpha > 0 ? level.gap * loaded.alpha / level.alpha : 0;
+    level.gap =
+        idle_chunk > 0 ? level.gap * loaded.message(static_cast<double>(chunk)) / idle_chunk : 0;
     level.alpha = loaded.alpha;
     level.beta = loaded.beta;
     if (!across) {
@@ -1087,9 +1091,8 @@ class RankTrainer {
       planned[b] = stepCollectives(reducer, b, spec_.steps - 1, /*float32=*/false);
       regular = regular && planned[b].size() == 1;
     }
-    // A rank's arrival in a step: the seconds from the step's start to the end of its
-    // backward, when it waits for what is left of the all-reduces (the step less the
-    // optimizer and that wait). Summed over ranks: each step's bucket seconds, then backward's
+    // A rank's arrival in a step: when it ends its backward and waits for what is left of
+    // the all-reduces. Summed over ranks: each step's bucket seconds, then backward's
     // and the exposed part's means, then each step's arrival. Maximised: each step's negated
     // bucket seconds, then 1 where a rank's steps were not one all-reduce per bucket in
     // bucket order, then each step's arrival.
@@ -1106,7 +1109,10 @@ class RankTrainer {
       }
       sums[steps * buckets] += st.backward / spec_.grad_accum / steps;  // the last micro-batch's
       sums[steps * buckets + 1] += st.sync.exposed_seconds / steps;
-      const double arrival = st.step - st.optimizer - st.sync.exposed_seconds;
+      // From the end of the step before's all-reduces, which every rank leaves together:
+      // that step's optimizer, then this one up to its wait (0 before the first step).
+      const double before = first + i > 0 ? stats[first + i - 1].optimizer : 0;
+      const double arrival = before + st.step - st.optimizer - st.sync.exposed_seconds;
       sums[arrivals + i] = most[flag + 1 + i] = arrival;
     }
     most[flag] = regular ? 0 : 1;
@@ -1115,8 +1121,10 @@ class RankTrainer {
     const std::vector<double> total = control_.sum(sums);
     const double ranks = static_cast<double>(world_);
     double late = 0;  // the last rank's arrival after the mean's, mean over the steps
-    for (size_t i = 0; i < steps; ++i)
-      late += (most[flag + 1 + i] - total[arrivals + i] / ranks) / static_cast<double>(steps);
+    for (size_t i = 0; i < steps; ++i) {
+      late += std::max(0.0, most[flag + 1 + i] - total[arrivals + i] / ranks) /
+              static_cast<double>(steps);
+    }
     CostModel latency_free = cost;
     for (LinkCost* link : {&latency_free.intra, &latency_free.inter})
       link->alpha = link->alpha_alone = link->gap = 0;

@@ -144,16 +144,22 @@ inline double extrapolated(const std::vector<double>& done, double segments) {
   return done.back() + (segments - static_cast<double>(done.size())) * pace;
 }
 
-// Each edge's time for one segment: its first, which pays the level's α, and each later one,
-// which follows it as a stream and pays the gap instead (LinkCost::gap, where measured).
+// Each edge's time for one segment: `first` where the segment finds the edge idle, which
+// pays the level's α, and `next` where it follows the one before on the edge as a stream,
+// which pays the gap instead (LinkCost::gap, where measured).
 struct EdgeSeconds {
   std::vector<double> first, next;
-  double at(size_t edge, int segment) const { return (segment == 0 ? first : next)[edge]; }
+  // When segment `i` has crossed `edge`, ready to go at `ready`, the edge done with the one
+  // before at `busy`: after its latency from `ready`, or a gap after the one before,
+  // whichever is later.
+  double done(size_t edge, int i, double ready, double busy) const {
+    return i == 0 ? ready + first[edge] : std::max(ready + first[edge], busy + next[edge]);
+  }
 };
 
 // Up: when the root has reduced each of `simulated` segments. A rank sends segment i to its
 // parent once it has it from every child and has reduced them (after segment i - 1), over
-// an edge that carries one segment at a time in `seconds.at(edge, i)` (edges numbered by
+// an edge that carries one segment at a time (EdgeSeconds::done; edges numbered by
 // `*next_edge`, in rank order).
 inline std::vector<double> upPhase(const std::vector<patterns::TreeShape>& tree, int simulated,
                                    double reduce_seconds, const EdgeSeconds& seconds,
@@ -173,7 +179,7 @@ inline std::vector<double> upPhase(const std::vector<patterns::TreeShape>& tree,
       if (tree[r].parent < 0) {
         root_done.push_back(ready[r]);
       } else {
-        sent[r] = std::max(ready[r], sent[r]) + seconds.at(edge[r], i);
+        sent[r] = seconds.done(edge[r], i, ready[r], sent[r]);
       }
     }
   }
@@ -199,7 +205,7 @@ inline std::vector<double> downPhase(const std::vector<patterns::TreeShape>& tre
     double last = start;
     for (int r : order) {
       for (size_t c = 0; c < tree[r].children.size(); ++c) {
-        free[r][c] = std::max(has[r], free[r][c]) + seconds.at(edges[r][c], i);
+        free[r][c] = seconds.done(edges[r][c], i, has[r], free[r][c]);
         has[tree[r].children[c]] = free[r][c];
       }
       last = std::max(last, has[r]);
@@ -219,11 +225,11 @@ inline std::vector<double> downPhase(const std::vector<patterns::TreeShape>& tre
 // ends when the last segment reaches the root (up) or the last rank (down). A single
 // segment keeps one level busy at a time, so its edges meet only the edges of their own
 // level, in every tree: going up, the edges from ranks of the same height (a leaf sends at
-// once, wherever it sits); going down, the edges to ranks of the same depth. An edge's
-// first segment pays the level's α; the later ones follow it as a stream (a leaf posts them
-// all at once, and every receive is posted before the first arrives) and pay the gap
-// instead, where the calibration measured one. Past 256 segments the pipeline's pace is
-// steady and the rest is extrapolated.
+// once, wherever it sits); going down, the edges to ranks of the same depth. A segment that
+// finds its edge idle pays the level's α; one that queues behind the segment before it
+// follows as a stream and pays the gap instead, where the calibration measured one (a leaf
+// posts all its segments at once, and every receive is posted before the first arrives).
+// Past 256 segments the pipeline's pace is steady and the rest is extrapolated.
 inline double predictTrees(const std::vector<std::vector<patterns::TreeShape>>& shapes,
                            double segment, double segments, bool reduce, const Topology& topology,
                            const CostModel& model) {
@@ -245,10 +251,12 @@ inline double predictTrees(const std::vector<std::vector<patterns::TreeShape>>& 
       }
     }
   }
-  // A later segment's message: the gap in place of α, alone or among the node's flows.
+  // A segment that queues behind another: the gap in place of α, alone or among the node's flows.
   CostModel streaming = model;
   for (LinkCost* link : {&streaming.intra, &streaming.inter}) {
-    if (link->gap > 0) link->alpha = link->alpha_alone = link->gap;
+    if (link->gap <= 0) continue;
+    link->alpha = link->gap;
+    if (link->alpha_alone > 0) link->alpha_alone = link->gap;
   }
   auto pricedBy = [&](const std::vector<Flow>& edges, const std::vector<int>& levels,
                       const CostModel& costs) {
