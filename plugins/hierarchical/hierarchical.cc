@@ -72,6 +72,7 @@ class HierarchicalScheduler : public Scheduler {
     for (const auto& [scheduler, name, coll, size] : needs) {
       CollectiveArgs probe = args;
       probe.coll = coll;
+      if (probe.op == ReduceOp::kAvg) probe.op = ReduceOp::kSum;  // run() sums, then divides
       Topology group = subTopology(topology, size);
       Decision d = scheduler->accepts(probe, group);
       if (!d.accepted) return Decision::no("hierarchical: its " + name + " cannot: " + d.reason);

@@ -133,8 +133,9 @@ TEST(Config, AFaultNeedsOneTriggerAndOnlyItsActionsKeys) {
                  {"action delay needs delay: DURATION"});
   expectContains(errorOf(bench + "  - {rank: 1, at_collective: 2, action: kill, delay: 1s}\n"),
                  {"faults[0].delay: only actions delay and stop take a delay"});
-  expectContains(errorOf(bench + "  - {rank: 1, at_collective: 2, action: stop, delay: 0s}\n"),
-                 {"faults[0].delay: a stop's delay is the time until SIGCONT, above 0"});
+  expectContains(
+      errorOf(bench + "  - {rank: 1, at_collective: 2, action: stop, delay: 50ms}\n"),
+      {"faults[0].delay: a stop's delay is the time until SIGCONT, at least 100ms", "found 50 ms"});
   expectContains(errorOf(bench + "  - {rank: 1, at_collective: 2, action: slow}\n"),
                  {"action slow needs cpu_share"});
   expectContains(errorOf(bench + "  - {rank: 1, at_collective: 2, action: slow, cpu_share: 2}\n"),

@@ -495,10 +495,12 @@ void checkFaults(const Experiment& e, std::vector<Issue>* issues) {
       problem("delay", "only actions delay and stop take a delay");
     }
     if (delays && !node["delay"]) problem("", "action delay needs delay: DURATION (e.g. 500ms)");
-    if (stops && node["delay"] && f.delay.count() <= 0) {
-      problem("delay",
-              "a stop's delay is the time until SIGCONT, above 0 (leave it out for a "
-              "stop that lasts until something continues the rank)");
+    if (stops && node["delay"] && f.delay < std::chrono::milliseconds(100)) {
+      problem("delay", fmt::format("a stop's delay is the time until SIGCONT, at least 100ms "
+                                   "(its timer must not fire before the stop), found {} ms; "
+                                   "leave it out for a stop that lasts until something "
+                                   "continues the rank",
+                                   f.delay.count()));
     }
     if (node["cpu_share"] && !slows) problem("cpu_share", "only action slow takes a cpu_share");
     if (slows && !node["cpu_share"]) {

@@ -36,11 +36,14 @@ namespace {
 constexpr long kCfsPeriodUs = 10000;
 constexpr long kMinQuotaUs = 1000;
 
-// SIGSTOP; with a duration, a timer of the process's own sends it SIGCONT after that (the
-// kernel continues a stopped process on SIGCONT, whoever sends it; none of its threads
-// could): a machine that freezes and comes back. The timer repeats every 10 ms until the
-// process runs again: a first SIGCONT that came before the stop (this thread descheduled
-// for the whole duration) does nothing, and the next one continues it.
+// SIGSTOP; with a duration, a one-shot timer of the process's own sends it SIGCONT after
+// that (the kernel continues a stopped process on SIGCONT, whoever sends it; none of its
+// threads could): a machine that freezes and comes back. The timer is armed just before the
+// stop: were this thread held off the CPU for the whole duration in between, the SIGCONT
+// would come first and the stop would last until something else continued the rank. The
+// config keeps the duration at 100 ms or more, far above such a delay. (A repeating timer
+// would not help: since Linux 6.13 a timer whose signal is ignored, as SIGCONT's default
+// action counts, is not re-armed.)
 void stopFor(std::chrono::milliseconds duration) {
   timer_t timer{};
   const bool timed = duration.count() > 0;
@@ -53,7 +56,6 @@ void stopFor(std::chrono::milliseconds duration) {
     itimerspec when{};
     when.it_value.tv_sec = static_cast<time_t>(duration.count() / 1000);
     when.it_value.tv_nsec = static_cast<long>(duration.count() % 1000) * 1000000L;
-    when.it_interval.tv_nsec = 10 * 1000000L;
     if (::timer_settime(timer, 0, &when, nullptr) != 0) {
       const int error = errno;
       ::timer_delete(timer);

@@ -254,9 +254,9 @@ inline double predictTrees(const std::vector<std::vector<patterns::TreeShape>>& 
   // A segment that queues behind another: the gap in place of α, alone or among the node's flows.
   CostModel streaming = model;
   for (LinkCost* link : {&streaming.intra, &streaming.inter}) {
-    if (link->gap <= 0) continue;
-    link->alpha = link->gap;
-    if (link->alpha_alone > 0) link->alpha_alone = link->gap;
+    if (link->gap <= 0) continue;  // never dearer than a message alone
+    link->alpha = std::min(link->alpha, link->gap);
+    if (link->alpha_alone > 0) link->alpha_alone = std::min(link->alpha_alone, link->gap);
   }
   auto pricedBy = [&](const std::vector<Flow>& edges, const std::vector<int>& levels,
                       const CostModel& costs) {
