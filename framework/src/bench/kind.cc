@@ -24,7 +24,7 @@ std::string rulesPath(const RunRequest& request, const config::Experiment& first
   return request.emit_rules.empty() ? first.bench.emit_rules : request.emit_rules;
 }
 
-class BenchKind : public ExperimentKind {
+class BenchKind : public KindOfResults<Result, &run, &bench::runRank, &saveResult, &loadResult> {
  public:
   void checkRequest(const RunRequest& request, const std::vector<config::Experiment>& runs,
                     const PluginLoader&) const override {
@@ -51,19 +51,6 @@ class BenchKind : public ExperimentKind {
   // A bench runs on a simulator, and a restart measures again from the start.
   void checkSimulated(const config::Experiment&) const override {}
   Restart restartOf(const config::Experiment&) const override { return {}; }
-
-  void runInThreads(const PluginLoader& loader, const config::Experiment& e,
-                    const fs::path& out) override {
-    results_.push_back(run(loader, e, out.string()));
-  }
-
-  void runAsRank(const PluginLoader& loader, const config::Experiment& e, const WorkerRank& rank,
-                 const fs::path& out) override {
-    results_.push_back(bench::runRank(loader, e, rank.backend, rank.topology, out.string()));
-  }
-
-  void saveLast(const std::string& path) const override { saveResult(path, results_.back()); }
-  void load(const std::string& path) override { results_.push_back(loadResult(path)); }
 
   int report(const RunRequest& request, const std::vector<config::Experiment>& runs,
              const fs::path& out) override {
@@ -204,8 +191,6 @@ class BenchKind : public ExperimentKind {
     probe.rules.push_back({0, RuleChoice{"ring", {}}});
     openMpiPolicy(probe);
   }
-
-  std::vector<Result> results_;
 };
 
 }  // namespace

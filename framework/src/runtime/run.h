@@ -68,6 +68,27 @@ class ExperimentKind {
                      const std::filesystem::path& out) = 0;
 };
 
+// The part of a kind's table that every kind fills the same way: one result per run, made
+// by the kind's run (ranks as threads) or runRank (this process's rank), handed over by its
+// save and load functions, and kept in run order for report().
+template <typename Result, auto kRun, auto kRunRank, auto kSave, auto kLoad>
+class KindOfResults : public ExperimentKind {
+ public:
+  void runInThreads(const PluginLoader& loader, const config::Experiment& e,
+                    const std::filesystem::path& out) override {
+    results_.push_back(kRun(loader, e, out.string()));
+  }
+  void runAsRank(const PluginLoader& loader, const config::Experiment& e, const WorkerRank& rank,
+                 const std::filesystem::path& out) override {
+    results_.push_back(kRunRank(loader, e, rank.backend, rank.topology, out.string()));
+  }
+  void saveLast(const std::string& path) const override { kSave(path, results_.back()); }
+  void load(const std::string& path) override { results_.push_back(kLoad(path)); }
+
+ protected:
+  std::vector<Result> results_;
+};
+
 // What the runtime is handed from above it (the command line), so that it includes neither
 // the kinds nor the lab: the table of the experiments' kind (bench or train), and the
 // launcher of runs on the lab's emulated hosts (launch.lab).

@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 namespace collie::train {
 namespace {
 
-class TrainKind : public ExperimentKind {
+class TrainKind : public KindOfResults<Result, &run, &train::runRank, &saveResult, &loadResult> {
  public:
   void checkRequest(const RunRequest& request, const std::vector<config::Experiment>& runs,
                     const PluginLoader& loader) const override {
@@ -55,19 +55,6 @@ class TrainKind : public ExperimentKind {
     return {" from the newest checkpoint in " + e.train.checkpoint_dir, ""};
   }
 
-  void runInThreads(const PluginLoader& loader, const config::Experiment& e,
-                    const fs::path& out) override {
-    results_.push_back(run(loader, e, out.string()));
-  }
-
-  void runAsRank(const PluginLoader& loader, const config::Experiment& e, const WorkerRank& rank,
-                 const fs::path& out) override {
-    results_.push_back(train::runRank(loader, e, rank.backend, rank.topology, out.string()));
-  }
-
-  void saveLast(const std::string& path) const override { saveResult(path, results_.back()); }
-  void load(const std::string& path) override { results_.push_back(loadResult(path)); }
-
   int report(const RunRequest&, const std::vector<config::Experiment>& runs,
              const fs::path& out) override {
     printSummary(std::cout, results_);
@@ -77,9 +64,6 @@ class TrainKind : public ExperimentKind {
               << (out / (matrix ? "run-*-rank-*.jsonl" : "rank-*.jsonl")).string() << std::endl;
     return 0;
   }
-
- private:
-  std::vector<Result> results_;
 };
 
 }  // namespace
