@@ -19,6 +19,7 @@
 #include "collie/error.h"
 #include "collie/params.h"
 #include "util/files.h"
+#include "util/json_file.h"
 #include "util/spawn.h"
 
 namespace collie::bench {
@@ -428,10 +429,7 @@ void saveResult(const std::string& path, const Result& result) {
 }
 
 Result loadResult(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(ErrorKind::kInternal, "rank 0 left no results in " + path);
-  try {
-    auto doc = nlohmann::json::parse(in);
+  return detail::readRankFile(path, "results", [](const nlohmann::json& doc) {
     Result result;
     result.calibrated = doc.at("calibrated").get<bool>();
     const auto& facts = doc.at("facts");
@@ -479,9 +477,7 @@ Result loadResult(const std::string& path) {
       result.rows.push_back(r);
     }
     return result;
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(ErrorKind::kInternal, path + ": unreadable results from rank 0: " + e.what());
-  }
+  });
 }
 
 namespace {

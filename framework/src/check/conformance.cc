@@ -28,6 +28,7 @@
 #include "runtime/environment.h"
 #include "runtime/in_process.h"
 #include "util/files.h"
+#include "util/json_file.h"
 
 namespace collie::check {
 namespace {
@@ -645,10 +646,7 @@ void saveReport(const std::string& path, const Report& report) {
 }
 
 Report loadReport(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(ErrorKind::kInternal, "rank 0 left no report in " + path);
-  try {
-    auto doc = nlohmann::json::parse(in);
+  return detail::readRankFile(path, "report", [](const nlohmann::json& doc) {
     Report report;
     report.passed = doc.at("passed").get<size_t>();
     report.declined = doc.at("declined").get<size_t>();
@@ -659,9 +657,7 @@ Report loadReport(const std::string& path) {
           {d.at("reason").get<std::string>(), d.at("worlds").get<std::vector<int>>()});
     }
     return report;
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(ErrorKind::kInternal, path + ": unreadable report: " + e.what());
-  }
+  });
 }
 
 std::string describe(const std::string& what, const Report& report, size_t max_lines) {

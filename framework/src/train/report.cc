@@ -25,6 +25,7 @@
 #include "train/memory_fit.h"
 #include "train/report.h"
 #include "util/files.h"
+#include "util/json_file.h"
 
 namespace collie::train {
 
@@ -674,13 +675,7 @@ void saveResult(const std::string& path, const Result& result) {
 }
 
 Result loadResult(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw InternalError("rank 0 left no training result at " + path);
-  try {
-    return fromJson(json::parse(in));
-  } catch (const json::exception& e) {
-    throw InternalError(path + ": not a training result: " + e.what());
-  }
+  return detail::readRankFile(path, "training result", [](const json& j) { return fromJson(j); });
 }
 
 StepLog::StepLog(const std::string& out_dir, int rank, int run, bool append)
