@@ -23,18 +23,14 @@ enum Phase : uint32_t {
   kBackwardAllGather = 4
 };
 
-class BidirectionalRingScheduler : public Scheduler {
+class BidirectionalRingScheduler : public schedules::OneCollectiveScheduler {
  public:
   explicit BidirectionalRingScheduler(const PluginContext& context)
-      : chunk_bytes_(context.params->getBytes("chunk_bytes", 1 << 20, 1, 1ull << 32)) {}
+      : OneCollectiveScheduler("bidirectional_ring", Collective::kAllReduce,
+                               "; ring does reduce_scatter and allgather"),
+        chunk_bytes_(context.params->getBytes("chunk_bytes", 1 << 20, 1, 1ull << 32)) {}
 
-  Decision accepts(const CollectiveArgs& args, const Topology&) const override {
-    return schedules::acceptOnly("bidirectional_ring", Collective::kAllReduce, args,
-                                 "; ring does reduce_scatter and allgather");
-  }
-
-  void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {
-    schedules::requireOnly("bidirectional_ring", Collective::kAllReduce, args);
+  void runOne(const CollectiveArgs& args, Backend& backend, const Topology&) override {
     const int n = backend.size();
     if (n == 1 || args.data.count == 0) return finishAverage(args.data, args.op, n);
     const size_t half = (args.data.count + 1) / 2;
@@ -55,11 +51,8 @@ class BidirectionalRingScheduler : public Scheduler {
   // latencies overlap, over chunks of half-blocks; a rank still sends and receives
   // 2(n-1)/n of the message in all (stepSeconds prices a step: a rank's way out carries
   // both halves, and a node's link the flows that cross it).
-  double predictSeconds(const CollectiveArgs& args, const Topology& topology,
-                        const CostModel& model) const override {
-    const int n = topology.world_size;
-    if (args.coll != Collective::kAllReduce) return kNoPrediction;
-    if (n == 1) return 0;
+  double predictOne(int n, const CollectiveArgs& args, const Topology& topology,
+                    const CostModel& model) const override {
     const double m = static_cast<double>(args.data.bytes());
     const int pieces =
         static_cast<int>(std::max(1.0, std::ceil(m / 2 / n / static_cast<double>(chunk_bytes_))));

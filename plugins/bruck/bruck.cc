@@ -15,16 +15,12 @@ namespace {
 
 enum Phase : uint32_t { kGather = 1 };
 
-class BruckScheduler : public Scheduler {
+class BruckScheduler : public schedules::OneCollectiveScheduler {
  public:
-  explicit BruckScheduler(const PluginContext&) {}
+  explicit BruckScheduler(const PluginContext&)
+      : OneCollectiveScheduler("bruck", Collective::kAllGather) {}
 
-  Decision accepts(const CollectiveArgs& args, const Topology&) const override {
-    return schedules::acceptOnly("bruck", Collective::kAllGather, args);
-  }
-
-  void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {
-    schedules::requireOnly("bruck", Collective::kAllGather, args);
+  void runOne(const CollectiveArgs& args, Backend& backend, const Topology&) override {
     const int n = backend.size(), rank = backend.rank();
     const size_t k = args.data.count;
     if (n == 1 || k == 0) {
@@ -55,11 +51,8 @@ class BruckScheduler : public Scheduler {
 
   // α-β (README): ⌈log2 n⌉ steps moving n−1 blocks of m/n bytes in all (m the gathered size),
   // each step priced by stepSeconds (node links that several sends cross at once are shared).
-  double predictSeconds(const CollectiveArgs& args, const Topology& topology,
-                        const CostModel& model) const override {
-    const int n = topology.world_size;
-    if (args.coll != Collective::kAllGather) return kNoPrediction;
-    if (n == 1) return 0;
+  double predictOne(int n, const CollectiveArgs& args, const Topology& topology,
+                    const CostModel& model) const override {
     const double block = static_cast<double>(args.output.bytes()) / n;
     double t = 0;
     for (int k = 0; k < patterns::bruckSteps(n); ++k) {

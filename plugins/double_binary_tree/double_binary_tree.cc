@@ -18,17 +18,13 @@ namespace {
 
 enum Phase : uint32_t { kReduce0 = 1, kBroadcast0 = 2, kReduce1 = 3, kBroadcast1 = 4 };
 
-class DoubleBinaryTreeScheduler : public Scheduler {
+class DoubleBinaryTreeScheduler : public schedules::OneCollectiveScheduler {
  public:
   explicit DoubleBinaryTreeScheduler(const PluginContext& context)
-      : segment_bytes_(context.params->getBytes("segment_bytes", 256 << 10, 1, 1ull << 32)) {}
+      : OneCollectiveScheduler("double_binary_tree", Collective::kAllReduce),
+        segment_bytes_(context.params->getBytes("segment_bytes", 256 << 10, 1, 1ull << 32)) {}
 
-  Decision accepts(const CollectiveArgs& args, const Topology&) const override {
-    return schedules::acceptOnly("double_binary_tree", Collective::kAllReduce, args);
-  }
-
-  void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {
-    schedules::requireOnly("double_binary_tree", Collective::kAllReduce, args);
+  void runOne(const CollectiveArgs& args, Backend& backend, const Topology&) override {
     const int n = backend.size(), rank = backend.rank();
     if (n == 1 || args.data.count == 0) return finishAverage(args.data, args.op, n);
     const size_t half = (args.data.count + 1) / 2;
@@ -48,11 +44,8 @@ class DoubleBinaryTreeScheduler : public Scheduler {
   // pipelines of depth + s - 1 beats; in a beat every edge of both trees carries a segment
   // at once, so a rank inner in one tree and a leaf in the other serves both
   // (schedules::predictTrees, which also shares the links between nodes).
-  double predictSeconds(const CollectiveArgs& args, const Topology& topology,
-                        const CostModel& model) const override {
-    const int n = topology.world_size;
-    if (args.coll != Collective::kAllReduce) return kNoPrediction;
-    if (n == 1) return 0;
+  double predictOne(int n, const CollectiveArgs& args, const Topology& topology,
+                    const CostModel& model) const override {
     std::vector<std::vector<patterns::TreeShape>> shapes(2);
     for (int t = 0; t < 2; ++t) {
       for (int r = 0; r < n; ++r) shapes[t].push_back(patterns::doubleBinaryTree(r, n, t));

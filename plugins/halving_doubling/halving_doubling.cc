@@ -7,6 +7,7 @@
 
 #include "collie/patterns/halving_doubling.h"
 #include "collie/plugin.h"
+#include "collie/schedules/accept.h"
 #include "collie/schedules/fold.h"
 #include "collie/schedules/small.h"
 
@@ -68,65 +69,68 @@ class HalvingDoublingScheduler : public Scheduler {
   // messages.
   double predictSeconds(const CollectiveArgs& args, const Topology& topology,
                         const CostModel& model) const override {
-    const int n = topology.world_size;
-    if (n == 1) return 0;
-    if (args.coll == Collective::kBarrier) {
-      double t = 0;
-      for (int d = 1; d < n; d *= 2) {
-        std::vector<Flow> round;
-        for (int r = 0; r < n; ++r) round.push_back({r, (r + d) % n, 0});
-        t += stepSeconds(round, topology, model);
-      }
-      return t;
-    }
-    if (args.coll == Collective::kBroadcast) return kNoPrediction;
-    const bool reduces = args.coll != Collective::kAllGather;
-    const bool gathers = args.coll != Collective::kReduceScatter;
-    // The whole buffer: the input of all-reduce and reduce_scatter, allgather's output.
-    const size_t count = gathers && !reduces ? args.output.count : args.data.count;
-    const int p = patterns::powerOfTwoFloor(n);
-    const double element = static_cast<double>(dtypeSize(args.data.dtype));
-    const double m = element * static_cast<double>(count);
-    auto bytes = [&](patterns::BlockSpan span) {
-      return element *
-             static_cast<double>(patterns::blockSpan(count, p, span.begin, span.end).count);
-    };
-    double t = reduces ? static_cast<double>(p - 1) / p * m * model.gamma : 0;
-    for (int k = 0; k < patterns::log2Exact(p); ++k) {
-      std::vector<Flow> halving, doubling;
-      for (int v = 0; v < p; ++v) {
-        const patterns::HalvingStep h = patterns::halvingStep(v, p, k);
-        halving.push_back(
-            {patterns::coreRank(v, n), patterns::coreRank(h.partner, n), bytes(h.give)});
-        const patterns::HalvingStep d = patterns::doublingStep(v, p, k);
-        doubling.push_back(
-            {patterns::coreRank(v, n), patterns::coreRank(d.partner, n), bytes(d.keep)});
-      }
-      if (reduces) t += stepSeconds(halving, topology, model);
-      if (gathers) t += stepSeconds(doubling, topology, model);
-    }
-    if (p == n) return t;
-    if (args.coll == Collective::kAllReduce)
-      return t + schedules::predictFold(n, m, topology, model);
-    // Off powers of two: reduce_scatter folds in (a whole message, reduced) and scatters the
-    // core's blocks to their owners; allgather gathers the blocks to the core and folds out.
-    std::vector<Flow> fold, moves;
-    for (int r = 0; r < 2 * (n - p); r += 2) fold.push_back({r, r + 1, m});
-    for (int v = 0; v < p; ++v) {
-      for (int r = 0; r < n; ++r) {
-        const int core = patterns::coreRank(v, n);
-        const size_t piece =
-            patterns::intersect(patterns::block(count, p, v), patterns::block(count, n, r)).count;
-        if (piece == 0 || core == r) continue;
-        moves.push_back(reduces ? Flow{core, r, element * static_cast<double>(piece)}
-                                : Flow{r, core, element * static_cast<double>(piece)});
-      }
-    }
-    if (!reduces) {
-      for (Flow& f : fold) std::swap(f.from, f.to);
-    }
-    return t + stepSeconds(fold, topology, model) + (reduces ? m * model.gamma : 0) +
-           stepSeconds(moves, topology, model);
+    return schedules::predictOnly(
+        {Collective::kAllReduce, Collective::kBarrier, Collective::kReduceScatter,
+         Collective::kAllGather},
+        args, topology, [&](int n) {
+          if (args.coll == Collective::kBarrier) {
+            double t = 0;
+            for (int d = 1; d < n; d *= 2) {
+              std::vector<Flow> round;
+              for (int r = 0; r < n; ++r) round.push_back({r, (r + d) % n, 0});
+              t += stepSeconds(round, topology, model);
+            }
+            return t;
+          }
+          const bool reduces = args.coll != Collective::kAllGather;
+          const bool gathers = args.coll != Collective::kReduceScatter;
+          // The whole buffer: the input of all-reduce and reduce_scatter, allgather's output.
+          const size_t count = gathers && !reduces ? args.output.count : args.data.count;
+          const int p = patterns::powerOfTwoFloor(n);
+          const double element = static_cast<double>(dtypeSize(args.data.dtype));
+          const double m = element * static_cast<double>(count);
+          auto bytes = [&](patterns::BlockSpan span) {
+            return element *
+                   static_cast<double>(patterns::blockSpan(count, p, span.begin, span.end).count);
+          };
+          double t = reduces ? static_cast<double>(p - 1) / p * m * model.gamma : 0;
+          for (int k = 0; k < patterns::log2Exact(p); ++k) {
+            std::vector<Flow> halving, doubling;
+            for (int v = 0; v < p; ++v) {
+              const patterns::HalvingStep h = patterns::halvingStep(v, p, k);
+              halving.push_back(
+                  {patterns::coreRank(v, n), patterns::coreRank(h.partner, n), bytes(h.give)});
+              const patterns::HalvingStep d = patterns::doublingStep(v, p, k);
+              doubling.push_back(
+                  {patterns::coreRank(v, n), patterns::coreRank(d.partner, n), bytes(d.keep)});
+            }
+            if (reduces) t += stepSeconds(halving, topology, model);
+            if (gathers) t += stepSeconds(doubling, topology, model);
+          }
+          if (p == n) return t;
+          if (args.coll == Collective::kAllReduce)
+            return t + schedules::predictFold(n, m, topology, model);
+          // Off powers of two: reduce_scatter folds in (a whole message, reduced) and scatters the
+          // core's blocks to their owners; allgather gathers the blocks to the core and folds out.
+          std::vector<Flow> fold, moves;
+          for (int r = 0; r < 2 * (n - p); r += 2) fold.push_back({r, r + 1, m});
+          for (int v = 0; v < p; ++v) {
+            for (int r = 0; r < n; ++r) {
+              const int core = patterns::coreRank(v, n);
+              const size_t piece =
+                  patterns::intersect(patterns::block(count, p, v), patterns::block(count, n, r))
+                      .count;
+              if (piece == 0 || core == r) continue;
+              moves.push_back(reduces ? Flow{core, r, element * static_cast<double>(piece)}
+                                      : Flow{r, core, element * static_cast<double>(piece)});
+            }
+          }
+          if (!reduces) {
+            for (Flow& f : fold) std::swap(f.from, f.to);
+          }
+          return t + stepSeconds(fold, topology, model) + (reduces ? m * model.gamma : 0) +
+                 stepSeconds(moves, topology, model);
+        });
   }
 
  private:

@@ -15,16 +15,12 @@ namespace {
 
 enum Phase : uint32_t { kFold = 1, kExchange = 2, kUnfold = 3 };
 
-class RecursiveDoublingScheduler : public Scheduler {
+class RecursiveDoublingScheduler : public schedules::OneCollectiveScheduler {
  public:
-  explicit RecursiveDoublingScheduler(const PluginContext&) {}
+  explicit RecursiveDoublingScheduler(const PluginContext&)
+      : OneCollectiveScheduler("recursive_doubling", Collective::kAllReduce) {}
 
-  Decision accepts(const CollectiveArgs& args, const Topology&) const override {
-    return schedules::acceptOnly("recursive_doubling", Collective::kAllReduce, args);
-  }
-
-  void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {
-    schedules::requireOnly("recursive_doubling", Collective::kAllReduce, args);
+  void runOne(const CollectiveArgs& args, Backend& backend, const Topology&) override {
     schedules::allReduceOnCore(args, kFold, kUnfold, backend, [&](const patterns::Fold& f) {
       // After step k the 2^(k+1) core ranks that agree on their low bits above k hold the
       // same partial result, bit for bit: each side adds the same two operands.
@@ -38,11 +34,8 @@ class RecursiveDoublingScheduler : public Scheduler {
   // α-β-γ (README): log2(p) exchanges of the whole message between core partners, each
   // reduced (stepSeconds prices a step: node links that several exchanges cross at once are
   // shared); off powers of two the fold and unfold add a message each way and one reduction.
-  double predictSeconds(const CollectiveArgs& args, const Topology& topology,
-                        const CostModel& model) const override {
-    const int n = topology.world_size;
-    if (args.coll != Collective::kAllReduce) return kNoPrediction;
-    if (n == 1) return 0;
+  double predictOne(int n, const CollectiveArgs& args, const Topology& topology,
+                    const CostModel& model) const override {
     const double m = static_cast<double>(args.data.bytes());
     const double t = schedules::predictWholeExchanges(n, m, topology, model,
                                                       [](int v, int k) { return v ^ (1 << k); });

@@ -73,24 +73,27 @@ class RingScheduler : public Scheduler {
   // Reduce-scatter and all-gather: one phase.
   double predictSeconds(const CollectiveArgs& args, const Topology& topology,
                         const CostModel& model) const override {
-    const int n = topology.world_size;
-    if (n == 1) return 0;
-    const double m = static_cast<double>(std::max(args.data.bytes(), args.output.bytes()));
-    const double pieces = std::max(1.0, std::ceil(m / n / static_cast<double>(chunk_bytes_)));
-    std::vector<Flow> step;
-    for (int r = 0; r < n; ++r) step.push_back({r, (r + 1) % n, m / n, static_cast<int>(pieces)});
-    const double phase = (n - 1) * stepSeconds(step, topology, model);
-    const double reduce = (n - 1.0) / n * m * model.gamma;
-    switch (args.coll) {
-      case Collective::kAllReduce:
-        return 2 * phase + reduce;
-      case Collective::kReduceScatter:
-        return phase + reduce;
-      case Collective::kAllGather:
-        return phase;
-      default:
-        return kNoPrediction;
-    }
+    return schedules::predictOnly(
+        {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather}, args,
+        topology, [&](int n) {
+          const double m = static_cast<double>(std::max(args.data.bytes(), args.output.bytes()));
+          const double pieces = std::max(1.0, std::ceil(m / n / static_cast<double>(chunk_bytes_)));
+          std::vector<Flow> step;
+          for (int r = 0; r < n; ++r)
+            step.push_back({r, (r + 1) % n, m / n, static_cast<int>(pieces)});
+          const double phase = (n - 1) * stepSeconds(step, topology, model);
+          const double reduce = (n - 1.0) / n * m * model.gamma;
+          switch (args.coll) {
+            case Collective::kAllReduce:
+              return 2 * phase + reduce;
+            case Collective::kReduceScatter:
+              return phase + reduce;
+            case Collective::kAllGather:
+              return phase;
+            default:
+              return kNoPrediction;
+          }
+        });
   }
 
  private:

@@ -25,9 +25,10 @@ enum Phase : uint32_t { kFold = 1, kExchange = 2, kReduceScatter = 3, kAllGather
 
 Buffer elements(const Buffer& data, Range r) { return data.slice(r.offset, r.count); }
 
-class SwingScheduler : public Scheduler {
+class SwingScheduler : public schedules::OneCollectiveScheduler {
  public:
-  explicit SwingScheduler(const PluginContext& context) {
+  explicit SwingScheduler(const PluginContext& context)
+      : OneCollectiveScheduler("swing", Collective::kAllReduce) {
     const std::string variant = context.params->getString("variant", "bandwidth");
     if (variant != "latency" && variant != "bandwidth") {
       throw ConfigError("swing: params.variant is '" + variant +
@@ -37,12 +38,7 @@ class SwingScheduler : public Scheduler {
     latency_ = variant == "latency";
   }
 
-  Decision accepts(const CollectiveArgs& args, const Topology&) const override {
-    return schedules::acceptOnly("swing", Collective::kAllReduce, args);
-  }
-
-  void run(const CollectiveArgs& args, Backend& backend, const Topology&) override {
-    schedules::requireOnly("swing", Collective::kAllReduce, args);
+  void runOne(const CollectiveArgs& args, Backend& backend, const Topology&) override {
     const Buffer& data = args.data;
     schedules::allReduceOnCore(args, kFold, kUnfold, backend, [&](const patterns::Fold& f) {
       if (latency_) {
@@ -64,11 +60,8 @@ class SwingScheduler : public Scheduler {
   // reduce-scatter and the all-gather) in the bandwidth variant, like Rabenseifner; each
   // step is priced by stepSeconds (node links that several exchanges cross are shared). Off
   // powers of two the fold adds a message each way and a reduction.
-  double predictSeconds(const CollectiveArgs& args, const Topology& topology,
-                        const CostModel& model) const override {
-    const int n = topology.world_size;
-    if (args.coll != Collective::kAllReduce) return kNoPrediction;
-    if (n == 1) return 0;
+  double predictOne(int n, const CollectiveArgs& args, const Topology& topology,
+                    const CostModel& model) const override {
     const int p = patterns::powerOfTwoFloor(n);
     const double m = static_cast<double>(args.data.bytes());
     auto peer = [p](int v, int s) { return patterns::swingPeer(v, s, p); };
