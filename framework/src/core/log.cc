@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <iterator>
 #include <memory>
 #include <mutex>
 
@@ -33,21 +34,12 @@ class RankFlag : public spdlog::custom_flag_formatter {
 };
 
 spdlog::level::level_enum toSpd(LogLevel level) {
-  switch (level) {
-    case LogLevel::kTrace:
-      return spdlog::level::trace;
-    case LogLevel::kDebug:
-      return spdlog::level::debug;
-    case LogLevel::kInfo:
-      return spdlog::level::info;
-    case LogLevel::kWarn:
-      return spdlog::level::warn;
-    case LogLevel::kError:
-      return spdlog::level::err;
-    case LogLevel::kOff:
-      return spdlog::level::off;
-  }
-  return spdlog::level::info;
+  // In LogLevel's order: spdlog's, less its `critical`.
+  static constexpr spdlog::level::level_enum kLevels[] = {
+      spdlog::level::trace, spdlog::level::debug, spdlog::level::info,
+      spdlog::level::warn,  spdlog::level::err,   spdlog::level::off};
+  const auto i = static_cast<size_t>(level);
+  return i < std::size(kLevels) ? kLevels[i] : spdlog::level::info;
 }
 
 spdlog::logger& logger() {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -118,15 +119,10 @@ std::string ranksText(const std::vector<int>& ranks) {
 }  // namespace
 
 const char* flightStateName(FlightEntry::State state) {
-  switch (state) {
-    case FlightEntry::State::kStarted:
-      return "started";
-    case FlightEntry::State::kCompleted:
-      return "completed";
-    case FlightEntry::State::kFailed:
-      return "failed";
-  }
-  return "?";
+  // In the enum's order.
+  static constexpr const char* kNames[] = {"started", "completed", "failed"};
+  const auto i = static_cast<size_t>(state);
+  return i < std::size(kNames) ? kNames[i] : "?";
 }
 
 uint64_t FlightRecorder::begin(FlightEntry entry) {

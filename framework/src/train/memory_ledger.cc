@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "runtime/cpu_allocator.h"
@@ -60,23 +61,12 @@ constexpr uint8_t kPriority = 50;
 }  // namespace
 
 const char* memoryUseName(MemoryUse use) {
-  switch (use) {
-    case MemoryUse::kSetUp:
-      return "set-up";
-    case MemoryUse::kForward:
-      return "forward";
-    case MemoryUse::kBackward:
-      return "backward";
-    case MemoryUse::kGathered:
-      return "gathered";
-    case MemoryUse::kGradientSync:
-      return "gradient sync";
-    case MemoryUse::kOptimizer:
-      return "optimizer";
-    case MemoryUse::kOther:
-      return "other";
-  }
-  return "?";
+  // In the enum's order.
+  static constexpr const char* kNames[] = {"set-up",        "forward",   "backward", "gathered",
+                                           "gradient sync", "optimizer", "other"};
+  static_assert(std::size(kNames) == kMemoryUses);
+  const int i = static_cast<int>(use);
+  return i >= 0 && i < kMemoryUses ? kNames[i] : "?";
 }
 
 bool MemoryLedger::install() {
