@@ -39,6 +39,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -238,20 +239,31 @@ void BM_ucx_raw(benchmark::State& s) {
   CountAllocations count(s);
   for (auto _ : s) g_rank->raw_ucx->exchange(g_rank->send.data(), g_rank->recv.data(), g_bytes);
 }
-void BM_ucx_backend(benchmark::State& s) { exchangeOver(*g_rank->ucx.backend, s); }
-void BM_ucx_scheduler(benchmark::State& s) { schedulerOver(g_rank->ucx, s); }
-void BM_ucx_dispatch(benchmark::State& s) { dispatchOver(*g_rank->ucx_comm, s); }
-void BM_ucx_traced(benchmark::State& s) { tracedOver(*g_rank->ucx_comm, s); }
-void BM_ucx_attribution(benchmark::State& s) { attributionOver(*g_rank->ucx.backend, s); }
 void BM_gloo_raw(benchmark::State& s) {
   CountAllocations count(s);
   for (auto _ : s) g_rank->raw_gloo->exchange(1 - g_rank->rank);
 }
-void BM_gloo_backend(benchmark::State& s) { exchangeOver(*g_rank->gloo.backend, s); }
-void BM_gloo_scheduler(benchmark::State& s) { schedulerOver(g_rank->gloo, s); }
-void BM_gloo_dispatch(benchmark::State& s) { dispatchOver(*g_rank->gloo_comm, s); }
-void BM_gloo_traced(benchmark::State& s) { tracedOver(*g_rank->gloo_comm, s); }
-void BM_gloo_attribution(benchmark::State& s) { attributionOver(*g_rank->gloo.backend, s); }
+
+// Registers `fn` to run g_iterations times, timed in microseconds.
+void registerTimed(const std::string& name, std::function<void(benchmark::State&)> fn) {
+  benchmark::RegisterBenchmark(name.c_str(), std::move(fn))
+      ->Iterations(g_iterations)
+      ->Unit(benchmark::kMicrosecond);
+}
+
+// The layers above the raw exchange, over one backend: collie's backend, a scheduler over
+// it, the Communicator's dispatch, the same traced, and the attribution of a wait.
+void registerLayers(const std::string& backend, collie::WorkerRank* w, collie::Communicator* comm) {
+  using Layer = std::function<void(benchmark::State&)>;
+  for (const auto& [name, layer] : std::vector<std::pair<const char*, Layer>>{
+           {"2_backend", [w](benchmark::State& s) { exchangeOver(*w->backend, s); }},
+           {"3_scheduler", [w](benchmark::State& s) { schedulerOver(*w, s); }},
+           {"4_dispatch", [comm](benchmark::State& s) { dispatchOver(*comm, s); }},
+           {"5_traced", [comm](benchmark::State& s) { tracedOver(*comm, s); }},
+           {"6_attribution", [w](benchmark::State& s) { attributionOver(*w->backend, s); }}}) {
+    registerTimed(backend + "/" + name, layer);
+  }
+}
 
 void BM_reduce_reduceInto(benchmark::State& s) {
   Buffer dst = floats(g_rank->send), src = floats(g_rank->recv);
@@ -330,25 +342,17 @@ int runRank(int rank, uint16_t port, const std::string& gloo_dir, int argc, char
   r.gloo_comm->addRule("recursive_doubling", r.scheduler);
   g_rank = &r;
 
+  registerTimed("ucx/1_raw", BM_ucx_raw);
+  registerLayers("ucx", &r.ucx, r.ucx_comm.get());
+  registerTimed("gloo/1_raw", BM_gloo_raw);
+  registerLayers("gloo", &r.gloo, r.gloo_comm.get());
   for (auto [name, fn] : std::vector<std::pair<const char*, void (*)(benchmark::State&)>>{
-           {"ucx/1_raw", BM_ucx_raw},
-           {"ucx/2_backend", BM_ucx_backend},
-           {"ucx/3_scheduler", BM_ucx_scheduler},
-           {"ucx/4_dispatch", BM_ucx_dispatch},
-           {"ucx/5_traced", BM_ucx_traced},
-           {"ucx/6_attribution", BM_ucx_attribution},
-           {"gloo/1_raw", BM_gloo_raw},
-           {"gloo/2_backend", BM_gloo_backend},
-           {"gloo/3_scheduler", BM_gloo_scheduler},
-           {"gloo/4_dispatch", BM_gloo_dispatch},
-           {"gloo/5_traced", BM_gloo_traced},
-           {"gloo/6_attribution", BM_gloo_attribution},
            {"trace/span", BM_trace_span},
            {"reduce/reduceInto", BM_reduce_reduceInto},
            {"reduce/aten", BM_reduce_aten},
            {"reduce/f16_reduceInto", BM_reduce_f16_reduceInto},
            {"reduce/f16_c10", BM_reduce_f16_c10}}) {
-    benchmark::RegisterBenchmark(name, fn)->Iterations(g_iterations)->Unit(benchmark::kMicrosecond);
+    registerTimed(name, fn);
   }
   benchmark::Initialize(&argc, argv);
   if (rank == 0) {
