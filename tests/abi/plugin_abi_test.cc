@@ -9,6 +9,7 @@
 
 #include "collie/config.h"
 #include "collie/error.h"
+#include "expect.h"
 #include "plugin/loader.h"
 #include "run_command.h"
 
@@ -40,8 +41,8 @@ class BrokenPlugin : public ::testing::TestWithParam<BrokenCase> {};
 
 TEST_P(BrokenPlugin, IsRejectedWithOneLineBeforeItRuns) {
   std::string m = rejection(GetParam().plugin);
-  EXPECT_NE(m.find(GetParam().reason), std::string::npos) << m;
-  EXPECT_NE(m.find(abiPlugin(GetParam().plugin)), std::string::npos) << "names the file: " << m;
+  EXPECT_TRUE(testing::contains(m, {GetParam().reason, abiPlugin(GetParam().plugin)}))
+      << "names the file: " << m;
   EXPECT_EQ(m.find('\n'), std::string::npos) << "one line: " << m;
 }
 
@@ -50,7 +51,7 @@ TEST_P(BrokenPlugin, CliExitsTwoWithTheSameLine) {
       {"run", std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/ring-vs-tree.yaml", "--set",
        "bench.schedulers=[" + abiPlugin(GetParam().plugin) + "]", "--set", "bench.max_bytes=4KiB"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find(GetParam().reason), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {GetParam().reason}));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -75,21 +76,16 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(PluginAbi, CreateThatThrowsBecomesAPluginError) {
   PluginLoader loader({COLLIE_TEST_ABI_PLUGIN_DIR});
   Params params;
-  try {
-    loader.createScheduler("create_throws", params);
-    FAIL() << "no error";
-  } catch (const PluginError& e) {
-    std::string m = e.what();
-    EXPECT_NE(m.find("scheduler 'create_throws' failed to start: deliberate failure"),
-              std::string::npos)
-        << m;
-  }
+  EXPECT_TRUE(testing::throwsWith<PluginError>(
+      [&] { loader.createScheduler("create_throws", params); },
+      {"scheduler 'create_throws' failed to start: deliberate failure"}))
+      << "no error";
   auto r =
       testing::runCollie({"run", std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/ring-vs-tree.yaml",
                           "--set", "bench.schedulers=[create_throws]"},
                          {std::string("COLLIE_PLUGIN_PATH=") + COLLIE_TEST_ABI_PLUGIN_DIR});
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("deliberate failure in the constructor"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"deliberate failure in the constructor"}));
 }
 
 TEST(PluginAbi, ParamsAreCheckedByThePlugin) {
@@ -100,10 +96,9 @@ TEST(PluginAbi, ParamsAreCheckedByThePlugin) {
     loader.createScheduler("good", out_of_range);
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("x.yaml:4:9: scheduler 'good': params.knob: expected an "
-                                         "integer in [0, 10], found '11'"),
-              std::string::npos)
-        << e.what();
+    EXPECT_TRUE(testing::contains(std::string(e.what()),
+                                  {"x.yaml:4:9: scheduler 'good': params.knob: expected an "
+                                   "integer in [0, 10], found '11'"}));
   }
   Params typo("scheduler 'good'");
   typo.set("knbo", "1");
@@ -111,9 +106,8 @@ TEST(PluginAbi, ParamsAreCheckedByThePlugin) {
     loader.createScheduler("good", typo);
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown param 'knbo' (did you mean 'knob'?)"),
-              std::string::npos)
-        << e.what();
+    EXPECT_TRUE(
+        testing::contains(std::string(e.what()), {"unknown param 'knbo' (did you mean 'knob'?)"}));
   }
 }
 
@@ -146,7 +140,7 @@ TEST(PluginAbi, NoPluginMakesAnExceptionWhoseDestructorDiesWithIt) {
     char chunk[4096];
     for (size_t n; (n = std::fread(chunk, 1, sizeof(chunk), nm)) > 0;) symbols.append(chunk, n);
     ASSERT_EQ(::pclose(nm), 0) << path << ": " << symbols;
-    ASSERT_NE(symbols.find("collie_plugin_v1"), std::string::npos)
+    ASSERT_TRUE(testing::contains(symbols, {"collie_plugin_v1"}))
         << path << ": nm shows no symbols (a stripped build cannot be checked)";
     EXPECT_EQ(symbols.find("__exception_ptr::__dest_thunk"), std::string::npos)
         << path << " makes an exception with std::make_exception_ptr";
@@ -164,8 +158,7 @@ TEST(PluginAbi, LookupByNameAndByPathAndNoSilentFallback) {
     FAIL();
   } catch (const PluginError& e) {
     std::string m = e.what();
-    EXPECT_NE(m.find("did you mean 'good'?"), std::string::npos) << m;
-    EXPECT_NE(m.find("/nonexistent-dir"), std::string::npos) << m;
+    EXPECT_TRUE(testing::contains(m, {"did you mean 'good'?", "/nonexistent-dir"}));
   }
 }
 

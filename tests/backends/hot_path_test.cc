@@ -12,6 +12,7 @@
 #include "collie/backend.h"
 #include "count_allocations.h"
 #include "forked_job.h"
+#include "host_view.h"
 #include "runtime/communicator.h"
 
 namespace collie {
@@ -55,13 +56,7 @@ TEST(RequestPool, TheListKeepsABoundedNumberOfBlocks) {
   EXPECT_EQ(CompletedRequest::pooledBlocks(), detail::BlockPool::kMaxFree);
 }
 
-Buffer floats(std::vector<float>& v) {
-  Buffer b;
-  b.data = v.data();
-  b.count = v.size();
-  b.dtype = DType::kF32;
-  return b;
-}
+Buffer floats(std::vector<float>& v) { return testing::hostView(v); }
 
 // Runs 10 collectives of `coll` (4 KiB per rank) through a Communicator with `scheduler`,
 // then `counted` more; `made` receives the allocations this thread made in those.

@@ -17,6 +17,7 @@
 #include "collie/device_memory.h"
 #include "collie/error.h"
 #include "collie/plugin.h"
+#include "expect.h"
 #include "plugin/loader.h"
 #include "runtime/tcp_store.h"
 
@@ -138,12 +139,9 @@ TEST(Nccl, RefusesTheEmulatedDevice) {
   const collie::DeviceMemoryOps previous = collie::setDeviceMemoryOps(collie::emulatedDeviceOps());
   collie::Params params("backend 'nccl'");
   collie::BackendContext context;
-  try {
-    loader().createBackend("nccl", params, context);
-    ADD_FAILURE() << "the nccl backend started on the emulated device";
-  } catch (const collie::ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("COLLIE_EMULATED_DEVICE"), std::string::npos) << e.what();
-  }
+  EXPECT_TRUE(collie::testing::throwsWith<collie::ConfigError>(
+      [&] { loader().createBackend("nccl", params, context); }, {"COLLIE_EMULATED_DEVICE"}))
+      << "the nccl backend started on the emulated device";
   collie::setDeviceMemoryOps(previous);
 }
 
@@ -151,13 +149,9 @@ TEST(Nccl, WithoutAGpuItRefusesToStartWithAReason) {
   if (gpuCount() > 0) GTEST_SKIP() << "this machine has a GPU";
   collie::Params params("backend 'nccl'");
   collie::BackendContext context;
-  try {
-    loader().createBackend("nccl", params, context);
-    FAIL() << "the nccl backend started without a GPU";
-  } catch (const collie::PluginError& e) {
-    EXPECT_NE(std::string(e.what()).find("no CUDA device is visible"), std::string::npos)
-        << e.what();
-  }
+  EXPECT_TRUE(collie::testing::throwsWith<collie::PluginError>(
+      [&] { loader().createBackend("nccl", params, context); }, {"no CUDA device is visible"}))
+      << "the nccl backend started without a GPU";
 }
 
 // params.interface is checked before anything else, with or without a GPU.
@@ -165,13 +159,9 @@ TEST(Nccl, AnInterfaceThatDoesNotExistIsAConfigError) {
   collie::Params params("backend 'nccl'");
   params.set("interface", "nosuchnic9");
   collie::BackendContext context;
-  try {
-    loader().createBackend("nccl", params, context);
-    FAIL() << "the nccl backend accepted interface nosuchnic9";
-  } catch (const collie::ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("'nosuchnic9' does not exist"), std::string::npos)
-        << e.what();
-  }
+  EXPECT_TRUE(collie::testing::throwsWith<collie::ConfigError>(
+      [&] { loader().createBackend("nccl", params, context); }, {"'nosuchnic9' does not exist"}))
+      << "the nccl backend accepted interface nosuchnic9";
 }
 
 // One rank (NCCL refuses two ranks on one GPU, and a test machine may have one): init
@@ -263,7 +253,7 @@ TEST(Nccl, AnAbortFromAnotherThreadEndsTheWaitWithCommError) {
   }
   running = true;  // the first call may have thrown already
   aborter.join();
-  EXPECT_NE(error.find("aborted: test abort"), std::string::npos) << "error: " << error;
+  EXPECT_TRUE(collie::testing::contains(error, {"aborted: test abort"})) << "error: " << error;
   EXPECT_THROW(backend->runNative(args), collie::CommError);
   EXPECT_THROW(backend->split({0}), collie::CommError);
   backend->abort("again");  // a second abort is a no-op
@@ -334,12 +324,9 @@ TEST(Nccl, RequestsOutlivingTheirBackendOrAbortedEndInCommError) {
     DeviceFloats in(64);
     auto recv = backend->irecv(1 - rank, in.buffer(), collie::makeTag(1, 0, 0));
     backend.reset();  // the backend object is gone; the request is not
-    try {
-      recv->wait(2s);
-      ADD_FAILURE() << "rank " << rank << ": a receive nobody sent completed";
-    } catch (const collie::CommError& e) {
-      EXPECT_NE(std::string(e.what()).find("timed out"), std::string::npos) << e.what();
-    }
+    EXPECT_TRUE(
+        collie::testing::throwsWith<collie::CommError>([&] { recv->wait(2s); }, {"timed out"}))
+        << "rank " << rank << ": a receive nobody sent completed";
     EXPECT_FALSE(recv->test());
   });
   EXPECT_EQ(outliving, std::vector<std::string>(2, ""));
@@ -352,12 +339,9 @@ TEST(Nccl, RequestsOutlivingTheirBackendOrAbortedEndInCommError) {
       backend->abort("test abort");
     });
     const auto start = Clock::now();
-    try {
-      recv->wait(20s);
-      ADD_FAILURE() << "rank " << rank << ": a receive nobody sent completed";
-    } catch (const collie::CommError& e) {
-      EXPECT_NE(std::string(e.what()).find("aborted: test abort"), std::string::npos) << e.what();
-    }
+    EXPECT_TRUE(collie::testing::throwsWith<collie::CommError>([&] { recv->wait(20s); },
+                                                               {"aborted: test abort"}))
+        << "rank " << rank << ": a receive nobody sent completed";
     aborter.join();
     EXPECT_LT(Clock::now() - start, 10s);
     EXPECT_THROW(backend->isend(1 - rank, in.buffer(), collie::makeTag(2, 0, 0)),

@@ -22,6 +22,7 @@
 #include "collie/error.h"
 #include "desync.h"
 #include "forked_job.h"
+#include "host_view.h"
 #include "loopback_job.h"
 #include "runtime/control.h"
 #include "runtime/job.h"
@@ -35,13 +36,7 @@ using namespace std::chrono_literals;
 using testing::runJob;
 using testing::runJobWith;
 
-Buffer view(int32_t* data, size_t count) {
-  Buffer b;
-  b.data = data;
-  b.count = count;
-  b.dtype = DType::kI32;
-  return b;
-}
+Buffer view(int32_t* data, size_t count) { return testing::hostView(data, count); }
 
 class ProcessBackends : public ::testing::TestWithParam<std::string> {};
 

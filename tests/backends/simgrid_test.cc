@@ -19,6 +19,7 @@
 
 #include "collie/error.h"
 #include "collie/simulation.h"
+#include "expect.h"
 #include "loopback_job.h"
 #include "run_command.h"
 
@@ -251,33 +252,34 @@ TEST(Simgrid, NodesComeFromThePlatformFile) {
 }
 
 TEST(Simgrid, BadParamsAreConfigErrorsNamingThem) {
-  Params missing;
-  missing.set("platform", "/nonexistent/platform.xml");
-  try {
-    runInProcess(buildTreeLoader(), simgrid(missing), 2, [](std::shared_ptr<Backend>) {});
-    ADD_FAILURE() << "a missing platform file was accepted";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("/nonexistent/platform.xml"), std::string::npos)
-        << e.what();
-  }
-  try {
-    Params small;
-    small.set("link_gbps", "0");
-    runInProcess(buildTreeLoader(), simgrid(small), 2, [](std::shared_ptr<Backend>) {});
-    ADD_FAILURE() << "link_gbps 0 was accepted";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("link_gbps"), std::string::npos) << e.what();
-  }
-  try {
-    Params model;
-    model.set("network_model", "XX");  // SimGrid itself would abort the process
-    runInProcess(buildTreeLoader(), simgrid(model), 2, [](std::shared_ptr<Backend>) {});
-    ADD_FAILURE() << "network_model XX was accepted";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("'XX' is not one of SimGrid's"), std::string::npos)
-        << e.what();
+  struct Bad {
+    const char* key;
+    const char* value;
+    const char* says;
+  };
+  for (const Bad& bad : {Bad{"platform", "/nonexistent/platform.xml", "/nonexistent/platform.xml"},
+                         Bad{"link_gbps", "0", "link_gbps"},
+                         // SimGrid itself would abort the process.
+                         Bad{"network_model", "XX", "'XX' is not one of SimGrid's"}}) {
+    Params params;
+    params.set(bad.key, bad.value);
+    EXPECT_TRUE(testing::throwsWith<ConfigError>(
+        [&] {
+          runInProcess(buildTreeLoader(), simgrid(params), 2, [](std::shared_ptr<Backend>) {});
+        },
+        {bad.says}))
+        << bad.key << " " << bad.value << " was accepted";
   }
 }
+
+// The end of a bench: section that sweeps by factors of 4, measures each size once and
+// calibrates the model.
+constexpr char kCalibratedSweepTail[] = R"(  step_factor: 4
+  warmup_iters: 1
+  iters: 1
+  repeats: 1
+  calibrate: true
+)";
 
 // Four hosts of one node whose every route crosses one shared link, as ranks that share a
 // node's cores share its capacity: a flow alone has the whole link, flows at once divide it
@@ -311,12 +313,7 @@ bench:
   schedulers: [tree, ring]
   min_bytes: 64KiB
   max_bytes: 16MiB
-  step_factor: 4
-  warmup_iters: 1
-  iters: 1
-  repeats: 1
-  calibrate: true
-)");
+)" + std::string(kCalibratedSweepTail));
   const std::string out = std::string(COLLIE_TEST_BINARY_DIR) + "/runs/simgrid-shared-bus";
   auto run =
       runCollie({"run", config, "--out", out, "--set", "backend.params.platform=" + platform});
@@ -358,12 +355,7 @@ bench:
   schedulers: [{plugin: ring, params: {chunk_bytes: 16KiB}}]
   min_bytes: 1MiB
   max_bytes: 16MiB
-  step_factor: 4
-  warmup_iters: 1
-  iters: 1
-  repeats: 1
-  calibrate: true
-)");
+)" + std::string(kCalibratedSweepTail));
   const std::string out = std::string(COLLIE_TEST_BINARY_DIR) + "/runs/simgrid-stream";
   auto run = runCollie({"run", config, "--out", out});
   ASSERT_EQ(run.exit_code, 0) << run.output;
@@ -393,8 +385,7 @@ TEST(Simgrid, TrainingAndTooFewHostsAreRefusedWithExitTwo) {
                           "--out", std::string(COLLIE_TEST_BINARY_DIR) + "/runs/simgrid-train",
                           "--set", "backend=simgrid"});
   EXPECT_EQ(train.exit_code, 2) << train.output;
-  EXPECT_NE(train.output.find("training runs on a real backend"), std::string::npos)
-      << train.output;
+  EXPECT_TRUE(testing::contains(train.output, {"training runs on a real backend"}));
   const std::string platform = writeTempFile(
       "one-host.xml",
       "<?xml version='1.0'?>\n<!DOCTYPE platform SYSTEM \"https://simgrid.org/simgrid.dtd\">\n"
@@ -406,8 +397,7 @@ TEST(Simgrid, TrainingAndTooFewHostsAreRefusedWithExitTwo) {
                           "--out", std::string(COLLIE_TEST_BINARY_DIR) + "/runs/simgrid-small",
                           "--set", "backend.params.platform=" + platform});
   EXPECT_EQ(bench.exit_code, 2) << bench.output;
-  EXPECT_NE(bench.output.find("has 1 host(s) and the job 8 ranks"), std::string::npos)
-      << bench.output;
+  EXPECT_TRUE(testing::contains(bench.output, {"has 1 host(s) and the job 8 ranks"}));
   // The simulation's child failed: its message reaches the user once, through the launcher,
   // and nothing of the hand-over is left in the output folder.
   size_t errors = 0;
@@ -433,8 +423,7 @@ TEST(Simgrid, AChildWhoseRunChangedRefusesIt) {
   EXPECT_EQ(child.exit_code, 2) << child.output;
   std::ifstream in(result + ".error");
   const std::string message((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_NE(message.find("simulate.yaml changed while collie ran it"), std::string::npos)
-      << message;
+  EXPECT_TRUE(testing::contains(message, {"simulate.yaml changed while collie ran it"}));
   EXPECT_FALSE(std::filesystem::exists(result));
   std::filesystem::remove(result + ".error");
 }

@@ -14,6 +14,7 @@
 #include "bench/policy.h"
 #include "collie/config.h"
 #include "config/rules.h"
+#include "expect.h"
 #include "run_command.h"
 #include "util/system.h"
 
@@ -36,19 +37,15 @@ std::vector<std::string> args(std::vector<std::string> head, const std::vector<s
 
 void expectBadInput(const testing::CommandResult& r, const std::string& needle) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("collie: error: "), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
-  EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"collie: error: ", needle}));
+  EXPECT_TRUE(testing::lacks(r.output, {"internal error"}));
 }
 
 TEST(Cli, VersionNamesAbiFingerprintAndBlas) {
   auto r = runCollie({"--version"});
   EXPECT_EQ(r.exit_code, 0);
-  EXPECT_NE(r.output.find("plugin ABI " + std::to_string(COLLIE_ABI_MAJOR) + "."),
-            std::string::npos)
-      << r.output;
-  EXPECT_NE(r.output.find("build fingerprint: "), std::string::npos);
-  EXPECT_NE(r.output.find("BLAS: "), std::string::npos);
+  EXPECT_TRUE(testing::contains(r.output, {"plugin ABI " + std::to_string(COLLIE_ABI_MAJOR) + ".",
+                                           "build fingerprint: ", "BLAS: "}));
 }
 
 TEST(Cli, HelpOnEachCommandExitsZero) {
@@ -58,7 +55,7 @@ TEST(Cli, HelpOnEachCommandExitsZero) {
                    {"plugins", "--help"}}) {
     auto r = runCollie(cmd);
     EXPECT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find("Usage"), std::string::npos);
+    EXPECT_TRUE(testing::contains(r.output, {"Usage"}));
   }
 }
 
@@ -72,34 +69,32 @@ TEST(Cli, PluginsListsTheShippedPlugins) {
   auto r = runCollie({"plugins"});
   EXPECT_EQ(r.exit_code, 0) << r.output;
   for (auto name : {"loopback", "ring", "tree"}) {
-    EXPECT_NE(r.output.find(std::string(" ") + name + " "), std::string::npos) << r.output;
+    EXPECT_TRUE(testing::contains(r.output, {std::string(" ") + name + " "}));
   }
   // The longest name still stands apart from its version.
-  EXPECT_NE(r.output.find("double_binary_tree  1."), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"double_binary_tree  1."}));
 }
 
 TEST(Cli, PluginsListsRejectedFilesWithTheirReason) {
   auto r =
       runCollie({"plugins"}, {std::string("COLLIE_PLUGIN_PATH=") + COLLIE_TEST_ABI_PLUGIN_DIR});
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("Rejected"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("bad descriptor magic"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("not a shared library"), std::string::npos) << r.output;
+  EXPECT_TRUE(
+      testing::contains(r.output, {"Rejected", "bad descriptor magic", "not a shared library"}));
 }
 
 TEST(Cli, QuickstartRunsAndSavesResolvedConfigAndResults) {
   auto out = std::filesystem::temp_directory_path() / ("collie-cli-" + std::to_string(::getpid()));
   auto r = runCollie(args({"run", kRingVsTree, "--out", out.string()}, kShort));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("#wrong"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("Wrong elements: 0"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"#wrong", "Wrong elements: 0"}));
   for (auto f : {"config.yaml", "results.csv", "results.json"}) {
     EXPECT_TRUE(std::filesystem::exists(out / f)) << f;
   }
   std::ifstream saved(out / "config.yaml");
   std::string text((std::istreambuf_iterator<char>(saved)), {});
-  EXPECT_NE(text.find("max_bytes: 64KiB"), std::string::npos) << text;  // --set applied
-  EXPECT_NE(text.find("step_factor: 2"), std::string::npos) << text;    // default filled
+  EXPECT_TRUE(testing::contains(text, {"max_bytes: 64KiB"}));  // --set applied
+  EXPECT_TRUE(testing::contains(text, {"step_factor: 2"}));    // default filled
   std::filesystem::remove_all(out);
 }
 
@@ -114,8 +109,7 @@ matrix:
 )");
   auto r = runCollie({"run", config, "--out", out.string()});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("# run: bench.op=max, launch.nproc_per_node=3"), std::string::npos)
-      << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"# run: bench.op=max, launch.nproc_per_node=3"}));
   EXPECT_TRUE(std::filesystem::exists(out / "config-3.yaml"));
   std::filesystem::remove_all(out);
 }
@@ -123,15 +117,14 @@ matrix:
 TEST(Cli, ValidateChecksWithoutRunning) {
   auto r = runCollie({"validate", kRingVsTree});
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("OK, 1 run(s)"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"OK, 1 run(s)"}));
   // --set takes one value: the file may follow it, and a second value is refused.
   r = runCollie({"validate", "--set", "bench.iters=3", kRingVsTree});
   EXPECT_EQ(r.exit_code, 0) << r.output;
   r = runCollie({"validate", kRingVsTree, "--set", "bench.iters=3", "bench.warmup=1"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("The following argument was not expected: bench.warmup=1"),
-            std::string::npos)
-      << r.output;
+  EXPECT_TRUE(
+      testing::contains(r.output, {"The following argument was not expected: bench.warmup=1"}));
 }
 
 // What scripts/quickstart.sh builds before the main job: every plugin a file names, once, with
@@ -196,7 +189,7 @@ TEST(Cli, UnreadableFileExitsTwo) {
 TEST(Cli, MissingPluginIsAHardErrorWithAHint) {
   auto r = runCollie(args({"run", kRingVsTree, "--set", "bench.schedulers=[rnig]"}, kShort));
   expectBadInput(r, "no scheduler plugin named 'rnig' (did you mean 'ring'?)");
-  EXPECT_NE(r.output.find("HINT: `collie plugins`"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"HINT: `collie plugins`"}));
   r = runCollie(args({"run", kRingVsTree, "--set", "backend=mpi"}, kShort));
   expectBadInput(r, "no backend plugin named 'mpi'");
 }
@@ -222,7 +215,7 @@ TEST(Cli, TrainingWithoutTheLibTorchPartNamesTheMissingFile) {
   expectBadInput(r, "cannot load collie's LibTorch part " + (dir / "libcollie_torch.so").string());
   r = runCollie({"--version"}, env);
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("LibTorch (for training): not loadable"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"LibTorch (for training): not loadable"}));
 }
 
 TEST(Cli, UnknownPluginParamIsRejected) {
@@ -241,10 +234,10 @@ TEST(Cli, SchedulerThatCannotRunTheCollectiveIsBadInput) {
 TEST(Cli, LogLevelFlagAndEnvironment) {
   auto quiet = runCollie(args({"--log-level", "error", "run", kRingVsTree}, kShort));
   EXPECT_EQ(quiet.exit_code, 0);
-  EXPECT_EQ(quiet.output.find("[info]"), std::string::npos) << quiet.output;
+  EXPECT_TRUE(testing::lacks(quiet.output, {"[info]"}));
   auto verbose = runCollie(args({"run", kRingVsTree}, kShort), {"COLLIE_LOG_LEVEL=debug"});
   EXPECT_EQ(verbose.exit_code, 0);
-  EXPECT_NE(verbose.output.find("[r0 debug]"), std::string::npos) << verbose.output;
+  EXPECT_TRUE(testing::contains(verbose.output, {"[r0 debug]"}));
 }
 
 }  // namespace
@@ -289,10 +282,10 @@ TEST(Cli, RunPortsPastTheLastPortAreRefusedBeforeAnyRun) {
 TEST(CliPluginCheck, PassesForAShippedSchedulerAndABackend) {
   auto r = testing::runCollie({"plugin-check", "tree", "--worlds", "1,2,3", "--large-count", "0"});
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("PASS scheduler tree over loopback"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"PASS scheduler tree over loopback"}));
   r = testing::runCollie({"plugin-check", "loopback", "--worlds", "2,3", "--large-count", "0"});
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("PASS backend loopback contract"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"PASS backend loopback contract"}));
 }
 
 TEST(CliPluginCheck, FailsOnABrokenSchedulerWithAReport) {
@@ -301,9 +294,8 @@ TEST(CliPluginCheck, FailsOnABrokenSchedulerWithAReport) {
        std::string(COLLIE_TEST_BINARY_DIR) + "/conformance/plugins/libcollie_scheduler_lossy.so",
        "--worlds", "2,3", "--large-count", "0"});
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("FAIL scheduler"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("wrong elements"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("plugin-check: FAIL"), std::string::npos) << r.output;
+  EXPECT_TRUE(
+      testing::contains(r.output, {"FAIL scheduler", "wrong elements", "plugin-check: FAIL"}));
 }
 
 TEST(CliPluginCheck, BackendParamsReachTheBackendAScheduleIsCheckedOver) {
@@ -314,17 +306,17 @@ TEST(CliPluginCheck, BackendParamsReachTheBackendAScheduleIsCheckedOver) {
   r = testing::runCollie({"plugin-check", "ring", "--backend-param", "timeuot=5s", "--worlds", "2",
                           "--large-count", "0"});
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("unknown param 'timeuot'"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"unknown param 'timeuot'"}));
   // For a backend under test its params are --param: --backend-param is refused.
   r = testing::runCollie({"plugin-check", "loopback", "--backend-param", "timeout=5s"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("give its params with --param"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"give its params with --param"}));
 }
 
 TEST(CliPluginCheck, UnknownPluginIsBadInput) {
   auto r = testing::runCollie({"plugin-check", "rnig"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("did you mean 'ring'"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"did you mean 'ring'"}));
 }
 
 // Where a payload of the tests below would have left its mark: gnuplot runs in the output
@@ -370,7 +362,7 @@ bench: {schedulers: [ring], min_bytes: 1KiB, max_bytes: 1KiB, iters: 1, warmup_i
     std::string header, row;
     std::getline(csv, header);
     std::getline(csv, row);
-    ASSERT_NE(header.find(",repeats,iters,"), std::string::npos) << header;
+    ASSERT_TRUE(testing::contains(header, {",repeats,iters,"}));
     // The iters field: the 13th.
     std::stringstream fields(row);
     std::string field;
@@ -378,7 +370,7 @@ bench: {schedulers: [ring], min_bytes: 1KiB, max_bytes: 1KiB, iters: 1, warmup_i
     const int iters = std::stoi(field);
     if (min_time == "0s") {
       EXPECT_EQ(iters, 1) << row;
-      EXPECT_NE(r.output.find("(1 calls each)"), std::string::npos) << r.output;
+      EXPECT_TRUE(testing::contains(r.output, {"(1 calls each)"}));
     } else {
       EXPECT_GT(iters, 10) << row;  // a 1 KiB loopback all-reduce takes well under 5 ms
     }
@@ -400,7 +392,7 @@ matrix:
 )");
   auto r = runCollie({"run", config, "--out", out.string()});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  ASSERT_NE(r.output.find("# Plots: "), std::string::npos) << r.output;
+  ASSERT_TRUE(testing::contains(r.output, {"# Plots: "}));
   EXPECT_FALSE(payloadRan(out)) << "text of the config ran as a gnuplot command";
   // RFC 4180: every row has the header's 20 fields, however the run's text reads.
   std::ifstream csv(out / "results.csv");
@@ -434,9 +426,8 @@ TEST(CliBench, EveryMeasurementIsRepeatedAndGivesItsSpread) {
   auto r = runCollie(args(args({"run", kRingVsTree, "--out", out.string()}, kShort),
                           {"--set", "bench.repeats=3", "--set", "bench.max_bytes=16KiB"}));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("# time: median of 3 repeat(s)"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("# host "), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("rank(s), "), std::string::npos) << r.output;
+  EXPECT_TRUE(
+      testing::contains(r.output, {"# time: median of 3 repeat(s)", "# host ", "rank(s), "}));
   const auto rows = resultRows(out);
   ASSERT_EQ(rows.size(), 6u);  // 4, 8 and 16 KiB x ring, tree
   for (const auto& row : rows) {
@@ -460,8 +451,8 @@ TEST(CliBench, TimesBarriersOfTheSchedulersThatHaveOne) {
             "bench.schedulers=[tree, halving_doubling]", "--set", "bench.repeats=3"},
            kShort));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("# Fastest (measured): "), std::string::npos) << r.output;
-  EXPECT_EQ(r.output.find("Avg bus bandwidth"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"# Fastest (measured): "}));
+  EXPECT_TRUE(testing::lacks(r.output, {"Avg bus bandwidth"}));
   const auto rows = resultRows(out);
   ASSERT_EQ(rows.size(), 2u);  // sizes do not apply: one row per scheduler
   for (const auto& row : rows) {
@@ -511,10 +502,9 @@ TEST(CliBench, EmittedRulesKeepEachSchedulersParams) {
   // then the slope is not a bandwidth, the header says so and auto falls back on the
   // exchange's β (0 in the file). Either way the header reports the stream.
   if (calibration.at("inter").at("beta_one_way").get<double>() > 0)
-    EXPECT_NE(r.output.find(" GB/s (streamed, 2 sizes)"), std::string::npos) << r.output;
+    EXPECT_TRUE(testing::contains(r.output, {" GB/s (streamed, 2 sizes)"}));
   else
-    EXPECT_NE(r.output.find("one way not resolved (streamed, 2 sizes"), std::string::npos)
-        << r.output;
+    EXPECT_TRUE(testing::contains(r.output, {"one way not resolved (streamed, 2 sizes"}));
   std::filesystem::remove_all(dir);
 }
 
@@ -532,7 +522,7 @@ TEST(CliBench, EmitPolicyWritesOpenMpisRulesFromTheRulesForAuto) {
                                "bench.iters=2"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string file = policy + "/openmpi-coll-tuned.rules";
-  EXPECT_NE(r.output.find("# Open MPI policy: " + file), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"# Open MPI policy: " + file}));
   std::ifstream in(file);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   // Each rule for auto is a range of the policy: ring as Open MPI's ring (4), tree as Open
@@ -543,24 +533,22 @@ TEST(CliBench, EmitPolicyWritesOpenMpisRulesFromTheRulesForAuto) {
   for (size_t i = 0; i < read.ranges.size(); ++i) {
     const std::string plugin = written.rules[i].choice.plugin;
     EXPECT_EQ(read.ranges[i].algorithm.id, plugin == "ring" ? 4 : 0) << plugin << "\n" << text;
-    EXPECT_NE(r.output.find(bench::rangeText(read.ranges[i].min_bytes) + ": " + plugin +
-                            (plugin == "ring" ? ": NCCL ring, Open MPI ring (4)"
-                                              : ": NCCL decides, Open MPI decides")),
-              std::string::npos)
-        << r.output;
+    EXPECT_TRUE(
+        testing::contains(r.output, {bench::rangeText(read.ranges[i].min_bytes) + ": " + plugin +
+                                     (plugin == "ring" ? ": NCCL ring, Open MPI ring (4)"
+                                                       : ": NCCL decides, Open MPI decides")}));
   }
   auto train =
       testing::runCollie({"run", std::string(COLLIE_TEST_SOURCE_DIR) + "/configs/quickstart.yaml",
                           "--emit-policy", policy});
   EXPECT_EQ(train.exit_code, 2) << train.output;
-  EXPECT_NE(train.output.find("--emit-policy: "), std::string::npos) << train.output;
+  EXPECT_TRUE(testing::contains(train.output, {"--emit-policy: "}));
   auto broadcast = testing::runCollie({"run", kRingVsTree, "--out", dir.string(), "--emit-policy",
                                        policy, "--set", "bench.collective=broadcast", "--set",
                                        "bench.schedulers=[tree]"});
   EXPECT_EQ(broadcast.exit_code, 2) << broadcast.output;
-  EXPECT_NE(broadcast.output.find("no Open MPI equivalent for any broadcast scheduler"),
-            std::string::npos)
-      << broadcast.output;
+  EXPECT_TRUE(
+      testing::contains(broadcast.output, {"no Open MPI equivalent for any broadcast scheduler"}));
   std::filesystem::remove_all(dir);
 }
 
@@ -571,14 +559,13 @@ TEST(CliBench, EmitRulesThenAutoUsesThem) {
   auto r = testing::runCollie({"bench", kRingVsTree, "--out", dir.string(), "--emit-rules", rules,
                                "--set", "bench.max_bytes=64KiB", "--set", "bench.iters=2"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("# Rules for auto: " + rules), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("Crossovers (measured)"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("predicted"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(
+      r.output, {"# Rules for auto: " + rules, "Crossovers (measured)", "predicted"}));
   r = testing::runCollie({"run", kRingVsTree, "--out", (dir / "auto").string(), "--set",
                           "bench.schedulers=[{plugin: auto, params: {rules_file: " + rules + "}}]",
                           "--set", "bench.max_bytes=64KiB", "--set", "bench.iters=2"});
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("Wrong elements: 0"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"Wrong elements: 0"}));
   // auto ran, at every size, the scheduler the rules name for it.
   RulesFile written = config::readRulesFile(rules);
   std::ifstream json(dir / "auto" / "results.json");
@@ -624,8 +611,7 @@ TEST(CliBlas, OpenBlasWinsOverTheReferenceBlas) {
   }
   auto r = testing::runCollie({"--version"}, {"LD_LIBRARY_PATH=" + reference});
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("BLAS: "), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("openblas"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"BLAS: ", "openblas"}));
 }
 
 // collie runs on tcmalloc (linked into the executable), whose returned memory ZeRO's savings
@@ -634,8 +620,7 @@ TEST(CliMalloc, TheExecutableRunsOnTcmalloc) {
   if (!COLLIE_LINKS_TCMALLOC) GTEST_SKIP() << "built without tcmalloc (libtcmalloc-minimal4)";
   auto r = testing::runCollie({"--version"});
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("malloc: "), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("libtcmalloc"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"malloc: ", "libtcmalloc"}));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "expect.h"
 #include "lab/lab.h"
 #include "measure/interface_bytes.h"
 #include "run_command.h"
@@ -75,8 +76,7 @@ TEST(Lab, UpIsIdempotentAndDownLeavesNothingBehind) {
   REQUIRE_LAB();
   auto r = runCollie({"lab", "up", "--hosts", "2", "--rate", "100mbit"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("collie-h1  eth1  198.18.0.2/24"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("rate 100Mbit"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"collie-h1  eth1  198.18.0.2/24", "rate 100Mbit"}));
   // Each host has its own name and address; the machine's namespace has no lab address.
   r = runCollie({"lab", "exec", "collie-h1", "--", "sh", "-c",
                  "test \"$(hostname)\" = collie-h1 && ip -brief addr show eth1 | grep -q "
@@ -86,7 +86,7 @@ TEST(Lab, UpIsIdempotentAndDownLeavesNothingBehind) {
   EXPECT_NE(sh("hostname"), "collie-h1");
   // The hosts reach each other over the bridge.
   r = runCollie({"lab", "exec", "collie-h0", "--", "bash", "-c", "exec 3<>/dev/tcp/198.18.0.2/1"});
-  EXPECT_NE(r.output.find("Connection refused"), std::string::npos) << r.output;  // it answered
+  EXPECT_TRUE(testing::contains(r.output, {"Connection refused"}));  // it answered
   // Up again as asked: kept, not remade (the qdisc handles stay).
   const std::string before = sh("tc -n collie-h0 qdisc show dev eth0");
   r = runCollie({"lab", "up", "--hosts", "2", "--rate", "100mbit"});
@@ -95,14 +95,14 @@ TEST(Lab, UpIsIdempotentAndDownLeavesNothingBehind) {
   // Up with another rate: remade as asked.
   r = runCollie({"lab", "up", "--hosts", "3", "--rate", "1gbit"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("collie-h2"), std::string::npos) << r.output;
-  EXPECT_NE(sh("tc -n collie-h2 qdisc show dev eth2").find("rate 1Gbit"), std::string::npos);
+  EXPECT_TRUE(testing::contains(r.output, {"collie-h2"}));
+  EXPECT_TRUE(testing::contains(sh("tc -n collie-h2 qdisc show dev eth2"), {"rate 1Gbit"}));
   r = runCollie({"lab", "down"});
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("removed network namespace collie-h2"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"removed network namespace collie-h2"}));
   EXPECT_EQ(leftovers(), "");
   r = runCollie({"lab", "status"});
-  EXPECT_NE(r.output.find("no lab is up"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"no lab is up"}));
 }
 
 TEST(Lab, DownCleansUpAfterACrashWithoutItsStateFile) {
@@ -121,20 +121,20 @@ TEST(Lab, BadRequestsAreOneClearLine) {
   REQUIRE_LAB();
   auto r = runCollie({"lab", "up", "--hosts", "2", "--rate", "fast"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("'fast' is not a link rate"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"'fast' is not a link rate"}));
   r = runCollie({"lab", "up", "--hosts", "2", "--cpus", "0;99"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("out of range"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"out of range"}));
   r = runCollie({"lab", "exec", "collie-h0", "--", "true"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("no lab is up"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"no lab is up"}));
   // Without root: refused before anything is made.
   std::string output;
   const int code = detail::runProgram({"setpriv", "--reuid=65534", "--regid=65534",
                                        "--clear-groups", COLLIE_TEST_BINARY, "lab", "up"},
                                       &output);
   EXPECT_EQ(code, 2) << output;
-  EXPECT_NE(output.find("the lab needs root"), std::string::npos) << output;
+  EXPECT_TRUE(testing::contains(output, {"the lab needs root"}));
   lab::down();
   EXPECT_EQ(leftovers(), "");
 }
@@ -155,8 +155,14 @@ bench:
   plots: false
 )";
 
+// The backends the lab's tests run over, both on TCP: gloo, and UCX held to its tcp transport.
+const std::vector<std::string> kLabBackends = {"gloo", "{plugin: ucx, params: {transports: tcp}}"};
+std::string labBackendName(const ::testing::TestParamInfo<std::string>& info) {
+  return info.index == 0 ? "gloo" : "ucx_tcp";
+}
+
 // Over gloo, and over UCX's TCP (which lists the host's interfaces in its /sys).
-class LabBackends : public ::testing::TestWithParam<const char*> {};
+class LabBackends : public ::testing::TestWithParam<std::string> {};
 
 // The run over gloo makes the lab and takes it down when it ends; the one over UCX finds it
 // up as asked (`collie lab up` first) and leaves it up.
@@ -170,9 +176,9 @@ TEST_P(LabBackends, ACappedAllReduceIsNoFasterThanTheLinkAllows) {
                       "--set", std::string("backend=") + GetParam()});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // Two hosts from the hosts' own names: hierarchical is a two-level schedule.
-  EXPECT_NE(r.output.find("# host collie-h0: 2 rank(s)"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("# host collie-h1: 2 rank(s)"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("link 100 Mbit/s (the lab's tbf cap)"), std::string::npos) << r.output;
+  EXPECT_TRUE(
+      testing::contains(r.output, {"# host collie-h0: 2 rank(s)", "# host collie-h1: 2 rank(s)",
+                                   "link 100 Mbit/s (the lab's tbf cap)"}));
   std::ifstream json(out / "results.json");
   const auto rows = nlohmann::json::parse(json);
   ASSERT_EQ(rows.size(), 2u);
@@ -193,16 +199,10 @@ TEST_P(LabBackends, ACappedAllReduceIsNoFasterThanTheLinkAllows) {
   std::filesystem::remove_all(out);
 }
 
-INSTANTIATE_TEST_SUITE_P(Lab, LabBackends,
-                         ::testing::Values("gloo", "{plugin: ucx, params: {transports: tcp}}"),
-                         [](const auto& info) { return info.index == 0 ? "gloo" : "ucx_tcp"; });
-
-class LabOneHostJob : public ::testing::TestWithParam<std::string> {};
-
 // A job whose ranks are all on one host listens on that host's loopback only: from another
 // host, none of its ports (the rendezvous store, Gloo's pairs, UCX's TCP endpoints) takes a
 // connection.
-TEST_P(LabOneHostJob, NothingOfItIsReachableFromAnotherHost) {
+TEST_P(LabBackends, NothingOfItIsReachableFromAnotherHost) {
   REQUIRE_LAB();
   ASSERT_EQ(runCollie({"lab", "up", "--hosts", "2"}).exit_code, 0);
   const std::string config = writeTempFile(
@@ -251,15 +251,9 @@ TEST_P(LabOneHostJob, NothingOfItIsReachableFromAnotherHost) {
   std::filesystem::remove_all(out);
 }
 
-INSTANTIATE_TEST_SUITE_P(Lab, LabOneHostJob,
-                         ::testing::Values("gloo", "{plugin: ucx, params: {transports: tcp}}"),
-                         [](const auto& info) { return info.index == 0 ? "gloo" : "ucx_tcp"; });
-
 // Over gloo and UCX's TCP: each fails a transfer whose peer died when its connection closes
 // (gloo's peer watch ends the one Gloo itself leaves to the timeout, a message half across).
-class LabKill : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(LabKill, KillingOneHostsRanksFailsTheJobOnTheOtherNamingThem) {
+TEST_P(LabBackends, KillingOneHostsRanksFailsTheJobOnTheOtherNamingThem) {
   REQUIRE_LAB();
   std::string config = writeTempFile("long.yaml", std::string(kCappedBench) + "  \n");
   std::filesystem::remove_all("/tmp/collie-lab-kill");  // no progress file of an earlier try
@@ -318,8 +312,7 @@ TEST_P(LabKill, KillingOneHostsRanksFailsTheJobOnTheOtherNamingThem) {
   job.join();
   EXPECT_EQ(r.exit_code, 1) << r.output;
   // Both hosts' launchers fail (whichever exits first is named first) ...
-  EXPECT_NE(r.output.find("failed on the lab; first failure: host collie-h"), std::string::npos)
-      << r.output;
+  EXPECT_TRUE(testing::contains(r.output, {"failed on the lab; first failure: host collie-h"}));
   // ... and host 0's ranks name a dead rank of host 1.
   bool named = false;
   std::istringstream lines(r.output);
@@ -339,9 +332,7 @@ TEST_P(LabKill, KillingOneHostsRanksFailsTheJobOnTheOtherNamingThem) {
   std::filesystem::remove_all("/tmp/collie-lab-kill");
 }
 
-INSTANTIATE_TEST_SUITE_P(Lab, LabKill,
-                         ::testing::Values("gloo", "{plugin: ucx, params: {transports: tcp}}"),
-                         [](const auto& info) { return info.index == 0 ? "gloo" : "ucx_tcp"; });
+INSTANTIATE_TEST_SUITE_P(Lab, LabBackends, ::testing::ValuesIn(kLabBackends), labBackendName);
 
 TEST(Lab, TheTwoHostsExerciseTrainsOnOneHostAndAcrossTwo) {
   REQUIRE_LAB();
@@ -355,13 +346,13 @@ TEST(Lab, TheTwoHostsExerciseTrainsOnOneHostAndAcrossTwo) {
   for (const char* row :
        {"nproc_per_node=1      1", "nproc_per_node=2      2", "nproc_per_node=4      4",
         "as written                     4", "rate=100mbit                   4"}) {
-    EXPECT_NE(r.output.find(row), std::string::npos) << row << "\n" << r.output;
+    EXPECT_TRUE(testing::contains(r.output, {row})) << row << "\n" << r.output;
   }
   // Across the hosts the all-reduce is set against the link between nodes, and the weights
   // stay identical.
-  EXPECT_NE(r.output.find("[as written] all-reduce per step"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("from the measured link between nodes"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("[rate=100mbit] weights identical"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::contains(
+      r.output, {"[as written] all-reduce per step", "from the measured link between nodes",
+                 "[rate=100mbit] weights identical"}));
   // On the hosts, their interfaces counted what crossed the link: at least half the
   // gradients a step (the host's sums must reach the other host), and nothing
   // off the lab.

@@ -25,6 +25,7 @@
 #include "collie/backend.h"
 #include "collie/device_memory.h"
 #include "collie/error.h"
+#include "expect.h"
 #include "plugin/loader.h"
 #include "run_command.h"
 #include "runtime/control.h"
@@ -46,10 +47,6 @@ std::string scratch(const std::string& name) {
 
 // The backend every run below uses: ranks as threads that move device memory only.
 const char* kBackend = "backend: {plugin: loopback, params: {memory: device, timeout: 20s}}\n";
-
-bool has(const std::string& text, const std::string& what) {
-  return text.find(what) != std::string::npos;
-}
 
 // ---- the stand-in's own rules --------------------------------------------------------
 
@@ -129,8 +126,8 @@ TEST(DeviceOnly, TheBenchCalibratesTracesAndChecksOnDeviceMemory) {
           "matrix: {launch.nproc_per_node: [2, 3]}\n");
   const auto r = runCollie({"run", config, "--out", scratch("bench")}, kEmulated);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(has(r.output, "calibrat")) << r.output;
-  EXPECT_FALSE(has(r.output, "WRONG")) << r.output;
+  EXPECT_TRUE(collie::testing::contains(r.output, {"calibrat"}));
+  EXPECT_TRUE(collie::testing::lacks(r.output, {"WRONG"}));
 }
 
 // Without the emulated device there is no device memory on this machine: the same bench
@@ -144,7 +141,8 @@ TEST(DeviceOnly, WithoutADeviceTheBenchStopsWithAReason) {
   const auto r =
       runCollie({"run", config, "--out", scratch("nodevice")}, {"COLLIE_EMULATED_DEVICE=0"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(has(r.output, "no device memory is installed in this process")) << r.output;
+  EXPECT_TRUE(
+      collie::testing::contains(r.output, {"no device memory is installed in this process"}));
 }
 
 // plugin-check of the backend itself (ordered and zero-byte messages, a silent peer) and of
@@ -153,13 +151,13 @@ TEST(DeviceOnly, PluginCheckPassesOnDeviceMemory) {
   auto backend = runCollie(
       {"plugin-check", "loopback", "--param", "memory=device", "--worlds", "2,3"}, kEmulated);
   EXPECT_EQ(backend.exit_code, 0) << backend.output;
-  EXPECT_TRUE(has(backend.output, "PASS")) << backend.output;
+  EXPECT_TRUE(collie::testing::contains(backend.output, {"PASS"}));
   for (const std::string scheduler : {"ring", "halving_doubling"}) {
     auto r = runCollie({"plugin-check", scheduler, "--backend", "loopback", "--backend-param",
                         "memory=device", "--worlds", "2,3", "--large-count", "1000"},
                        kEmulated);
     EXPECT_EQ(r.exit_code, 0) << scheduler << "\n" << r.output;
-    EXPECT_TRUE(has(r.output, "PASS")) << scheduler << "\n" << r.output;
+    EXPECT_TRUE(collie::testing::contains(r.output, {"PASS"})) << scheduler;
   }
 }
 
@@ -186,10 +184,9 @@ TEST(DeviceOnly, TrainingWithEveryShardingKeepsItsStateOnTheDevice) {
                   "train.sharding: [none, optimizer, gradients, parameters]}\n");
   const auto r = runCollie({"run", config, "--out", scratch("train")}, kEmulated);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(has(r.output, "emulated device")) << r.output;
-  EXPECT_FALSE(has(r.output, "host-staged")) << r.output;
-  EXPECT_FALSE(has(r.output, "diverged")) << r.output;
-  EXPECT_TRUE(has(r.output, "weights identical")) << r.output;
+  EXPECT_TRUE(collie::testing::contains(r.output, {"emulated device"}));
+  EXPECT_TRUE(collie::testing::lacks(r.output, {"host-staged", "diverged"}));
+  EXPECT_TRUE(collie::testing::contains(r.output, {"weights identical"}));
 }
 
 // The other half of the rule: device tensors over a backend that moves host memory only
@@ -200,8 +197,7 @@ TEST(DeviceOnly, DeviceTensorsOverAHostBackendAreHostStaged) {
                             "backend={plugin: gloo, params: {timeout: 20s}}"},
                            kEmulated);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(has(r.output, "host-staged")) << r.output;
-  EXPECT_TRUE(has(r.output, "weights identical")) << r.output;
+  EXPECT_TRUE(collie::testing::contains(r.output, {"host-staged", "weights identical"}));
 }
 
 // A checkpoint written from device memory (stage 3: every rank's shards) and a resume into
@@ -217,8 +213,7 @@ TEST(DeviceOnly, ACheckpointOfDeviceStateResumes) {
                  "--set", "train.steps=5"},
                 kEmulated);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(has(r.output, "resumed from")) << r.output;
-  EXPECT_TRUE(has(r.output, "weights identical")) << r.output;
+  EXPECT_TRUE(collie::testing::contains(r.output, {"resumed from", "weights identical"}));
 }
 
 // train.device: cpu over a backend that moves device memory only is refused by name.
@@ -227,7 +222,7 @@ TEST(DeviceOnly, HostTensorsOverADeviceOnlyBackendAreRefused) {
   const auto r =
       runCollie({"run", config, "--out", scratch("cpu"), "--set", "train.device=cpu"}, kEmulated);
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(has(r.output, "moves device memory only")) << r.output;
+  EXPECT_TRUE(collie::testing::contains(r.output, {"moves device memory only"}));
 }
 
 }  // namespace

@@ -9,10 +9,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "collie/error.h"
+#include "expect.h"
 #include "forked_job.h"
 #include "runtime/environment.h"
 #include "runtime/tcp_store.h"
@@ -22,7 +24,15 @@ using collie::WorkerEnv;
 
 namespace {
 
-WorkerEnv detect(const std::map<std::string, std::string>& vars) {
+// The worker environment a launcher leaves as `vars`, "NAME=VALUE NAME=VALUE ..." (a value
+// holds no space), and nothing else.
+WorkerEnv detect(const std::string& vars_text) {
+  std::map<std::string, std::string> vars;
+  std::istringstream words(vars_text);
+  for (std::string word; words >> word;) {
+    const auto eq = word.find('=');
+    vars[word.substr(0, eq)] = word.substr(eq + 1);
+  }
   return detectWorkerEnv([&](const char* name) -> const char* {
     auto it = vars.find(name);
     return it == vars.end() ? nullptr : it->second.c_str();
@@ -31,15 +41,11 @@ WorkerEnv detect(const std::map<std::string, std::string>& vars) {
 
 }  // namespace
 
-TEST(WorkerEnv, NoLauncherMeansNoWorker) { EXPECT_FALSE(detect({}).present); }
+TEST(WorkerEnv, NoLauncherMeansNoWorker) { EXPECT_FALSE(detect("").present); }
 
 TEST(WorkerEnv, Torchrun) {
-  auto w = detect({{"RANK", "3"},
-                   {"WORLD_SIZE", "8"},
-                   {"LOCAL_RANK", "1"},
-                   {"LOCAL_WORLD_SIZE", "2"},
-                   {"MASTER_ADDR", "node1"},
-                   {"MASTER_PORT", "29400"}});
+  auto w = detect(
+      "RANK=3 WORLD_SIZE=8 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=node1 MASTER_PORT=29400");
   EXPECT_TRUE(w.present);
   EXPECT_EQ(w.source, "torchrun");
   EXPECT_EQ(w.rank, 3);
@@ -51,20 +57,15 @@ TEST(WorkerEnv, Torchrun) {
 }
 
 TEST(WorkerEnv, CollieLauncherNamesTheRun) {
-  auto w = detect({{"RANK", "0"},
-                   {"WORLD_SIZE", "2"},
-                   {"COLLIE_EXPERIMENT", "4"},
-                   {"MASTER_ADDR", "127.0.0.1"},
-                   {"MASTER_PORT", "5000"}});
+  auto w = detect("RANK=0 WORLD_SIZE=2 COLLIE_EXPERIMENT=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=5000");
   EXPECT_EQ(w.source, "collie");
   EXPECT_EQ(w.experiment, 4);
 }
 
 TEST(WorkerEnv, OpenMpiOnOneNode) {
-  auto w = detect({{"OMPI_COMM_WORLD_RANK", "1"},
-                   {"OMPI_COMM_WORLD_SIZE", "4"},
-                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
-                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
+  auto w = detect(
+      "OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=1 "
+      "OMPI_COMM_WORLD_LOCAL_SIZE=4");
   EXPECT_TRUE(w.present);
   EXPECT_EQ(w.source, "Open MPI");
   EXPECT_EQ(w.rank, 1);
@@ -73,23 +74,19 @@ TEST(WorkerEnv, OpenMpiOnOneNode) {
 }
 
 TEST(WorkerEnv, OpenMpiAcrossNodesNeedsMasterAddr) {
-  try {
-    detect({{"OMPI_COMM_WORLD_RANK", "1"},
-            {"OMPI_COMM_WORLD_SIZE", "4"},
-            {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
-            {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
-    FAIL() << "expected a ConfigError";
-  } catch (const collie::ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("MASTER_ADDR is not set"), std::string::npos) << e.what();
-  }
+  EXPECT_TRUE(collie::testing::throwsWith<collie::ConfigError>(
+      [&] {
+        detect(
+            "OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=1 "
+            "OMPI_COMM_WORLD_LOCAL_SIZE=2");
+      },
+      {"MASTER_ADDR is not set"}))
+      << "expected a ConfigError";
 }
 
 TEST(WorkerEnv, Slurm) {
-  auto w = detect({{"SLURM_PROCID", "5"},
-                   {"SLURM_NTASKS", "8"},
-                   {"SLURM_LOCALID", "1"},
-                   {"SLURM_STEP_NUM_NODES", "4"},
-                   {"MASTER_ADDR", "n1"}});
+  auto w =
+      detect("SLURM_PROCID=5 SLURM_NTASKS=8 SLURM_LOCALID=1 SLURM_STEP_NUM_NODES=4 MASTER_ADDR=n1");
   EXPECT_EQ(w.source, "Slurm");
   EXPECT_EQ(w.rank, 5);
   EXPECT_EQ(w.world, 8);
@@ -97,30 +94,14 @@ TEST(WorkerEnv, Slurm) {
 }
 
 TEST(WorkerEnv, MalformedValuesAreNamed) {
-  try {
-    detect({{"RANK", "two"}, {"WORLD_SIZE", "4"}});
-    FAIL();
-  } catch (const collie::ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("RANK='two'"), std::string::npos) << e.what();
-  }
-  try {
-    detect({{"RANK", "4"}, {"WORLD_SIZE", "4"}});
-    FAIL();
-  } catch (const collie::ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("RANK=4 is not below WORLD_SIZE=4"), std::string::npos)
-        << e.what();
-  }
-  try {
-    detect({{"RANK", "0"}});
-    FAIL();
-  } catch (const collie::ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("must both be set"), std::string::npos) << e.what();
-  }
-  try {
-    detect({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "70000"}});
-    FAIL();
-  } catch (const collie::ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("MASTER_PORT='70000'"), std::string::npos) << e.what();
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"RANK=two WORLD_SIZE=4", "RANK='two'"},
+      {"RANK=4 WORLD_SIZE=4", "RANK=4 is not below WORLD_SIZE=4"},
+      {"RANK=0", "must both be set"},
+      {"RANK=0 WORLD_SIZE=1 MASTER_PORT=70000", "MASTER_PORT='70000'"}};
+  for (const auto& [vars, says] : refused) {
+    EXPECT_TRUE(collie::testing::throwsWith<collie::ConfigError>([&] { detect(vars); }, {says}))
+        << vars;
   }
 }
 
@@ -188,15 +169,10 @@ TEST(JobToken, ATokenFileThatCannotBeWrittenIsNamed) {
   std::filesystem::create_directories(dir);
   const std::string missing = dir + "/no-such-folder/token";
   ::unsetenv("COLLIE_JOB_TOKEN");
-  try {
-    collie::provideJobToken(missing, true, std::chrono::seconds(1));
-    ADD_FAILURE() << "a token file in a missing folder was accepted";
-  } catch (const collie::ConfigError& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("launch.token_file " + missing), std::string::npos) << what;
-    EXPECT_NE(what.find("No such file or directory"), std::string::npos) << what;
-    EXPECT_NE(what.find("HINT:"), std::string::npos) << what;
-  }
+  EXPECT_TRUE(collie::testing::throwsWith<collie::ConfigError>(
+      [&] { collie::provideJobToken(missing, true, std::chrono::seconds(1)); },
+      {"launch.token_file " + missing, "No such file or directory", "HINT:"}))
+      << "a token file in a missing folder was accepted";
   EXPECT_EQ(std::getenv("COLLIE_JOB_TOKEN"), nullptr);
   std::filesystem::remove_all(dir);
 }
@@ -227,13 +203,10 @@ TEST(JobToken, AnOutsideLaunchersTokenOnOneHostIsPrivate) {
                                       std::chrono::steady_clock::now()),
             "");
   ::chmod((dir + "/collie").c_str(), 0755);
-  try {
-    collie::writeLocalJobToken(collie::localJobTokenPath(port), token);
-    ADD_FAILURE() << "a token was left in a folder other users can open";
-  } catch (const collie::ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("is not a private folder of this user"), std::string::npos)
-        << e.what();
-  }
+  EXPECT_TRUE(collie::testing::throwsWith<collie::ConfigError>(
+      [&] { collie::writeLocalJobToken(collie::localJobTokenPath(port), token); },
+      {"is not a private folder of this user"}))
+      << "a token was left in a folder other users can open";
   // An inherited XDG_RUNTIME_DIR that does not exist here (srun exports the login node's) is
   // passed over for this user's folder in /tmp, not an error.
   ::setenv("XDG_RUNTIME_DIR", (dir + "/no-such-runtime-dir").c_str(), 1);

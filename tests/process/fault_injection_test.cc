@@ -17,6 +17,7 @@
 #include <thread>
 #include <tuple>
 
+#include "expect.h"
 #include "processes.h"
 #include "run_command.h"
 #include "runtime/launcher.h"
@@ -76,6 +77,17 @@ JobRun runUnder(const std::string& launcher, const std::string& config, const st
   return run;
 }
 
+// Success when collie's launcher refuses `config` as bad input (exit code 2) before any rank
+// starts, its log saying `says`.
+::testing::AssertionResult refused(const std::string& config, const std::string& out,
+                                   const std::string& says) {
+  const JobRun run = runUnder("collie", config, out, 2);
+  if (run.exit_code != 2) {
+    return ::testing::AssertionFailure() << "exit code " << run.exit_code << ":\n" << run.log;
+  }
+  return collie::testing::contains(run.log, {says});
+}
+
 using LauncherBackendFault = std::tuple<std::string, std::string, std::string>;
 class FaultUnderLauncher : public ::testing::TestWithParam<LauncherBackendFault> {};
 
@@ -94,7 +106,7 @@ TEST_P(FaultUnderLauncher, ARankThatLeavesFailsTheJobAndNothingIsLeft) {
   const std::string taken = fault == "exit0"
                                 ? "faults[0]: rank 1 takes exit with code 0 before step 3"
                                 : "faults[0]: rank 1 takes SIGKILL before collective 5";
-  EXPECT_NE(run.log.find(taken), std::string::npos) << run.log;
+  EXPECT_TRUE(collie::testing::contains(run.log, {taken}));
   // The ranks that stayed name the one that left (a launcher sees no failure in an exit with
   // code 0); after a kill, the launcher may have stopped them first, naming it itself.
   const bool survivors_name_it = run.log.find("rank(s) 1 reported nothing") != std::string::npos;
@@ -108,9 +120,8 @@ TEST_P(FaultUnderLauncher, ARankThatLeavesFailsTheJobAndNothingIsLeft) {
     EXPECT_TRUE(survivors_name_it || launcher_names_it) << run.log;
   }
   if (launcher == "collie" && fault == "exit0") {
-    EXPECT_NE(run.log.find("had exited with code 0 while other ranks were still running"),
-              std::string::npos)
-        << run.log;
+    EXPECT_TRUE(collie::testing::contains(
+        run.log, {"had exited with code 0 while other ranks were still running"}));
   }
   EXPECT_TRUE(noneLeft(out)) << "a rank outlived the job";
 }
@@ -134,18 +145,16 @@ TEST_P(StoppedRank, TheOthersTimeOutAndAnalyzeNamesIt) {
       "collie",
       trainWith("stop-" + GetParam(), GetParam(), "[{rank: 2, at_step: 4, action: stop}]"), out, 3);
   EXPECT_EQ(run.exit_code, 1) << run.log;
-  EXPECT_NE(run.log.find("faults[0]: rank 2 takes SIGSTOP before step 4"), std::string::npos)
-      << run.log;
-  EXPECT_NE(run.log.find("rank(s) 2 reported nothing"), std::string::npos) << run.log;
+  EXPECT_TRUE(collie::testing::contains(
+      run.log, {"faults[0]: rank 2 takes SIGSTOP before step 4", "rank(s) 2 reported nothing"}));
   EXPECT_TRUE(noneLeft(out)) << "the stopped rank outlived the job";
   EXPECT_TRUE(fs::exists(out + "/flight-recorder/rank-0.json")) << run.log;
   EXPECT_FALSE(fs::exists(out + "/flight-recorder/rank-2.json"));
   const auto analysis = runCollie({"analyze", out});
   EXPECT_EQ(analysis.exit_code, 0) << analysis.output;
-  EXPECT_NE(analysis.output.find("rank 2: no record"), std::string::npos) << analysis.output;
-  EXPECT_NE(analysis.output.find("rank 2 left no record: the others were waiting for rank 2"),
-            std::string::npos)
-      << analysis.output;
+  EXPECT_TRUE(collie::testing::contains(
+      analysis.output,
+      {"rank 2: no record", "rank 2 left no record: the others were waiting for rank 2"}));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, StoppedRank, ::testing::Values("gloo", "ucx"),
@@ -190,23 +199,21 @@ TEST_P(StallLine, NamesAStoppedRankWhileTheJobStillWaits) {
   const auto line = run.log.find("stall: ");
   ASSERT_NE(line, std::string::npos) << run.log;
   const std::string first = run.log.substr(line, run.log.find('\n', line) - line);
-  EXPECT_NE(first.find(named), std::string::npos) << first;
-  EXPECT_NE(first.find("is stopped (SIGSTOP)"), std::string::npos) << first;
+  EXPECT_TRUE(collie::testing::contains(first, {named, "is stopped (SIGSTOP)"}));
   if (launcher == "collie") {
-    EXPECT_NE(run.log.find("launcher: stall: "), std::string::npos) << run.log;
+    EXPECT_TRUE(collie::testing::contains(run.log, {"launcher: stall: "}));
     // Said while the job still waited: before any rank gave up at the timeout.
     EXPECT_LT(line, run.log.find("reported nothing")) << run.log;
   } else {
     const std::string speaker = stopped == 0 ? "[r1 " : "[r0 ";  // the log line's rank
     const auto prefix = run.log.rfind('\n', line);
-    EXPECT_NE(run.log.substr(prefix + 1, line - prefix).find(speaker), std::string::npos)
+    EXPECT_TRUE(collie::testing::contains(run.log.substr(prefix + 1, line - prefix), {speaker}))
         << run.log.substr(prefix + 1, 200);
   }
   EXPECT_TRUE(noneLeft(out)) << "the stopped rank outlived the job";
   const auto analysis = runCollie({"analyze", out});
-  EXPECT_NE(analysis.output.find("the others were waiting for rank " + std::to_string(stopped)),
-            std::string::npos)
-      << analysis.output;
+  EXPECT_TRUE(collie::testing::contains(
+      analysis.output, {"the others were waiting for rank " + std::to_string(stopped)}));
 }
 
 INSTANTIATE_TEST_SUITE_P(Jobs, StallLine,
@@ -232,10 +239,9 @@ TEST(FaultInjection, AThrowOnTheCommunicationThreadFailsTheRankWithItsMessage) {
         trainWith("throw-" + backend, backend, "[{rank: 1, at_collective: 3, action: throw}]", 2),
         out, 2);
     EXPECT_EQ(run.exit_code, 1) << run.log;
-    EXPECT_NE(run.log.find("internal error: injected by faults[0]: rank 1 takes an exception "
-                           "before collective 3"),
-              std::string::npos)
-        << run.log;
+    EXPECT_TRUE(collie::testing::contains(
+        run.log, {"internal error: injected by faults[0]: rank 1 takes an exception "
+                  "before collective 3"}));
     EXPECT_TRUE(noneLeft(out));
   }
 }
@@ -249,9 +255,8 @@ TEST(FaultInjection, ADelayHoldsEveryRankBackInThatStepOnly) {
       trainWith("delay", "loopback", "[{rank: 1, at_step: 3, action: delay, delay: 800ms}]", 2, 6),
       out, 2);
   ASSERT_EQ(run.exit_code, 0) << run.log;
-  EXPECT_NE(run.log.find("faults[0]: rank 1 takes a delay of 800 ms before step 3"),
-            std::string::npos)
-      << run.log;
+  EXPECT_TRUE(collie::testing::contains(
+      run.log, {"faults[0]: rank 1 takes a delay of 800 ms before step 3"}));
   std::ifstream steps(out + "/rank-0.jsonl");
   int step = 0;
   for (std::string line; std::getline(steps, line);) {
@@ -279,10 +284,9 @@ TEST(FaultInjection, SlowLimitsTheRanksCpuAndRemovesItsCgroupAfter) {
       trainWith("slow", "gloo", "[{rank: 1, at_step: 1, action: slow, cpu_share: 0.1}]", 2), out,
       2);
   ASSERT_EQ(run.exit_code, 0) << run.log;
-  EXPECT_NE(run.log.find("faults[0]: rank 1 takes a CPU share of 0.1 for the rest of the run "
-                         "before step 1"),
-            std::string::npos)
-      << run.log;
+  EXPECT_TRUE(collie::testing::contains(
+      run.log, {"faults[0]: rank 1 takes a CPU share of 0.1 for the rest of the run "
+                "before step 1"}));
   const std::string ended = "faults[0]: rank 1's CPU share ended: throttled in ";
   const auto at = run.log.find(ended);
   ASSERT_NE(at, std::string::npos) << run.log;
@@ -302,18 +306,12 @@ TEST(CpuShare, ListsOfAnotherLengthAndThreadsAreRefused) {
                              "\nmodel: {plugin: mlp, params: {seq_len: 4, vocab: 16}}\n"
                              "train: {steps: 1, micro_batch: 2}\n");
   };
-  JobRun run = runUnder("collie", config("gloo", "[1.0, 0.5, 0.5]"), out, 2);
-  EXPECT_EQ(run.exit_code, 2) << run.log;
-  EXPECT_NE(run.log.find("launch.cpu_share: expected one share for every rank or 2 (one per "
-                         "rank), found 3"),
-            std::string::npos)
-      << run.log;
-  run = runUnder("collie", config("loopback", "0.5"), out, 2);
-  EXPECT_EQ(run.exit_code, 2) << run.log;
-  EXPECT_NE(run.log.find("launch.cpu_share limits each rank's process, but backend 'loopback' "
-                         "runs its ranks as threads"),
-            std::string::npos)
-      << run.log;
+  EXPECT_TRUE(refused(config("gloo", "[1.0, 0.5, 0.5]"), out,
+                      "launch.cpu_share: expected one share for every rank or 2 (one per "
+                      "rank), found 3"));
+  EXPECT_TRUE(refused(config("loopback", "0.5"), out,
+                      "launch.cpu_share limits each rank's process, but backend 'loopback' "
+                      "runs its ranks as threads"));
 }
 
 // Faults that end, freeze or limit a process are refused on loopback's threads before
@@ -321,22 +319,13 @@ TEST(CpuShare, ListsOfAnotherLengthAndThreadsAreRefused) {
 TEST(FaultInjection, FaultsThatNeedAProcessAreRefusedOnThreads) {
   const std::string out = scratch("threads");
   for (const std::string action : {"kill", "stop", "exit, code: 0", "slow, cpu_share: 0.5"}) {
-    const JobRun run = runUnder(
-        "collie",
+    EXPECT_TRUE(refused(
         trainWith("threads", "loopback", "[{rank: 1, at_step: 2, action: " + action + "}]", 2), out,
-        2);
-    EXPECT_EQ(run.exit_code, 2) << run.log;
-    EXPECT_NE(run.log.find("needs ranks that are processes, but backend 'loopback' runs its "
-                           "ranks as threads"),
-              std::string::npos)
-        << run.log;
+        "needs ranks that are processes, but backend 'loopback' runs its "
+        "ranks as threads"));
   }
-  const JobRun beyond = runUnder(
-      "collie", trainWith("beyond", "gloo", "[{rank: 3, at_step: 2, action: kill}]", 2), out, 2);
-  EXPECT_EQ(beyond.exit_code, 2) << beyond.log;
-  EXPECT_NE(beyond.log.find("faults[0].rank: 3 is not a rank of this job of 2 rank(s)"),
-            std::string::npos)
-      << beyond.log;
+  EXPECT_TRUE(refused(trainWith("beyond", "gloo", "[{rank: 3, at_step: 2, action: kill}]", 2), out,
+                      "faults[0].rank: 3 is not a rank of this job of 2 rank(s)"));
 }
 
 // This process's open descriptors.
@@ -376,7 +365,7 @@ TEST(WorkerSet, APipeThatCannotBeMadeLeaksNothing) {
     collie::WorkerSet workers(spec, mask);
     error = workers.startError();
   }
-  EXPECT_NE(error.find("pipe:"), std::string::npos) << error;
+  EXPECT_TRUE(collie::testing::contains(error, {"pipe:"}));
   EXPECT_EQ(openFds(), before);
 }
 
@@ -469,11 +458,10 @@ TEST(MemoryLimit, ARankOverItsLimitIsReportedAsSuchAndTheOthersStop) {
   const JobRun run =
       runUnder("collie", limitedTo("memory-limit", "[2GiB, 40MiB]", ", max_restarts: 2"), out, 2);
   EXPECT_EQ(run.exit_code, 1) << run.log;
-  EXPECT_NE(run.log.find("was killed by the kernel's OOM killer at its memory limit "
-                         "(launch.memory_limit 40.0 MiB"),
-            std::string::npos)
-      << run.log;
-  EXPECT_NE(run.log.find("First failure: rank 1 (pid "), std::string::npos) << run.log;
+  EXPECT_TRUE(collie::testing::contains(
+      run.log, {"was killed by the kernel's OOM killer at its memory limit "
+                "(launch.memory_limit 40.0 MiB",
+                "First failure: rank 1 (pid "}));
   EXPECT_EQ(run.log.find("rank 0 (pid"), std::string::npos) << "rank 0 blamed: " << run.log;
   EXPECT_EQ(run.log.find("restarting"), std::string::npos) << run.log;
   const auto error = nlohmann::json::parse(readText(out + "/error.json"));
@@ -501,25 +489,17 @@ TEST(MemoryLimit, RanksUnderTheirLimitTrainToTheEnd) {
 // runs (exit 2), each saying why.
 TEST(MemoryLimit, WhatCannotHoldARankIsRefused) {
   const std::string out = scratch("memory-limit-bad");
-  JobRun run = runUnder("collie", limitedTo("memory-limit-bad", "[1GiB, 1GiB, 1GiB]"), out, 2);
-  EXPECT_EQ(run.exit_code, 2) << run.log;
-  EXPECT_NE(run.log.find("launch.memory_limit expected one limit for every rank or 2 (one per "
-                         "rank), found 3"),
-            std::string::npos)
-      << run.log;
+  EXPECT_TRUE(refused(limitedTo("memory-limit-bad", "[1GiB, 1GiB, 1GiB]"), out,
+                      "launch.memory_limit expected one limit for every rank or 2 (one per "
+                      "rank), found 3"));
   const std::string threads = writeTempFile(
       "memory-limit-threads.yaml",
       "name: t\nlaunch: {nproc_per_node: 2, memory_limit: 1GiB}\nbackend: loopback\n"
       "model: {plugin: mlp, params: {seq_len: 4, vocab: 16}}\ntrain: {steps: 1, micro_batch: 2}\n");
-  run = runUnder("collie", threads, out, 2);
-  EXPECT_EQ(run.exit_code, 2) << run.log;
-  EXPECT_NE(run.log.find("launch.memory_limit holds each rank's process, but backend "
-                         "'loopback' runs its ranks as threads"),
-            std::string::npos)
-      << run.log;
-  run = runUnder("collie", limitedTo("memory-limit-small", "1MiB"), out, 2);
-  EXPECT_EQ(run.exit_code, 2) << run.log;
-  EXPECT_NE(run.log.find("launch.memory_limit"), std::string::npos) << run.log;
+  EXPECT_TRUE(refused(threads, out,
+                      "launch.memory_limit holds each rank's process, but backend "
+                      "'loopback' runs its ranks as threads"));
+  EXPECT_TRUE(refused(limitedTo("memory-limit-small", "1MiB"), out, "launch.memory_limit"));
 }
 
 }  // namespace

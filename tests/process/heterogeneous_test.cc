@@ -13,6 +13,7 @@
 #include <regex>
 
 #include "auto_split.h"
+#include "expect.h"
 #include "processes.h"
 #include "run_command.h"
 #include "runtime/faults.h"
@@ -28,6 +29,11 @@ bool haveCpuController() {
   return ::geteuid() == 0 && ::stat("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", &st) == 0;
 }
 
+// Skips a test that limits a rank's CPU where that cannot be done here.
+#define REQUIRE_CPU_CONTROLLER() \
+  if (!haveCpuController())      \
+  GTEST_SKIP() << "needs root and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu"
+
 // Two gloo ranks train an MLP whose step is mostly compute (≈ 7 ms of forward and backward
 // on this machine, more than half of the step), so that a share of a CPU slows it.
 std::string heavyMlp(const std::string& name, const std::string& launch, int steps,
@@ -41,6 +47,13 @@ std::string heavyMlp(const std::string& name, const std::string& launch, int ste
           std::to_string(steps) + ", micro_batch: 32, log_every: 1000" + train_extra + "}\n");
 }
 
+// `collie run` of heavyMlp(name) with launch.cpu_share `shares` and `train_extra`, into `out`.
+CommandResult trainShared(const std::string& name, const std::string& shares, int steps,
+                          const std::string& out, const std::string& train_extra = "") {
+  return runCollie(
+      {"run", heavyMlp(name, ", cpu_share: " + shares, steps, train_extra), "--out", out});
+}
+
 void expectNoCgroupLeft() {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator("/sys/fs/cgroup/cpu/collie", ec))
@@ -50,11 +63,9 @@ void expectNoCgroupLeft() {
 // launch.cpu_share: rank 1 keeps a fifth of one CPU for the whole run; the log gives the
 // share each rank achieved while all of them spun at once, and nothing is left behind.
 TEST(CpuShare, EachRankRunsAtItsShareAndTheLogSaysWhatItAchieved) {
-  if (!haveCpuController())
-    GTEST_SKIP() << "needs root and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu";
+  REQUIRE_CPU_CONTROLLER();
   const std::string out = scratch("cpu-share");
-  const auto run =
-      runCollie({"run", heavyMlp("cpu-share", ", cpu_share: [1.0, 0.2]", 10, ""), "--out", out});
+  const auto run = trainShared("cpu-share", "[1.0, 0.2]", 10, out);
   ASSERT_EQ(run.exit_code, 0) << run.output;
   const std::string line = "rank 1 0.20 (achieved ";
   const auto at = run.output.find(line);
@@ -73,8 +84,7 @@ TEST(CpuShare, EachRankRunsAtItsShareAndTheLogSaysWhatItAchieved) {
 // group is empty too between its mkdir and its move into it (sweeping those made a rank's
 // first write fail with ENODEV when three ranks started at once).
 TEST(CpuShare, OnlyTheGroupsOfRanksThatAreGoneAreSwept) {
-  if (!haveCpuController())
-    GTEST_SKIP() << "needs root and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu";
+  REQUIRE_CPU_CONTROLLER();
   const fs::path parent = "/sys/fs/cgroup/cpu/collie";
   fs::create_directories(parent);
   const pid_t gone = ::fork();
@@ -104,11 +114,9 @@ TEST(CpuShare, OnlyTheGroupsOfRanksThatAreGoneAreSwept) {
 // of every 10), so its score sat near the 0.7 threshold, and a CI run named it only at the
 // second check (step 30, score 0.58). A quarter slows it 3x or more.
 TEST(Stragglers, AThrottledRankIsNamedWithin20Steps) {
-  if (!haveCpuController())
-    GTEST_SKIP() << "needs root and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu";
+  REQUIRE_CPU_CONTROLLER();
   const std::string out = scratch("straggler-named");
-  const auto run =
-      runCollie({"run", heavyMlp("throttled", ", cpu_share: [1.0, 0.25]", 30, ""), "--out", out});
+  const auto run = trainShared("throttled", "[1.0, 0.25]", 30, out);
   ASSERT_EQ(run.exit_code, 0) << run.output;
   std::smatch m;
   const std::regex warning(
@@ -117,7 +125,7 @@ TEST(Stragglers, AThrottledRankIsNamedWithin20Steps) {
   ASSERT_TRUE(std::regex_search(run.output, m, warning)) << run.output;
   EXPECT_EQ(m[1].str(), "1") << m[0];
   EXPECT_LE(std::stoi(m[2].str()), 21) << m[0];
-  EXPECT_EQ(run.output.find("straggler: rank 0"), std::string::npos) << run.output;
+  EXPECT_TRUE(collie::testing::lacks(run.output, {"straggler: rank 0"}));
   const auto summary = nlohmann::json::parse(readText(out + "/summary.json")).at(0);
   EXPECT_LT(summary.at("straggler_score").at(1).get<double>(), 0.7) << summary.dump();
   EXPECT_EQ(summary.at("straggler_score").at(0).get<double>(), 1.0) << summary.dump();
@@ -135,7 +143,7 @@ TEST(Stragglers, EqualRanksAreNeverNamedIn200Steps) {
   text.replace(text.find("micro_batch: 32"), 15, "micro_batch: 256");
   const auto run = runCollie({"run", writeTempFile("even-heavy.yaml", text), "--out", out});
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_EQ(run.output.find("straggler: rank"), std::string::npos) << run.output;
+  EXPECT_TRUE(collie::testing::lacks(run.output, {"straggler: rank"}));
   const auto summary = nlohmann::json::parse(readText(out + "/summary.json")).at(0);
   EXPECT_EQ(summary.at("straggler_steps").get<int>(), 199) << summary.dump();
   for (const auto& score : summary.at("straggler_score"))
@@ -147,8 +155,7 @@ TEST(Stragglers, EqualRanksAreNeverNamedIn200Steps) {
 // identical (the run fails otherwise), and the losses are those of a fixed even split of
 // the same global batch (the same samples, each weighted by 1/global).
 TEST(Rebalancing, TheSplitFollowsARankThatSlowsDown) {
-  if (!haveCpuController())
-    GTEST_SKIP() << "needs root and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu";
+  REQUIRE_CPU_CONTROLLER();
   const std::string slow = ", faults: [{rank: 1, at_step: 30, action: slow, cpu_share: 0.5}]";
   auto config = [&](const std::string& name, const std::string& batch) {
     std::string text = readText(heavyMlp(name, "", 70, ""));
@@ -159,7 +166,7 @@ TEST(Rebalancing, TheSplitFollowsARankThatSlowsDown) {
   const auto run =
       runCollie({"run", config("rebalance", "micro_batch: auto, global_batch: 64"), "--out", out});
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_NE(run.output.find("micro_batch auto after step "), std::string::npos) << run.output;
+  EXPECT_TRUE(collie::testing::contains(run.output, {"micro_batch auto after step "}));
   const auto summary = nlohmann::json::parse(readText(out + "/summary.json")).at(0);
   // The probe at the start may be rebalanced before step 30 too; the last change is after.
   ASSERT_FALSE(summary.at("rebalances").empty()) << summary.dump();
@@ -189,8 +196,7 @@ TEST(Rebalancing, TheSplitFollowsARankThatSlowsDown) {
 // 1 + 62 s_r / sum(s) is [51, 13] at 4x slower and [42, 22] at 2x (two runs on this 2-core VM
 // measured 6.4x and 5x: [55, 9], [53, 11]). The run trains with that split.
 TEST(Rebalancing, TheFirstSplitGivesAThrottledRankFewerSamples) {
-  if (!haveCpuController())
-    GTEST_SKIP() << "needs root and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu";
+  REQUIRE_CPU_CONTROLLER();
   std::string text =
       readText(heavyMlp("probe-split", ", cpu_share: [1.0, 0.25]", 2, ", rebalance_every: 0"));
   text.replace(text.find("micro_batch: 32"), 15, "micro_batch: auto, global_batch: 64");
@@ -214,15 +220,12 @@ TEST(Rebalancing, TheFirstSplitGivesAThrottledRankFewerSamples) {
 // hold the true one, 0, within its uncertainty. (At half a CPU a full ctest run measured the
 // slow rank's backward only 1.43x the fast one's: the quota bites little on this small step.)
 TEST(Trace, AThrottledRanksTimelineShowsItsLongerCompute) {
-  if (!haveCpuController())
-    GTEST_SKIP() << "needs root and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu";
+  REQUIRE_CPU_CONTROLLER();
   const std::string out = scratch("trace-throttled");
-  const auto run = runCollie(
-      {"run",
-       heavyMlp("traced", ", cpu_share: [1.0, 0.25]", 20, ", trace: true, bucket_bytes: 64KB"),
-       "--out", out});
+  const auto run =
+      trainShared("traced", "[1.0, 0.25]", 20, out, ", trace: true, bucket_bytes: 64KB");
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_NE(run.output.find("trace: " + out + "/trace.json"), std::string::npos) << run.output;
+  EXPECT_TRUE(collie::testing::contains(run.output, {"trace: " + out + "/trace.json"}));
   const auto trace = nlohmann::json::parse(readText(out + "/trace.json"));
   for (const auto& error : jobTraceErrors(trace, 2)) ADD_FAILURE() << error;
   std::map<int, std::map<std::string, std::vector<double>>> spans;  // rank -> name -> durations

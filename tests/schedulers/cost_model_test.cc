@@ -8,6 +8,7 @@
 #include "collie/error.h"
 #include "collie/rules.h"
 #include "config/rules.h"
+#include "expect.h"
 #include "loopback_job.h"
 #include "run_command.h"
 
@@ -427,13 +428,9 @@ TEST(Auto, CandidatesTakeParamsInBraces) {
                           "swing{variant}", "swing{variant: latency} x"}) {
     Params p;
     p.set("candidates", bad);
-    try {
-      loadScheduler("auto", p);
-      ADD_FAILURE() << bad << " was accepted";
-    } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find("auto: params.candidates"), std::string::npos)
-          << e.what();
-    }
+    EXPECT_TRUE(testing::throwsWith<ConfigError>([&] { loadScheduler("auto", p); },
+                                                 {"auto: params.candidates"}))
+        << bad << " was accepted";
   }
   Params unknown;
   unknown.set("candidates", "swing{variant: fastest}");
@@ -529,12 +526,8 @@ TEST(Auto, ACalibrationFileReplacesTheBuiltInModel) {
   auto refused = [](const std::string& name, const std::string& text, const std::string& why) {
     Params bad;
     bad.set("calibration", testing::writeTempFile(name, text));
-    try {
-      loadScheduler("auto", bad);
-      ADD_FAILURE() << name << " accepted";
-    } catch (const std::exception& e) {
-      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
-    }
+    EXPECT_TRUE(testing::throwsWith<std::exception>([&] { loadScheduler("auto", bad); }, {why}))
+        << name << " accepted";
   };
   refused("bad.json", "{\"intra\": 3}", "is not a calibration the bench wrote");
   // Nor a one-way β below zero.
@@ -608,9 +601,8 @@ TEST(Rules, RoundTripAndLocatedErrors) {
     config::readRulesFile(bad);
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("bad-rules.yaml:2:17: rules[0].max_bytes"),
-              std::string::npos)
-        << e.what();
+    EXPECT_TRUE(
+        testing::contains(std::string(e.what()), {"bad-rules.yaml:2:17: rules[0].max_bytes"}));
   }
 }
 

@@ -31,6 +31,7 @@
 
 #include "collie/codec.h"
 #include "collie/error.h"
+#include "expect.h"
 #include "loopback_job.h"
 #include "run_command.h"
 #include "runtime/communicator.h"
@@ -261,7 +262,7 @@ TEST(PowerSgd, ThreeStepsMatchANumPyReference) {
     std::ifstream in(log);
     const std::string said((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     EXPECT_EQ(status, 0) << "gradients of order " << scale << ": " << said;
-    EXPECT_NE(said.find("powersgd: 3 steps of 2 ranks match"), std::string::npos) << said;
+    EXPECT_TRUE(testing::contains(said, {"powersgd: 3 steps of 2 ranks match"}));
     // Each step: the vector and the 3x2 matrix whole in one all-reduce, then every P, then
     // every Q.
     ASSERT_EQ(run.calls[0].size(), 9u);
@@ -402,21 +403,18 @@ TEST(CompressionTraining, ResumeCarriesEveryRanksCodecState) {
 TEST(CompressionTraining, ShardingAndUnknownParamsAreRefusedByName) {
   const std::string sharded =
       kRuns.configError({"train.compression=powersgd", "train.sharding=optimizer"});
-  EXPECT_NE(sharded.find("codec 'powersgd'"), std::string::npos) << sharded;
-  EXPECT_NE(sharded.find("train.sharding: optimizer"), std::string::npos) << sharded;
+  EXPECT_TRUE(testing::contains(sharded, {"codec 'powersgd'", "train.sharding: optimizer"}));
   const std::string param =
       kRuns.configError({"train.compression={plugin: powersgd, params: {rnk: 2}}"});
-  EXPECT_NE(param.find("unknown param 'rnk'"), std::string::npos) << param;
-  EXPECT_NE(param.find("rank"), std::string::npos) << param;
+  EXPECT_TRUE(testing::contains(param, {"unknown param 'rnk'", "rank"}));
   const std::string none =
       kRuns.configError({"train.compression={plugin: none, params: {rank: 2}}"});
-  EXPECT_NE(none.find("'none' takes no params"), std::string::npos) << none;
+  EXPECT_TRUE(testing::contains(none, {"'none' takes no params"}));
   // tree runs no all-gather, which int8 needs: said before the first step.
   const std::string tree = kRuns.configError({"train.compression=int8", "train.scheduler=tree"});
-  EXPECT_NE(tree.find("codec 'int8' needs allgather"), std::string::npos) << tree;
+  EXPECT_TRUE(testing::contains(tree, {"codec 'int8' needs allgather"}));
   const std::string rules = kRuns.configError({"train.compression={rules: [{plugin: bf16}]}"});
-  EXPECT_NE(rules.find("train.compression: 'rules' choose a scheduler"), std::string::npos)
-      << rules;
+  EXPECT_TRUE(testing::contains(rules, {"train.compression: 'rules' choose a scheduler"}));
 }
 
 // ---- train.compression: auto ----------------------------------------------------------
@@ -430,9 +428,7 @@ TEST(AutoCompression, TheChosenCodecTrainsAsIfNamed) {
   const train::Result chosen = kRuns.run(
       "auto-one", {"train.compression={plugin: auto, params: {candidates: [" + powersgd + "]}}"});
   EXPECT_EQ(chosen.compression, "powersgd");
-  EXPECT_NE(chosen.compression_choice.find("chose powersgd"), std::string::npos)
-      << chosen.compression_choice;
-  EXPECT_NE(chosen.compression_choice.find("arithmetic"), std::string::npos);
+  EXPECT_TRUE(testing::contains(chosen.compression_choice, {"chose powersgd", "arithmetic"}));
   const auto named = kRuns.weights("named"), again = kRuns.weights("auto-one");
   ASSERT_EQ(named.size(), again.size());
   for (const auto& [key, tensor] : named) EXPECT_TRUE(at::equal(tensor, again.at(key))) << key;
@@ -446,14 +442,13 @@ TEST(AutoCompression, PassesOverACandidateTheSchedulerCannotRun) {
       "tree-auto", {"train.scheduler=tree",
                     "train.compression={plugin: auto, params: {candidates: [int8, none]}}"});
   EXPECT_EQ(r.compression, "none");
-  EXPECT_NE(r.compression_choice.find("int8 (train.scheduler runs none of its collectives)"),
-            std::string::npos)
-      << r.compression_choice;
+  EXPECT_TRUE(testing::contains(r.compression_choice,
+                                {"int8 (train.scheduler runs none of its collectives)"}));
   const auto plain = kRuns.weights("tree-plain"), chosen = kRuns.weights("tree-auto");
   for (const auto& [key, tensor] : plain) EXPECT_TRUE(at::equal(tensor, chosen.at(key))) << key;
   const std::string none = kRuns.configError(
       {"train.scheduler=tree", "train.compression={plugin: auto, params: {candidates: [int8]}}"});
-  EXPECT_NE(none.find("runs the collectives of none of the candidates"), std::string::npos) << none;
+  EXPECT_TRUE(testing::contains(none, {"runs the collectives of none of the candidates"}));
 }
 
 // Between two candidates the run can take, auto takes the one whose predicted step (the
@@ -474,7 +469,7 @@ TEST(AutoCompression, TakesTheCandidateWithTheShortestPredictedStep) {
   }
   ASSERT_EQ(predicted.size(), 2u) << r.compression_choice;
   EXPECT_GT(predicted.at("none"), 0);
-  EXPECT_NE(r.compression_choice.find("chose " + r.compression), std::string::npos);
+  EXPECT_TRUE(testing::contains(r.compression_choice, {"chose " + r.compression}));
   const std::string other = r.compression == "none" ? "bf16" : "none";
   EXPECT_LE(predicted.at(r.compression), predicted.at(other)) << r.compression_choice;
   EXPECT_TRUE(r.sync.identical);
@@ -485,29 +480,27 @@ TEST(AutoCompression, BadCandidatesAreRefusedByName) {
     return kRuns.configError({"train.compression=" + compression});
   };
   const std::string word = refused("auto");
-  EXPECT_NE(word.find("auto chooses among params.candidates"), std::string::npos) << word;
+  EXPECT_TRUE(testing::contains(word, {"auto chooses among params.candidates"}));
   const std::string missing = refused("{plugin: auto}");
-  EXPECT_NE(missing.find("train.compression.params: missing required key"), std::string::npos)
-      << missing;
+  EXPECT_TRUE(testing::contains(missing, {"train.compression.params: missing required key"}));
   const std::string empty = refused("{plugin: auto, params: {candidates: []}}");
-  EXPECT_NE(empty.find("at least 1"), std::string::npos) << empty;
+  EXPECT_TRUE(testing::contains(empty, {"at least 1"}));
   const std::string nested = refused("{plugin: auto, params: {candidates: [bf16, auto]}}");
-  EXPECT_NE(nested.find("candidates[1]: auto is the choice"), std::string::npos) << nested;
+  EXPECT_TRUE(testing::contains(nested, {"candidates[1]: auto is the choice"}));
   const std::string twice = refused("{plugin: auto, params: {candidates: [bf16, bf16]}}");
-  EXPECT_NE(twice.find("a second candidate labelled 'bf16'"), std::string::npos) << twice;
+  EXPECT_TRUE(testing::contains(twice, {"a second candidate labelled 'bf16'"}));
   const std::string none =
       refused("{plugin: auto, params: {candidates: [{plugin: none, params: {rank: 2}}]}}");
-  EXPECT_NE(none.find("'none' takes no params"), std::string::npos) << none;
-  try {
-    kRuns.run("refused",
-              {"train.compression={plugin: auto, params: {candidates: [bf16, nosuch]}}"});
-    ADD_FAILURE() << "a missing candidate plugin ran";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("no codec plugin named 'nosuch'"), std::string::npos)
-        << e.what();
-  }
+  EXPECT_TRUE(testing::contains(none, {"'none' takes no params"}));
+  EXPECT_TRUE(testing::throwsWith<std::exception>(
+      [&] {
+        kRuns.run("refused",
+                  {"train.compression={plugin: auto, params: {candidates: [bf16, nosuch]}}"});
+      },
+      {"no codec plugin named 'nosuch'"}))
+      << "a missing candidate plugin ran";
   const std::string other = refused("{plugin: auto, params: {candidates: [bf16], rank: 2}}");
-  EXPECT_NE(other.find("train.compression.params.rank: unknown key"), std::string::npos) << other;
+  EXPECT_TRUE(testing::contains(other, {"train.compression.params.rank: unknown key"}));
 }
 
 // A codec whose rehearsal fails on one rank fails the run on every rank before the first
@@ -537,10 +530,8 @@ train: {steps: 3, micro_batch: 2, bucket_bytes: 4KiB, log_every: 1}
       ASSERT_NE(at, std::string::npos) << compression << ": rank " << rank << " said nothing\n"
                                        << r.output;
       const std::string error = r.output.substr(at, r.output.find('\n', at) - at);
-      EXPECT_NE(error.find(said), std::string::npos) << error;
-      EXPECT_NE(error.find(rank == 1 ? "rank 1 refuses to prepare" : "its error says why"),
-                std::string::npos)
-          << error;
+      EXPECT_TRUE(testing::contains(
+          error, {said, rank == 1 ? "rank 1 refuses to prepare" : "its error says why"}));
     }
   }
 }

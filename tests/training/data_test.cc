@@ -9,6 +9,7 @@
 #include <set>
 
 #include "collie/error.h"
+#include "expect.h"
 #include "run_command.h"
 #include "train/data.h"
 
@@ -120,31 +121,30 @@ TEST(TokensFile, WindowsComeFromTheFile) {
     for (int i = 1; i < 9; ++i) EXPECT_EQ(t[s * 9 + i], t[s * 9] + i);
   }
   EXPECT_GT(starts.size(), 1u) << "windows start at seeded random offsets";
-  EXPECT_NE(source->describe().find("1000 tokens"), std::string::npos);
+  EXPECT_TRUE(testing::contains(source->describe(), {"1000 tokens"}));
 }
 
 TEST(TokensFile, BadFilesAreNamedWithTheFix) {
   config::DataSpec spec;
   spec.source = config::DataSpec::Source::kTokens;
   spec.path = "/nonexistent/train.bin";
-  EXPECT_NE(errorOf(spec, 9, 100).find("cannot open"), std::string::npos);
+  EXPECT_TRUE(testing::contains(errorOf(spec, 9, 100), {"cannot open"}));
   spec.path = testing::writeTempFile("odd.bin", "abc");
-  EXPECT_NE(errorOf(spec, 9, 100).find("odd size"), std::string::npos);
+  EXPECT_TRUE(testing::contains(errorOf(spec, 9, 100), {"odd size"}));
   spec.path = writeTokens("short.bin", {1, 2, 3});
-  EXPECT_NE(errorOf(spec, 9, 100).find("expected at least 10 tokens"), std::string::npos);
+  EXPECT_TRUE(testing::contains(errorOf(spec, 9, 100), {"expected at least 10 tokens"}));
   std::vector<uint16_t> ids(50, 7);
   ids[31] = 4000;
   spec.path = writeTokens("big.bin", ids);
   const std::string m = errorOf(spec, 9, 100);
-  EXPECT_NE(m.find("token 4000 at index 31 is outside the model's vocab (100)"), std::string::npos)
-      << m;
+  EXPECT_TRUE(testing::contains(m, {"token 4000 at index 31 is outside the model's vocab (100)"}));
 }
 
 TEST(TextFile, BytesAreTokensAndNeedVocab256) {
   config::DataSpec spec;
   spec.source = config::DataSpec::Source::kText;
   spec.path = testing::writeTempFile("words.txt", std::string(200, 'a') + "hello world");
-  EXPECT_NE(errorOf(spec, 9, 128).find("vocab of at least 256"), std::string::npos);
+  EXPECT_TRUE(testing::contains(errorOf(spec, 9, 128), {"vocab of at least 256"}));
   auto source = openSource(spec, 9, 256);
   at::Tensor x = batch(*source, 3, 2, 9);
   EXPECT_LE(x.max().item().toLong(), 'w');

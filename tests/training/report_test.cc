@@ -16,6 +16,7 @@
 
 #include "collie/error.h"
 #include "core/strings.h"
+#include "expect.h"
 #include "train/comm_explained.h"
 #include "train/memory_fit.h"
 
@@ -367,12 +368,8 @@ TEST_F(ResultFile, AFileThatLacksAFieldIsRefusedNamingIt) {
   }
   j.erase("exposed_comm_s");
   std::ofstream(path_) << j.dump();
-  try {
-    loadResult(path_);
-    FAIL() << "a result without exposed_comm_s was read";
-  } catch (const InternalError& e) {
-    EXPECT_NE(std::string(e.what()).find("exposed_comm_s"), std::string::npos) << e.what();
-  }
+  EXPECT_TRUE(testing::throwsWith<InternalError>([&] { loadResult(path_); }, {"exposed_comm_s"}))
+      << "a result without exposed_comm_s was read";
 }
 
 // The summary's table: the field rows' columns in their order, each value in its style,
@@ -427,25 +424,22 @@ TEST(Summary, NamesTheLargestModelThatFitsTheRankThatFitsLeast) {
     return out.str();
   };
   std::string text = summaryOf(r);
-  EXPECT_NE(
-      text.find(fmt::format("largest model that fits: rank 0's memory, 1000.0 MB "
-                            "(launch.memory_limit), holds {} units of 3,152,384 "
-                            "parameters ({} parameters in all; this run: 12)",
-                            tight.largest_units, detail::withCommas(tight.largest_parameters))),
-      std::string::npos)
-      << text;
+  EXPECT_TRUE(testing::contains(
+      text, {fmt::format("largest model that fits: rank 0's memory, 1000.0 MB "
+                         "(launch.memory_limit), holds {} units of 3,152,384 "
+                         "parameters ({} parameters in all; this run: 12)",
+                         tight.largest_units, detail::withCommas(tight.largest_parameters))}));
   r.step_memory[0].limit_given = false;
   text = summaryOf(r);
-  EXPECT_NE(text.find("rank 0's memory, 1000.0 MB (its share of its host's memory"),
-            std::string::npos)
-      << text;
+  EXPECT_TRUE(
+      testing::contains(text, {"rank 0's memory, 1000.0 MB (its share of its host's memory"}));
   r.step_memory[1].process_ranks = 2;
   text = summaryOf(r);
-  EXPECT_EQ(text.find("largest model"), std::string::npos) << text;
+  EXPECT_TRUE(testing::lacks(text, {"largest model"}));
   r.step_memory[1].process_ranks = 1;
   r.units = 0;
   text = summaryOf(r);
-  EXPECT_EQ(text.find("largest model"), std::string::npos) << text;
+  EXPECT_TRUE(testing::lacks(text, {"largest model"}));
 }
 
 TEST(RankSummary, PacksAndUnpacksEveryValue) {
@@ -510,24 +504,20 @@ TEST(Summary, SaysWhatTheInterfacesCountedAndWhenTheTargetWasReached) {
   std::ostringstream out;
   printSummary(out, {r});
   std::string text = out.str();
-  EXPECT_NE(text.find("the lab hosts' interfaces counted 5.300 MB sent per host per step"),
-            std::string::npos)
-      << text;
-  EXPECT_NE(text.find("58.00 MB per host before the first step"), std::string::npos) << text;
-  EXPECT_NE(text.find("train.target_loss 4.5: reached after step 31, 12.5 s after step 29 "
-                      "began (where this run resumed"),
-            std::string::npos)
-      << text;
-  EXPECT_NE(text.find("train.compression auto chose bf16"), std::string::npos) << text;
+  EXPECT_TRUE(
+      testing::contains(text, {"the lab hosts' interfaces counted 5.300 MB sent per host per step",
+                               "58.00 MB per host before the first step",
+                               "train.target_loss 4.5: reached after step 31, 12.5 s after step 29 "
+                               "began (where this run resumed",
+                               "train.compression auto chose bf16"}));
   r.steps_to_target = 0;
   r.interface_hosts = 0;
   r.compression_choice.clear();
   std::ostringstream again;
   printSummary(again, {r});
   text = again.str();
-  EXPECT_NE(text.find("train.target_loss 4.5: not reached in 3 steps"), std::string::npos) << text;
-  EXPECT_EQ(text.find("interfaces counted"), std::string::npos) << text;
-  EXPECT_EQ(text.find("auto chose"), std::string::npos) << text;
+  EXPECT_TRUE(testing::contains(text, {"train.target_loss 4.5: not reached in 3 steps"}));
+  EXPECT_TRUE(testing::lacks(text, {"interfaces counted", "auto chose"}));
 }
 
 // Two buckets on two ranks over two steps: the first took 0.10 s on one rank and 0.06 s on
@@ -590,28 +580,23 @@ TEST(Summary, ExplainsTheAllReduceWhereItWasExplained) {
   std::ostringstream out;
   printSummary(out, {r});
   std::string text = out.str();
-  EXPECT_NE(text.find("all-reduce explained, per step (mean over ranks): measured 0.1230 s = "
-                      "0.0450 s on the calibrated link, idle (0.0030 s of it per-message latency; "
-                      "1 of"),
-            std::string::npos)
-      << text;
-  EXPECT_NE(text.find("they take 0.1300 s). Exposed after backward: measured"), std::string::npos)
-      << text;
-  EXPECT_NE(text.find("readies it on the last rank to get there, 0.0060 s after the mean rank"),
-            std::string::npos)
-      << text;
+  EXPECT_TRUE(testing::contains(
+      text, {"all-reduce explained, per step (mean over ranks): measured 0.1230 s = "
+             "0.0450 s on the calibrated link, idle (0.0030 s of it per-message latency; "
+             "1 of",
+             "they take 0.1300 s). Exposed after backward: measured",
+             "readies it on the last rank to get there, 0.0060 s after the mean rank"}));
   r.comm_explained.beyond = -0.002;
   std::ostringstream faster;
   printSummary(faster, {r});
-  EXPECT_NE(faster.str().find("arrive - 0.0020 s under the calibrated link's prediction ("),
-            std::string::npos)
-      << faster.str();
+  EXPECT_TRUE(testing::contains(faster.str(),
+                                {"arrive - 0.0020 s under the calibrated link's prediction ("}));
   r.comm_explained.busy_probed = false;
   std::ostringstream idle;
   printSummary(idle, {r});
   EXPECT_EQ(idle.str().find("probed while every rank kept a core busy"), std::string::npos)
       << idle.str();
-  EXPECT_NE(idle.str().find("on the idle link)"), std::string::npos) << idle.str();
+  EXPECT_TRUE(testing::contains(idle.str(), {"on the idle link)"}));
   r.comm_explained.explained = false;
   std::ostringstream again;
   printSummary(again, {r});

@@ -20,6 +20,7 @@
 
 #include "auto_split.h"
 #include "collie/error.h"
+#include "expect.h"
 #include "format_one.h"
 #include "loopback_job.h"
 #include "run_command.h"
@@ -383,12 +384,12 @@ TEST(ShardingCheckpoint, AMissingOrCorruptShardIsRefusedNamingTheFile) {
   const std::string bytes = fileText(shard);
   fs::remove(shard);
   std::string error = resume();
-  EXPECT_NE(error.find(shard + ": cannot open"), std::string::npos) << error;
+  EXPECT_TRUE(testing::contains(error, {shard + ": cannot open"}));
   std::string corrupt = bytes;
   corrupt[corrupt.size() - 3] ^= 0x10;  // in the last tensor's bytes
   std::ofstream(shard, std::ios::binary) << corrupt;
   error = resume();
-  EXPECT_NE(error.find(shard + ": content hash mismatch"), std::string::npos) << error;
+  EXPECT_TRUE(testing::contains(error, {shard + ": content hash mismatch"}));
   std::ofstream(shard, std::ios::binary) << bytes;
   EXPECT_EQ(resume(), "");
 }
@@ -405,15 +406,10 @@ TEST(Checkpoint, AnotherBatchIsRefusedAndAnotherSplitResumes) {
          "train.checkpoint_every=100", "train.checkpoint_dir=" + (dir / "ckpt").string()});
     return train::run(testing::buildTreeLoader(), experiments.at(0), dir.string());
   };
-  try {
-    resume("[3, 3]");
-    FAIL() << "resumed 6 samples per step from a run of 5";
-  } catch (const CheckpointError& e) {
-    EXPECT_NE(std::string(e.what()).find("written by a run of 5 samples per micro-batch step "
-                                         "(micro_batch [3, 2]) x grad_accum 1, this run takes 6"),
-              std::string::npos)
-        << e.what();
-  }
+  EXPECT_TRUE(testing::throwsWith<CheckpointError>(
+      [&] { resume("[3, 3]"); }, {"written by a run of 5 samples per micro-batch step "
+                                  "(micro_batch [3, 2]) x grad_accum 1, this run takes 6"}))
+      << "resumed 6 samples per step from a run of 5";
   EXPECT_EQ(resume("[1, 4]").timed_steps, 1);  // step 3
 }
 
@@ -448,19 +444,17 @@ TEST(Checkpoint, PiecesWrittenInOneSplitAreReadInAnother) {
   reader.read({{train::Piece{"a", {6, 6}, 5, 25}, middle}, {train::Piece{"b", {10}, 3, 3}, tail}});
   EXPECT_TRUE(at::equal(middle, a.reshape({-1}).narrow(0, 5, 25)));
   EXPECT_TRUE(at::equal(tail, b.narrow(0, 3, 3)));
-  try {
-    reader.read({{train::Piece{"a", {36}, 0, 36}, at::zeros({36}, at::kFloat)}});
-    FAIL() << "read 'a' in another shape";
-  } catch (const CheckpointError& e) {
-    EXPECT_NE(std::string(e.what()).find("holds 'a' of shape [6, 6], this run's is [36]"),
-              std::string::npos)
-        << e.what();
-  }
+  EXPECT_TRUE(testing::throwsWith<CheckpointError>(
+      [&] {
+        reader.read({{train::Piece{"a", {36}, 0, 36}, at::zeros({36}, at::kFloat)}});
+      },
+      {"holds 'a' of shape [6, 6], this run's is [36]"}))
+      << "read 'a' in another shape";
   // A manifest whose pieces overlap is refused.
   files[1].pieces[0].start = 9;
   train::writeManifest(dir.string(), info, files, 0);
-  EXPECT_NE(readingFails(dir.string()).find("the pieces of 'a' overlap or leave a gap"),
-            std::string::npos);
+  EXPECT_TRUE(
+      testing::contains(readingFails(dir.string()), {"the pieces of 'a' overlap or leave a gap"}));
 }
 
 // The shards are safetensors files: Python with NumPy and nothing of collie reads every
@@ -483,8 +477,7 @@ TEST(ShardingCheckpoint, PythonAndNumPyReadTheShards) {
   const int status = std::system(command.c_str());
   const std::string log = fileText((base / "py.log").string());
   EXPECT_EQ(status, 0) << log;
-  EXPECT_NE(log.find("split over files and equal to the unsharded run's"), std::string::npos)
-      << log;
+  EXPECT_TRUE(testing::contains(log, {"split over files and equal to the unsharded run's"}));
 }
 
 // Format 1 (one .ckpt file, before the shards) still loads: a run resumes from one.
@@ -679,15 +672,12 @@ TEST(ShardingConfig, AModelWithoutUnitsCannotShardItsParameters) {
     }
   };
   std::string error = refusal("");
-  EXPECT_NE(error.find("train.sharding: parameters needs the model's units, and model"),
-            std::string::npos)
-      << error;
-  EXPECT_NE(error.find("declares none. HINT: use train.sharding: gradients"), std::string::npos)
-      << error;
+  EXPECT_TRUE(
+      testing::contains(error, {"train.sharding: parameters needs the model's units, and model",
+                                "declares none. HINT: use train.sharding: gradients"}));
   error = refusal(", units: unknown");
-  EXPECT_NE(error.find("names parameter 'head.weight' in units(), which its module does not have"),
-            std::string::npos)
-      << error;
+  EXPECT_TRUE(testing::contains(
+      error, {"names parameter 'head.weight' in units(), which its module does not have"}));
   // Without stage 3 it trains.
   EXPECT_NO_THROW(runTraining("no-units-2",
                               {"launch.nproc_per_node=2", "train.sharding=gradients",
@@ -707,12 +697,9 @@ TEST(ModelContract, AModelDrawingFromTheGlobalGeneratorIsRefused) {
   } catch (const PluginError& e) {
     error = e.what();
   }
-  EXPECT_NE(error.find("drew from LibTorch's global random generator (cpu) during step 1"),
-            std::string::npos)
-      << error;
-  EXPECT_NE(error.find("HINT: draw from the generator the trainer passes to Model::setGenerator"),
-            std::string::npos)
-      << error;
+  EXPECT_TRUE(testing::contains(
+      error, {"drew from LibTorch's global random generator (cpu) during step 1",
+              "HINT: draw from the generator the trainer passes to Model::setGenerator"}));
   // The same model without its global draws trains.
   EXPECT_NO_THROW(runTraining("global-draws-none",
                               {"launch.nproc_per_node=2",
@@ -721,15 +708,13 @@ TEST(ModelContract, AModelDrawingFromTheGlobalGeneratorIsRefused) {
 
 // A scheduler without reduce-scatter cannot shard: said before the first step.
 TEST(ShardingConfig, ASchedulerWithoutReduceScatterIsRefusedByName) {
-  try {
-    runTraining("zero-tree", {"launch.nproc_per_node=2", "train.micro_batch=[3, 2]",
-                              "train.scheduler=tree", "train.sharding=optimizer"});
-    FAIL() << "tree has no reduce_scatter";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("train.sharding: optimizer needs reduce_scatter"),
-              std::string::npos)
-        << e.what();
-  }
+  EXPECT_TRUE(testing::throwsWith<ConfigError>(
+      [&] {
+        runTraining("zero-tree", {"launch.nproc_per_node=2", "train.micro_batch=[3, 2]",
+                                  "train.scheduler=tree", "train.sharding=optimizer"});
+      },
+      {"train.sharding: optimizer needs reduce_scatter"}))
+      << "tree has no reduce_scatter";
 }
 
 TEST(WeightSync, PerturbedRankIsNamedWithItsSpread) {
@@ -752,9 +737,8 @@ TEST(WeightSync, PerturbedRankIsNamedWithItsSpread) {
     EXPECT_EQ(v.ranks, std::vector<int>({2}));
     EXPECT_EQ(v.differing, 1);
     EXPECT_DOUBLE_EQ(v.max_spread, 0.25);
-    EXPECT_NE(v.describe(3).find("'fc.bias' differs between rank 0 and rank(s) 2"),
-              std::string::npos)
-        << v.describe(3);
+    EXPECT_TRUE(
+        testing::contains(v.describe(3), {"'fc.bias' differs between rank 0 and rank(s) 2"}));
   }
 }
 
@@ -768,15 +752,10 @@ TEST(WeightSync, BuggySchedulerFailsTheRunOrWarns) {
   const std::vector<std::string> sets = {
       "launch.nproc_per_node=3", "train.micro_batch=2",
       "train.scheduler={plugin: " + lossy + ", params: {bug: order}}"};
-  try {
-    runTraining("lossy", sets);
-    FAIL() << "the lossy scheduler's divergence went unnoticed";
-  } catch (const CommError& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("weights diverged at step"), std::string::npos) << m;
-    EXPECT_NE(m.find("differs between rank 0 and rank(s) 1, 2"), std::string::npos) << m;
-    EXPECT_NE(m.find("plugin-check"), std::string::npos) << m;
-  }
+  EXPECT_TRUE(testing::throwsWith<CommError>(
+      [&] { runTraining("lossy", sets); },
+      {"weights diverged at step", "differs between rank 0 and rank(s) 1, 2", "plugin-check"}))
+      << "the lossy scheduler's divergence went unnoticed";
   auto warned = sets;
   warned.push_back("train.on_divergence=warn");
   auto result = runTraining("lossy-warn", warned);
@@ -822,23 +801,23 @@ TEST(Checkpoint, CorruptMissingOrForeignFilesAreRefusedNamingThem) {
     f.put('\x7f');
   }
   std::string error = readingFails(dir);
-  EXPECT_NE(error.find(shard + ": content hash mismatch"), std::string::npos) << error;
+  EXPECT_TRUE(testing::contains(error, {shard + ": content hash mismatch"}));
   fs::resize_file(shard, 20);
   error = readingFails(dir);
-  EXPECT_NE(error.find(shard + ": 20 bytes, the manifest says"), std::string::npos) << error;
+  EXPECT_TRUE(testing::contains(error, {shard + ": 20 bytes, the manifest says"}));
   fs::remove(shard);
   error = readingFails(dir);
-  EXPECT_NE(error.find(shard + ": cannot open"), std::string::npos) << error;
+  EXPECT_TRUE(testing::contains(error, {shard + ": cannot open"}));
   std::ofstream(shard, std::ios::binary) << saved;
   ASSERT_EQ(readingFails(dir), "");
   // A manifest cut short, or none (a crash before it was committed: never resumed from).
   const std::string manifest = fileText(dir + "/manifest.json");
   std::ofstream(dir + "/manifest.json") << manifest.substr(0, manifest.size() / 2);
   error = readingFails(dir);
-  EXPECT_NE(error.find(dir + "/manifest.json: unreadable"), std::string::npos) << error;
+  EXPECT_TRUE(testing::contains(error, {dir + "/manifest.json: unreadable"}));
   fs::remove(dir + "/manifest.json");
   error = readingFails(dir);
-  EXPECT_NE(error.find("manifest.json is missing"), std::string::npos) << error;
+  EXPECT_TRUE(testing::contains(error, {"manifest.json is missing"}));
   EXPECT_EQ(train::latestCheckpoint(ckpt.string()), "");
   // A manifest naming a file outside its directory.
   std::string hostile = manifest;
@@ -847,11 +826,11 @@ TEST(Checkpoint, CorruptMissingOrForeignFilesAreRefusedNamingThem) {
   hostile.replace(at, 32, "../../../../../../etc/passwd.bin");
   std::ofstream(dir + "/manifest.json") << hostile;
   error = readingFails(dir);
-  EXPECT_NE(error.find("lists a file named '../../"), std::string::npos) << error;
+  EXPECT_TRUE(testing::contains(error, {"lists a file named '../../"}));
   // Not a checkpoint at all.
   const std::string text =
       testing::writeTempFile("not-a-checkpoint.ckpt", "hello: I am YAML, not a checkpoint\n");
-  EXPECT_NE(readingFails(text).find("not a collie checkpoint"), std::string::npos);
+  EXPECT_TRUE(testing::contains(readingFails(text), {"not a collie checkpoint"}));
 }
 
 // A checkpoint file with `header` and a 4-byte payload, sealed with a valid hash.
@@ -864,14 +843,9 @@ TEST(Checkpoint, AStepOutOfRangeIsRefused) {
   for (const char* step : {"-5", "100000001"}) {
     const std::string path = craftedCheckpoint(
         "step.ckpt", std::string(R"({"step": )") + step + R"(, "identity": "x", "tensors": []})");
-    try {
-      train::loadFormatOne(path);
-      FAIL() << "a checkpoint at step " << step << " loaded";
-    } catch (const CheckpointError& e) {
-      EXPECT_NE(std::string(e.what()).find(std::string("step ") + step + " is out of range"),
-                std::string::npos)
-          << e.what();
-    }
+    EXPECT_TRUE(testing::throwsWith<CheckpointError>(
+        [&] { train::loadFormatOne(path); }, {std::string("step ") + step + " is out of range"}))
+        << "a checkpoint at step " << step << " loaded";
   }
 }
 
@@ -882,13 +856,9 @@ TEST(Checkpoint, CraftedHeaderCannotAskForHugeTensors) {
       R"({"step": 1, "identity": "x", "tensors": [{"name": "w", "dtype": "f32", )"
       R"("shape": [1000000000000], "offset": 0, "bytes": 4}]})";
   const std::string path = craftedCheckpoint("crafted.ckpt", header);
-  try {
-    train::loadFormatOne(path);
-    FAIL() << "a crafted header was accepted";
-  } catch (const CheckpointError& e) {
-    EXPECT_NE(std::string(e.what()).find("tensor 'w' has an inconsistent entry"), std::string::npos)
-        << e.what();
-  }
+  EXPECT_TRUE(testing::throwsWith<CheckpointError>([&] { train::loadFormatOne(path); },
+                                                   {"tensor 'w' has an inconsistent entry"}))
+      << "a crafted header was accepted";
 }
 
 TEST(Training, ANonFiniteLossStopsBeforeTheUpdateWithItsOwnError) {
@@ -901,8 +871,7 @@ TEST(Training, ANonFiniteLossStopsBeforeTheUpdateWithItsOwnError) {
     train::run(testing::buildTreeLoader(), experiments.at(0), scratch("diverge").string());
     FAIL() << "training with lr 1000 did not diverge";
   } catch (const TrainingError& e) {
-    EXPECT_NE(std::string(e.what()).find("stopped before the update"), std::string::npos)
-        << e.what();
+    EXPECT_TRUE(testing::contains(std::string(e.what()), {"stopped before the update"}));
     EXPECT_EQ(e.exitCode(), 1);
   }
 }
@@ -913,12 +882,12 @@ TEST(Checkpoint, AnotherRunsCheckpointIsNotResumed) {
   auto experiments = config::loadExperiments(
       testing::writeTempFile("other.yaml", kBase),
       {"train.steps=2", "train.optimizer=sgd", "train.checkpoint_dir=" + ckpt.string()});
-  try {
-    train::run(testing::buildTreeLoader(), experiments.at(0), ckpt.parent_path().string());
-    FAIL() << "resumed an adamw checkpoint into an sgd run";
-  } catch (const CheckpointError& e) {
-    EXPECT_NE(std::string(e.what()).find("written by another run"), std::string::npos) << e.what();
-  }
+  EXPECT_TRUE(testing::throwsWith<CheckpointError>(
+      [&] {
+        train::run(testing::buildTreeLoader(), experiments.at(0), ckpt.parent_path().string());
+      },
+      {"written by another run"}))
+      << "resumed an adamw checkpoint into an sgd run";
 }
 
 // Every step's line of rank-R.jsonl of run `name`, parsed.
@@ -1128,14 +1097,12 @@ TEST(MicroBatch, AutoSplitsTheGlobalBatchByMeasuredSpeed) {
 }
 
 TEST(MicroBatch, ListMustHaveOneSizePerRank) {
-  try {
-    runTraining("bad-list", {"launch.nproc_per_node=2", "train.micro_batch=[1, 2, 3]"});
-    FAIL() << "three micro-batch sizes for two ranks were accepted";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("expected one size for every rank or 2 sizes"),
-              std::string::npos)
-        << e.what();
-  }
+  EXPECT_TRUE(testing::throwsWith<ConfigError>(
+      [&] {
+        runTraining("bad-list", {"launch.nproc_per_node=2", "train.micro_batch=[1, 2, 3]"});
+      },
+      {"expected one size for every rank or 2 sizes"}))
+      << "three micro-batch sizes for two ranks were accepted";
 }
 
 }  // namespace

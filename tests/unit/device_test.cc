@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "collie/error.h"
+#include "expect.h"
 #include "loopback_job.h"
 #include "runtime/communicator.h"
 #include "runtime/device.h"
@@ -32,7 +33,7 @@ TEST(Device, CpuIsTheCpuAndCudaWithoutAGpuIsRefusedWithAHint) {
     const std::string m = e.what();
     EXPECT_EQ(m.find("train.device: cuda, but this process sees no CUDA device (LibTorch "), 0u)
         << m;
-    EXPECT_NE(m.find("HINT"), std::string::npos) << m;
+    EXPECT_TRUE(testing::contains(m, {"HINT"}));
   }
 }
 

@@ -18,6 +18,8 @@
 #include <string>
 
 #include "collie/error.h"
+#include "expect.h"
+#include "scratch_test.h"
 
 namespace collie {
 namespace {
@@ -35,13 +37,12 @@ void writeText(const fs::path& path, const std::string& text) { std::ofstream(pa
 
 // root_ stands for a cgroup2 mount listing `controllers`; the process sits in
 // /user.slice/session-1. A v1 hierarchy with cpuacct (not cpu) comes first in the mount table.
-class CgroupV2 : public ::testing::Test {
+class CgroupV2 : public testing::ScratchTest {
  protected:
+  CgroupV2() : ScratchTest("collie-cgroup-v2") {}
+
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("collie-cgroup-v2-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
+    ScratchTest::SetUp();
     root_ = dir_ / "fs";
     fs::create_directories(root_ / "user.slice" / "session-1");
     fs::create_directories(dir_ / "v1-cpuacct");
@@ -54,9 +55,7 @@ class CgroupV2 : public ::testing::Test {
     files_.mountinfo = (dir_ / "mountinfo").string();
     files_.membership = (dir_ / "cgroup").string();
   }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  fs::path dir_, root_;
+  fs::path root_;
   CgroupFiles files_;
 };
 
@@ -153,14 +152,10 @@ TEST_F(CgroupV2, TheProcessMovesIntoAGroupLimitedByCpuMaxAndBack) {
 // v2 hierarchy) is refused, saying what is missing.
 TEST_F(CgroupV2, AHierarchyWithoutTheCpuControllerIsRefused) {
   writeText(root_ / "cgroup.controllers", "hugetlb\n");
-  try {
-    CpuLimit limit(0.5, "launch.cpu_share", "share", files_);
-    FAIL() << "limited through " << limit.path();
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("launch.cpu_share needs the cgroup cpu controller"),
-              std::string::npos)
-        << e.what();
-  }
+  EXPECT_TRUE(testing::throwsWith<ConfigError>(
+      [&] { CpuLimit limit(0.5, "launch.cpu_share", "share", files_); },
+      {"launch.cpu_share needs the cgroup cpu controller"}))
+      << "a limit was made without the cpu controller";
   EXPECT_FALSE(fs::exists(root_ / "collie"));
 }
 
@@ -207,14 +202,10 @@ TEST_F(CgroupV2, AMemoryGroupHoldsItsLimitAndReadsTheOomKills) {
 // controller is refused.
 TEST_F(CgroupV2, AMemoryGroupOnV1AndAMachineWithoutTheController) {
   writeText(root_ / "cgroup.controllers", "cpu pids\n");
-  try {
-    MemoryGroup memory(64ull << 20, "rank-0", "launch.memory_limit", files_);
-    FAIL() << "made " << memory.path();
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("launch.memory_limit needs the cgroup memory controller"),
-              std::string::npos)
-        << e.what();
-  }
+  EXPECT_TRUE(testing::throwsWith<ConfigError>(
+      [&] { MemoryGroup memory(64ull << 20, "rank-0", "launch.memory_limit", files_); },
+      {"launch.memory_limit needs the cgroup memory controller"}))
+      << "a memory group was made without the memory controller";
   const fs::path v1 = dir_ / "v1-memory";
   fs::create_directories(v1);
   writeText(dir_ / "mountinfo", readText(dir_ / "mountinfo") + "34 30 0:31 / " + v1.string() +
@@ -249,15 +240,10 @@ TEST_F(CgroupV2, AMemoryLimitAndACpuLimitInOneHierarchyAreRefused) {
   e.memory_limit = {1ull << 30};
   EXPECT_NO_THROW(checkMemoryLimit(e, 2, false, false, false, "gloo", files_));
   e.cpu_share = {0.5};
-  try {
-    checkMemoryLimit(e, 2, false, false, false, "gloo", files_);
-    FAIL() << "a CPU limit and a memory limit in one hierarchy were taken";
-  } catch (const ConfigError& x) {
-    EXPECT_NE(std::string(x.what()).find("the memory and cpu controllers share one cgroup "
-                                         "hierarchy"),
-              std::string::npos)
-        << x.what();
-  }
+  EXPECT_TRUE(testing::throwsWith<ConfigError>(
+      [&] { checkMemoryLimit(e, 2, false, false, false, "gloo", files_); },
+      {"the memory and cpu controllers share one cgroup hierarchy"}))
+      << "a CPU limit and a memory limit in one hierarchy were taken";
   const fs::path cpu = dir_ / "v1-cpu", memory = dir_ / "v1-memory";
   fs::create_directories(cpu);
   fs::create_directories(memory);

@@ -12,6 +12,8 @@
 #include <sstream>
 
 #include "collie/error.h"
+#include "expect.h"
+#include "scratch_test.h"
 
 namespace fs = std::filesystem;
 
@@ -46,16 +48,9 @@ TEST(FlightRecorder, KeepsTheNewestEntriesOldestFirst) {
   EXPECT_EQ(recorder.entries()[0].state, FlightEntry::State::kCompleted);
 }
 
-class Analyze : public ::testing::Test {
+class Analyze : public testing::ScratchTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("collie-analyze-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  Analyze() : ScratchTest("collie-analyze") {}
 
   // Rank `rank` of `world` completed seq 1 .. open-1 and is stuck in `open` (0: none open),
   // starting it at `open_start_us` and giving up at `open_end_us` (0: still waiting).
@@ -86,77 +81,59 @@ class Analyze : public ::testing::Test {
     EXPECT_EQ(analyzeRun(dir_.string(), out), expected_code) << out.str();
     return out.str();
   }
-
-  fs::path dir_;
 };
 
 TEST_F(Analyze, NamesTheRankThatNeverStartedWhatTheOthersWaitIn) {
   record(0, 3, 6, 7);
   record(1, 3, 6, 0);  // finished seq 6, never started 7
   record(2, 3, 6, 7);
-  const std::string text = analyze();
-  EXPECT_NE(text.find("verdict: ranks 0, 2 waited in seq 7 (allreduce of 1024 x f32 (sum)); "
-                      "rank 1 last started seq 6: the others were waiting for rank 1"),
-            std::string::npos)
-      << text;
+  EXPECT_TRUE(testing::contains(
+      analyze(), {"verdict: ranks 0, 2 waited in seq 7 (allreduce of 1024 x f32 (sum)); "
+                  "rank 1 last started seq 6: the others were waiting for rank 1"}));
 }
 
 TEST_F(Analyze, NamesTheRankWithoutARecord) {
   record(0, 3, 4, 5);
   record(2, 3, 4, 5);
-  const std::string text = analyze();
-  EXPECT_NE(text.find("rank 1: no record"), std::string::npos) << text;
-  EXPECT_NE(text.find("rank 1 left no record: the others were waiting for rank 1"),
-            std::string::npos)
-      << text;
+  EXPECT_TRUE(testing::contains(
+      analyze(),
+      {"rank 1: no record", "rank 1 left no record: the others were waiting for rank 1"}));
 }
 
 TEST_F(Analyze, NamesTheRankThatCameAfterTheOthersGaveUp) {
   record(0, 2, 3, 4, 1'000'000'000'000'000, 1'000'000'003'000'000);
   record(1, 2, 3, 4, 1'000'000'005'000'000, 1'000'000'008'000'000);
-  const std::string text = analyze();
-  EXPECT_NE(text.find("rank 1 started seq 4 at "), std::string::npos) << text;
-  EXPECT_NE(text.find("5.000 s after rank 0, which had given up on it"), std::string::npos) << text;
-  EXPECT_NE(text.find("verdict: rank 0 waited in seq 4 (allreduce of 1024 x f32 (sum)); rank 1 "
-                      "started it late: the others were waiting for rank 1"),
-            std::string::npos)
-      << text;
+  EXPECT_TRUE(testing::contains(
+      analyze(), {"rank 1 started seq 4 at ", "5.000 s after rank 0, which had given up on it",
+                  "verdict: rank 0 waited in seq 4 (allreduce of 1024 x f32 (sum)); rank 1 "
+                  "started it late: the others were waiting for rank 1"}));
 }
 
 TEST_F(Analyze, SaysWhenEveryRankFailedInTheSameCollective) {
   record(0, 2, 3, 4, 1'000'000'000'000'000, 1'000'000'003'000'000);
   record(1, 2, 3, 4, 1'000'000'000'100'000, 1'000'000'003'100'000);
-  const std::string text = analyze();
-  EXPECT_NE(text.find("verdict: ranks 0, 1 failed in seq 4 (allreduce of 1024 x f32 (sum)) and "
-                      "no rank was behind"),
-            std::string::npos)
-      << text;
+  EXPECT_TRUE(testing::contains(
+      analyze(), {"verdict: ranks 0, 1 failed in seq 4 (allreduce of 1024 x f32 (sum)) and "
+                  "no rank was behind"}));
 }
 
 TEST_F(Analyze, NamesRanksThatDisagreeAboutACollective) {
   record(0, 2, 3, 4);
   record(1, 2, 3, 4, 0, 0, "broadcast");
-  const std::string text = analyze();
-  EXPECT_NE(text.find("verdict: the ranks disagree at seq 4: rank 0 called allreduce of 1024 x "
-                      "f32 (sum); rank 1 called broadcast of 1024 x f32 (root 0)"),
-            std::string::npos)
-      << text;
+  EXPECT_TRUE(testing::contains(
+      analyze(), {"verdict: the ranks disagree at seq 4: rank 0 called allreduce of 1024 x "
+                  "f32 (sum); rank 1 called broadcast of 1024 x f32 (root 0)"}));
 }
 
 TEST_F(Analyze, AFolderWithoutRecordsAndHostileFilesAreClearErrors) {
-  EXPECT_NE(analyze(2).find("holds no flight record"), std::string::npos);
+  EXPECT_TRUE(testing::contains(analyze(2), {"holds no flight record"}));
   fs::create_directories(flightRecordFolder(dir_.string()));
   std::ofstream(flightRecordPath(dir_.string(), 0))
       << "{\"rank\": 0, \"world\": 2, \"entries\": [{\"seq\": \"x\"}]}";
   std::ostringstream out;
-  try {
-    analyzeRun(dir_.string(), out);
-    ADD_FAILURE() << "a broken record was read";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("rank-0.json: not a flight record collie wrote"),
-              std::string::npos)
-        << e.what();
-  }
+  EXPECT_TRUE(testing::throwsWith<ConfigError>([&] { analyzeRun(dir_.string(), out); },
+                                               {"rank-0.json: not a flight record collie wrote"}))
+      << "a broken record was read";
   std::ofstream(flightRecordPath(dir_.string(), 0))
       << "{\"rank\": 7, \"world\": 2, \"entries\": []}";
   EXPECT_THROW(analyzeRun(dir_.string(), out), ConfigError);

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "bench/policy.h"
+#include "expect.h"
 #include "nccl_tuner_v4.h"
 
 namespace collie {
@@ -123,9 +124,8 @@ TEST_F(Tuner, AMalformedPolicyFailsTheInitNamingTheLine) {
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(tuner_->init(4, 1, nullptr, &context), nccl_tuner::kInvalidUsage);
   const std::string said = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(said.find("bad.policy:3: algorithm 'butterfly' is not ring, tree or -"),
-            std::string::npos)
-      << said;
+  EXPECT_TRUE(
+      testing::contains(said, {"bad.policy:3: algorithm 'butterfly' is not ring, tree or -"}));
   EXPECT_EQ(context, nullptr);
 }
 

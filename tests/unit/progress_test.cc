@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "expect.h"
 #include "util/system.h"
 
 namespace fs = std::filesystem;
@@ -55,21 +56,17 @@ TEST(StallWatch, NamesTheRankThatHasNotReachedTheStalledCollective) {
   ranks[1].heartbeat_us = 9 * kSecond;  // alive: busy outside any collective
   EXPECT_EQ(watch.observe(ranks, 4, 9 * kSecond), "");
   const std::string line = watch.observe(ranks, 4, 10 * kSecond);
-  EXPECT_NE(line.find("ranks 0, 2, 3 have waited 10.0 s in all_reduce seq 12 (1.0 MiB) (step 5)"),
-            std::string::npos)
-      << line;
-  EXPECT_NE(line.find("rank 1 has not reached it (last in control exchange 27 at step 4, left "
-                      "10.0 s ago; pid 1001 stopped)"),
-            std::string::npos)
-      << line;
-  EXPECT_EQ(line.find("every rank is inside it"), std::string::npos) << line;
+  EXPECT_TRUE(testing::contains(
+      line, {"ranks 0, 2, 3 have waited 10.0 s in all_reduce seq 12 (1.0 MiB) (step 5)",
+             "rank 1 has not reached it (last in control exchange 27 at step 4, left "
+             "10.0 s ago; pid 1001 stopped)"}));
+  EXPECT_TRUE(testing::lacks(line, {"every rank is inside it"}));
   // A rank whose file stopped changing is described as its file last said.
   ranks[1].heartbeat_us = 0;
   const std::string stale = watch.observe(ranks, 4, 20 * kSecond);
-  EXPECT_NE(stale.find("rank 1 has not reached it (as of its last heartbeat: last in control "
-                       "exchange 27 at step 4, left 20.0 s ago;"),
-            std::string::npos)
-      << stale;
+  EXPECT_TRUE(testing::contains(
+      stale, {"rank 1 has not reached it (as of its last heartbeat: last in control "
+              "exchange 27 at step 4, left 20.0 s ago;"}));
 }
 
 TEST(StallWatch, RepeatsAtGrowingIntervalsAndStartsAgainForAnotherStall) {
@@ -99,14 +96,14 @@ TEST(StallWatch, SaysSoWhenEveryRankIsInsideAndNamesRanksWithoutAFile) {
   std::vector<RankProgress> all = oneBehind();
   all[1] = at(1, 4, 40, true, 50, "all_reduce seq 12 (1.0 MiB)");
   const std::string inside = watch.observe(all, 4, 3 * kSecond);
-  EXPECT_NE(inside.find("ranks 0, 1, 2, 3 have waited 3.0 s"), std::string::npos) << inside;
-  EXPECT_NE(inside.find("every rank is inside it"), std::string::npos) << inside;
+  EXPECT_TRUE(
+      testing::contains(inside, {"ranks 0, 1, 2, 3 have waited 3.0 s", "every rank is inside it"}));
 
   StallWatch other(std::chrono::seconds(2), fixedLiveness());
   all.pop_back();  // rank 3 wrote no file
   const std::string missing = other.observe(all, 4, 3 * kSecond);
-  EXPECT_NE(missing.find("rank 3 wrote no progress file"), std::string::npos) << missing;
-  EXPECT_EQ(missing.find("every rank is inside it"), std::string::npos) << missing;
+  EXPECT_TRUE(testing::contains(missing, {"rank 3 wrote no progress file"}));
+  EXPECT_TRUE(testing::lacks(missing, {"every rank is inside it"}));
 }
 
 TEST(StallWatch, ARankStillInAnEarlierCollectiveIsBehindAndOffIsSilent) {
@@ -115,9 +112,8 @@ TEST(StallWatch, ARankStillInAnEarlierCollectiveIsBehindAndOffIsSilent) {
   ranks[1].inside = true;  // in operation 39 still
   ranks[1].heartbeat_us = 11 * kSecond;
   const std::string line = watch.observe(ranks, 4, 12 * kSecond);
-  EXPECT_NE(line.find("rank 1 has not reached it (in control exchange 27 at step 4 for 12.0 s; "),
-            std::string::npos)
-      << line;
+  EXPECT_TRUE(testing::contains(
+      line, {"rank 1 has not reached it (in control exchange 27 at step 4 for 12.0 s; "}));
   StallWatch off(std::chrono::seconds(0), fixedLiveness());
   EXPECT_EQ(off.observe(ranks, 4, 1000 * kSecond), "");
 }
@@ -165,9 +161,8 @@ TEST(Progress, ABoardsFileSaysWhereTheRankIsAndThatItFinished) {
          "\"finished\":false,\"failed\":false}";
   std::ostringstream text;
   EXPECT_EQ(printStatus(root + "/status-run", text), 0);
-  EXPECT_NE(text.str().find("1 of 2 rank(s) wrote progress (run 4)"), std::string::npos)
-      << text.str();
-  EXPECT_NE(text.str().find("rank 1: step 7, finished"), std::string::npos) << text.str();
+  EXPECT_TRUE(testing::contains(
+      text.str(), {"1 of 2 rank(s) wrote progress (run 4)", "rank 1: step 7, finished"}));
 }
 
 // The liveness the line gives reads the process's state on this host.
@@ -189,11 +184,10 @@ TEST(Progress, LivenessTellsAStoppedProcessFromAGoneOne) {
     text = describeLiveness(p, now);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_NE(text.find(" is stopped (SIGSTOP), last heartbeat 12.0 s ago"), std::string::npos)
-      << text;
+  EXPECT_TRUE(testing::contains(text, {" is stopped (SIGSTOP), last heartbeat 12.0 s ago"}));
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
-  EXPECT_NE(describeLiveness(p, progressNowMicros()).find(" is gone"), std::string::npos);
+  EXPECT_TRUE(testing::contains(describeLiveness(p, progressNowMicros()), {" is gone"}));
   p.host = "another-host";
   EXPECT_EQ(describeLiveness(p, p.heartbeat_us + 2 * kSecond),
             "pid " + std::to_string(child) + " on another-host, last heartbeat 2.0 s ago");

@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "collie/error.h"
+#include "expect.h"
 #include "soak.h"
 
 namespace collie {
@@ -78,12 +79,9 @@ TEST(Store, SetGetAddCheckAndWait) {
   client.wait({"late"}, 5s);  // returns once it is set
   late.join();
   EXPECT_EQ(client.getString("late"), "x");
-  try {
-    client.wait({"never"}, 300ms);
-    ADD_FAILURE() << "waited for a key nobody sets";
-  } catch (const CommError& e) {
-    EXPECT_NE(std::string(e.what()).find("waited 300 ms for never"), std::string::npos) << e.what();
-  }
+  EXPECT_TRUE(testing::throwsWith<CommError>([&] { client.wait({"never"}, 300ms); },
+                                             {"waited 300 ms for never"}))
+      << "waited for a key nobody sets";
   std::vector<uint8_t> big(1 << 20, 7);
   client.set("big", big);
   EXPECT_EQ(server.get("big"), big);
@@ -134,7 +132,7 @@ TEST(Store, AWaitIsHeldUntilItsKeyIsSetAndWhatFollowsItIsAnsweredAfter) {
   const std::string refused = readReply(fd, 1000ms);
   ASSERT_FALSE(refused.empty());
   EXPECT_EQ(refused[0], '\1');
-  EXPECT_NE(refused.find("a wait for 70000 keys"), std::string::npos) << refused;
+  EXPECT_TRUE(testing::contains(refused, {"a wait for 70000 keys"}));
   ::close(fd);
   // Another thread of a client that waits gets its own request through between slices,
   // within a slice or two, not when the wait ends.
@@ -177,10 +175,8 @@ TEST(Store, AddsCountAgainstTheStoresByteLimit) {
     }
   }
   EXPECT_EQ(made, StoreLimits::kMaxStoredBytes / (key_bytes + 1)) << "adds made past the limit";
-  EXPECT_NE(refusal.find("the store is full"), std::string::npos) << refusal;
-  EXPECT_NE(refusal.find(std::to_string(StoreLimits::kMaxStoredBytes) + " bytes"),
-            std::string::npos)
-      << refusal;
+  EXPECT_TRUE(testing::contains(
+      refusal, {"the store is full", std::to_string(StoreLimits::kMaxStoredBytes) + " bytes"}));
   EXPECT_LT(refusal.size(), 1000u) << "the refusal quotes the 4 MiB key";
   // Full: a set is refused too, so the adds were counted.
   EXPECT_THROW(client.setString(std::string(4096, 's'), "x"), CommError);
@@ -211,12 +207,8 @@ TEST(Store, AnAddThatWouldOverflowIsRefusedAndChangesNothing) {
   TcpStore client("127.0.0.1", server.port(), false, 5s);
   const int64_t top = std::numeric_limits<int64_t>::max();
   EXPECT_EQ(client.add("n", top), top);
-  try {
-    client.add("n", 1);
-    ADD_FAILURE() << "an add past 2^63-1 succeeded";
-  } catch (const CommError& e) {
-    EXPECT_NE(std::string(e.what()).find("overflow"), std::string::npos) << e.what();
-  }
+  EXPECT_TRUE(testing::throwsWith<CommError>([&] { client.add("n", 1); }, {"overflow"}))
+      << "an add past 2^63-1 succeeded";
   EXPECT_EQ(client.add("n", 0), top);
   EXPECT_EQ(client.add("m", std::numeric_limits<int64_t>::min()),
             std::numeric_limits<int64_t>::min());
@@ -228,14 +220,9 @@ TEST(Store, AnAddThatWouldOverflowIsRefusedAndChangesNothing) {
 }
 
 TEST(Store, AnAddressOtherHostsReachNeedsAToken) {
-  try {
-    TcpStore("10.255.255.1", 0, true, 1s);
-    ADD_FAILURE() << "a store listened beyond the loopback without a token";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("which other hosts reach, without a job token"),
-              std::string::npos)
-        << e.what();
-  }
+  EXPECT_TRUE(testing::throwsWith<ConfigError>([&] { TcpStore("10.255.255.1", 0, true, 1s); },
+                                               {"which other hosts reach, without a job token"}))
+      << "a store listened beyond the loopback without a token";
   EXPECT_TRUE(isLoopbackHost("127.0.0.1"));
   EXPECT_TRUE(isLoopbackHost("127.3.2.1"));
   EXPECT_TRUE(isLoopbackHost("localhost"));
@@ -246,12 +233,10 @@ TEST(Store, WithoutTheTokenAClientCanNeitherReadNorWrite) {
   TcpStore server("127.0.0.1", 0, true, 5s, "s3cret");
   server.setString("job/key", "private");
   for (const std::string token : {"", "wrong", "s3cre", "s3cret!"}) {
-    try {
-      TcpStore intruder("127.0.0.1", server.port(), false, 2s, token);
-      ADD_FAILURE() << "token '" << token << "' was let in";
-    } catch (const CommError& e) {
-      EXPECT_NE(std::string(e.what()).find("refused this rank"), std::string::npos) << e.what();
-    }
+    EXPECT_TRUE(testing::throwsWith<CommError>(
+        [&] { TcpStore intruder("127.0.0.1", server.port(), false, 2s, token); },
+        {"refused this rank"}))
+        << "token '" << token << "' was let in";
   }
   // Raw requests without the greeting: the server hangs up and nothing changes.
   const int fd = connectRaw(server.port());

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "collie/error.h"
+#include "expect.h"
 #include "loopback_job.h"
 #include "run_command.h"
 #include "trace_schema.h"
@@ -164,13 +165,12 @@ std::string hostilePeer(const std::string& path, int64_t bytes) {
 
 TEST(JobTrace, APeerThatSendsGarbageIsRefused) {
   const std::string path = tempPath("collie-trace-garbage");
-  EXPECT_NE(hostilePeer(path, 5).find("trace: rank 1 sent events that do not parse"),
-            std::string::npos);
+  EXPECT_TRUE(
+      testing::contains(hostilePeer(path, 5), {"trace: rank 1 sent events that do not parse"}));
   EXPECT_FALSE(std::filesystem::exists(path));
   const std::string error = hostilePeer(path, int64_t{1} << 50);
-  EXPECT_NE(error.find("trace: rank 1 announced 1125899906842624 bytes of events"),
-            std::string::npos)
-      << error;
+  EXPECT_TRUE(
+      testing::contains(error, {"trace: rank 1 announced 1125899906842624 bytes of events"}));
   EXPECT_FALSE(std::filesystem::exists(path));
 }
 
@@ -191,7 +191,7 @@ matrix:
   for (int point = 0; point < 2; ++point) {
     const int world = point + 2;
     const auto path = out / ("trace-" + std::to_string(point) + ".json");
-    EXPECT_NE(run.output.find("trace: " + path.string()), std::string::npos) << run.output;
+    EXPECT_TRUE(testing::contains(run.output, {"trace: " + path.string()}));
     std::ifstream in(path);
     ASSERT_TRUE(in) << path;
     const auto trace = nlohmann::json::parse(in);
