@@ -100,7 +100,8 @@ TEST(WorkerEnv, MalformedValuesAreNamed) {
       {"RANK=0", "must both be set"},
       {"RANK=0 WORLD_SIZE=1 MASTER_PORT=70000", "MASTER_PORT='70000'"}};
   for (const auto& [vars, says] : refused) {
-    EXPECT_TRUE(collie::testing::throwsWith<collie::ConfigError>([&] { detect(vars); }, {says}))
+    const std::string& env = vars;  // C++17 lambdas do not capture structured bindings
+    EXPECT_TRUE(collie::testing::throwsWith<collie::ConfigError>([&] { detect(env); }, {says}))
         << vars;
   }
 }
