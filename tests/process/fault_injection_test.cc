@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -22,6 +23,7 @@
 #include "run_command.h"
 #include "runtime/launcher.h"
 #include "runtime/worker_set.h"
+#include "util/system.h"
 
 namespace fs = std::filesystem;
 using namespace collie::testing;  // NOLINT: the helpers of run_command.h and processes.h
@@ -367,6 +369,51 @@ TEST(WorkerSet, APipeThatCannotBeMadeLeaksNothing) {
   }
   EXPECT_TRUE(collie::testing::contains(error, {"pipe:"}));
   EXPECT_EQ(openFds(), before);
+}
+
+// The pids of this thread's children, from /proc.
+std::vector<pid_t> childrenOfThisThread() {
+  std::ifstream in("/proc/self/task/" + std::to_string(::gettid()) + "/children");
+  std::vector<pid_t> pids;
+  for (pid_t pid; in >> pid;) pids.push_back(pid);
+  return pids;
+}
+
+// Waits up to 5 s for `count` of `pids` to be in `state` (processState's letter).
+bool reachState(const std::vector<pid_t>& pids, size_t count, char state) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const auto in_state = std::count_if(pids.begin(), pids.end(), [&](pid_t p) {
+      return collie::detail::processState(p) == state;
+    });
+    if (static_cast<size_t>(in_state) == count) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+// The launcher gives no grace to workers that are all stopped: allStopped() holds only when
+// every worker still running is stopped, not while one of them runs.
+TEST(WorkerSet, AllStoppedOnlyWhenEveryRunningWorkerIsStopped) {
+  collie::LaunchSpec spec;
+  spec.argv = {"/bin/sh", "-c",
+               "if [ \"$LOCAL_RANK\" = 1 ]; then kill -STOP $$; fi; exec sleep 30"};
+  spec.nproc = 2;
+  sigset_t mask;
+  sigemptyset(&mask);
+  collie::WorkerSet workers(spec, mask);
+  ASSERT_EQ(workers.startError(), "");
+  const std::vector<pid_t> pids = childrenOfThisThread();
+  ASSERT_EQ(pids.size(), 2u);
+  // Rank 1 stops itself; rank 0 sleeps.
+  ASSERT_TRUE(reachState(pids, 1, 'T'));
+  EXPECT_FALSE(workers.allStopped());
+  workers.signalAll(SIGSTOP);
+  ASSERT_TRUE(reachState(pids, 2, 'T'));
+  EXPECT_TRUE(workers.allStopped());
+  workers.signalAll(SIGCONT);
+  ASSERT_TRUE(reachState(pids, 2, 'S'));
+  EXPECT_FALSE(workers.allStopped());
 }
 
 // Whether `sig` is in the `field` mask ("SigBlk:", "SigCgt:") of thread `tid` of `pid`.

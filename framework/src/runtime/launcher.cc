@@ -145,6 +145,9 @@ LaunchOutcome supervise(std::vector<ChildProcess> children, const Supervision& h
     }
     if (workers.running() == 0 && drain_until == Clock::time_point::max())
       drain_until = Clock::now() + std::chrono::seconds(1);
+    // The grace lets the others report their own error; a stopped worker cannot.
+    if (!outcome.failure.empty() && !teardown.stopping() && workers.allStopped())
+      teardown.failed(Clock::now(), std::chrono::milliseconds(0));
     while (int sig = teardown.due(Clock::now())) workers.signalAll(sig);
 
     Clock::time_point next = std::min(teardown.next(), drain_until);

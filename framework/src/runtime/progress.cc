@@ -171,32 +171,28 @@ bool heartbeatStale(const RankProgress& rank, int64_t now_us) {
 std::string describeLiveness(const RankProgress& rank, int64_t now_us) {
   std::string process = fmt::format("pid {} on {}", rank.pid, rank.host);
   if (rank.host == detail::hostName()) {
-    std::ifstream stat(fmt::format("/proc/{}/stat", rank.pid));
-    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-    const size_t paren = text.rfind(')');
-    if (!stat || paren == std::string::npos || paren + 2 >= text.size()) {
-      process += " is gone";
-    } else {
-      switch (text[paren + 2]) {
-        case 'T':
-          process += " is stopped (SIGSTOP)";
-          break;
-        case 't':
-          process += " is stopped by a debugger";
-          break;
-        case 'Z':
-          process += " has exited (not reaped)";
-          break;
-        case 'D':
-          process += " is blocked in the kernel (D)";
-          break;
-        case 'R':
-          process += " is running";
-          break;
-        default:
-          process += " is alive (sleeping)";
-          break;
-      }
+    switch (detail::processState(rank.pid)) {
+      case 0:
+        process += " is gone";
+        break;
+      case 'T':
+        process += " is stopped (SIGSTOP)";
+        break;
+      case 't':
+        process += " is stopped by a debugger";
+        break;
+      case 'Z':
+        process += " has exited (not reaped)";
+        break;
+      case 'D':
+        process += " is blocked in the kernel (D)";
+        break;
+      case 'R':
+        process += " is running";
+        break;
+      default:
+        process += " is alive (sleeping)";
+        break;
     }
   }
   return fmt::format("{}, last heartbeat {} ago", process, seconds(now_us - rank.heartbeat_us));

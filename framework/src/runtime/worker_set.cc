@@ -17,6 +17,7 @@
 #include "collie/log.h"
 #include "runtime/cgroup.h"
 #include "util/spawn.h"
+#include "util/system.h"
 
 namespace collie {
 namespace {
@@ -301,6 +302,16 @@ WorkerSet::~WorkerSet() {
     }
     for (int s = 0; s < 2; ++s) closeFd(w.fds[s]);
   }
+}
+
+bool WorkerSet::allStopped() const {
+  if (running_ == 0) return false;
+  for (const auto& w : workers_) {
+    if (!w.running) continue;
+    const char state = detail::processState(w.pid);
+    if (state != 'T' && state != 't') return false;
+  }
+  return true;
 }
 
 bool WorkerSet::pipesOpen() const {

@@ -16,6 +16,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 namespace collie::detail {
 
@@ -65,6 +66,15 @@ std::string hostName() {
   char name[256] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0) return "localhost";
   return name;
+}
+
+char processState(int pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  const std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  // "PID (COMM) S ...": the name may hold spaces and parentheses, the last ')' ends it.
+  const size_t paren = text.rfind(')');
+  if (!stat || paren == std::string::npos || paren + 2 >= text.size()) return 0;
+  return text[paren + 2];
 }
 
 int onlineCpus() { return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)); }

@@ -19,6 +19,11 @@ std::string mallocInUse();
 // This host's name ("localhost" when it has none).
 std::string hostName();
 
+// The state letter of process `pid` in /proc/PID/stat ('R' running, 'S' sleeping, 'D' in
+// the kernel, 'T' stopped by a signal, 't' by a debugger, 'Z' not reaped), or 0 when there
+// is no such process.
+char processState(int pid);
+
 // The host's online CPUs.
 int onlineCpus();
 // The first "model name" of /proc/cpuinfo ("" when it has none).
