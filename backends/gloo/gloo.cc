@@ -33,11 +33,13 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -191,27 +193,75 @@ void ignoreBrokenPipes() {
   });
 }
 
+// A thread of its own that calls `tick` every `interval` until this goes: the destructor
+// stops and joins it. Throws std::system_error where no thread can be had.
+class Every {
+ public:
+  Every(std::chrono::microseconds interval, std::function<void()> tick)
+      : interval_(interval), tick_(std::move(tick)), thread_([this] { run(); }) {}
+  ~Every() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  Every(const Every&) = delete;
+  Every& operator=(const Every&) = delete;
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!wake_.wait_for(lock, interval_, [this] { return stop_; })) {
+      lock.unlock();
+      tick_();
+      lock.lock();
+    }
+  }
+
+  const std::chrono::microseconds interval_;
+  const std::function<void()> tick_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;  // last: it starts once the rest is made
+};
+
 // Gloo's event loop wakes every 10 ms when idle, and a thread that changes what it watches
 // (connecting a pair, closing one) waits for its next wake, as does the end of the device
 // (its loop thread's join): making and closing a two-rank backend spent about 35 ms waiting
 // for nothing. A Ticker is an eventfd the loop watches; while a Ticking lives, a thread of
-// its own writes to it every 200 us, so that the loop wakes, and those waits end, at once.
-// The backend ticks while it connects (a split too) and while it closes.
+// its own writes to it every millisecond, so that the loop wakes and those waits end within
+// one (a thousand wake-ups a second of two threads, only while a backend connects or
+// closes). The ticks only save time: where the eventfd, its registration or the thread
+// cannot be had, the waits take Gloo's 10 ms as before.
 class Ticker : public gloo::transport::tcp::Handler {
  public:
   explicit Ticker(std::shared_ptr<gloo::transport::Device> device)
-      : device_(std::dynamic_pointer_cast<gloo::transport::tcp::Device>(device)),
-        fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
-    if (device_ != nullptr && fd_ >= 0) device_->registerDescriptor(fd_, EPOLLIN, this);
+      : device_(std::dynamic_pointer_cast<gloo::transport::tcp::Device>(device)) {
+    if (device_ == nullptr) return;
+    fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (fd_ < 0) return;
+    try {
+      device_->registerDescriptor(fd_, EPOLLIN, this);
+    } catch (const std::exception&) {
+      ::close(fd_);
+      fd_ = -1;
+    }
   }
   ~Ticker() override {
     if (fd_ < 0) return;
-    if (device_ != nullptr) {
+    {
       Ticking ticking(*this);
-      // Where others keep the device, its loop goes on: off it before this handler goes
-      // (the unregistering waits for a tick). Else the last reference ends the loop, whose
-      // join the ticks make short, and no handler is called after it.
-      if (device_.use_count() > 1) device_->unregisterDescriptor(fd_, this);
+      // The device's last reference ends its loop, whose join the ticks make short; no
+      // handler runs after it. Where others keep the device, its loop goes on, and this
+      // handler leaves it first (a wait the ticks do not shorten: the eventfd is off the
+      // loop by then). epoll_ctl does not fail on a descriptor it holds.
+      try {
+        if (device_.use_count() > 1) device_->unregisterDescriptor(fd_, this);
+      } catch (const std::exception&) {
+      }
       device_.reset();
     }
     ::close(fd_);
@@ -228,40 +278,25 @@ class Ticker : public gloo::transport::tcp::Handler {
   // Ticks the loop from a thread of its own while it lives.
   class Ticking {
    public:
-    explicit Ticking(Ticker& ticker) : fd_(ticker.fd_) {
-      if (fd_ >= 0) thread_ = std::thread([this] { run(); });
-    }
-    ~Ticking() {
-      if (!thread_.joinable()) return;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        done_ = true;
+    explicit Ticking(Ticker& ticker) {
+      const int fd = ticker.fd_;
+      if (fd < 0) return;
+      try {
+        every_.emplace(std::chrono::milliseconds(1), [fd] {
+          const uint64_t one = 1;
+          if (::write(fd, &one, sizeof(one)) < 0) return;  // full (EAGAIN): it wakes anyway
+        });
+      } catch (const std::system_error&) {  // no thread to spare: no ticks
       }
-      wake_.notify_all();
-      thread_.join();
     }
-    Ticking(const Ticking&) = delete;
-    Ticking& operator=(const Ticking&) = delete;
 
    private:
-    void run() {
-      std::unique_lock<std::mutex> lock(mu_);
-      while (!done_) {
-        const uint64_t one = 1;
-        if (::write(fd_, &one, sizeof(one)) < 0 && errno != EAGAIN) return;
-        wake_.wait_for(lock, std::chrono::microseconds(200), [this] { return done_; });
-      }
-    }
-    int fd_;
-    std::mutex mu_;
-    std::condition_variable wake_;
-    bool done_ = false;
-    std::thread thread_;  // last: it starts once the rest is made
+    std::optional<Every> every_;
   };
 
  private:
   std::shared_ptr<gloo::transport::tcp::Device> device_;
-  int fd_;
+  int fd_ = -1;
 };
 
 // What every group of one backend shares: the device (one event loop thread), the store,
@@ -329,15 +364,8 @@ struct Shared {
 // what Gloo said of the pair.
 class PeerWatch {
  public:
-  explicit PeerWatch(Shared& shared) : shared_(shared), thread_([this] { run(); }) {}
-  ~PeerWatch() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
-  }
+  explicit PeerWatch(Shared& shared)
+      : shared_(shared), every_(kPeerWatchInterval, [this] { lookOnce(); }) {}
   PeerWatch(const PeerWatch&) = delete;
   PeerWatch& operator=(const PeerWatch&) = delete;
 
@@ -353,18 +381,13 @@ class PeerWatch {
     std::string why;
   };
 
-  void run() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!wake_.wait_for(lock, kPeerWatchInterval, [this] { return stop_; })) {
-      lock.unlock();
-      try {
-        look();
-      } catch (const std::exception& e) {
-        // Out of memory, or Gloo refusing a probe: this round ends; the waits keep their
-        // timeout, and the next round tries again.
-        logWarn(std::string("backend gloo: the peer watch skipped a round: ") + e.what());
-      }
-      lock.lock();
+  void lookOnce() {
+    try {
+      look();
+    } catch (const std::exception& e) {
+      // Out of memory, or Gloo refusing a probe: this round ends; the waits keep their
+      // timeout, and the next round tries again.
+      logWarn(std::string("backend gloo: the peer watch skipped a round: ") + e.what());
     }
   }
 
@@ -451,13 +474,15 @@ class PeerWatch {
 
   Shared& shared_;
   std::list<Watched> watched_;  // the watch thread's own; a list: `byte` must not move
-  std::mutex mu_;
-  std::condition_variable wake_;
-  bool stop_ = false;
-  std::thread thread_;  // last: it starts once the rest is made
+  Every every_;                 // last: its thread starts once the rest is made
 };
 
-Shared::~Shared() = default;
+Shared::~Shared() {
+  // The watch's probes hold the pairs they watch, which close as it goes: ticked.
+  std::optional<Ticker::Ticking> ticking;
+  if (ticker) ticking.emplace(*ticker);
+  watch.reset();
+}
 
 using Transfer = TransferInfo;
 
@@ -728,9 +753,11 @@ class GlooRequest : public Request, public PooledAllocation<GlooRequest> {
   std::string forget() { return shared_->removePending(buf_.get()); }
 
   std::shared_ptr<Shared> shared_;
+  // An eager send's staging memory: declared before `buf_`, which reads it, so that it is
+  // freed after the buffer (a request dropped unwaited ends its transfer with the buffer).
+  std::unique_ptr<char[]> memory_;
   std::unique_ptr<gloo::transport::UnboundBuffer> buf_;
   Transfer transfer_;
-  std::unique_ptr<char[]> memory_;         // an eager send's staging memory
   std::shared_ptr<EagerChannel> channel_;  // where it goes back to
   bool done_ = false;
 };
@@ -1007,7 +1034,8 @@ class GlooBackend : public Backend {
   }
 
   // What the members' own ends would do, in their order, while the loop is ticked: the
-  // pairs close with the context (where no request still holds it). See Ticker.
+  // pairs close with the context, unless a request or the peer watch's probe still holds
+  // them (those close later: the watch's as it goes, in ~Shared). See Ticker.
   ~GlooBackend() override {
     std::optional<Ticker::Ticking> ticking;
     if (shared_->ticker) ticking.emplace(*shared_->ticker);

@@ -25,7 +25,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <iterator>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -56,20 +55,38 @@ std::string envOr(const char* name, const std::string& fallback) {
   return value != nullptr ? value : fallback;
 }
 
-// In DType's and ReduceOp's order (the ABI only appends to them).
 ncclDataType_t ncclType(DType dtype) {
-  static constexpr ncclDataType_t kTypes[] = {ncclFloat32,  ncclFloat64, ncclFloat16,
-                                              ncclBfloat16, ncclInt32,   ncclInt64};
-  static_assert(std::size(kTypes) == static_cast<size_t>(DType::kI64) + 1);
-  const auto i = static_cast<size_t>(dtype);
-  return i < std::size(kTypes) ? kTypes[i] : ncclUint8;
+  switch (dtype) {
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kF64:
+      return ncclFloat64;
+    case DType::kF16:
+      return ncclFloat16;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kI32:
+      return ncclInt32;
+    case DType::kI64:
+      return ncclInt64;
+  }
+  return ncclUint8;
 }
 
 ncclRedOp_t ncclOp(ReduceOp op) {
-  static constexpr ncclRedOp_t kOps[] = {ncclSum, ncclAvg, ncclMin, ncclMax, ncclProd};
-  static_assert(std::size(kOps) == static_cast<size_t>(ReduceOp::kProd) + 1);
-  const auto i = static_cast<size_t>(op);
-  return i < std::size(kOps) ? kOps[i] : ncclSum;
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kProd:
+      return ncclProd;
+  }
+  return ncclSum;
 }
 
 // Queues the native collective `args` on `stream` (all-reduce and broadcast in place).

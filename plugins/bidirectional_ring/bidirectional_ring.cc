@@ -30,6 +30,7 @@ class BidirectionalRingScheduler : public schedules::OneCollectiveScheduler {
                                "; ring does reduce_scatter and allgather"),
         chunk_bytes_(context.params->getBytes("chunk_bytes", 1 << 20, 1, 1ull << 32)) {}
 
+ protected:
   void runOne(const CollectiveArgs& args, Backend& backend, const Topology&) override {
     const int n = backend.size();
     if (n == 1 || args.data.count == 0) return finishAverage(args.data, args.op, n);

@@ -20,6 +20,7 @@ class BruckScheduler : public schedules::OneCollectiveScheduler {
   explicit BruckScheduler(const PluginContext&)
       : OneCollectiveScheduler("bruck", Collective::kAllGather) {}
 
+ protected:
   void runOne(const CollectiveArgs& args, Backend& backend, const Topology&) override {
     const int n = backend.size(), rank = backend.rank();
     const size_t k = args.data.count;

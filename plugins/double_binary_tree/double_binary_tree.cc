@@ -24,6 +24,7 @@ class DoubleBinaryTreeScheduler : public schedules::OneCollectiveScheduler {
       : OneCollectiveScheduler("double_binary_tree", Collective::kAllReduce),
         segment_bytes_(context.params->getBytes("segment_bytes", 256 << 10, 1, 1ull << 32)) {}
 
+ protected:
   void runOne(const CollectiveArgs& args, Backend& backend, const Topology&) override {
     const int n = backend.size(), rank = backend.rank();
     if (n == 1 || args.data.count == 0) return finishAverage(args.data, args.op, n);

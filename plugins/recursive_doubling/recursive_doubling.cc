@@ -20,6 +20,7 @@ class RecursiveDoublingScheduler : public schedules::OneCollectiveScheduler {
   explicit RecursiveDoublingScheduler(const PluginContext&)
       : OneCollectiveScheduler("recursive_doubling", Collective::kAllReduce) {}
 
+ protected:
   void runOne(const CollectiveArgs& args, Backend& backend, const Topology&) override {
     schedules::allReduceOnCore(args, kFold, kUnfold, backend, [&](const patterns::Fold& f) {
       // After step k the 2^(k+1) core ranks that agree on their low bits above k hold the

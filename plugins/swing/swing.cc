@@ -38,6 +38,7 @@ class SwingScheduler : public schedules::OneCollectiveScheduler {
     latency_ = variant == "latency";
   }
 
+ protected:
   void runOne(const CollectiveArgs& args, Backend& backend, const Topology&) override {
     const Buffer& data = args.data;
     schedules::allReduceOnCore(args, kFold, kUnfold, backend, [&](const patterns::Fold& f) {

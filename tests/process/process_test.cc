@@ -376,11 +376,18 @@ train: {steps: 50, micro_batch: 4, optimizer: sgd, lr: 1000, grad_clip: 0,
   EXPECT_TRUE(processesWith(out).empty()) << "a worker outlived the job";
 }
 
+// `collie run` of the long all-reduce on 4 ranks over `backend` into `out`, returned once
+// every rank has connected, with the launcher and its 4 workers running.
+void startLongJob(const std::string& backend, const std::string& out, Spawned* launcher) {
+  *launcher = spawn({"run", longConfig(backend, "5s"), "--out", out}, {}, out + ".log");
+  ASSERT_TRUE(waitUntilConnected({launcher->log}, 4)) << launcher->output();
+  ASSERT_EQ(processesWith(out).size(), 5u) << launcher->output();
+}
+
 TEST(Launcher, SigtermIsForwardedAndEveryWorkerStops) {
-  std::string out = scratch("launcher-term");
-  auto launcher = spawn({"run", longConfig("ucx", "5s"), "--out", out}, {}, out + ".log");
-  ASSERT_TRUE(waitUntilConnected({launcher.log}, 4)) << launcher.output();
-  ASSERT_EQ(processesWith(out).size(), 5u) << launcher.output();
+  const std::string out = scratch("launcher-term");
+  Spawned launcher;
+  ASSERT_NO_FATAL_FAILURE(startLongJob("ucx", out, &launcher));
   ::kill(launcher.pid, SIGTERM);
   auto start = Clock::now();
   ASSERT_TRUE(waitFor(launcher, start, start + std::chrono::seconds(15))) << launcher.output();
@@ -389,10 +396,9 @@ TEST(Launcher, SigtermIsForwardedAndEveryWorkerStops) {
 }
 
 TEST(Launcher, KilledLauncherTakesItsWorkersWithIt) {
-  std::string out = scratch("launcher-killed");
-  auto launcher = spawn({"run", longConfig("gloo", "5s"), "--out", out}, {}, out + ".log");
-  ASSERT_TRUE(waitUntilConnected({launcher.log}, 4)) << launcher.output();
-  ASSERT_EQ(processesWith(out).size(), 5u) << launcher.output();
+  const std::string out = scratch("launcher-killed");
+  Spawned launcher;
+  ASSERT_NO_FATAL_FAILURE(startLongJob("gloo", out, &launcher));
   ::kill(launcher.pid, SIGKILL);
   ::waitpid(launcher.pid, nullptr, 0);
   auto deadline = Clock::now() + std::chrono::seconds(5);

@@ -211,18 +211,21 @@ int dispatch(int argc, char** argv) {
   bool list_plugins = false;
   validate->add_flag("--list-plugins", list_plugins,
                      "print the plugins the file names (KIND NAME a line) without opening them");
-  std::string analyze_dir;
-  auto* analyze = app.add_subcommand(
-      "analyze", "read a failed run's flight records: the rank the others were waiting for");
-  analyze->add_option("rundir", analyze_dir, "the run's output folder")
-      ->required()
-      ->check(CLI::ExistingDirectory);
-  std::string status_dir;
-  auto* status = app.add_subcommand(
-      "status", "where each rank of a run is: its step, the collective it is in and for how long");
-  status->add_option("rundir", status_dir, "the run's output folder (--out)")
-      ->required()
-      ->check(CLI::ExistingDirectory);
+  // The commands that read a run's output folder (--out), named by their one argument.
+  auto runFolderCommand = [&app](const char* name, const char* what, std::string* dir) {
+    auto* command = app.add_subcommand(name, what);
+    command->add_option("rundir", *dir, "the run's output folder (--out)")
+        ->required()
+        ->check(CLI::ExistingDirectory);
+    return command;
+  };
+  std::string analyze_dir, status_dir;
+  auto* analyze = runFolderCommand(
+      "analyze", "read a failed run's flight records: the rank the others were waiting for",
+      &analyze_dir);
+  auto* status = runFolderCommand(
+      "status", "where each rank of a run is: its step, the collective it is in and for how long",
+      &status_dir);
   auto* plugins = app.add_subcommand("plugins", "list the plugins found and the files rejected");
   auto* plugin_check = app.add_subcommand(
       "plugin-check", "run the conformance matrix against a scheduler or backend plugin");

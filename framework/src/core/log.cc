@@ -38,6 +38,7 @@ spdlog::level::level_enum toSpd(LogLevel level) {
   static constexpr spdlog::level::level_enum kLevels[] = {
       spdlog::level::trace, spdlog::level::debug, spdlog::level::info,
       spdlog::level::warn,  spdlog::level::err,   spdlog::level::off};
+  static_assert(std::size(kLevels) == static_cast<size_t>(LogLevel::kOff) + 1);
   const auto i = static_cast<size_t>(level);
   return i < std::size(kLevels) ? kLevels[i] : spdlog::level::info;
 }

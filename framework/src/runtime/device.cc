@@ -12,7 +12,6 @@
 #include <torch/version.h>
 
 #include <atomic>
-#include <iterator>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -26,13 +25,21 @@ namespace collie {
 namespace detail {
 
 at::ScalarType scalarType(DType dtype) {
-  // In DType's order (the ABI only appends to it).
-  static constexpr at::ScalarType kTypes[] = {at::kFloat,    at::kDouble, at::kHalf,
-                                              at::kBFloat16, at::kInt,    at::kLong};
-  static_assert(std::size(kTypes) == static_cast<size_t>(DType::kI64) + 1);
-  const auto i = static_cast<size_t>(dtype);
-  if (i >= std::size(kTypes)) throw InternalError("unknown dtype");
-  return kTypes[i];
+  switch (dtype) {
+    case DType::kF32:
+      return at::kFloat;
+    case DType::kF64:
+      return at::kDouble;
+    case DType::kF16:
+      return at::kHalf;
+    case DType::kBF16:
+      return at::kBFloat16;
+    case DType::kI32:
+      return at::kInt;
+    case DType::kI64:
+      return at::kLong;
+  }
+  throw InternalError("unknown dtype");
 }
 
 at::TensorOptions tensorOptions(const Buffer& buf) {

@@ -121,6 +121,7 @@ std::string ranksText(const std::vector<int>& ranks) {
 const char* flightStateName(FlightEntry::State state) {
   // In the enum's order.
   static constexpr const char* kNames[] = {"started", "completed", "failed"};
+  static_assert(std::size(kNames) == static_cast<size_t>(FlightEntry::State::kFailed) + 1);
   const auto i = static_cast<size_t>(state);
   return i < std::size(kNames) ? kNames[i] : "?";
 }

@@ -160,11 +160,12 @@ ProcessJob::~ProcessJob() {
 Store& ProcessJob::store() { return *store_; }
 
 std::string ProcessJob::explainFailure(const std::string& error) {
-  // A store that does not answer a request within 2 s is as good as gone (its rank is
-  // stopped or hangs: a live store thread answers in milliseconds); the job is ending, so
-  // this rank says so instead of waiting out the timeout. The limit stays: nothing after a
-  // failure needs the store's patience.
-  store_->limitCalls(std::chrono::seconds(2));
+  // A store that does not answer a request within seconds is as good as gone (its rank is
+  // stopped or hangs); the job is ending, so this rank says so instead of waiting out the
+  // timeout. On one host a live store answers in milliseconds: 2 s. Across hosts a request
+  // may queue behind a second of traffic on a slow link: 5 s. The limit stays: nothing
+  // after a failure needs the store's patience.
+  store_->limitCalls(std::chrono::seconds(oneHost() ? 2 : 5));
   try {
     store_->setString(fmt::format("failure/{}", env_.rank), error);
   } catch (const std::exception&) {

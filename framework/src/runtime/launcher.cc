@@ -131,6 +131,9 @@ LaunchOutcome supervise(std::vector<ChildProcess> children, const Supervision& h
   Clock::time_point next_watch = Clock::now();
 
   Clock::time_point drain_until = Clock::time_point::max();  // a grandchild may hold a pipe
+  // Since when every worker still running has been stopped, after a failure (max: not).
+  Clock::time_point all_stopped_since = Clock::time_point::max();
+  constexpr std::chrono::seconds kStoppedForGood{1};
   while (workers.running() > 0 || (workers.pipesOpen() && Clock::now() < drain_until)) {
     if (watching && !teardown.stopping() && outcome.failure.empty() && workers.running() > 0 &&
         Clock::now() >= next_watch) {
@@ -145,12 +148,20 @@ LaunchOutcome supervise(std::vector<ChildProcess> children, const Supervision& h
     }
     if (workers.running() == 0 && drain_until == Clock::time_point::max())
       drain_until = Clock::now() + std::chrono::seconds(1);
-    // The grace lets the others report their own error; a stopped worker cannot.
-    if (!outcome.failure.empty() && !teardown.stopping() && workers.allStopped())
-      teardown.failed(Clock::now(), std::chrono::milliseconds(0));
+    // The grace lets the others report their own error; a stopped worker cannot. One
+    // stopped for a second (not a timed `stop` fault about to continue itself) gets none.
+    if (!outcome.failure.empty() && !teardown.stopping() && workers.allStopped()) {
+      if (all_stopped_since == Clock::time_point::max()) all_stopped_since = Clock::now();
+      if (Clock::now() >= all_stopped_since + kStoppedForGood)
+        teardown.failed(Clock::now(), std::chrono::milliseconds(0));
+    } else {
+      all_stopped_since = Clock::time_point::max();
+    }
     while (int sig = teardown.due(Clock::now())) workers.signalAll(sig);
 
     Clock::time_point next = std::min(teardown.next(), drain_until);
+    if (all_stopped_since != Clock::time_point::max())
+      next = std::min(next, all_stopped_since + kStoppedForGood);
     if (watching) next = std::min(next, next_watch);
     // Without relayed pipes a child's exit wakes the poll through SIGCHLD on the signalfd,
     // which another thread of the process may take instead: look at least every 100 ms.

@@ -308,8 +308,7 @@ bool WorkerSet::allStopped() const {
   if (running_ == 0) return false;
   for (const auto& w : workers_) {
     if (!w.running) continue;
-    const char state = detail::processState(w.pid);
-    if (state != 'T' && state != 't') return false;
+    if (detail::processState(w.pid) != 'T') return false;
   }
   return true;
 }

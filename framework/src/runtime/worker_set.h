@@ -78,8 +78,9 @@ class WorkerSet {
     return start_failed_ < 0 ? nullptr : &workers_[start_failed_];
   }
   int running() const { return running_; }
-  // Whether some worker still runs and every one that does is stopped (by a signal or a
-  // debugger): none of them can report anything until it is continued.
+  // Whether some worker still runs and every one that does is stopped by a signal (SIGSTOP,
+  // SIGTSTP: /proc's state T): none of them can report anything until it is continued. A
+  // worker under a debugger or strace (state t, also each traced system call's) is not.
   bool allStopped() const;
   bool pipesOpen() const;
   void signalAll(int sig);

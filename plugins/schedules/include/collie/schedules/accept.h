@@ -81,7 +81,8 @@ class OneCollectiveScheduler : public Scheduler {
   }
 
  protected:
-  // run() and predictSeconds() of collie/scheduler.h, for the one collective, on n > 1 ranks.
+  // run() of collie/scheduler.h for the one collective, on any group (one rank included),
+  // and predictSeconds() for it on n > 1 ranks.
   virtual void runOne(const CollectiveArgs& args, Backend& backend, const Topology& topology) = 0;
   virtual double predictOne(int n, const CollectiveArgs& args, const Topology& topology,
                             const CostModel& model) const = 0;
