@@ -194,7 +194,7 @@ void ignoreBrokenPipes() {
 }
 
 // A thread of its own that calls `tick` every `interval` until this goes: the destructor
-// stops and joins it. Throws std::system_error where no thread can be had.
+// stops and joins it. Throws std::system_error (or bad_alloc) where no thread can be had.
 class Every {
  public:
   Every(std::chrono::microseconds interval, std::function<void()> tick)
@@ -286,7 +286,7 @@ class Ticker : public gloo::transport::tcp::Handler {
           const uint64_t one = 1;
           if (::write(fd, &one, sizeof(one)) < 0) return;  // full (EAGAIN): it wakes anyway
         });
-      } catch (const std::system_error&) {  // no thread to spare: no ticks
+      } catch (const std::exception&) {  // no thread (or memory) to spare: no ticks
       }
     }
 
@@ -1035,7 +1035,7 @@ class GlooBackend : public Backend {
 
   // What the members' own ends would do, in their order, while the loop is ticked: the
   // pairs close with the context, unless a request or the peer watch's probe still holds
-  // them (those close later: the watch's as it goes, in ~Shared). See Ticker.
+  // them (those close later: the watch's in its next round, or as it goes in ~Shared).
   ~GlooBackend() override {
     std::optional<Ticker::Ticking> ticking;
     if (shared_->ticker) ticking.emplace(*shared_->ticker);

@@ -163,9 +163,10 @@ std::string ProcessJob::explainFailure(const std::string& error) {
   // A store that does not answer a request within seconds is as good as gone (its rank is
   // stopped or hangs); the job is ending, so this rank says so instead of waiting out the
   // timeout. On one host a live store answers in milliseconds: 2 s. Across hosts a request
-  // may queue behind a second of traffic on a slow link: 5 s. The limit stays: nothing
-  // after a failure needs the store's patience.
-  store_->limitCalls(std::chrono::seconds(oneHost() ? 2 : 5));
+  // may queue behind a second of traffic on a slow link: 3 s, still within the 5 s the
+  // launcher gives a rank to report after another failed. The limit stays: nothing after a
+  // failure needs the store's patience.
+  store_->limitCalls(std::chrono::seconds(oneHost() ? 2 : 3));
   try {
     store_->setString(fmt::format("failure/{}", env_.rank), error);
   } catch (const std::exception&) {
