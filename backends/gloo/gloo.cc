@@ -39,7 +39,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -299,8 +298,9 @@ class Ticker : public gloo::transport::tcp::Handler {
   int fd_ = -1;
 };
 
-// What every group of one backend shares: the device (one event loop thread), the store,
-// the registry of pending buffers that abort() and the peer watch wake, and the watch.
+// What every group of one backend shares: the device (one event loop thread) and its
+// ticker, the store, the registry of pending buffers that abort() and the peer watch wake,
+// and the watch.
 struct Shared {
   ~Shared();
   // Before `device`, so that it goes after it, holding the device's last reference when
@@ -349,7 +349,8 @@ struct Shared {
 
  public:
   // Started by the backend's first group; every group split from it, and every request
-  // that outlives them, is watched until the last of them is gone. Last: stopped first.
+  // that outlives them, is watched until the last of them is gone. ~Shared resets it first,
+  // while the loop is ticked.
   std::unique_ptr<PeerWatch> watch;
 };
 
@@ -1013,13 +1014,13 @@ class GlooBackend : public Backend {
     try {
       LoopThreadPolicy policy(loop_thread == "batch");
       shared_->device = gloo::transport::tcp::CreateDevice(attr);
-      shared_->ticker = std::make_unique<Ticker>(shared_->device);
     } catch (const std::exception& e) {
       throw ConfigError("backend gloo: cannot open a TCP device" +
                         (interface.empty() ? std::string() : " on interface '" + interface + "'") +
                         ": " + glooMessage(e) +
                         ". HINT: params.interface names a NIC (`ip -brief addr` lists them)");
     }
+    shared_->ticker = std::make_unique<Ticker>(shared_->device);
     {
       Ticker::Ticking ticking(*shared_->ticker);
       connect(ctx.rank, ctx.size, "gloo/");
@@ -1037,8 +1038,7 @@ class GlooBackend : public Backend {
   // pairs close with the context, unless a request or the peer watch's probe still holds
   // them (those close later: the watch's in its next round, or as it goes in ~Shared).
   ~GlooBackend() override {
-    std::optional<Ticker::Ticking> ticking;
-    if (shared_->ticker) ticking.emplace(*shared_->ticker);
+    Ticker::Ticking ticking(*shared_->ticker);
     channels_.clear();
     natives_.clear();
     context_.reset();

@@ -148,8 +148,8 @@ LaunchOutcome supervise(std::vector<ChildProcess> children, const Supervision& h
     }
     if (workers.running() == 0 && drain_until == Clock::time_point::max())
       drain_until = Clock::now() + std::chrono::seconds(1);
-    // The grace lets the others report their own error; a stopped worker cannot. One
-    // stopped for a second (not a timed `stop` fault about to continue itself) gets none.
+    // The grace lets the others report their own error; a stopped worker cannot. Workers
+    // all stopped for a second get none (a timed `stop` of under a second continues first).
     if (!outcome.failure.empty() && !teardown.stopping() && workers.allStopped()) {
       if (all_stopped_since == Clock::time_point::max()) all_stopped_since = Clock::now();
       if (Clock::now() >= all_stopped_since + kStoppedForGood)

@@ -137,7 +137,7 @@ std::string seconds(int64_t us) { return fmt::format("{:.1f} s", static_cast<dou
 namespace {
 
 // One rank's file; false when it is missing, being replaced, or not collie's.
-bool readRankFile(const fs::path& path, RankProgress* p) {
+bool readProgressFile(const fs::path& path, RankProgress* p) {
   std::ifstream in(path);
   if (!in) return false;
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -156,7 +156,7 @@ std::vector<RankProgress> readProgress(const std::string& dir, int run) {
     const std::string name = path.filename().string();
     if (name.rfind("rank-", 0) != 0 || path.extension() != ".json") continue;
     RankProgress p;
-    if (!readRankFile(path, &p) || (run != -2 && p.run != run)) continue;
+    if (!readProgressFile(path, &p) || (run != -2 && p.run != run)) continue;
     by_rank[p.rank] = p;
   }
   std::vector<RankProgress> out;
@@ -368,7 +368,7 @@ class Publisher {
   static bool lowerRankSpeaks(const RankProgress& me, const std::string& dir, int64_t now_us) {
     for (int r = 0; r < me.rank; ++r) {
       RankProgress lower;
-      if (!readRankFile(progressPath(dir, r), &lower) || lower.run != me.run) return true;
+      if (!readProgressFile(progressPath(dir, r), &lower) || lower.run != me.run) return true;
       if (!lower.finished && !heartbeatStale(lower, now_us)) return true;
     }
     return false;

@@ -1,5 +1,6 @@
 // When collie's launcher stops its workers, as a pure policy over time: after
-// the first worker fails the others get `failure_grace` to report their own error, then
+// the first worker fails the others get `failure_grace` to report their own error (the
+// launcher shortens it to 0 when every running worker has been stopped for a second), then
 // SIGTERM; `kill_grace` after SIGTERM (or after a forwarded SIGINT/SIGTERM/SIGHUP), SIGKILL;
 // a second signal means SIGKILL at once. The launcher feeds it events and sends what due()
 // returns; tests drive it with a clock of their own.

@@ -333,17 +333,18 @@ TreePart singleTree(const CollectiveArgs& args, uint64_t segment_bytes, uint32_t
 template <typename ShapeOf>
 double predictSingleTree(const CollectiveArgs& args, uint64_t segment_bytes,
                          const Topology& topology, const CostModel& model, ShapeOf&& shape_of) {
-  const int n = topology.world_size;
-  if (n == 1) return 0;
-  const bool barrier = args.coll == Collective::kBarrier;
-  if (!barrier && args.coll != Collective::kAllReduce && args.coll != Collective::kBroadcast)
-    return kNoPrediction;
-  const bool reduce = args.coll != Collective::kBroadcast;
-  std::vector<patterns::TreeShape> shapes;
-  for (int r = 0; r < n; ++r) shapes.push_back(shape_of(r, reduce ? 0 : args.root));
-  const double m = barrier ? 0 : static_cast<double>(args.data.bytes());
-  const double s = std::max(1.0, std::ceil(m / static_cast<double>(segment_bytes)));
-  return predictTrees({shapes}, m / s, s, reduce, topology, model);
+  return predictOnly({Collective::kAllReduce, Collective::kBroadcast, Collective::kBarrier}, args,
+                     topology, [&](int n) {
+                       const bool barrier = args.coll == Collective::kBarrier;
+                       const bool reduce = args.coll != Collective::kBroadcast;
+                       std::vector<patterns::TreeShape> shapes;
+                       for (int r = 0; r < n; ++r)
+                         shapes.push_back(shape_of(r, reduce ? 0 : args.root));
+                       const double m = barrier ? 0 : static_cast<double>(args.data.bytes());
+                       const double s =
+                           std::max(1.0, std::ceil(m / static_cast<double>(segment_bytes)));
+                       return predictTrees({shapes}, m / s, s, reduce, topology, model);
+                     });
 }
 
 // A scheduler of one tree (tree, knomial): all-reduce, broadcast and barrier over the shape
