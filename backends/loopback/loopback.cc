@@ -287,10 +287,14 @@ class LoopbackBackend : public Backend {
                       "COLLIE_EMULATED_DEVICE=1");
   }
 
+  // Wakes the waiters after the lock is released: a waiter woken under it would block on
+  // the lock at once, a second sleep and wake-up per message.
   void complete(Pending& pending, const std::string& error) {
-    std::lock_guard<std::mutex> lock(world_->mu);
-    pending.error = error;
-    pending.done = true;
+    {
+      std::lock_guard<std::mutex> lock(world_->mu);
+      pending.error = error;
+      pending.done = true;
+    }
     world_->boxes[pending.owner].cv.notify_all();
   }
 
