@@ -204,6 +204,31 @@ TEST(CostModel, RanksThatShareCoresShareTheNodesCapacity) {
   EXPECT_NEAR(stepSeconds({{0, 2, m}}, two_nodes, across), 1e-3 + 1e-3, 1e-12);
 }
 
+// Inside a node β follows the collective's buffers: the probe sizes' β either side,
+// interpolated in log(bytes), the nearest's beyond them; nothing changes without them.
+TEST(CostModel, ABuffersBetaIsTheProbesEitherSideOfIt) {
+  CostModel cm = model(10e-6, 1.0, 4.0);  // the line: 1 GB/s
+  EXPECT_EQ(cm.forBuffer(1 << 20).intra.beta, cm.intra.beta);
+  cm.intra.beta_alone = 0.5e-9;
+  cm.intra.by_buffer = {{4096, 0.1e-9, 0.05e-9}, {65536, 0.2e-9, 0}, {1 << 20, 1e-9, 0.5e-9}};
+  EXPECT_DOUBLE_EQ(cm.forBuffer(8).intra.beta, 0.1e-9);       // below the smallest: its β
+  EXPECT_DOUBLE_EQ(cm.forBuffer(4096).intra.beta, 0.1e-9);    // at a probe: that probe's
+  EXPECT_DOUBLE_EQ(cm.forBuffer(16384).intra.beta, 0.15e-9);  // halfway in log(bytes)
+  EXPECT_DOUBLE_EQ(cm.forBuffer(256 << 10).intra.beta, 0.6e-9);
+  EXPECT_DOUBLE_EQ(cm.forBuffer(64 << 20).intra.beta, 1e-9);  // past the largest: its β
+  EXPECT_DOUBLE_EQ(cm.forBuffer(8).intra.beta_alone, 0.05e-9);
+  // A pair alone not measured at one of the two sizes: the line's.
+  EXPECT_DOUBLE_EQ(cm.forBuffer(16384).intra.beta_alone, 0.5e-9);
+  EXPECT_TRUE(cm.forBuffer(16384).intra.by_buffer.empty());  // sized once
+  EXPECT_EQ(cm.forBuffer(16384).intra.alpha, cm.intra.alpha);
+  // A ring of 64 KiB on 4 ranks pays 64 KiB buffers' β for its 16 KiB blocks.
+  auto ring = loadScheduler("ring");
+  const Topology four = Topology::singleNode(4);
+  const double block = 16384, sized = 6 * (10e-6 + block * 0.2e-9) + 0.75 * 65536 * cm.gamma;
+  EXPECT_NEAR(ring->predictSeconds(allreduceOf(65536), four, cm.forBuffer(65536)), sized, 1e-12);
+  EXPECT_GT(ring->predictSeconds(allreduceOf(65536), four, cm), sized * 1.2);
+}
+
 // A flow of several messages posted at once is a stream: α for the first, the gap for each
 // further one. Without a gap measured every message pays α, as before it was.
 TEST(CostModel, AStreamPaysTheGapForEachMessageAfterTheFirst) {
@@ -538,6 +563,17 @@ TEST(Auto, ACalibrationFileReplacesTheBuiltInModel) {
   refused("bad-gap.json", R"({"intra": {"alpha": 1e-9, "beta": 1e-6, "gap": -1e-9},
  "inter": {"alpha": 1e-9, "beta": 1e-6}, "gamma": 1e-12})",
           "a negative or infinite value");
+  // Nor β by buffer size out of order, or below zero.
+  refused("bad-by-buffer.json", R"({"intra": {"alpha": 1e-9, "beta": 1e-6,
+ "by_buffer": [[65536, 1e-9, 0], [4096, 1e-9, 0]]},
+ "inter": {"alpha": 1e-9, "beta": 1e-6}, "gamma": 1e-12})",
+          "by_buffer's sizes out of order");
+  refused("bad-by-buffer-beta.json", R"({"intra": {"alpha": 1e-9, "beta": 1e-6,
+ "by_buffer": [[4096, -1e-9, 0]]}, "inter": {"alpha": 1e-9, "beta": 1e-6}, "gamma": 1e-12})",
+          "a beta of by_buffer is negative or infinite");
+  refused("bad-by-buffer-entry.json", R"({"intra": {"alpha": 1e-9, "beta": 1e-6,
+ "by_buffer": {"4096": [1e-9, 0]}}, "inter": {"alpha": 1e-9, "beta": 1e-6}, "gamma": 1e-12})",
+          "by_buffer is not a list");
   // Nor a negative count of flows sharing a node.
   refused("bad-flows.json", R"({"intra": {"alpha": 1e-9,
  "beta": 1e-6, "alpha_alone": 1e-9, "beta_alone": 1e-7, "flows": -4},

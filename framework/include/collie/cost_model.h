@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "collie/topology.h"
@@ -30,6 +31,34 @@ namespace collie {
 // ranks that share cores is mostly the CPU time each message costs its two ends), and the
 // bytes pay β. The calibration measures it as a stream of small messages on the same flows
 // as α; 0: not measured, every message pays α, as when they go one after the other.
+//
+// Where bytes move through memory (inside a node), their β depends on how much memory the
+// collective touches: buffers that fit a cache move several times faster than buffers that
+// outgrow it (4 loopback ranks on a 2-CPU VM, one calibration: 256 KiB at 13 GB/s a flow,
+// 16 MiB at 7 GB/s). `by_buffer` keeps, smallest first, β and beta_alone as the calibration
+// measured them with buffers of each probe size (the slope from its smallest probe to that one),
+// the largest the fitted line's; empty: the line's at every size. forBuffer() picks a size's.
+struct BufferBeta {
+  double bytes = 0;
+  double beta = 0;
+  double beta_alone = 0;  // 0: not measured
+};
+
+// Why `by_buffer` cannot be a level's β by buffer size, or "" where it can: sizes above zero
+// (and exact in a double) in increasing order, every β finite and not negative. For readers of a
+// saved calibration.
+inline std::string byBufferProblem(const std::vector<BufferBeta>& by_buffer) {
+  for (size_t i = 0; i < by_buffer.size(); ++i) {
+    const BufferBeta& b = by_buffer[i];
+    if (!(b.bytes > 0 && b.bytes <= 0x1p53)) return "a size of by_buffer is not in (0, 2^53]";
+    if (i > 0 && b.bytes <= by_buffer[i - 1].bytes) return "by_buffer's sizes out of order";
+    for (double beta : {b.beta, b.beta_alone}) {
+      if (!(std::isfinite(beta) && beta >= 0)) return "a beta of by_buffer is negative or infinite";
+    }
+  }
+  return "";
+}
+
 struct LinkCost {
   double alpha = 0;
   double beta = 0;
@@ -38,6 +67,7 @@ struct LinkCost {
   double beta_alone = 0;
   int flows = 0;
   double gap = 0;
+  std::vector<BufferBeta> by_buffer = {};
   // Time of one message of `bytes`.
   double message(double bytes) const { return alpha + beta * bytes; }
   // The per-message part of a stream of `messages` whose first message pays `first`: the
@@ -54,12 +84,37 @@ struct LinkCost {
   }
   // Whether the node's shared capacity is measured (the pair alone and the exchange's flows).
   bool sharesCores() const { return flows > 1 && (alpha_alone > 0 || beta_alone > 0); }
+  // This link for a collective whose buffers hold `bytes` per rank: β and beta_alone
+  // interpolated in log(bytes) between the two sizes of by_buffer either side of it (the
+  // nearest one's beyond them), by_buffer then empty; the link itself where it is empty.
+  LinkCost forBuffer(double bytes) const {
+    LinkCost sized = *this;
+    sized.by_buffer.clear();
+    if (by_buffer.empty()) return sized;
+    size_t hi = 0;
+    while (hi < by_buffer.size() && by_buffer[hi].bytes < bytes) ++hi;
+    const BufferBeta& b = by_buffer[std::min(hi, by_buffer.size() - 1)];
+    const BufferBeta& a = by_buffer[hi == 0 ? 0 : hi - 1];
+    double w = 1;
+    if (hi > 0 && hi < by_buffer.size() && b.bytes > a.bytes && a.bytes > 0)
+      w = std::log(bytes / a.bytes) / std::log(b.bytes / a.bytes);
+    auto between = [w](double x, double y) { return x + w * (y - x); };
+    sized.beta = between(a.beta, b.beta);
+    if (a.beta_alone > 0 && b.beta_alone > 0)
+      sized.beta_alone = between(a.beta_alone, b.beta_alone);
+    return sized;
+  }
 };
 
 struct CostModel {
   LinkCost intra;    // between ranks of one node
   LinkCost inter;    // between nodes (equal to intra on one node)
   double gamma = 0;  // seconds per byte reduced locally
+  // The model for a collective whose buffers hold `bytes` per rank (LinkCost::forBuffer):
+  // what a scheduler's prediction is handed, by the framework and by `auto`.
+  CostModel forBuffer(double bytes) const {
+    return {intra.forBuffer(bytes), inter.forBuffer(bytes), gamma};
+  }
 };
 
 // What a scheduler without a model returns.

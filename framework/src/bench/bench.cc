@@ -197,9 +197,12 @@ class RankBench {
     row.plugin = std::filesystem::path(s.plugin).filename().string();
     // Rank 0's rows are the result; a prediction walks the whole schedule, which thousands of
     // simulated ranks would each walk again for nothing.
-    row.predicted_us = spec_.calibrate && rank_ == 0
-                           ? chosen->predictSeconds(args, comm_.topology(), model_) * 1e6
-                           : kNoPrediction;
+    // The model of this size's buffers (CostModel::forBuffer), as `auto` chooses by.
+    const double bytes = static_cast<double>(shape.total * dtypeSize(spec_.dtype));
+    row.predicted_us =
+        spec_.calibrate && rank_ == 0
+            ? chosen->predictSeconds(args, comm_.topology(), model_.forBuffer(bytes)) * 1e6
+            : kNoPrediction;
     row.backend = e_.backend.label;
     row.collective = collectiveName(spec_.collective);
     row.ranks = n_;

@@ -1,6 +1,7 @@
 // Bench output: the nccl-tests style table with predictions, CSV, JSON and gnuplot plots.
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,6 +63,19 @@ void header(std::ostream& out, const Row& first, const Result& result) {
           << ", " << level("a pair alone", alone, result.fit_intra_alone) << ";";
     } else if (result.fit_intra.probed) {
       out << " " << level("inside a node", m.intra, result.fit_intra) << ";";
+    }
+    if (result.fit_intra.probed && !m.intra.by_buffer.empty()) {
+      // What forBuffer prices a size's buffers at inside a node, the line's at the largest.
+      const bool alone = m.intra.sharesCores();
+      std::vector<std::string> sizes;
+      for (const BufferBeta& b : m.intra.by_buffer) {
+        auto rate = [](double beta) { return beta > 0 ? 1e-9 / beta : INFINITY; };
+        sizes.push_back(fmt::format("{} {:.2f}{}", formatBytes(static_cast<uint64_t>(b.bytes)),
+                                    rate(b.beta),
+                                    alone ? fmt::format("/{:.2f}", rate(b.beta_alone)) : ""));
+      }
+      out << fmt::format(" inside a node by buffer size, beta{} (GB/s): {};",
+                         alone ? " each flow/a pair alone" : "", fmt::join(sizes, ", "));
     }
     if (result.fit_inter.probed) {
       out << " " << level("between nodes", m.inter, result.fit_inter);
@@ -344,13 +358,16 @@ nlohmann::json rowsJson(const std::vector<Row>& rows) {
 }
 
 nlohmann::json linkJson(const LinkCost& link) {
+  nlohmann::json by_buffer = nlohmann::json::array();
+  for (const BufferBeta& b : link.by_buffer) by_buffer.push_back({b.bytes, b.beta, b.beta_alone});
   return {{"alpha", link.alpha},
           {"beta", link.beta},
           {"beta_one_way", link.beta_one_way},
           {"alpha_alone", link.alpha_alone},
           {"beta_alone", link.beta_alone},
           {"flows", link.flows},
-          {"gap", link.gap}};
+          {"gap", link.gap},
+          {"by_buffer", by_buffer}};
 }
 
 nlohmann::json fitJson(const LinkFit& fit) {
@@ -370,14 +387,24 @@ LinkFit fitOf(const nlohmann::json& j) {
   return fit;
 }
 
-// The pair alone and the gap are absent from a file an older collie wrote (a node of a
-// cluster that runs another build): no sharing of cores then, and every message of a stream
-// pays α, as before they were measured.
+// The pair alone, the gap and β by buffer size are absent from a file an older collie wrote
+// (a node of a cluster that runs another build): no sharing of cores then, every message of
+// a stream pays α, and every size the line's β, as before they were measured.
 LinkCost linkOf(const nlohmann::json& j) {
+  std::vector<BufferBeta> by_buffer;
+  const auto& sizes = j.value("by_buffer", nlohmann::json::array());
+  if (!sizes.is_array()) throw InternalError("a calibration's by_buffer is not a list");
+  for (const auto& b : sizes) {
+    if (!b.is_array() || b.size() != 3)
+      throw InternalError("a calibration's by_buffer entry is not [bytes, beta, beta_alone]");
+    by_buffer.push_back({b.at(0).get<double>(), b.at(1).get<double>(), b.at(2).get<double>()});
+  }
+  const std::string problem = byBufferProblem(by_buffer);
+  if (!problem.empty()) throw InternalError("a calibration's " + problem);
   return {
       j.at("alpha").get<double>(), j.at("beta").get<double>(), j.at("beta_one_way").get<double>(),
       j.value("alpha_alone", 0.0), j.value("beta_alone", 0.0), j.value("flows", 0),
-      j.value("gap", 0.0)};
+      j.value("gap", 0.0),         std::move(by_buffer)};
 }
 
 nlohmann::json fitsJson(const Result& result) {

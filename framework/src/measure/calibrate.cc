@@ -24,11 +24,17 @@ double median(std::vector<double> values) {
 
 namespace {
 
-// Probe sizes, and how many timed exchanges each gets (fewer for the large ones, which a
-// slow link makes long: 4 MiB is 0.34 s at 100 Mbit/s). Each level probes up to its own
-// largest size (calibrate()).
-constexpr std::pair<uint64_t, int> kProbes[] = {{8, 50},      {4096, 50},   {65536, 30},
-                                                {262144, 10}, {1 << 20, 6}, {4 << 20, 6}};
+// Probe sizes, and the fewest timed exchanges each gets (fewer for the large ones, which a
+// slow link makes long: 4 MiB is 0.34 s at 100 Mbit/s; kBatchSeconds asks for more where
+// they are quick). Each level probes up to its own largest size (calibrate()).
+constexpr std::pair<uint64_t, int> kProbes[] = {
+    {8, 50}, {4096, 50}, {65536, 30}, {262144, 10}, {1 << 20, 6}, {4 << 20, 6}, {16 << 20, 6}};
+
+// The largest probe of each level. Inside a node 16 MiB, past the caches: 4 loopback ranks
+// passed 4 MiB anywhere from 4 to 14 GB/s a flow from one run to the next, as much or as
+// little of it in a cache, and a sweep's larger sizes at 3-4 GB/s. Between nodes 4 MiB,
+// past a lab link's token bucket (500 KB at 1 Gbit/s), where the wire decides.
+constexpr uint64_t kLargestIntra = 16 << 20, kLargestInter = 4 << 20;
 
 // The one-way probe between nodes streams the sizes from here up: smaller streams are
 // passed at once by a lab link's token bucket.
@@ -87,35 +93,74 @@ ScratchBuffer writtenScratch(const Buffer& like, size_t count) {
 // by the median and 110 us per step of an all-reduce.)
 constexpr int kBatches = 5;
 
-// Each batch's mean time of one exchange of `bytes` for this rank (0 when it sits out),
-// `iters` exchanges in all; a barrier before each batch, so every probing rank starts
-// together. An exchange of several `messages` posts them all at once each way, as a ring
-// posts its chunks: a stream.
+// A batch lasts at least this long where the link allows (a batch of 10 exchanges of 8
+// bytes lasted 0.3 ms, and its mean swung with every wake-up that happened to fall in it),
+// with at most kMaxPerBatch exchanges.
+constexpr double kBatchSeconds = 2e-3;
+constexpr int kMaxPerBatch = 200;
+
+// The repetitions of each further batch, alike on every rank, from the first batch's
+// `seconds` of one repetition on this rank (0 where it sits out): as many as kBatchSeconds
+// asks on the slowest rank, no fewer than `per_batch` and no more than kMaxPerBatch.
+// Simulated time has no noise to average: `per_batch` there.
+int sizedBatch(const Backend& backend, Control& control, double seconds, int per_batch) {
+  if (simulatedTime(backend)) return per_batch;
+  const double slowest = control.max({seconds})[0];
+  if (slowest <= 0 || per_batch >= kMaxPerBatch) return per_batch;
+  return static_cast<int>(std::clamp(std::ceil(kBatchSeconds / slowest),
+                                     static_cast<double>(per_batch),
+                                     static_cast<double>(kMaxPerBatch)));
+}
+
+// Each batch's mean time of one exchange of `bytes` for this rank (0 when it sits out), at
+// least `iters` exchanges in all, more where kBatchSeconds asks; a barrier before each
+// batch. An exchange is a step as a collective takes it: each rank posts a step's receive
+// from `from` and its send to `to` once the previous step's receive has completed (as a
+// collective sends on what it received), and waits for the receive; it waits for its own
+// sends only when the batch ends, as a collective does. The next step's receive is not
+// posted ahead: nccl issues everything posted before a wait as one group and completes
+// none of it before all of it, which a receive posted ahead would never let happen. Where a
+// batch has several exchanges its clock starts when the first one's receive completes, so
+// that the ranks' release from the barrier is not timed. An exchange of several `messages`
+// posts them all at once each way, as a ring posts its chunks: a stream.
 std::vector<double> exchange(Backend& backend, Control& control, uint64_t bytes, int iters,
                              Partners p, int messages = 1) {
-  // The probe moves raw bytes; any dtype of the right size will do.
+  // The probe moves raw bytes; any dtype of the right size will do. Only a rank that
+  // probes holds buffers (16 MiB each inside a node).
   const Buffer like = measurementLike(backend, DType::kF64, control.device());
   const size_t count = std::max<uint64_t>(1, bytes / 8);
-  ScratchBuffer out = writtenScratch(like, count);  // only read, by every send at once
-  std::vector<ScratchBuffer> in;                    // one per message: they land at once
-  for (int m = 0; m < messages; ++m) in.push_back(writtenScratch(like, count));
-  const int per_batch = std::max(1, iters / kBatches);
+  std::vector<ScratchBuffer> out, in;  // out: read by every send at once; in: one per message
+  if (p.to >= 0) {
+    out.push_back(writtenScratch(like, count));
+    for (int m = 0; m < messages; ++m) in.push_back(writtenScratch(like, count));
+  }
+  int per_batch = std::max(1, iters / kBatches);
   std::vector<double> means(kBatches, 0);
-  for (double& mean : means) {
+  for (int batch = 0; batch < kBatches; ++batch) {
+    // The first exchange untimed, where a batch has several: a batch of one is timed whole
+    // (on a slow link an untimed exchange of 4 MiB would double the probe's time, where the
+    // ranks' release from the barrier is a small part of it).
+    const bool untimed_first = per_batch > 1;
+    const int steps = per_batch + (untimed_first ? 1 : 0);
     std::vector<Tag> tags;  // drawn on every rank, so that the control sequence stays in step
-    for (int i = 0; i < per_batch * messages; ++i) tags.push_back(control.nextTag());
+    for (int i = 0; i < steps * messages; ++i) tags.push_back(control.nextTag());
     control.barrier();
-    if (p.to < 0) continue;
-    const double start = clockSeconds(backend);
-    for (size_t first = 0; first < tags.size(); first += messages) {
-      std::vector<std::unique_ptr<Request>> requests;
-      for (int m = 0; m < messages; ++m)
-        requests.push_back(backend.irecv(p.from, in[m].view(), tags[first + m]));
-      for (int m = 0; m < messages; ++m)
-        requests.push_back(backend.isend(p.to, out.view(), tags[first + m]));
-      waitAll(requests, backend.timeout());
+    if (p.to >= 0) {
+      std::vector<std::unique_ptr<Request>> sends;
+      double start = clockSeconds(backend);
+      for (int step = 0; step < steps; ++step) {
+        std::vector<std::unique_ptr<Request>> recvs;
+        for (int m = 0; m < messages; ++m)
+          recvs.push_back(backend.irecv(p.from, in[m].view(), tags[step * messages + m]));
+        for (int m = 0; m < messages; ++m)
+          sends.push_back(backend.isend(p.to, out[0].view(), tags[step * messages + m]));
+        waitAll(recvs, backend.timeout());
+        if (step == 0 && untimed_first) start = clockSeconds(backend);
+      }
+      waitAll(sends, backend.timeout());
+      means[batch] = (clockSeconds(backend) - start) / per_batch;
     }
-    mean = (clockSeconds(backend) - start) / per_batch;
+    if (batch == 0) per_batch = sizedBatch(backend, control, means[0], per_batch);
   }
   control.barrier();
   return means;
@@ -150,21 +195,23 @@ std::vector<double> pingPong(Backend& backend, Control& control, uint64_t bytes,
   const Buffer like = measurementLike(backend, DType::kF64, control.device());
   const size_t count = std::max<uint64_t>(1, bytes / 8);
   ScratchBuffer data = writtenScratch(like, count);
-  const int per_batch = std::max(1, iters / kBatches);
+  int per_batch = std::max(1, iters / kBatches);
   std::vector<double> means(kBatches, 0);
-  for (double& mean : means) {
+  for (int batch = 0; batch < kBatches; ++batch) {
     std::vector<Tag> tags;
     for (int i = 0; i < 2 * per_batch; ++i) tags.push_back(control.nextTag());
     control.barrier();
-    if (peer < 0) continue;
-    const double start = clockSeconds(backend);
-    for (size_t i = 0; i < tags.size(); i += 2) {
-      // The first rank of the pair sends first; each way is its own tag.
-      if (local == 0) backend.isend(peer, data.view(), tags[i])->wait(backend.timeout());
-      backend.irecv(peer, data.view(), tags[i + (local == 0)])->wait(backend.timeout());
-      if (local == 1) backend.isend(peer, data.view(), tags[i + 1])->wait(backend.timeout());
+    if (peer >= 0) {
+      const double start = clockSeconds(backend);
+      for (size_t i = 0; i < tags.size(); i += 2) {
+        // The first rank of the pair sends first; each way is its own tag.
+        if (local == 0) backend.isend(peer, data.view(), tags[i])->wait(backend.timeout());
+        backend.irecv(peer, data.view(), tags[i + (local == 0)])->wait(backend.timeout());
+        if (local == 1) backend.isend(peer, data.view(), tags[i + 1])->wait(backend.timeout());
+      }
+      means[batch] = (clockSeconds(backend) - start) / (2.0 * per_batch);
     }
-    mean = (clockSeconds(backend) - start) / (2.0 * per_batch);
+    if (batch == 0) per_batch = sizedBatch(backend, control, means[0] * 2, per_batch);
   }
   control.barrier();
   return means;
@@ -210,7 +257,7 @@ double probeOneWay(Backend& backend, Control& control, Partners exchange_partner
   if (exchange_partners.to >= 0) (rank == 0 ? mine.to : mine.from) = exchange_partners.to;
   std::vector<std::pair<double, double>> points;
   for (const auto& [bytes, iters] : kProbes) {
-    if (bytes < kOneWayFrom) continue;
+    if (bytes < kOneWayFrom || bytes > kLargestInter) continue;
     const double t = stream(backend, control, bytes, iters, mine);
     const double slowest = control.max({t})[0];
     if (slowest > 0) points.emplace_back(static_cast<double>(bytes), slowest);
@@ -225,18 +272,25 @@ double probeOneWay(Backend& backend, Control& control, Partners exchange_partner
 // Every size up to `largest`, each timed by `batches(bytes, iters)` (the batches' means on
 // this rank, 0 where it sits out): the median over batches of the slowest probing rank, and
 // the fitted line. Every rank returns the same.
+//
+// The sizes go from the largest down, so that the small ones, which decide α, meet the
+// ranks as a running collective leaves them. Threads of one process that had only just
+// started passed 8 bytes around a ring of 4 loopback ranks on 2 CPUs in 12 us a step, and
+// after the large probes in 30 us, which is what the sweep's collectives then took; run
+// smallest first, α came out anywhere between the two from one run to the next (before
+// the loopback woke its waiters outside its lock, which made every step cheaper).
 template <typename Batches>
 LinkCost probeSizes(Control& control, uint64_t largest, LinkFit* fit, Batches&& batches) {
   // The first batches after a quiet spell ran slower (8 B took up to 4x the time of 4 KiB on
-  // loopback), and the smallest probe anchors α (fitLine): a round at the smallest size
-  // goes untimed first.
+  // loopback): a round at the smallest size goes untimed first.
   batches(kProbes[0].first, kProbes[0].second);
   std::vector<std::pair<double, double>> points;
-  for (const auto& [bytes, iters] : kProbes) {
-    if (bytes > largest) break;
+  for (auto it = std::rbegin(kProbes); it != std::rend(kProbes); ++it) {
+    const auto [bytes, iters] = *it;
+    if (bytes > largest) continue;
     const double slowest = median(control.max(batches(bytes, iters)));
     if (slowest > 0)
-      points.emplace_back(static_cast<double>(std::max<uint64_t>(bytes, 8)), slowest);
+      points.emplace(points.begin(), static_cast<double>(std::max<uint64_t>(bytes, 8)), slowest);
   }
   fit->probed = !points.empty();
   fit->sizes = static_cast<int>(points.size());
@@ -279,6 +333,35 @@ double probeReduction(Backend& backend, Control& control, DType dtype) {
     best = std::min(best, clockSeconds(backend) - start);
   }
   return control.max({best})[0] / static_cast<double>(a.view().bytes());
+}
+
+// LinkCost::by_buffer of a level whose fitted line is `line`, from its exchange's probes and
+// a pair's alone (empty where none): at each probe size whose time is at least twice the
+// smallest probe's (the bytes' part, not α's swing, decides the slope), the slope from the
+// smallest probe to it; the largest size the line's own. A pair alone's slope comes from
+// the nearest size at or above it where its own time doubled, else from the line.
+std::vector<BufferBeta> byBuffer(const LinkCost& line,
+                                 const std::vector<std::pair<double, double>>& points,
+                                 const std::vector<std::pair<double, double>>& alone) {
+  using Points = std::vector<std::pair<double, double>>;
+  auto decides = [](const Points& p, size_t i) { return p[i].second >= 2 * p[0].second; };
+  auto slope = [](const Points& p, size_t i) {
+    return std::max(0.0, (p[i].second - p[0].second) / (p[i].first - p[0].first));
+  };
+  const bool paired = alone.size() == points.size();
+  std::vector<BufferBeta> sized;
+  for (size_t i = 1; i + 1 < points.size(); ++i) {
+    if (!decides(points, i)) continue;
+    double beta_alone = line.beta_alone;
+    for (size_t j = i; paired && j + 1 < alone.size(); ++j) {
+      if (!decides(alone, j)) continue;
+      beta_alone = slope(alone, j);
+      break;
+    }
+    sized.push_back({points[i].first, slope(points, i), beta_alone});
+  }
+  if (points.size() > 1) sized.push_back({points.back().first, line.beta, line.beta_alone});
+  return sized;
 }
 
 }  // namespace
@@ -353,25 +436,27 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
   Calibration c;
   if (backend.size() > 1) {
     const int rank = backend.rank();
-    // Both levels probe up to 4 MiB: inside a node every rank at once then meets what a
-    // large collective's chunks meet, the memory bus shared and the caches outgrown (up to
-    // 1 MiB, a loopback ring all-reduce past 4 MiB took twice its prediction); between nodes
-    // the probes go past a lab link's token bucket (500 KB at 1 Gbit/s).
-    c.model.intra = probeLevel(backend, control, intraPartners(topology, rank), 4 << 20, &c.intra);
+    // Each level up to its largest probe (kLargestIntra, kLargestInter): inside a node every
+    // rank at once then meets what a large collective's chunks meet, the memory bus shared
+    // and the caches outgrown (up to 1 MiB, a loopback ring all-reduce past 4 MiB took
+    // twice its prediction); between nodes the probes go past a lab link's token bucket.
+    c.model.intra =
+        probeLevel(backend, control, intraPartners(topology, rank), kLargestIntra, &c.intra);
     if (c.intra.probed) {
       c.model.intra.gap = probeGap(backend, control, intraPartners(topology, rank));
       // Every rank of a node ran a flow of the exchange, and the slowest node's time is the
       // level's: its flows are those of the node with the most ranks. A pair alone next.
-      const LinkCost alone = probeAlone(backend, control, topology, 4 << 20, &c.intra_alone);
+      const LinkCost alone = probeAlone(backend, control, topology, kLargestIntra, &c.intra_alone);
       c.model.intra.alpha_alone = alone.alpha;
       c.model.intra.beta_alone = alone.beta;
       for (int node = 0; node < topology.nodeCount(); ++node) {
         c.model.intra.flows =
             std::max(c.model.intra.flows, static_cast<int>(topology.ranksOnNode(node).size()));
       }
+      c.model.intra.by_buffer = byBuffer(c.model.intra, c.intra.points, c.intra_alone.points);
     }
     const Partners across = interPartners(topology, rank);
-    c.model.inter = probeLevel(backend, control, across, 4 << 20, &c.inter);
+    c.model.inter = probeLevel(backend, control, across, kLargestInter, &c.inter);
     if (c.inter.probed) {
       c.model.inter.gap = probeGap(backend, control, across);
       c.model.inter.beta_one_way = probeOneWay(backend, control, across, rank, &c.inter_one_way);
@@ -387,15 +472,29 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
   c.model.gamma = probeReduction(backend, control, dtype);
   // Each value is equal on every rank already (each comes from a max over the ranks), but
   // schedulers choose by the model (auto) and must choose alike: rank 0's bits make sure.
-  const auto root = control.fromRoot(
-      {c.model.intra.alpha, c.model.intra.beta, c.model.inter.alpha, c.model.inter.beta,
-       c.model.inter.beta_one_way, c.model.gamma, c.intra.residual, c.inter.residual,
-       c.inter_one_way.residual, c.model.intra.alpha_alone, c.model.intra.beta_alone,
-       static_cast<double>(c.model.intra.flows), c.intra_alone.residual, c.model.intra.gap,
-       c.model.inter.gap});
-  c.model = {{root[0], root[1], 0, root[9], root[10], static_cast<int>(root[11]), root[13]},
+  std::vector<double> values = {
+      c.model.intra.alpha,        c.model.intra.beta,
+      c.model.inter.alpha,        c.model.inter.beta,
+      c.model.inter.beta_one_way, c.model.gamma,
+      c.intra.residual,           c.inter.residual,
+      c.inter_one_way.residual,   c.model.intra.alpha_alone,
+      c.model.intra.beta_alone,   static_cast<double>(c.model.intra.flows),
+      c.intra_alone.residual,     c.model.intra.gap,
+      c.model.inter.gap};
+  for (const BufferBeta& b : c.model.intra.by_buffer)  // alike on every rank: same points
+    values.insert(values.end(), {b.bytes, b.beta, b.beta_alone});
+  const auto root = control.fromRoot(values);
+  std::vector<BufferBeta> by_buffer;
+  for (size_t i = 15; i + 2 < root.size(); i += 3)
+    by_buffer.push_back({root[i], root[i + 1], root[i + 2]});
+  c.model = {{root[0], root[1], 0, root[9], root[10], static_cast<int>(root[11]), root[13],
+              std::move(by_buffer)},
              {root[2], root[3], root[4], 0, 0, 0, root[14]},
              root[5]};
+  if (!c.inter.probed) {  // one node: the level between nodes is the one inside, as above
+    c.model.inter.by_buffer = c.model.intra.by_buffer;
+    for (BufferBeta& b : c.model.inter.by_buffer) b.beta_alone = 0;
+  }
   c.intra.residual = root[6];
   c.inter.residual = root[7];
   c.inter_one_way.residual = root[8];

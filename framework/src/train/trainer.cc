@@ -798,7 +798,9 @@ class RankTrainer {
       std::string why;
       const auto* rule = comm_.select(args, rules_, &why);
       if (rule == nullptr) return kNoPrediction;
-      total += rule->choice.scheduler->predictSeconds(args, comm_.topology(), cost);
+      const double bytes = static_cast<double>(std::max(args.data.bytes(), args.output.bytes()));
+      total +=
+          rule->choice.scheduler->predictSeconds(args, comm_.topology(), cost.forBuffer(bytes));
     }
     return total;
   }
@@ -1028,9 +1030,9 @@ class RankTrainer {
   // than one rank): the model with its slowest level probed again while every rank keeps a
   // core busy (measure::calibrateUnderLoad), for the all-reduces that run while backward
   // computes; nothing elsewhere. The probe's sizes go up to the buckets' (at least 1 MiB,
-  // at most calibrate()'s 4 MiB: its repeats cost start-up time on a slow link), its line
-  // is fitted from a bucket's share of one rank on (the chunk a ring moves). Every rank
-  // decides alike, from the config.
+  // at most 4 MiB, the largest probe between nodes: its repeats cost start-up time on a slow
+  // link), its line is fitted from a bucket's share of one rank on (the chunk a ring moves).
+  // Every rank decides alike, from the config.
   std::optional<CostModel> busyModel(const CostModel& cost) {
     if (world_ < 2 || spec_.compresses() || sharded() || spec_.sync.local() || !spec_.overlap)
       return std::nullopt;
@@ -1060,6 +1062,7 @@ class RankTrainer {
         idle_chunk > 0 ? level.gap * loaded.message(static_cast<double>(chunk)) / idle_chunk : 0;
     level.alpha = loaded.alpha;
     level.beta = loaded.beta;
+    level.by_buffer.clear();  // the busy line is fitted over the chunks' sizes already
     if (!across) {
       busy.inter = busy.intra;
       busy.inter.alpha_alone = busy.inter.beta_alone = 0;  // cores are shared in a node
@@ -1198,7 +1201,10 @@ class RankTrainer {
     r.buckets = static_cast<int>(reducer.bucketCount());
     r.predicted_comm_seconds = predicted;
     r.between_nodes = comm_.topology().nodeCount() > 1;
-    const LinkCost& link = r.between_nodes ? cost.inter : cost.intra;
+    // The β a bucket's all-reduce is priced at (CostModel::forBuffer), which the summary
+    // prints beside the prediction and its bandwidth bound.
+    const CostModel bucket = cost.forBuffer(static_cast<double>(spec_.bucket_bytes));
+    const LinkCost& link = r.between_nodes ? bucket.inter : bucket.intra;
     r.link_alpha = link.alpha;
     r.link_beta = link.beta;
     r.link_gap = link.gap;

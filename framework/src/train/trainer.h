@@ -131,7 +131,8 @@ struct Result {
   // With a codec: the part of predicted_comm_seconds that is its arithmetic, timed on a
   // rehearsal before the first step (codec_group.h's RehearsalGroup).
   double predicted_codec_arithmetic_seconds = 0;
-  // The slowest level: between nodes when there are several; the gap 0 where not measured.
+  // The slowest level: between nodes when there are several; the gap 0 where not measured;
+  // β as a bucket's buffers are priced (CostModel::forBuffer at train.bucket_bytes).
   double link_alpha = 0, link_beta = 0, link_gap = 0;
   bool between_nodes = false;
   std::vector<double> compute_seconds;  // per rank: forward + backward per step
