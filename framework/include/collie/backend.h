@@ -142,6 +142,8 @@ class Backend {
   // Any number of sends and receives may be outstanding at once, to and from one peer, each
   // with its own tag (a ring posts a block's chunks at once, and the calibration streams 16
   // messages each way to time the gap of a stream): none waits for another to complete.
+  // (nccl does not meet this yet: a wait there completes only with every request queued
+  // before it; backends/nccl/README.md.)
   virtual std::unique_ptr<Request> irecv(int peer, const Buffer& buf, Tag tag) = 0;
 
   // A new group of `ranks` (ranks of this group, ascending, including this rank); every
