@@ -32,19 +32,21 @@ inline LoggedSplit loggedAutoSplit(const std::string& output) {
   return out;
 }
 
-// One sample each and the other total - n in proportion to the speeds: rank r's exact share
-// is 1 + (total - n) * s_r / sum(s), and rounding that keeps the total moves each share by
-// less than one sample, never giving a faster rank fewer samples than a slower one. The
-// logged speeds are rounded to 0.05 samples/s, which moves a share by at most
-// (total - n) * 0.1 / sum(s): that much more is allowed.
+// The total in proportion to the speeds: rank r's exact share is total * s_r / sum(s), and
+// rounding that keeps the total moves each share by less than one sample, never giving a
+// faster rank fewer samples than a slower one. The logged speeds are rounded to 0.05
+// samples/s, which moves a share by at most total * 0.1 / sum(s): that much more is allowed.
+// (A share under one sample would be raised to one, taking from the others; the tests'
+// speeds never put a rank there.)
 inline void expectProportional(const LoggedSplit& logged, int total) {
   const int n = static_cast<int>(logged.speeds.size());
   ASSERT_EQ(logged.split.size(), logged.speeds.size());
   EXPECT_EQ(std::accumulate(logged.split.begin(), logged.split.end(), 0), total);
   const double sum = std::accumulate(logged.speeds.begin(), logged.speeds.end(), 0.0);
   for (int r = 0; r < n; ++r) {
-    const double exact = 1 + (total - n) * logged.speeds[r] / sum;
-    EXPECT_LT(std::abs(logged.split[r] - exact), 1.0 + (total - n) * 0.1 / sum)
+    const double exact = total * logged.speeds[r] / sum;
+    ASSERT_GE(exact, 1.0) << "rank " << r << "'s speed is under one sample's share";
+    EXPECT_LT(std::abs(logged.split[r] - exact), 1.0 + total * 0.1 / sum)
         << "rank " << r << " got " << logged.split[r] << " samples, its speed's share is " << exact;
     for (int q = 0; q < n; ++q) {
       if (logged.speeds[r] > logged.speeds[q]) {

@@ -50,6 +50,10 @@ TEST(Sharding, ProportionalSplitGivesEveryRankItsShare) {
   EXPECT_EQ(proportionalSplit(8, {1, 1, 1, 1}), std::vector<int>({2, 2, 2, 2}));
   EXPECT_EQ(proportionalSplit(22, {1, 1, 0.75}), std::vector<int>({8, 8, 6}));
   EXPECT_EQ(proportionalSplit(3, {1, 1000}), std::vector<int>({1, 2})) << "at least one each";
+  // In proportion, not one each and the rest in proportion ([9, 7, 6]).
+  EXPECT_EQ(proportionalSplit(22, {119.7, 87.6, 63.2}), std::vector<int>({10, 7, 5}));
+  // Two ranks under one sample get one each; the other two share the 8 left 3:1.
+  EXPECT_EQ(proportionalSplit(10, {300, 100, 1, 2}), std::vector<int>({6, 2, 1, 1}));
   auto split = proportionalSplit(10, {3.3, 1.1, 2.2});
   EXPECT_EQ(std::accumulate(split.begin(), split.end(), 0), 10);
   EXPECT_GT(split[0], split[2]);
@@ -60,20 +64,24 @@ TEST(Sharding, ProportionalSplitGivesEveryRankItsShare) {
 // matches the measured speeds stays (no oscillation); a gain inside the hysteresis is
 // refused; unmeasured ranks keep the split.
 TEST(Sharding, ResplitFollowsTheSpeedsWithHysteresis) {
-  // Rank 1 now takes twice as long per sample: 32/32 moves halfway to 42/22 (one each, the
-  // rest 2:1), to 37/27; then to 40/24, 41/23 and the rest of the way.
+  // Rank 1 now takes twice as long per sample: 32/32 moves halfway to 43/21 (2:1, 42.7 and
+  // 21.3), to 38/26 (37.5 and 26.5, the tie to rank 0); then to 41/23, 42/22 and the rest of
+  // the way, which shortens the slowest compute by 2 % (0.044 s to 0.043 s).
   Resplit r = resplit(64, {32, 32}, {0.001, 0.002}, 0.05);
   EXPECT_TRUE(r.take);
-  EXPECT_EQ(r.split, std::vector<int>({37, 27}));
+  EXPECT_EQ(r.split, std::vector<int>({38, 26}));
   EXPECT_NEAR(r.slowest_now, 0.064, 1e-12);
-  EXPECT_NEAR(r.slowest_next, 0.054, 1e-12);
-  EXPECT_EQ(resplit(64, {37, 27}, {0.001, 0.002}, 0.05).split, std::vector<int>({40, 24}));
-  EXPECT_EQ(resplit(64, {40, 24}, {0.001, 0.002}, 0.05).split, std::vector<int>({41, 23}));
-  EXPECT_EQ(resplit(64, {41, 23}, {0.001, 0.002}, 0.0).split, std::vector<int>({42, 22}));
-  // The same speeds measured again at the new split: nothing to gain.
+  EXPECT_NEAR(r.slowest_next, 0.052, 1e-12);
+  EXPECT_EQ(resplit(64, {38, 26}, {0.001, 0.002}, 0.05).split, std::vector<int>({41, 23}));
+  EXPECT_EQ(resplit(64, {41, 23}, {0.001, 0.002}, 0.05).split, std::vector<int>({42, 22}));
   r = resplit(64, {42, 22}, {0.001, 0.002}, 0.05);
+  EXPECT_FALSE(r.take) << "2 % is inside the hysteresis";
+  EXPECT_EQ(r.split, std::vector<int>({43, 21}));
+  EXPECT_TRUE(resplit(64, {42, 22}, {0.001, 0.002}, 0.0).take);
+  // The same speeds measured again at the new split: nothing to gain.
+  r = resplit(64, {43, 21}, {0.001, 0.002}, 0.0);
   EXPECT_FALSE(r.take);
-  EXPECT_EQ(r.split, std::vector<int>({42, 22}));
+  EXPECT_EQ(r.split, std::vector<int>({43, 21}));
   // 10 % slower on rank 1: 33/31 would shorten the slowest compute by 3 %, under 5 %.
   r = resplit(64, {32, 32}, {0.001, 0.0011}, 0.05);
   EXPECT_FALSE(r.take);

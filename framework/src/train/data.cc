@@ -174,11 +174,32 @@ std::vector<int> roundKeepingTotal(const std::vector<double>& exact, int total) 
 }  // namespace
 
 std::vector<int> proportionalSplit(int total, const std::vector<double>& speeds) {
-  const int n = static_cast<int>(speeds.size());
-  const double sum = std::accumulate(speeds.begin(), speeds.end(), 0.0);
-  // Everyone gets one; the rest is shared in proportion.
-  std::vector<double> exact;
-  for (const double speed : speeds) exact.push_back(1 + (total - n) * speed / sum);
+  // Shares in proportion to the speeds, so that every rank's compute takes as long. A rank
+  // whose share is under one sample gets one, and the others share what is left in
+  // proportion again. (Giving everyone one first and sharing the rest hands a slow rank more
+  // than its speed's share: 22 samples at speeds 120, 88 and 63 went [9, 7, 6], the slowest
+  // rank's compute 20 % longer than [10, 7, 5].)
+  const size_t n = speeds.size();
+  std::vector<double> exact(n);
+  std::vector<bool> one(n, false);
+  for (bool again = true; again;) {
+    again = false;
+    double rest = total, sum = 0;
+    for (size_t r = 0; r < n; ++r) {
+      if (one[r]) {
+        rest -= 1;
+      } else {
+        sum += speeds[r];
+      }
+    }
+    for (size_t r = 0; r < n; ++r) {
+      exact[r] = one[r] ? 1.0 : rest * speeds[r] / sum;
+      if (exact[r] < 1) {
+        one[r] = true;
+        again = true;
+      }
+    }
+  }
   return roundKeepingTotal(exact, total);
 }
 

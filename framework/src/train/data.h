@@ -45,7 +45,8 @@ struct Sharding {
 };
 
 // `total` samples split in proportion to each rank's `speeds` (largest remainders), at
-// least one each. Requires total >= speeds.size() and positive speeds.
+// least one each: a rank whose share is under one gets one, and the others share the rest in
+// proportion. Requires total >= speeds.size() and positive speeds.
 std::vector<int> proportionalSplit(int total, const std::vector<double>& speeds);
 
 // micro_batch: auto during a run. `total` samples are split now as `now`, and rank r took
