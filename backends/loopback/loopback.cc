@@ -10,6 +10,13 @@
 // memory only, as nccl moves it, copied through the framework's device memory table
 // (copyInto), so that on a GPU it moves device buffers and on the emulated device every
 // pointer it is handed is checked.
+//
+// Completion (params.completion): each request on its own by default; with `batch`, as nccl
+// completes point-to-point operations, so that collie's use of a backend can be checked on
+// a CPU against nccl's rules. Sends and receives are only queued; the first wait() or
+// test() of any queued request posts every queued operation of the rank's group (a batch,
+// in the order they were queued), and a wait returns only once the whole batch completed.
+// Messages between two ranks match in the order they were posted, whatever their tags.
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
@@ -156,16 +163,12 @@ class PendingRequest : public Request {
   Transfer transfer_;
 };
 
-class LoopbackBackend : public Backend {
+// One rank of a group: what posting a message needs, shared by the backend and by the
+// batches whose requests may outlive it.
+class Endpoint {
  public:
-  explicit LoopbackBackend(const PluginContext& context)
-      : LoopbackBackend(context.backend.job_id, context.backend.rank, context.backend.size,
-                        context.params->getDuration("timeout", context.backend.timeout),
-                        memoryOf(*context.params)) {}
-
-  LoopbackBackend(const std::string& key, int rank, int size, std::chrono::milliseconds timeout,
-                  MemoryKind moves)
-      : key_(key), rank_(rank), size_(size), timeout_(timeout), moves_(moves) {
+  Endpoint(const std::string& key, int rank, int size, MemoryKind moves, bool ignore_tags)
+      : rank_(rank), size_(size), moves_(moves), ignore_tags_(ignore_tags) {
     if (size < 1 || rank < 0 || rank >= size) {
       throw CommError("loopback: rank " + std::to_string(rank) + " is outside a group of " +
                       std::to_string(size));
@@ -173,47 +176,25 @@ class LoopbackBackend : public Backend {
     world_ = joinWorld(key, size);
   }
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  std::chrono::milliseconds timeout() const override { return timeout_; }
-  Capabilities capabilities() const override {
-    Capabilities caps;
-    caps.host_memory = moves_ == MemoryKind::kHost;
-    caps.cuda_memory = moves_ == MemoryKind::kCuda;
-    return caps;
-  }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  MemoryKind moves() const { return moves_; }
 
-  std::unique_ptr<Request> isend(int peer, const Buffer& buf, Tag tag) override {
-    return post(peer, buf, tag, /*sending=*/true);
-  }
-
-  std::unique_ptr<Request> irecv(int peer, const Buffer& buf, Tag tag) override {
-    return post(peer, buf, tag, /*sending=*/false);
-  }
-
-  std::unique_ptr<Backend> split(const std::vector<int>& ranks) override {
-    const int me = splitPosition(ranks, rank_, "loopback");
-    return std::make_unique<LoopbackBackend>(key_ + "/" + splitName(splits_++, ranks), me,
-                                             static_cast<int>(ranks.size()), timeout_, moves_);
-  }
-
-  void abort(const std::string& reason) override {
+  // The checks every post makes, and a post after abort() refused.
+  void check(int peer, const Buffer& buf, bool sending) const {
+    checkTransfer("loopback", rank_, size_, peer, buf, sending, moves_);
     std::lock_guard<std::mutex> lock(world_->mu);
-    auto& box = world_->boxes[rank_];
-    if (!box.aborted.set(reason)) return;  // the first reason stays
-    // Waiters of every rank check this rank's flag (their peer may be this rank).
-    for (auto& b : world_->boxes) b.cv.notify_all();
+    throwIfAborted({rank_, peer, sending, 0});
   }
 
- private:
   // Matches a send or receive with the other side if it is waiting (and copies), or queues
   // it. A send waits in the peer's mailbox under (this rank, tag), a receive in ours under
-  // (peer, tag), so both sides look in the same place.
+  // (peer, tag), so both sides look in the same place (tag 0 for all when tags are ignored).
   std::unique_ptr<Request> post(int peer, const Buffer& buf, Tag tag, bool sending) {
     checkTransfer("loopback", rank_, size_, peer, buf, sending, moves_);
     const Transfer t{rank_, peer, sending, tag};
     auto& box = world_->boxes[sending ? peer : rank_];
-    const World::Key key{sending ? rank_ : peer, tag};
+    const World::Key key{sending ? rank_ : peer, ignore_tags_ ? Tag{0} : tag};
     std::shared_ptr<Pending> other;
     {
       std::lock_guard<std::mutex> lock(world_->mu);
@@ -232,6 +213,15 @@ class LoopbackBackend : public Backend {
     return std::make_unique<CompletedRequest>();
   }
 
+  void abort(const std::string& reason) {
+    std::lock_guard<std::mutex> lock(world_->mu);
+    auto& box = world_->boxes[rank_];
+    if (!box.aborted.set(reason)) return;  // the first reason stays
+    // Waiters of every rank check this rank's flag (their peer may be this rank).
+    for (auto& b : world_->boxes) b.cv.notify_all();
+  }
+
+ private:
   // Under the lock: fails when this rank or the peer was aborted.
   void throwIfAborted(const Transfer& t) const {
     for (int r : {rank_, t.peer}) {
@@ -276,17 +266,6 @@ class LoopbackBackend : public Backend {
     return "";
   }
 
-  // params.memory: "host" (the default) or "device".
-  static MemoryKind memoryOf(const Params& params) {
-    const std::string memory = params.getString("memory", "host");
-    if (memory == "host") return MemoryKind::kHost;
-    if (memory == "device") return MemoryKind::kCuda;
-    throw ConfigError("loopback: params.memory '" + memory +
-                      "' is not a memory it moves; expected host or device. HINT: device moves "
-                      "device memory only (as nccl does); without a GPU set "
-                      "COLLIE_EMULATED_DEVICE=1");
-  }
-
   // Wakes the waiters after the lock is released: a waiter woken under it would block on
   // the lock at once, a second sleep and wake-up per message.
   void complete(Pending& pending, const std::string& error) {
@@ -298,11 +277,215 @@ class LoopbackBackend : public Backend {
     world_->boxes[pending.owner].cv.notify_all();
   }
 
-  std::string key_;
-  int rank_, size_;
-  std::chrono::milliseconds timeout_;
-  MemoryKind moves_;
+  const int rank_, size_;
+  const MemoryKind moves_;
+  const bool ignore_tags_;
   std::shared_ptr<World> world_;
+};
+
+// A post that failed when its batch was posted: its wait reports why.
+class FailedRequest : public Request {
+ public:
+  explicit FailedRequest(std::string error) : error_(std::move(error)) {}
+  void wait(std::chrono::milliseconds) override { throw CommError(error_); }
+  bool test() override { return false; }
+
+ private:
+  std::string error_;
+};
+
+// completion: batch. The operations a rank queued since its last batch was posted; the first
+// wait() or test() of any of them posts them all, and each of their waits returns only when
+// every one completed (nccl's group).
+class Batch {
+ public:
+  explicit Batch(std::shared_ptr<Endpoint> at) : at_(std::move(at)) {}
+
+  // Queues an operation; returns its place in the batch.
+  size_t add(int peer, const Buffer& buf, Tag tag, bool sending) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ops_.push_back({peer, buf, tag, sending, false, nullptr});
+    return ops_.size() - 1;
+  }
+  bool posted() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return posted_;
+  }
+
+  // Blocks until every operation of the batch completed, at most `timeout`; throws the
+  // first failure, told from operation `index`'s side.
+  void wait(size_t index, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (const auto& [request, place] : postAll()) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      try {
+        request->wait(std::max(left, std::chrono::milliseconds(0)));
+      } catch (const CommError& e) {
+        if (place == index) throw;
+        throw CommError(e.what() + std::string(" (") + describe(index) +
+                        " completes with its batch, and this part of it failed)");
+      }
+    }
+  }
+
+  // True once every operation of the batch completed; never throws.
+  bool test() {
+    for (const auto& posted : postAll()) {
+      if (!posted.first->test()) return false;
+    }
+    return true;
+  }
+
+  // A request given up: never posted if its batch was not, withdrawn if it was.
+  void drop(size_t index) {
+    std::shared_ptr<Request> gone;
+    std::lock_guard<std::mutex> lock(mu_);
+    ops_[index].dropped = true;
+    gone = std::move(ops_[index].request);  // released after the lock, by `gone`
+  }
+
+ private:
+  struct Op {
+    int peer;
+    Buffer buf;
+    Tag tag;
+    bool sending;
+    bool dropped;
+    std::shared_ptr<Request> request;  // once posted
+  };
+
+  std::string describe(size_t index) const {
+    const Op& op = ops_[index];
+    return "loopback: " + Transfer{at_->rank(), op.peer, op.sending, op.tag}.describe();
+  }
+
+  // Posts the batch unless it was; returns its live requests with their places.
+  std::vector<std::pair<std::shared_ptr<Request>, size_t>> postAll() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!posted_) {
+      posted_ = true;
+      for (Op& op : ops_) {
+        if (op.dropped) continue;
+        try {
+          op.request = at_->post(op.peer, op.buf, op.tag, op.sending);
+        } catch (const std::exception& e) {
+          op.request = std::make_shared<FailedRequest>(e.what());
+        }
+      }
+    }
+    std::vector<std::pair<std::shared_ptr<Request>, size_t>> live;
+    for (size_t i = 0; i < ops_.size(); ++i) {
+      if (ops_[i].request) live.emplace_back(ops_[i].request, i);
+    }
+    return live;
+  }
+
+  const std::shared_ptr<Endpoint> at_;
+  mutable std::mutex mu_;
+  std::vector<Op> ops_;
+  bool posted_ = false;
+};
+
+class BatchRequest : public Request {
+ public:
+  BatchRequest(std::shared_ptr<Batch> batch, size_t index)
+      : batch_(std::move(batch)), index_(index) {}
+  ~BatchRequest() override {
+    if (!waited_) batch_->drop(index_);
+  }
+  void wait(std::chrono::milliseconds timeout) override {
+    batch_->wait(index_, timeout);
+    waited_ = true;
+  }
+  bool test() override { return batch_->test(); }
+
+ private:
+  const std::shared_ptr<Batch> batch_;
+  const size_t index_;
+  bool waited_ = false;
+};
+
+class LoopbackBackend : public Backend {
+ public:
+  explicit LoopbackBackend(const PluginContext& context)
+      : LoopbackBackend(context.backend.job_id, context.backend.rank, context.backend.size,
+                        context.params->getDuration("timeout", context.backend.timeout),
+                        memoryOf(*context.params), batchedOf(*context.params)) {}
+
+  LoopbackBackend(const std::string& key, int rank, int size, std::chrono::milliseconds timeout,
+                  MemoryKind moves, bool batched)
+      : key_(key),
+        timeout_(timeout),
+        batched_(batched),
+        at_(std::make_shared<Endpoint>(key, rank, size, moves, batched)) {}
+
+  int rank() const override { return at_->rank(); }
+  int size() const override { return at_->size(); }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+  Capabilities capabilities() const override {
+    Capabilities caps;
+    caps.host_memory = at_->moves() == MemoryKind::kHost;
+    caps.cuda_memory = at_->moves() == MemoryKind::kCuda;
+    caps.batch_completion = batched_;
+    return caps;
+  }
+
+  std::unique_ptr<Request> isend(int peer, const Buffer& buf, Tag tag) override {
+    return batched_ ? queue(peer, buf, tag, true) : at_->post(peer, buf, tag, true);
+  }
+
+  std::unique_ptr<Request> irecv(int peer, const Buffer& buf, Tag tag) override {
+    return batched_ ? queue(peer, buf, tag, false) : at_->post(peer, buf, tag, false);
+  }
+
+  std::unique_ptr<Backend> split(const std::vector<int>& ranks) override {
+    const int me = splitPosition(ranks, rank(), "loopback");
+    return std::make_unique<LoopbackBackend>(key_ + "/" + splitName(splits_++, ranks), me,
+                                             static_cast<int>(ranks.size()), timeout_, at_->moves(),
+                                             batched_);
+  }
+
+  void abort(const std::string& reason) override { at_->abort(reason); }
+
+ private:
+  // completion: batch. Adds the operation to the open batch (a new one once the last was
+  // posted), checked and refused after abort() as a post would be.
+  std::unique_ptr<Request> queue(int peer, const Buffer& buf, Tag tag, bool sending) {
+    at_->check(peer, buf, sending);
+    std::lock_guard<std::mutex> lock(batch_mu_);
+    if (!batch_ || batch_->posted()) batch_ = std::make_shared<Batch>(at_);
+    const size_t index = batch_->add(peer, buf, tag, sending);
+    return std::make_unique<BatchRequest>(batch_, index);
+  }
+
+  // params.memory: "host" (the default) or "device".
+  static MemoryKind memoryOf(const Params& params) {
+    const std::string memory = params.getString("memory", "host");
+    if (memory == "host") return MemoryKind::kHost;
+    if (memory == "device") return MemoryKind::kCuda;
+    throw ConfigError("loopback: params.memory '" + memory +
+                      "' is not a memory it moves; expected host or device. HINT: device moves "
+                      "device memory only (as nccl does); without a GPU set "
+                      "COLLIE_EMULATED_DEVICE=1");
+  }
+
+  // params.completion: "each" (the default) or "batch".
+  static bool batchedOf(const Params& params) {
+    const std::string completion = params.getString("completion", "each");
+    if (completion == "each") return false;
+    if (completion == "batch") return true;
+    throw ConfigError("loopback: params.completion '" + completion +
+                      "' is not a way it completes requests; expected each or batch. HINT: "
+                      "batch completes them as nccl does, a whole batch at a wait");
+  }
+
+  std::string key_;
+  std::chrono::milliseconds timeout_;
+  bool batched_;
+  std::shared_ptr<Endpoint> at_;
+  std::mutex batch_mu_;
+  std::shared_ptr<Batch> batch_;  // completion: batch: the batch queue() adds to, until posted
   int splits_ = 0;
 };
 
@@ -310,5 +493,5 @@ class LoopbackBackend : public Backend {
 }  // namespace collie::loopback
 
 COLLIE_IN_PROCESS_BACKEND_PLUGIN(
-    "loopback", "1.1.0", "ranks as threads of one process, exchanging messages in memory (tests)",
+    "loopback", "1.2.0", "ranks as threads of one process, exchanging messages in memory (tests)",
     collie::loopback::LoopbackBackend);

@@ -414,6 +414,7 @@ struct Op {
   bool send;
   int peer;
   Buffer buf;
+  bool dropped = false;  // its request went before the batch was issued: never issued
 };
 
 // The sends and receives a group queued since its last batch was issued. The first wait() or
@@ -423,9 +424,17 @@ class Batch {
  public:
   explicit Batch(std::shared_ptr<Comm> comm) : comm_(std::move(comm)) {}
 
-  void add(const Op& op) {
+  // Queues `op`; returns its place in the batch.
+  size_t add(const Op& op) {
     std::lock_guard<std::mutex> lock(mu_);
     ops_.push_back(op);
+    return ops_.size() - 1;
+  }
+  // A request dropped before its batch was issued takes its buffer back: the operation is
+  // never issued (once issued, NCCL owns the buffer until the group completes).
+  void drop(size_t index) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!issued_) ops_[index].dropped = true;
   }
   bool issued() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -445,6 +454,7 @@ class Batch {
       ncclResult_t result = ncclGroupStart();
       for (const Op& op : ops_) {
         if (result != ncclSuccess) break;
+        if (op.dropped) continue;
         result = op.send ? ncclSend(op.buf.data, op.buf.bytes(), ncclUint8, op.peer, comm, stream)
                          : ncclRecv(op.buf.data, op.buf.bytes(), ncclUint8, op.peer, comm, stream);
       }
@@ -486,13 +496,15 @@ class Batch {
 // safe when it outlives the backend that made it: wait() then completes or throws CommError.
 class NcclRequest : public Request {
  public:
-  NcclRequest(std::shared_ptr<Batch> batch, std::string what)
-      : batch_(std::move(batch)), what_(std::move(what)) {}
+  NcclRequest(std::shared_ptr<Batch> batch, size_t index, std::string what)
+      : batch_(std::move(batch)), index_(index), what_(std::move(what)) {}
+  ~NcclRequest() override { batch_->drop(index_); }
   void wait(milliseconds timeout) override { batch_->wait(what_, timeout); }
   bool test() override { return batch_->test(); }
 
  private:
   const std::shared_ptr<Batch> batch_;
+  const size_t index_;      // in the batch
   const std::string what_;  // "rank R: send to rank P tag T (...)"
 };
 
@@ -557,6 +569,7 @@ class NcclBackend : public Backend {
     Capabilities caps;
     caps.host_memory = false;
     caps.cuda_memory = true;
+    caps.batch_completion = true;  // one NCCL group per wait (Batch)
     caps.native_allreduce = caps.native_reduce_scatter = caps.native_allgather =
         caps.native_broadcast = true;
     return caps;
@@ -617,8 +630,8 @@ class NcclBackend : public Backend {
     checkTransfer("nccl", rank(), size(), peer, buf, send, MemoryKind::kCuda);
     comm_->throwIfAborted("rank " + std::to_string(rank()));
     if (!batch_ || batch_->issued()) batch_ = std::make_shared<Batch>(comm_);
-    batch_->add({send, peer, buf});
-    return std::make_unique<NcclRequest>(batch_, describeTransfer(rank(), peer, send, tag));
+    const size_t index = batch_->add({send, peer, buf});
+    return std::make_unique<NcclRequest>(batch_, index, describeTransfer(rank(), peer, send, tag));
   }
 
   // Issues the open batch before a native collective, which must come after it on the stream.

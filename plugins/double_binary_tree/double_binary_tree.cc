@@ -44,7 +44,8 @@ class DoubleBinaryTreeScheduler : public schedules::OneCollectiveScheduler {
   // α-β-γ (README): each tree carries m/2 in s segments of g bytes, up and then down, in
   // pipelines of depth + s - 1 beats; in a beat every edge of both trees carries a segment
   // at once, so a rank inner in one tree and a leaf in the other serves both
-  // (schedules::predictTrees, which also shares the links between nodes).
+  // (schedules::predictTrees, which also shares the links between nodes). Over a backend
+  // with batch completion the trees run one after the other (schedules::runTrees).
   double predictOne(int n, const CollectiveArgs& args, const Topology& topology,
                     const CostModel& model) const override {
     std::vector<std::vector<patterns::TreeShape>> shapes(2);
@@ -53,7 +54,14 @@ class DoubleBinaryTreeScheduler : public schedules::OneCollectiveScheduler {
     }
     const double m = static_cast<double>(args.data.bytes()) / 2;  // per tree
     const double s = std::max(1.0, std::ceil(m / static_cast<double>(segment_bytes_)));
-    return schedules::predictTrees(shapes, m / s, s, true, topology, model);
+    if (!topology.capabilities.batch_completion) {
+      return schedules::predictTrees(shapes, m / s, s, true, topology, model);
+    }
+    double seconds = 0;
+    for (const auto& tree : shapes) {
+      seconds += schedules::predictTrees({tree}, m / s, s, true, topology, model);
+    }
+    return seconds;
   }
 
  private:

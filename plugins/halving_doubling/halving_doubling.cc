@@ -165,17 +165,25 @@ class HalvingDoublingScheduler : public Scheduler {
     const patterns::Fold f = patterns::fold(rank, n);
     const int p = f.core_size;
     schedules::Requests requests;
-    // Every rank receives its block's pieces from the core ranks that hold them reduced.
-    for (int v = 0; v < p; ++v) {
-      const patterns::Range piece = patterns::intersect(patterns::block(count, p, v), mine);
-      const int from = patterns::coreRank(v, n);
-      if (piece.count == 0 || from == rank) continue;
-      requests.push_back(
-          backend.irecv(from, elements(args.output, {piece.offset - mine.offset, piece.count}),
-                        makeTag(args.seq, kScatter, 0)));
-    }
+    // Every rank receives its block's pieces from the core ranks that hold them reduced,
+    // posted first, so that they land in place. Over a backend with batch completion (nccl)
+    // they are posted once the fold and the halving are over: it matches in posting order
+    // whatever the tags, so the halving's messages would land in them.
+    const bool early = !backend.capabilities().batch_completion;
+    const auto receivePieces = [&] {
+      for (int v = 0; v < p; ++v) {
+        const patterns::Range piece = patterns::intersect(patterns::block(count, p, v), mine);
+        const int from = patterns::coreRank(v, n);
+        if (piece.count == 0 || from == rank) continue;
+        requests.push_back(
+            backend.irecv(from, elements(args.output, {piece.offset - mine.offset, piece.count}),
+                          makeTag(args.seq, kScatter, 0)));
+      }
+    };
+    if (early) receivePieces();
     if (f.core_index < 0) {
       backend.send(f.partner, args.data, makeTag(args.seq, kFold, 0));
+      if (!early) receivePieces();
     } else {
       ScratchBuffer work(args.data, count);
       copyInto(work.view(), args.data);
@@ -185,6 +193,7 @@ class HalvingDoublingScheduler : public Scheduler {
         reduceInto(work.view(), incoming.view(), args.op);
       }
       halving(work.view(), args.op, f.core_index, p, args.seq, backend);
+      if (!early) receivePieces();
       const patterns::Range held = patterns::block(count, p, f.core_index);
       for (int r = 0; r < n; ++r) {
         const patterns::Range piece = patterns::intersect(held, patterns::block(count, n, r));

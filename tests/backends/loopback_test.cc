@@ -239,6 +239,71 @@ TEST(Loopback, AThousandCreateUseAbortDestroyCyclesLeaveNothingBehind) {
   EXPECT_TRUE(testing::flat(usage, "loopback", "cycle 10", "cycle 1000", false));
 }
 
+// completion: batch, nccl's model of point-to-point (Capabilities::batch_completion).
+void runBatched(int world, const std::function<void(std::shared_ptr<Backend>)>& body,
+                const std::string& completion = "batch") {
+  config::PluginRef ref;
+  ref.plugin = "loopback";
+  ref.params.set("timeout", "300ms");
+  ref.params.set("completion", completion);
+  runInProcess(testing::buildTreeLoader(), ref, world, body);
+}
+
+// Messages between two ranks match in posting order, whatever their tags.
+TEST(Loopback, BatchCompletionMatchesInPostingOrderWhateverTheTags) {
+  runBatched(2, [](std::shared_ptr<Backend> b) {
+    EXPECT_TRUE(b->capabilities().batch_completion);
+    std::vector<int32_t> x{1, 2}, y{3, 4};
+    if (b->rank() == 0) {
+      auto first = b->isend(1, view(x), 7);
+      auto second = b->isend(1, view(y), 9);
+      first->wait(5s);
+      second->wait(5s);
+    } else {
+      std::vector<int32_t> tagged9(2), tagged7(2);
+      auto first = b->irecv(0, view(tagged9), 9);
+      auto second = b->irecv(0, view(tagged7), 7);
+      first->wait(5s);
+      second->wait(5s);
+      EXPECT_EQ(tagged9, x);
+      EXPECT_EQ(tagged7, y);
+    }
+  });
+  runLoopback(1, [](std::shared_ptr<Backend> b) {
+    EXPECT_FALSE(b->capabilities().batch_completion) << "each request on its own by default";
+  });
+  EXPECT_TRUE(testing::throwsWith<ConfigError>(
+      [] {
+        runBatched(
+            1, [](std::shared_ptr<Backend>) {}, "sometimes");
+      },
+      {"params.completion 'sometimes'", "expected each or batch"}));
+}
+
+// A wait returns only once every request posted before it completed: rank 1 receives two
+// messages, rank 0 sends the second only after rank 1 answered the first. Completed one by
+// one this works; as a batch, rank 1's wait for the first also waits for the second, whose
+// sender waits for rank 1: it fails at the timeout, as nccl would hang.
+TEST(Loopback, BatchCompletionWaitsForEveryRequestPostedBeforeIt) {
+  const auto exchange = [](std::shared_ptr<Backend> b) {
+    std::vector<int32_t> a{1}, c{2}, got_a(1), got_b(1);
+    if (b->rank() == 0) {  // waits longer than rank 1, whose failure is the one reported
+      b->isend(1, view(a), 1)->wait(5s);
+      b->irecv(1, view(c), 3)->wait(5s);
+      b->isend(1, view(a), 2)->wait(5s);
+    } else {
+      auto first = b->irecv(0, view(got_a), 1);
+      auto second = b->irecv(0, view(got_b), 2);  // posted a step ahead
+      first->wait(300ms);
+      b->send(0, view(c), 3);
+      second->wait(300ms);
+    }
+  };
+  runBatched(2, exchange, "each");
+  EXPECT_TRUE(testing::throwsWith<CommError>([&] { runBatched(2, exchange); },
+                                             {"timed out", "completes with its batch"}));
+}
+
 TEST(Loopback, BadPeerIsRejected) {
   EXPECT_THROW(runLoopback(2,
                            [](std::shared_ptr<Backend> b) {

@@ -77,6 +77,15 @@ struct Capabilities {
   bool native_allgather = false;
   bool native_broadcast = false;
   bool native_barrier = false;
+  // Batch completion (ABI 15.0), nccl's model of point-to-point: the sends and receives a
+  // group posted since its last wait go out together at the next wait() or test() of any of
+  // them (nothing of them matches before), that wait returns only once all of them completed,
+  // and messages between two ranks match in posting order whatever their tags. Over such a
+  // backend a scheduler posts, before each wait, only operations its peers match without
+  // waiting on this rank first: no receive posted a step ahead, no two pipelines interleaved
+  // (see irecv). The loopback backend has the model too (params.completion: batch), so that
+  // a scheduler and the framework's own messages are checked against it on a CPU.
+  bool batch_completion = false;
   // The dtypes its native collectives handle: bit (1 << DType); every dtype by default.
   uint32_t native_dtypes = 0x3F;
   bool nativeHandles(DType dtype) const {
@@ -141,9 +150,13 @@ class Backend {
   // Starts receiving exactly buf.bytes() bytes from `peer` with `tag` into `buf`.
   // Any number of sends and receives may be outstanding at once, to and from one peer, each
   // with its own tag (a ring posts a block's chunks at once, and the calibration streams 16
-  // messages each way to time the gap of a stream): none waits for another to complete.
-  // (nccl does not meet this yet: a wait there completes only with every request queued
-  // before it; backends/nccl/README.md.)
+  // messages each way to time the gap of a stream). None waits for another to complete,
+  // except on a backend with Capabilities::batch_completion (nccl), where a wait completes
+  // with every request posted before it. A scheduler that must run there never waits while
+  // it holds a request whose match its peer posts only after a wait of its own that depends
+  // on this rank: a receive posted for the next step (the neighbour sends it only after its
+  // own wait, all round a ring), or segments of two trees interleaved. What every collie
+  // scheduler does about it: docs/writing-a-scheduler.md, "Batch completion".
   virtual std::unique_ptr<Request> irecv(int peer, const Buffer& buf, Tag tag) = 0;
 
   // A new group of `ranks` (ranks of this group, ascending, including this rank); every

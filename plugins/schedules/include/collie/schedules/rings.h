@@ -59,13 +59,17 @@ inline RingNeighbours ringNeighbours(const RingPart& part, const Backend& backen
 // a time. Pipelined by chunk: what a step receives is what the next step sends (its block
 // reduced), so each chunk is sent on as soon as it is reduced, and the link to the next rank
 // never waits for a whole block; each step's receives are posted a step ahead, into one of
-// two scratch blocks per part.
+// two scratch blocks per part. Except over a backend with batch completion (nccl: a wait
+// completes every request posted before it): a receive posted a step ahead would wait there
+// for the send its neighbour posts only after its own wait, all round the ring, so a step's
+// receives are posted once the last step's have arrived (into one scratch block).
 template <typename Parts>
 void ringReduceScatter(const Parts& parts, ReduceOp op, uint64_t seq, Backend& backend) {
   const int n = backend.size();
   const auto timeout = backend.timeout();
+  const bool ahead = n > 2 && !backend.capabilities().batch_completion;
   // [part * slots + step parity]: the largest block (one per part when one step is all)
-  const size_t slots = n > 2 ? 2 : 1;
+  const size_t slots = ahead ? 2 : 1;
   Small<ScratchBuffer, 4> incoming;
   Small<Requests, 4> recvs(slots * parts.size());
   for (const RingPart& p : parts) {
@@ -78,10 +82,11 @@ void ringReduceScatter(const Parts& parts, ReduceOp op, uint64_t seq, Backend& b
     return patterns::block(p.data.count, n,
                            patterns::ringReduceScatterStep(position, n, step).recv_block);
   };
+  auto slotOf = [&](size_t t, int step) { return slots * t + static_cast<size_t>(step) % slots; };
   auto post = [&](size_t t, int step) {
     const RingPart& p = parts[t];
     const patterns::Range block = received(t, step);
-    const size_t slot = slots * t + static_cast<size_t>(step % 2);
+    const size_t slot = slotOf(t, step);
     const Tag tag = makeTag(seq, p.reduce_scatter_phase, step);
     for (const patterns::Range& c : patterns::pieces(block, p.chunk)) {
       Buffer into = incoming[slot].view().slice(c.offset - block.offset, c.count);
@@ -93,7 +98,7 @@ void ringReduceScatter(const Parts& parts, ReduceOp op, uint64_t seq, Backend& b
     const RingPart& p = parts[t];
     const RingNeighbours ring = ringNeighbours(p, backend);
     post(t, 0);
-    if (n > 2) post(t, 1);
+    if (ahead) post(t, 1);
     const auto first = patterns::ringReduceScatterStep(ring.position, n, 0);
     const Tag tag = makeTag(seq, p.reduce_scatter_phase, 0);
     for (const patterns::Range& c :
@@ -105,7 +110,7 @@ void ringReduceScatter(const Parts& parts, ReduceOp op, uint64_t seq, Backend& b
     for (size_t t = 0; t < parts.size(); ++t) {
       const RingPart& p = parts[t];
       const patterns::Range block = received(t, step);
-      const size_t slot = slots * t + static_cast<size_t>(step % 2);
+      const size_t slot = slotOf(t, step);
       const Tag onward = makeTag(seq, p.reduce_scatter_phase, step + 1);
       const int next = ringNeighbours(p, backend).next;
       size_t i = 0;
@@ -116,7 +121,8 @@ void ringReduceScatter(const Parts& parts, ReduceOp op, uint64_t seq, Backend& b
         if (step + 1 < n - 1) sends.push_back(backend.isend(next, chunk, onward));
       }
       recvs[slot].clear();
-      if (step + 2 < n - 1) post(t, step + 2);  // into the scratch this step has done with
+      const int next_post = ahead ? step + 2 : step + 1;  // into the scratch done with
+      if (next_post < n - 1) post(t, next_post);
     }
   }
   waitAll(sends, timeout);
@@ -124,13 +130,16 @@ void ringReduceScatter(const Parts& parts, ReduceOp op, uint64_t seq, Backend& b
 
 // Starting with block b complete on the rank at position b of every part, leaves every
 // block complete on every rank. Pipelined as the reduce-scatter: every receive lands in its
-// own block, so all are posted at once, and each chunk is sent on as it arrives.
+// own block, so all are posted at once, and each chunk is sent on as it arrives. Over a
+// backend with batch completion each step's receives are posted once the last step's have
+// arrived, for the reason the reduce-scatter gives.
 template <typename Parts>
 void ringAllGather(const Parts& parts, uint64_t seq, Backend& backend) {
   const int n = backend.size();
   const auto timeout = backend.timeout();
+  const bool ahead = !backend.capabilities().batch_completion;
   Requests recvs, sends;  // receives in order: step, part, chunk
-  for (int step = 0; step < n - 1; ++step) {
+  auto post = [&](int step) {
     for (const RingPart& p : parts) {
       const RingNeighbours ring = ringNeighbours(p, backend);
       const auto s = patterns::ringAllGatherStep(ring.position, n, step);
@@ -140,7 +149,8 @@ void ringAllGather(const Parts& parts, uint64_t seq, Backend& backend) {
         recvs.push_back(backend.irecv(ring.prev, p.data.slice(c.offset, c.count), tag));
       }
     }
-  }
+  };
+  for (int step = 0; step < (ahead ? n - 1 : 1); ++step) post(step);
   for (const RingPart& p : parts) {
     const RingNeighbours ring = ringNeighbours(p, backend);
     const auto first = patterns::ringAllGatherStep(ring.position, n, 0);
@@ -163,6 +173,7 @@ void ringAllGather(const Parts& parts, uint64_t seq, Backend& backend) {
           sends.push_back(backend.isend(ring.next, p.data.slice(c.offset, c.count), onward));
       }
     }
+    if (!ahead && step + 1 < n - 1) post(step + 1);
   }
   recvs.clear();
   waitAll(sends, timeout);

@@ -34,8 +34,20 @@ struct TreePart {
 // in turn, so that trees carrying different parts of one buffer share the time. With kAvg a
 // root divides each reduced segment by `group_size` before it goes down, so every rank gets
 // the root's bits.
+//
+// Over a backend with batch completion (nccl: a wait completes every request posted before
+// it) the parts run one after the other. One tree's pipeline is safe there: a rank waits for
+// receives from below, whose senders wait for nothing of this rank's, and for sends up,
+// whose receives were posted first. Two interleaved are not: a wait for one tree's segment
+// also waits for the other tree's receives, whose senders may be waiting for this rank.
 template <typename Parts>
 void runTrees(const Parts& parts, ReduceOp op, int group_size, uint64_t seq, Backend& backend) {
+  if (parts.size() > 1 && backend.capabilities().batch_completion) {
+    for (const TreePart& p : parts) {
+      runTrees(std::array<TreePart, 1>{p}, op, group_size, seq, backend);
+    }
+    return;
+  }
   const auto timeout = backend.timeout();
   const size_t count = parts.size();
   size_t most = 0;
