@@ -23,6 +23,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "collie/device_memory.h"
 #include "collie/plugin.h"
@@ -181,10 +182,10 @@ class Endpoint {
   MemoryKind moves() const { return moves_; }
 
   // The checks every post makes, and a post after abort() refused.
-  void check(int peer, const Buffer& buf, bool sending) const {
+  void check(int peer, const Buffer& buf, bool sending, Tag tag) const {
     checkTransfer("loopback", rank_, size_, peer, buf, sending, moves_);
     std::lock_guard<std::mutex> lock(world_->mu);
-    throwIfAborted({rank_, peer, sending, 0});
+    throwIfAborted({rank_, peer, sending, tag});
   }
 
   // Matches a send or receive with the other side if it is waiting (and copies), or queues
@@ -301,15 +302,13 @@ class Batch {
  public:
   explicit Batch(std::shared_ptr<Endpoint> at) : at_(std::move(at)) {}
 
-  // Queues an operation; returns its place in the batch.
-  size_t add(int peer, const Buffer& buf, Tag tag, bool sending) {
+  // Queues an operation and returns its place in the batch; nothing once the batch was
+  // posted (a wait on another thread may post it between the caller's look and this).
+  std::optional<size_t> add(int peer, const Buffer& buf, Tag tag, bool sending) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (posted_) return std::nullopt;
     ops_.push_back({peer, buf, tag, sending, false, nullptr});
     return ops_.size() - 1;
-  }
-  bool posted() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return posted_;
   }
 
   // Blocks until every operation of the batch completed, at most `timeout`; throws the
@@ -337,12 +336,23 @@ class Batch {
     return true;
   }
 
-  // A request given up: never posted if its batch was not, withdrawn if it was.
+  // A request given up: withdrawn if its batch was posted. If it was not, it is never
+  // posted, and the group is aborted: messages between two ranks match in posting order, so
+  // its partner's message would pair with this rank's next one (nccl's backend does the same).
   void drop(size_t index) {
     std::shared_ptr<Request> gone;
-    std::lock_guard<std::mutex> lock(mu_);
-    ops_[index].dropped = true;
-    gone = std::move(ops_[index].request);  // released after the lock, by `gone`
+    std::string unposted;  // what it was, when its batch was not posted
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ops_[index].dropped = true;
+      if (!posted_) unposted = describe(index);
+      gone = std::move(ops_[index].request);  // released after the lock, by `gone`
+    }
+    if (!unposted.empty()) {
+      at_->abort(unposted +
+                 " was given up before its batch was posted: its partner's message would pair "
+                 "with this rank's next one");
+    }
   }
 
  private:
@@ -392,7 +402,10 @@ class BatchRequest : public Request {
   BatchRequest(std::shared_ptr<Batch> batch, size_t index)
       : batch_(std::move(batch)), index_(index) {}
   ~BatchRequest() override {
-    if (!waited_) batch_->drop(index_);
+    try {
+      if (!waited_) batch_->drop(index_);
+    } catch (...) {  // the message's allocation: the operation stays dropped
+    }
   }
   void wait(std::chrono::milliseconds timeout) override {
     batch_->wait(index_, timeout);
@@ -452,11 +465,15 @@ class LoopbackBackend : public Backend {
   // completion: batch. Adds the operation to the open batch (a new one once the last was
   // posted), checked and refused after abort() as a post would be.
   std::unique_ptr<Request> queue(int peer, const Buffer& buf, Tag tag, bool sending) {
-    at_->check(peer, buf, sending);
+    at_->check(peer, buf, sending, tag);
     std::lock_guard<std::mutex> lock(batch_mu_);
-    if (!batch_ || batch_->posted()) batch_ = std::make_shared<Batch>(at_);
-    const size_t index = batch_->add(peer, buf, tag, sending);
-    return std::make_unique<BatchRequest>(batch_, index);
+    std::optional<size_t> index;
+    if (batch_) index = batch_->add(peer, buf, tag, sending);
+    if (!index) {
+      batch_ = std::make_shared<Batch>(at_);
+      index = batch_->add(peer, buf, tag, sending);
+    }
+    return std::make_unique<BatchRequest>(batch_, *index);
   }
 
   // params.memory: "host" (the default) or "device".

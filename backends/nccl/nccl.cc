@@ -27,6 +27,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -414,6 +415,7 @@ struct Op {
   bool send;
   int peer;
   Buffer buf;
+  Tag tag;               // not matched on (NCCL has none): for messages
   bool dropped = false;  // its request went before the batch was issued: never issued
 };
 
@@ -424,17 +426,30 @@ class Batch {
  public:
   explicit Batch(std::shared_ptr<Comm> comm) : comm_(std::move(comm)) {}
 
-  // Queues `op`; returns its place in the batch.
-  size_t add(const Op& op) {
+  // Queues `op` and returns its place in the batch; nothing once the batch was issued (a
+  // wait on another thread may issue it between the caller's look and this).
+  std::optional<size_t> add(const Op& op) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (issued_) return std::nullopt;
     ops_.push_back(op);
     return ops_.size() - 1;
   }
   // A request dropped before its batch was issued takes its buffer back: the operation is
-  // never issued (once issued, NCCL owns the buffer until the group completes).
+  // never issued, and the communicator is aborted, since its partner's message would pair
+  // with this rank's next one (NCCL matches in posting order). Once issued, NCCL owns the
+  // buffer until the group completes.
   void drop(size_t index) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!issued_) ops_[index].dropped = true;
+    std::string what;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (issued_) return;
+      ops_[index].dropped = true;
+      const Op& op = ops_[index];
+      what = describeTransfer(comm_->rank(), op.peer, op.send, op.tag);
+    }
+    comm_->abort("nccl: " + what +
+                 " was given up before its batch was issued: its partner's message would pair "
+                 "with this rank's next one");
   }
   bool issued() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -498,7 +513,12 @@ class NcclRequest : public Request {
  public:
   NcclRequest(std::shared_ptr<Batch> batch, size_t index, std::string what)
       : batch_(std::move(batch)), index_(index), what_(std::move(what)) {}
-  ~NcclRequest() override { batch_->drop(index_); }
+  ~NcclRequest() override {
+    try {
+      batch_->drop(index_);
+    } catch (...) {  // the message's allocation: the operation stays dropped
+    }
+  }
   void wait(milliseconds timeout) override { batch_->wait(what_, timeout); }
   bool test() override { return batch_->test(); }
 
@@ -629,19 +649,30 @@ class NcclBackend : public Backend {
   std::unique_ptr<Request> queue(bool send, int peer, const Buffer& buf, Tag tag) {
     checkTransfer("nccl", rank(), size(), peer, buf, send, MemoryKind::kCuda);
     comm_->throwIfAborted("rank " + std::to_string(rank()));
-    if (!batch_ || batch_->issued()) batch_ = std::make_shared<Batch>(comm_);
-    const size_t index = batch_->add({send, peer, buf});
-    return std::make_unique<NcclRequest>(batch_, index, describeTransfer(rank(), peer, send, tag));
+    std::lock_guard<std::mutex> lock(batch_mu_);
+    std::optional<size_t> index;
+    if (batch_) index = batch_->add({send, peer, buf, tag});
+    if (!index) {
+      batch_ = std::make_shared<Batch>(comm_);
+      index = batch_->add({send, peer, buf, tag});
+    }
+    return std::make_unique<NcclRequest>(batch_, *index, describeTransfer(rank(), peer, send, tag));
   }
 
   // Issues the open batch before a native collective, which must come after it on the stream.
   void flush() {
-    if (batch_ && !batch_->issued()) batch_->issue(Deadline(comm_->timeout()));
+    std::shared_ptr<Batch> open;
+    {
+      std::lock_guard<std::mutex> lock(batch_mu_);
+      open = batch_;
+    }
+    if (open && !open->issued()) open->issue(Deadline(comm_->timeout()));
   }
 
   Store* store_ = nullptr;
   std::shared_ptr<Comm> comm_;
   std::string prefix_ = "nccl/";  // this group's store keys
+  std::mutex batch_mu_;           // guards batch_ (posts may come from several threads)
   std::shared_ptr<Batch> batch_;  // the batch queue() adds to, until it is issued
   int splits_ = 0;
 };

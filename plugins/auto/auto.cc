@@ -184,7 +184,7 @@ class AutoScheduler : public Scheduler {
                         const CostModel& model) const override {
     std::string ignored;
     Scheduler* chosen = choose(args, topology, &ignored);
-    const double bytes = static_cast<double>(std::max(args.data.bytes(), args.output.bytes()));
+    const double bytes = static_cast<double>(args.bufferBytes());
     return chosen ? chosen->predictSeconds(args, topology, model.forBuffer(bytes)) : kNoPrediction;
   }
 
@@ -279,7 +279,7 @@ class AutoScheduler : public Scheduler {
   // accepts; ties and missing predictions fall back to candidate order.
   Scheduler* chooseNow(const CollectiveArgs& args, const Topology& topology,
                        std::string* reasons) const {
-    const uint64_t bytes = std::max(args.data.bytes(), args.output.bytes());
+    const uint64_t bytes = args.bufferBytes();
     if (rulesApply(args, topology)) {
       const auto* rule = firstAdmitting(rules_.rules, bytes);
       Scheduler* ruled = rule ? find(rule->choice.name()) : nullptr;

@@ -45,7 +45,8 @@ class DoubleBinaryTreeScheduler : public schedules::OneCollectiveScheduler {
   // pipelines of depth + s - 1 beats; in a beat every edge of both trees carries a segment
   // at once, so a rank inner in one tree and a leaf in the other serves both
   // (schedules::predictTrees, which also shares the links between nodes). Over a backend
-  // with batch completion the trees run one after the other (schedules::runTrees).
+  // with batch completion the trees run one after the other, each a level at a time
+  // (schedules::runTrees, pipelinedSegments).
   double predictOne(int n, const CollectiveArgs& args, const Topology& topology,
                     const CostModel& model) const override {
     std::vector<std::vector<patterns::TreeShape>> shapes(2);
@@ -53,7 +54,7 @@ class DoubleBinaryTreeScheduler : public schedules::OneCollectiveScheduler {
       for (int r = 0; r < n; ++r) shapes[t].push_back(patterns::doubleBinaryTree(r, n, t));
     }
     const double m = static_cast<double>(args.data.bytes()) / 2;  // per tree
-    const double s = std::max(1.0, std::ceil(m / static_cast<double>(segment_bytes_)));
+    const double s = schedules::pipelinedSegments(m, segment_bytes_, topology);
     if (!topology.capabilities.batch_completion) {
       return schedules::predictTrees(shapes, m / s, s, true, topology, model);
     }

@@ -76,7 +76,7 @@ class RingScheduler : public Scheduler {
     return schedules::predictOnly(
         {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather}, args,
         topology, [&](int n) {
-          const double m = static_cast<double>(std::max(args.data.bytes(), args.output.bytes()));
+          const double m = static_cast<double>(args.bufferBytes());
           const double pieces = std::max(1.0, std::ceil(m / n / static_cast<double>(chunk_bytes_)));
           std::vector<Flow> step;
           for (int r = 0; r < n; ++r)

@@ -304,6 +304,24 @@ TEST(Loopback, BatchCompletionWaitsForEveryRequestPostedBeforeIt) {
                                              {"timed out", "completes with its batch"}));
 }
 
+// A request given up before its batch was posted is never posted, and the group is aborted:
+// matched in posting order, its partner's message would pair with this rank's next one.
+TEST(Loopback, BatchCompletionAbortsWhenARequestIsDroppedBeforeItsBatchWasPosted) {
+  EXPECT_TRUE(testing::throwsWith<CommError>(
+      [] {
+        runBatched(2, [](std::shared_ptr<Backend> b) {
+          std::vector<int32_t> x{1}, y{2}, got(1);
+          if (b->rank() == 0) {
+            b->isend(1, view(x), 1);  // dropped at once
+            b->isend(1, view(y), 2)->wait(5s);
+          } else {
+            b->irecv(0, view(got), 2)->wait(5s);
+          }
+        });
+      },
+      {"rank 0: send to rank 1 tag 1", "given up before its batch was posted"}));
+}
+
 TEST(Loopback, BadPeerIsRejected) {
   EXPECT_THROW(runLoopback(2,
                            [](std::shared_ptr<Backend> b) {

@@ -81,10 +81,11 @@ struct Capabilities {
   // group posted since its last wait go out together at the next wait() or test() of any of
   // them (nothing of them matches before), that wait returns only once all of them completed,
   // and messages between two ranks match in posting order whatever their tags. Over such a
-  // backend a scheduler posts, before each wait, only operations its peers match without
-  // waiting on this rank first: no receive posted a step ahead, no two pipelines interleaved
-  // (see irecv). The loopback backend has the model too (params.completion: batch), so that
-  // a scheduler and the framework's own messages are checked against it on a CPU.
+  // backend a scheduler never waits while it holds a request whose match its peer posts only
+  // after a wait of its own that depends on this rank (see irecv), and a request dropped
+  // before its batch went out aborts the group (its partner's message would pair with the
+  // next one). The loopback backend has the model too (params.completion: batch), so that a
+  // scheduler and the framework's own messages are checked against it on a CPU.
   bool batch_completion = false;
   // The dtypes its native collectives handle: bit (1 << DType); every dtype by default.
   uint32_t native_dtypes = 0x3F;
@@ -155,8 +156,8 @@ class Backend {
   // with every request posted before it. A scheduler that must run there never waits while
   // it holds a request whose match its peer posts only after a wait of its own that depends
   // on this rank: a receive posted for the next step (the neighbour sends it only after its
-  // own wait, all round a ring), or segments of two trees interleaved. What every collie
-  // scheduler does about it: docs/writing-a-scheduler.md, "Batch completion".
+  // own wait, all round a ring), or the segments of two trees taken in turn. What every
+  // collie scheduler does about it: docs/writing-a-scheduler.md, "Batch completion".
   virtual std::unique_ptr<Request> irecv(int peer, const Buffer& buf, Tag tag) = 0;
 
   // A new group of `ranks` (ranks of this group, ascending, including this rank); every

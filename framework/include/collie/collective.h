@@ -1,6 +1,7 @@
 // The collectives collie knows, their arguments, and the status a refusal returns.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -34,6 +35,10 @@ struct CollectiveArgs {
   // gradient goes once its block is reduced). A permission, not a duty: a scheduler that
   // ignores it is correct.
   bool input_is_scratch = false;
+
+  // The larger of its two buffers: the size rules admit a collective by and the cost model
+  // prices its buffers at (CostModel::forBuffer).
+  uint64_t bufferBytes() const { return std::max(data.bytes(), output.bytes()); }
 };
 
 // The shapes above, checked: throws CommError "<who>: reduce_scatter of 12 x f32 on 4 ranks

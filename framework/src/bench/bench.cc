@@ -273,8 +273,7 @@ class RankBench {
     const std::string what =
         args.coll == Collective::kBarrier
             ? std::string("a barrier")
-            : std::string(collectiveName(args.coll)) + " of " +
-                  formatBytes(std::max(args.data.bytes(), args.output.bytes()));
+            : std::string(collectiveName(args.coll)) + " of " + formatBytes(args.bufferBytes());
     throw ConfigError("bench.schedulers: '" + s.label + "' cannot run " + what + ": " +
                       (refusals.empty() ? "no rule admits this size" : refusals) +
                       ". HINT: remove it from bench.schedulers or change bench.collective");

@@ -80,17 +80,11 @@ void Communicator::addRule(std::string label, std::shared_ptr<Scheduler> schedul
   rules_.push_back({max_bytes, {std::move(label), std::move(scheduler)}});
 }
 
-namespace {
-uint64_t bytesOf(const CollectiveArgs& args) {
-  return std::max(args.data.bytes(), args.output.bytes());
-}
-}  // namespace
-
 Provenance Communicator::runRule(const Rule& rule, CollectiveArgs args, std::string_view ran) {
   const std::string& label = rule.choice.label;
   args.seq = next_seq_++;
   if (faults_ != nullptr) faults_->beforeCollective(args.seq);
-  const uint64_t bytes = bytesOf(args);
+  const uint64_t bytes = args.bufferBytes();
   uint64_t entry = 0;
   if (recorder_) {
     entry = recorder_->begin({args.seq, args.coll, bytes, args.data.count, args.data.dtype, args.op,
@@ -234,7 +228,7 @@ const Communicator::Rule* Communicator::select(const CollectiveArgs& args,
   // A collective that will be staged is judged as it will run: on host memory.
   const bool staged = HostStaging::needed(args, topology_.capabilities, stage_always_);
   const CollectiveArgs judged = staged ? HostStaging::asStaged(args) : args;
-  return firstAdmitting(rules, bytesOf(args), [&](const Rule& rule) {
+  return firstAdmitting(rules, args.bufferBytes(), [&](const Rule& rule) {
     Decision decision = rule.choice.scheduler->accepts(judged, topology_);
     if (!decision.accepted) {
       // A refusal names its plugin ("tree: ..."); the label is added only when it differs.
@@ -254,7 +248,7 @@ Provenance Communicator::run(CollectiveArgs args, const std::vector<Rule>& rules
   std::string_view ran;
   if (const Rule* rule = select(args, rules, &refusals, &ran)) return runRule(*rule, args, ran);
   throw ConfigError(std::string("no scheduler can run ") + collectiveName(args.coll) + " of " +
-                    formatBytes(bytesOf(args)) + ": " +
+                    formatBytes(args.bufferBytes()) + ": " +
                     (refusals.empty() ? "no rule admits this size" : refusals) +
                     ". HINT: add a scheduler that implements it to the rules");
 }

@@ -36,10 +36,11 @@ struct TreePart {
 // the root's bits.
 //
 // Over a backend with batch completion (nccl: a wait completes every request posted before
-// it) the parts run one after the other. One tree's pipeline is safe there: a rank waits for
+// it) the parts run one after the other. One tree cannot hang there: a rank waits for
 // receives from below, whose senders wait for nothing of this rank's, and for sends up,
-// whose receives were posted first. Two interleaved are not: a wait for one tree's segment
-// also waits for the other tree's receives, whose senders may be waiting for this rank.
+// whose receives were posted first; but it no longer pipelines (pipelinedSegments). Two
+// interleaved can hang: a wait for one tree's segment also waits for the other tree's
+// receives, whose senders may be waiting for this rank.
 template <typename Parts>
 void runTrees(const Parts& parts, ReduceOp op, int group_size, uint64_t seq, Backend& backend) {
   if (parts.size() > 1 && backend.capabilities().batch_completion) {
@@ -342,6 +343,15 @@ TreePart singleTree(const CollectiveArgs& args, uint64_t segment_bytes, uint32_t
 // The α-β-γ price of the single-tree collective singleTree() builds over the shapes
 // `shape_of(rank, root)` gives (all-reduce, broadcast, barrier), or kNoPrediction for
 // another collective.
+// How many segments of at most `segment_bytes` a tree's `m` bytes flow in, as a pipeline.
+// Over a backend with batch completion, one: a rank's first wait for a segment from a child
+// completes every segment's receive (they were posted together), and its sends up go out
+// together at its next wait, so each level takes in the whole message before passing it on.
+inline double pipelinedSegments(double m, uint64_t segment_bytes, const Topology& topology) {
+  if (topology.capabilities.batch_completion) return 1;
+  return std::max(1.0, std::ceil(m / static_cast<double>(segment_bytes)));
+}
+
 template <typename ShapeOf>
 double predictSingleTree(const CollectiveArgs& args, uint64_t segment_bytes,
                          const Topology& topology, const CostModel& model, ShapeOf&& shape_of) {
@@ -353,8 +363,7 @@ double predictSingleTree(const CollectiveArgs& args, uint64_t segment_bytes,
                        for (int r = 0; r < n; ++r)
                          shapes.push_back(shape_of(r, reduce ? 0 : args.root));
                        const double m = barrier ? 0 : static_cast<double>(args.data.bytes());
-                       const double s =
-                           std::max(1.0, std::ceil(m / static_cast<double>(segment_bytes)));
+                       const double s = pipelinedSegments(m, segment_bytes, topology);
                        return predictTrees({shapes}, m / s, s, reduce, topology, model);
                      });
 }
