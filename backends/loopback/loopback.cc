@@ -441,6 +441,7 @@ class LoopbackBackend : public Backend {
     caps.host_memory = at_->moves() == MemoryKind::kHost;
     caps.cuda_memory = at_->moves() == MemoryKind::kCuda;
     caps.batch_completion = batched_;
+    caps.concurrent_groups = !batched_;  // nccl's model: one group at a time, as nccl says
     return caps;
   }
 

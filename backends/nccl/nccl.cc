@@ -589,7 +589,8 @@ class NcclBackend : public Backend {
     Capabilities caps;
     caps.host_memory = false;
     caps.cuda_memory = true;
-    caps.batch_completion = true;  // one NCCL group per wait (Batch)
+    caps.batch_completion = true;    // one NCCL group per wait (Batch)
+    caps.concurrent_groups = false;  // two communicators' kernels may wait for each other
     caps.native_allreduce = caps.native_reduce_scatter = caps.native_allgather =
         caps.native_broadcast = true;
     return caps;

@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "collie/error.h"
+#include "collie/simulation.h"
 #include "desync.h"
 #include "expect.h"
 #include "host_view.h"
@@ -253,6 +254,7 @@ void runBatched(int world, const std::function<void(std::shared_ptr<Backend>)>& 
 TEST(Loopback, BatchCompletionMatchesInPostingOrderWhateverTheTags) {
   runBatched(2, [](std::shared_ptr<Backend> b) {
     EXPECT_TRUE(b->capabilities().batch_completion);
+    EXPECT_FALSE(concurrentGroups(*b)) << "nccl's model: one group at a time";
     std::vector<int32_t> x{1, 2}, y{3, 4};
     if (b->rank() == 0) {
       auto first = b->isend(1, view(x), 7);
@@ -271,6 +273,7 @@ TEST(Loopback, BatchCompletionMatchesInPostingOrderWhateverTheTags) {
   });
   runLoopback(1, [](std::shared_ptr<Backend> b) {
     EXPECT_FALSE(b->capabilities().batch_completion) << "each request on its own by default";
+    EXPECT_TRUE(concurrentGroups(*b));
   });
   EXPECT_TRUE(testing::throwsWith<ConfigError>(
       [] {

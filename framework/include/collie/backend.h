@@ -87,6 +87,12 @@ struct Capabilities {
   // next one). The loopback backend has the model too (params.completion: batch), so that a
   // scheduler and the framework's own messages are checked against it on a CPU.
   bool batch_completion = false;
+  // Whether the group and its sub-groups may be used from several threads at once, one
+  // thread per group (ABI 15.0; collie::concurrentGroups). Not over nccl: NCCL's kernels of
+  // two communicators on one GPU can wait for each other, and its documentation asks for one
+  // at a time; schedulers then keep to the calling thread (hierarchical runs its levels one
+  // after the other).
+  bool concurrent_groups = true;
   // The dtypes its native collectives handle: bit (1 << DType); every dtype by default.
   uint32_t native_dtypes = 0x3F;
   bool nativeHandles(DType dtype) const {

@@ -40,9 +40,9 @@ std::vector<std::string> nodeLabels(const Backend& backend);
 // False for a simulator without payload (see Simulation::payload).
 bool movesPayload(const Backend& backend);
 // Whether a rank's group and its sub-groups may be used from several threads at once, one
-// thread per group (docs/writing-a-backend.md). A simulator's ranks are its actors, each
-// one thread of control: schedulers then keep to the calling thread (hierarchical runs its
-// levels unpipelined).
+// thread per group (docs/writing-a-backend.md): not on a simulator, whose ranks are its
+// actors, each one thread of control, nor on a backend whose capabilities say so (nccl).
+// Schedulers then keep to the calling thread (hierarchical runs its levels unpipelined).
 bool concurrentGroups(const Backend& backend);
 
 }  // namespace collie

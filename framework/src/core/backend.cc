@@ -74,7 +74,9 @@ bool movesPayload(const Backend& backend) {
   return simulation == nullptr || simulation->payload();
 }
 
-bool concurrentGroups(const Backend& backend) { return backend.simulation() == nullptr; }
+bool concurrentGroups(const Backend& backend) {
+  return backend.simulation() == nullptr && backend.capabilities().concurrent_groups;
+}
 
 void checkTransfer(const std::string& backend, int rank, int size, int peer, const Buffer& buf,
                    bool sending, MemoryKind moves) {
