@@ -339,19 +339,18 @@ class Batch {
   // A request given up: withdrawn if its batch was posted. If it was not, it is never
   // posted, and the group is aborted: messages between two ranks match in posting order, so
   // its partner's message would pair with this rank's next one (nccl's backend does the same).
+  // The abort comes under the lock, so that no wait on another thread posts the batch
+  // without the operation first.
   void drop(size_t index) {
-    std::shared_ptr<Request> gone;
-    std::string unposted;  // what it was, when its batch was not posted
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ops_[index].dropped = true;
-      if (!posted_) unposted = describe(index);
-      gone = std::move(ops_[index].request);  // released after the lock, by `gone`
-    }
-    if (!unposted.empty()) {
-      at_->abort(unposted +
-                 " was given up before its batch was posted: its partner's message would pair "
-                 "with this rank's next one");
+    std::shared_ptr<Request> gone;  // released after the lock
+    std::lock_guard<std::mutex> lock(mu_);
+    ops_[index].dropped = true;
+    gone = std::move(ops_[index].request);
+    if (!posted_) {
+      at_->abort(describe(index) +
+                 " was given up before its batch was posted (its collective stopped: this "
+                 "rank's own error says why); its partner's message would pair with this "
+                 "rank's next one");
     }
   }
 
@@ -474,7 +473,12 @@ class LoopbackBackend : public Backend {
       batch_ = std::make_shared<Batch>(at_);
       index = batch_->add(peer, buf, tag, sending);
     }
-    return std::make_unique<BatchRequest>(batch_, *index);
+    try {
+      return std::make_unique<BatchRequest>(batch_, *index);
+    } catch (...) {
+      batch_->drop(*index);  // an operation nobody owns is never posted
+      throw;
+    }
   }
 
   // params.memory: "host" (the default) or "device".

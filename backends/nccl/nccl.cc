@@ -438,18 +438,17 @@ class Batch {
   // never issued, and the communicator is aborted, since its partner's message would pair
   // with this rank's next one (NCCL matches in posting order). Once issued, NCCL owns the
   // buffer until the group completes.
+  // The abort comes under the lock, so that no wait on another thread issues the batch
+  // without the operation first.
   void drop(size_t index) {
-    std::string what;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (issued_) return;
-      ops_[index].dropped = true;
-      const Op& op = ops_[index];
-      what = describeTransfer(comm_->rank(), op.peer, op.send, op.tag);
-    }
-    comm_->abort("nccl: " + what +
-                 " was given up before its batch was issued: its partner's message would pair "
-                 "with this rank's next one");
+    std::lock_guard<std::mutex> lock(mu_);
+    if (issued_) return;
+    ops_[index].dropped = true;
+    const Op& op = ops_[index];
+    comm_->abort(describeTransfer(comm_->rank(), op.peer, op.send, op.tag) +
+                 " was given up before its batch was issued (its collective stopped: this "
+                 "rank's own error says why); its partner's message would pair with this "
+                 "rank's next one");
   }
   bool issued() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -476,9 +475,9 @@ class Batch {
       const ncclResult_t end = ncclGroupEnd();  // closes the group even after an error
       return result == ncclSuccess ? end : result;
     });
+    issued_ = true;  // NCCL has the operations: never again, whatever follows throws
     done_.record(comm_->stream());
     comm_->orderCallerAfter(done_.get());
-    issued_ = true;
   }
 
   // Issues the operations if needed, then blocks until they completed, at most `timeout`.
@@ -657,7 +656,13 @@ class NcclBackend : public Backend {
       batch_ = std::make_shared<Batch>(comm_);
       index = batch_->add({send, peer, buf, tag});
     }
-    return std::make_unique<NcclRequest>(batch_, *index, describeTransfer(rank(), peer, send, tag));
+    try {
+      return std::make_unique<NcclRequest>(batch_, *index,
+                                           describeTransfer(rank(), peer, send, tag));
+    } catch (...) {
+      batch_->drop(*index);  // an operation nobody owns is never issued
+      throw;
+    }
   }
 
   // Issues the open batch before a native collective, which must come after it on the stream.

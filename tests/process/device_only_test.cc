@@ -158,14 +158,15 @@ TEST(DeviceOnly, PluginCheckPassesOnDeviceMemoryWithBatchCompletion) {
   EXPECT_EQ(backend.exit_code, 0) << backend.output;
   EXPECT_TRUE(collie::testing::contains(backend.output, {"PASS"}));
   // Each pipelined scheduler in pieces of 1 KiB, so that the large case (4000 bytes) flows
-  // as several chunks or segments; hierarchical also on 6 and 8 ranks, where its levels
-  // have 3 and 4 ranks.
+  // as several chunks or segments; hierarchical (whose levels run one after the other
+  // here, as over nccl: concurrent_groups is false) also on 6 and 8 ranks, where its
+  // levels have 3 and 4 ranks.
   struct Case {
     std::string scheduler, param, worlds = "2,3,4,5";
   };
   const std::vector<Case> cases = {{"ring", "chunk_bytes=1KiB"},
                                    {"bidirectional_ring", "chunk_bytes=1KiB"},
-                                   {"hierarchical", "chunk_bytes=1KiB", "2,3,4,5,6,8"},
+                                   {"hierarchical", "", "2,3,4,5,6,8"},
                                    {"tree", "segment_bytes=1KiB"},
                                    {"knomial", "segment_bytes=1KiB"},
                                    {"double_binary_tree", "segment_bytes=1KiB"},

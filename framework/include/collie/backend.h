@@ -36,6 +36,10 @@ std::string describeTag(Tag tag);
 // its cancellation. So it may outlive the group that made it: wait() then completes or
 // throws CommError, and never touches freed memory. Dropping a request that has not
 // completed cancels it; the caller's buffer may be reused once the destructor returns.
+// Over a backend with batch completion (Capabilities) a request dropped before its batch
+// went out is never issued and aborts the group (its partner's message would pair with
+// the next one), and one dropped after is not cancelled: nccl writes its buffer until the
+// group completes, so the caller waits (or aborts) before reusing it.
 class Request {
  public:
   virtual ~Request() = default;

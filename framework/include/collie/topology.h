@@ -15,7 +15,8 @@ struct Topology {
   std::vector<std::string> node_names;
   Capabilities capabilities;  // of the group's backend
   // Whether schedulers may use the group and its sub-groups from threads of their own
-  // (collie::concurrentGroups: false on a simulator, whose ranks are its actors).
+  // (collie::concurrentGroups: false on a simulator, whose ranks are its actors, and on a
+  // backend whose capabilities say so, nccl).
   bool concurrent_groups = true;
   std::string backend;  // that backend as the experiment names it (its label: "gloo")
 

@@ -222,7 +222,9 @@ std::vector<double> pingPong(Backend& backend, Control& control, uint64_t bytes,
 // from the first message's arrival to the last's (0 for ranks that sit out; the stream's
 // start, which the first message pays, is the exchange's to measure). Over a backend with
 // batch completion the first wait returns with the last message: there it is the whole
-// stream's time per message, its start included, a constant the fitted slope does not see.
+// stream's time per message, its start included, which adds the same to every size the
+// one-way fit takes (kProbes streams 6 messages of each), so the fitted slope does not see
+// it.
 double stream(Backend& backend, Control& control, uint64_t bytes, int iters, Partners p) {
   const Buffer like = measurementLike(backend, DType::kF64, control.device());
   const size_t count = std::max<uint64_t>(1, bytes / 8);

@@ -340,9 +340,6 @@ TreePart singleTree(const CollectiveArgs& args, uint64_t segment_bytes, uint32_t
   return part;
 }
 
-// The α-β-γ price of the single-tree collective singleTree() builds over the shapes
-// `shape_of(rank, root)` gives (all-reduce, broadcast, barrier), or kNoPrediction for
-// another collective.
 // How many segments of at most `segment_bytes` a tree's `m` bytes flow in, as a pipeline.
 // Over a backend with batch completion, one: a rank's first wait for a segment from a child
 // completes every segment's receive (they were posted together), and its sends up go out
@@ -352,6 +349,9 @@ inline double pipelinedSegments(double m, uint64_t segment_bytes, const Topology
   return std::max(1.0, std::ceil(m / static_cast<double>(segment_bytes)));
 }
 
+// The α-β-γ price of the single-tree collective singleTree() builds over the shapes
+// `shape_of(rank, root)` gives (all-reduce, broadcast, barrier), or kNoPrediction for
+// another collective.
 template <typename ShapeOf>
 double predictSingleTree(const CollectiveArgs& args, uint64_t segment_bytes,
                          const Topology& topology, const CostModel& model, ShapeOf&& shape_of) {
