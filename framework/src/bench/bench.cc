@@ -198,7 +198,7 @@ class RankBench {
     // Rank 0's rows are the result; a prediction walks the whole schedule, which thousands of
     // simulated ranks would each walk again for nothing.
     // The model of this size's buffers (CostModel::forBuffer), as `auto` chooses by.
-    const double bytes = static_cast<double>(shape.total * dtypeSize(spec_.dtype));
+    const double bytes = static_cast<double>(args.bufferBytes());
     row.predicted_us =
         spec_.calibrate && rank_ == 0
             ? chosen->predictSeconds(args, comm_.topology(), model_.forBuffer(bytes)) * 1e6
