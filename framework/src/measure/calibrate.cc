@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "collie/device_memory.h"
+#include "collie/error.h"
 #include "collie/simulation.h"
 
 namespace collie::measure {
@@ -30,11 +31,10 @@ namespace {
 constexpr std::pair<uint64_t, int> kProbes[] = {
     {8, 50}, {4096, 50}, {65536, 30}, {262144, 10}, {1 << 20, 6}, {4 << 20, 6}, {16 << 20, 6}};
 
-// The largest probe of each level. Inside a node 16 MiB, past the caches: 4 loopback ranks
-// passed 4 MiB anywhere from 4 to 14 GB/s a flow from one run to the next, as much or as
-// little of it in a cache, and a sweep's larger sizes at 3-4 GB/s. Between nodes 4 MiB,
-// past a lab link's token bucket (500 KB at 1 Gbit/s), where the wire decides.
-constexpr uint64_t kLargestIntra = 16 << 20, kLargestInter = 4 << 20;
+// The largest probe inside a node: 16 MiB, past the caches: 4 loopback ranks passed 4 MiB
+// anywhere from 4 to 14 GB/s a flow from one run to the next, as much or as little of it
+// in a cache, and a sweep's larger sizes at 3-4 GB/s. (Between nodes: kLargestInterProbe.)
+constexpr uint64_t kLargestIntra = 16 << 20;
 
 // The one-way probe between nodes streams the sizes from here up: smaller streams are
 // passed at once by a lab link's token bucket.
@@ -265,7 +265,7 @@ double probeOneWay(Backend& backend, Control& control, Partners exchange_partner
   if (exchange_partners.to >= 0) (rank == 0 ? mine.to : mine.from) = exchange_partners.to;
   std::vector<std::pair<double, double>> points;
   for (const auto& [bytes, iters] : kProbes) {
-    if (bytes < kOneWayFrom || bytes > kLargestInter) continue;
+    if (bytes < kOneWayFrom || bytes > kLargestInterProbe) continue;
     const double t = stream(backend, control, bytes, iters, mine);
     const double slowest = control.max({t})[0];
     if (slowest > 0) points.emplace_back(static_cast<double>(bytes), slowest);
@@ -372,6 +372,41 @@ std::vector<BufferBeta> byBuffer(const LinkCost& line,
   return sized;
 }
 
+// A level as a list of doubles, and back (from `*at` on, which it moves past it): how
+// calibrate() hands rank 0's model to every rank. Every field of LinkCost, by_buffer after
+// its length.
+void pack(const LinkCost& link, std::vector<double>* values) {
+  values->insert(values->end(), {link.alpha, link.beta, link.beta_one_way, link.alpha_alone,
+                                 link.beta_alone, static_cast<double>(link.flows), link.gap,
+                                 static_cast<double>(link.by_buffer.size())});
+  for (const BufferBeta& b : link.by_buffer)
+    values->insert(values->end(), {b.bytes, b.beta, b.beta_alone});
+}
+
+LinkCost unpack(const std::vector<double>& values, size_t* at) {
+  auto next = [&] {
+    if (*at >= values.size()) throw InternalError("calibration: the model broadcast is short");
+    return values[(*at)++];
+  };
+  LinkCost link;
+  link.alpha = next();
+  link.beta = next();
+  link.beta_one_way = next();
+  link.alpha_alone = next();
+  link.beta_alone = next();
+  link.flows = static_cast<int>(next());
+  link.gap = next();
+  const size_t sizes = static_cast<size_t>(next());
+  for (size_t i = 0; i < sizes; ++i) {
+    BufferBeta b;
+    b.bytes = next();
+    b.beta = next();
+    b.beta_alone = next();
+    link.by_buffer.push_back(b);
+  }
+  return link;
+}
+
 }  // namespace
 
 LinkCost calibrateUnderLoad(Backend& backend, Control& control, const Topology& topology,
@@ -444,7 +479,7 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
   Calibration c;
   if (backend.size() > 1) {
     const int rank = backend.rank();
-    // Each level up to its largest probe (kLargestIntra, kLargestInter): inside a node every
+    // Each level up to its largest probe (kLargestIntra, kLargestInterProbe): inside a node every
     // rank at once then meets what a large collective's chunks meet, the memory bus shared
     // and the caches outgrown (up to 1 MiB, a loopback ring all-reduce past 4 MiB took
     // twice its prediction); between nodes the probes go past a lab link's token bucket.
@@ -464,50 +499,39 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
       c.model.intra.by_buffer = byBuffer(c.model.intra, c.intra.points, c.intra_alone.points);
     }
     const Partners across = interPartners(topology, rank);
-    c.model.inter = probeLevel(backend, control, across, kLargestInter, &c.inter);
+    c.model.inter = probeLevel(backend, control, across, kLargestInterProbe, &c.inter);
     if (c.inter.probed) {
       c.model.inter.gap = probeGap(backend, control, across);
       c.model.inter.beta_one_way = probeOneWay(backend, control, across, rank, &c.inter_one_way);
     }
     // A level without a pair of ranks (one rank per node; one node) is the other level.
     if (!c.intra.probed) c.model.intra = c.model.inter;
-    if (!c.inter.probed) {
-      c.model.inter = c.model.intra;
-      c.model.inter.alpha_alone = c.model.inter.beta_alone = 0;  // cores are shared in a node
-      c.model.inter.flows = 0;
-    }
   }
   c.model.gamma = probeReduction(backend, control, dtype);
   // Each value is equal on every rank already (each comes from a max over the ranks), but
   // schedulers choose by the model (auto) and must choose alike: rank 0's bits make sure.
-  std::vector<double> values = {
-      c.model.intra.alpha,        c.model.intra.beta,
-      c.model.inter.alpha,        c.model.inter.beta,
-      c.model.inter.beta_one_way, c.model.gamma,
-      c.intra.residual,           c.inter.residual,
-      c.inter_one_way.residual,   c.model.intra.alpha_alone,
-      c.model.intra.beta_alone,   static_cast<double>(c.model.intra.flows),
-      c.intra_alone.residual,     c.model.intra.gap,
-      c.model.inter.gap};
-  for (const BufferBeta& b : c.model.intra.by_buffer)  // alike on every rank: same points
-    values.insert(values.end(), {b.bytes, b.beta, b.beta_alone});
-  const auto root = control.fromRoot(values);
-  std::vector<BufferBeta> by_buffer;
-  for (size_t i = 15; i + 2 < root.size(); i += 3)
-    by_buffer.push_back({root[i], root[i + 1], root[i + 2]});
-  c.model = {{root[0], root[1], 0, root[9], root[10], static_cast<int>(root[11]), root[13],
-              std::move(by_buffer)},
-             {root[2], root[3], root[4], 0, 0, 0, root[14]},
-             root[5]};
-  if (!c.inter.probed) {  // one node: the level between nodes is the one inside, as above
-    c.model.inter.by_buffer = c.model.intra.by_buffer;
-    for (BufferBeta& b : c.model.inter.by_buffer) b.beta_alone = 0;
-  }
-  c.intra.residual = root[6];
-  c.inter.residual = root[7];
-  c.inter_one_way.residual = root[8];
-  c.intra_alone.residual = root[12];
+  std::vector<double> values = {c.model.gamma, c.intra.residual, c.inter.residual,
+                                c.inter_one_way.residual, c.intra_alone.residual};
+  pack(c.model.intra, &values);
+  pack(c.model.inter, &values);
+  const std::vector<double> root = control.fromRoot(values);
+  c.model.gamma = root[0];
+  c.intra.residual = root[1];
+  c.inter.residual = root[2];
+  c.inter_one_way.residual = root[3];
+  c.intra_alone.residual = root[4];
+  size_t at = 5;
+  c.model.intra = unpack(root, &at);
+  c.model.inter = c.inter.probed ? unpack(root, &at) : interOnOneNode(c.model.intra);
   return c;
+}
+
+LinkCost interOnOneNode(const LinkCost& intra) {
+  LinkCost inter = intra;
+  inter.flows = 0;  // cores are shared inside a node; between nodes a flow has its link
+  inter.alpha_alone = inter.beta_alone = 0;
+  for (BufferBeta& b : inter.by_buffer) b.beta_alone = 0;
+  return inter;
 }
 
 LinkCost fitLineFrom(const std::vector<std::pair<double, double>>& points, double message,

@@ -8,6 +8,7 @@
 // and plugin-check share it (and the buffers of a measurement, and a median) from here.
 #pragma once
 
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -43,6 +44,16 @@ Buffer measurementLike(const Backend& backend, DType dtype, int device);
 
 // The median of `values` (NaN when empty).
 double median(std::vector<double> values);
+
+// The largest probe between nodes: 4 MiB, past a lab link's token bucket (128 KB at 1
+// Gbit/s), where the wire decides; a larger one costs a slow link seconds of start-up
+// (4 MiB is 0.34 s at 100 Mbit/s).
+constexpr uint64_t kLargestInterProbe = 4 << 20;
+
+// The level between nodes of a job on one node, which has none: the level inside it without
+// what its shared cores add (no flows, no pair alone), so that a schedule priced by levels
+// prices the one there is. calibrate() and the trainer's busy model give it alike.
+LinkCost interOnOneNode(const LinkCost& intra);
 
 // Collective over the group: every rank calls it and gets rank 0's calibration.
 Calibration calibrate(Backend& backend, Control& control, const Topology& topology, DType dtype);

@@ -1030,13 +1030,15 @@ class RankTrainer {
   // than one rank): the model with its slowest level probed again while every rank keeps a
   // core busy (measure::calibrateUnderLoad), for the all-reduces that run while backward
   // computes; nothing elsewhere. The probe's sizes go up to the buckets' (at least 1 MiB,
-  // at most 4 MiB, the largest probe between nodes: its repeats cost start-up time on a slow
-  // link), its line is fitted from a bucket's share of one rank on (the chunk a ring moves).
+  // at most the calibration's largest probe between nodes: its repeats cost start-up time
+  // on a slow link), its line is fitted from a bucket's share of one rank on (the chunk a
+  // ring moves).
   // Every rank decides alike, from the config.
   std::optional<CostModel> busyModel(const CostModel& cost) {
     if (world_ < 2 || spec_.compresses() || sharded() || spec_.sync.local() || !spec_.overlap)
       return std::nullopt;
-    const uint64_t largest = std::clamp<uint64_t>(spec_.bucket_bytes, 1 << 20, 4 << 20);
+    const uint64_t largest =
+        std::clamp<uint64_t>(spec_.bucket_bytes, 1 << 20, measure::kLargestInterProbe);
     const uint64_t chunk = spec_.bucket_bytes / static_cast<uint64_t>(world_);
     measure::LinkFit fit;
     const LinkCost loaded = measure::calibrateUnderLoad(comm_.backend(), control_, comm_.topology(),
@@ -1063,11 +1065,7 @@ class RankTrainer {
     level.alpha = loaded.alpha;
     level.beta = loaded.beta;
     level.by_buffer.clear();  // the busy line is fitted over the chunks' sizes already
-    if (!across) {
-      busy.inter = busy.intra;
-      busy.inter.alpha_alone = busy.inter.beta_alone = 0;  // cores are shared in a node
-      busy.inter.flows = 0;
-    }
+    if (!across) busy.inter = measure::interOnOneNode(busy.intra);
     return busy;
   }
 
