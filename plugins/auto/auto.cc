@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "collie/cost_model_json.h"
 #include "collie/log.h"
 #include "collie/plugin.h"
 #include "collie/rules.h"
@@ -34,45 +35,7 @@ CostModel readCalibration(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw ConfigError("auto: params.calibration: cannot read " + path);
   try {
-    const auto doc = nlohmann::json::parse(in);
-    auto link = [&](const char* level) {
-      const auto& l = doc.at(level);
-      // beta_one_way, the pair alone, the gap and beta by buffer size: absent from
-      // calibrations written before they were measured (0: as beta; no sharing of cores;
-      // each message pays alpha; the line's beta at every size)
-      std::vector<BufferBeta> by_buffer;
-      const auto& sizes = l.value("by_buffer", nlohmann::json::array());
-      if (!sizes.is_array()) throw std::invalid_argument("by_buffer is not a list");
-      for (const auto& b : sizes) {
-        if (!b.is_array() || b.size() != 3)
-          throw std::invalid_argument("an entry of by_buffer is not [bytes, beta, beta_alone]");
-        by_buffer.push_back({b.at(0).get<double>(), b.at(1).get<double>(), b.at(2).get<double>()});
-      }
-      const std::string problem = byBufferProblem(by_buffer);
-      if (!problem.empty()) throw std::invalid_argument(problem);
-      return LinkCost{l.at("alpha").get<double>(),  l.at("beta").get<double>(),
-                      l.value("beta_one_way", 0.0), l.value("alpha_alone", 0.0),
-                      l.value("beta_alone", 0.0),   l.value("flows", 0),
-                      l.value("gap", 0.0),          std::move(by_buffer)};
-    };
-    CostModel model{link("intra"), link("inter"), doc.at("gamma").get<double>()};
-    std::vector<double> values = {model.intra.alpha,
-                                  model.intra.beta,
-                                  model.intra.beta_one_way,
-                                  model.intra.alpha_alone,
-                                  model.intra.beta_alone,
-                                  model.intra.gap,
-                                  model.inter.alpha,
-                                  model.inter.beta,
-                                  model.inter.beta_one_way,
-                                  model.inter.gap,
-                                  model.gamma};
-    for (double v : values) {
-      if (!std::isfinite(v) || v < 0) throw std::invalid_argument("a negative or infinite value");
-    }
-    if (model.intra.flows < 0 || model.inter.flows < 0)
-      throw std::invalid_argument("a negative count of flows");
-    return model;
+    return costModelFromJson(nlohmann::json::parse(in));
   } catch (const std::exception& e) {
     throw ConfigError("auto: params.calibration: " + path +
                       " is not a calibration the bench wrote (" + e.what() +

@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "collie/cost_model_json.h"
 #include "collie/error.h"
 #include "collie/rules.h"
 #include "config/rules.h"
@@ -529,6 +530,60 @@ rules:
   EXPECT_NE(chooser->accepts(gather, eight).reason, "tree");
 }
 
+TEST(CostModelJson, EveryFieldRoundTripsAndOlderFilesReadAsNotMeasured) {
+  CostModel m;
+  m.intra = {1e-5,  2e-10, 3e-10, 4e-6,
+             5e-11, 4,     6e-6,  {{4096, 1e-10, 2e-11}, {1 << 20, 3e-10, 4e-11}}};
+  m.inter = {7e-5, 8e-9, 9e-9, 0, 0, 0, 1e-5};
+  m.gamma = 1.5e-10;
+  const nlohmann::json text = nlohmann::json::parse(costModelJson(m).dump());
+  const CostModel back = costModelFromJson(text);
+  for (const auto& [a, b] : {std::pair{&m.intra, &back.intra}, std::pair{&m.inter, &back.inter}}) {
+    EXPECT_EQ(a->alpha, b->alpha);
+    EXPECT_EQ(a->beta, b->beta);
+    EXPECT_EQ(a->beta_one_way, b->beta_one_way);
+    EXPECT_EQ(a->alpha_alone, b->alpha_alone);
+    EXPECT_EQ(a->beta_alone, b->beta_alone);
+    EXPECT_EQ(a->flows, b->flows);
+    EXPECT_EQ(a->gap, b->gap);
+    ASSERT_EQ(a->by_buffer.size(), b->by_buffer.size());
+    for (size_t i = 0; i < a->by_buffer.size(); ++i) {
+      EXPECT_EQ(a->by_buffer[i].bytes, b->by_buffer[i].bytes);
+      EXPECT_EQ(a->by_buffer[i].beta, b->by_buffer[i].beta);
+      EXPECT_EQ(a->by_buffer[i].beta_alone, b->by_buffer[i].beta_alone);
+    }
+  }
+  EXPECT_EQ(back.gamma, m.gamma);
+  // A level written before the later fields were measured: only α and β.
+  const LinkCost old = linkCostFromJson(nlohmann::json::parse(R"({"alpha": 1e-5, "beta": 1e-9})"));
+  EXPECT_EQ(old.alpha, 1e-5);
+  EXPECT_EQ(old.beta, 1e-9);
+  EXPECT_EQ(old.beta_one_way, 0);
+  EXPECT_FALSE(old.sharesCores());
+  EXPECT_EQ(old.gap, 0);
+  EXPECT_TRUE(old.by_buffer.empty());
+  // What is missing or wrong is named.
+  auto refused = [](const std::string& text, const std::string& why) {
+    EXPECT_TRUE(testing::throwsWith<std::invalid_argument>(
+        [&] { costModelFromJson(nlohmann::json::parse(text)); }, {why}))
+        << text;
+  };
+  refused(R"({"intra": {"beta": 1e-9}, "inter": {"alpha": 0, "beta": 0}, "gamma": 0})",
+          "intra: no 'alpha'");
+  refused(
+      R"({"intra": {"alpha": 0, "beta": "fast"}, "inter": {"alpha": 0, "beta": 0}, "gamma": 0})",
+      "intra: 'beta' is not a number");
+  refused(R"({"intra": {"alpha": 0, "beta": 0, "flows": 2.5}, "inter": {"alpha": 0, "beta": 0},
+ "gamma": 0})",
+          "intra: 'flows' is not a count of flows");
+  refused(R"({"intra": {"alpha": 0, "beta": 0}, "gamma": 0})", "no 'inter'");
+  refused(R"({"intra": {"alpha": 0, "beta": 0}, "inter": {"alpha": 0, "beta": 0}})",
+          "no number 'gamma'");
+  refused(R"({"intra": {"alpha": 0, "beta": 0, "by_buffer": [[4096, 1e-9]]},
+ "inter": {"alpha": 0, "beta": 0}, "gamma": 0})",
+          "intra: an entry of 'by_buffer' is not [bytes, beta, beta_alone]");
+}
+
 TEST(Auto, ACalibrationFileReplacesTheBuiltInModel) {
   // A slow link with no per-message cost (1 MB/s, α 1 ns): auto's choice at every size is
   // the lowest prediction under this model, which is not what the built-in model picks.
@@ -558,11 +613,11 @@ TEST(Auto, ACalibrationFileReplacesTheBuiltInModel) {
   // Nor a one-way β below zero.
   refused("bad-one-way.json", R"({"intra": {"alpha": 1e-9, "beta": 1e-6},
  "inter": {"alpha": 1e-9, "beta": 1e-6, "beta_one_way": -1e-6}, "gamma": 1e-12})",
-          "a negative or infinite value");
+          "inter: 'beta_one_way' is negative or infinite");
   // Nor a negative gap.
   refused("bad-gap.json", R"({"intra": {"alpha": 1e-9, "beta": 1e-6, "gap": -1e-9},
  "inter": {"alpha": 1e-9, "beta": 1e-6}, "gamma": 1e-12})",
-          "a negative or infinite value");
+          "intra: 'gap' is negative or infinite");
   // Nor β by buffer size out of order, or below zero.
   refused("bad-by-buffer.json", R"({"intra": {"alpha": 1e-9, "beta": 1e-6,
  "by_buffer": [[65536, 1e-9, 0], [4096, 1e-9, 0]]},
@@ -573,12 +628,12 @@ TEST(Auto, ACalibrationFileReplacesTheBuiltInModel) {
           "a beta of by_buffer is negative or infinite");
   refused("bad-by-buffer-entry.json", R"({"intra": {"alpha": 1e-9, "beta": 1e-6,
  "by_buffer": {"4096": [1e-9, 0]}}, "inter": {"alpha": 1e-9, "beta": 1e-6}, "gamma": 1e-12})",
-          "by_buffer is not a list");
+          "intra: 'by_buffer' is not a list");
   // Nor a negative count of flows sharing a node.
   refused("bad-flows.json", R"({"intra": {"alpha": 1e-9,
  "beta": 1e-6, "alpha_alone": 1e-9, "beta_alone": 1e-7, "flows": -4},
  "inter": {"alpha": 1e-9, "beta": 1e-6}, "gamma": 1e-12})",
-          "a negative count of flows");
+          "intra: 'flows' is negative or infinite");
 }
 
 TEST(Auto, TheRunsCalibrationReplacesTheBuiltInModelButNotAFile) {

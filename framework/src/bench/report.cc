@@ -17,6 +17,7 @@
 #include <ostream>
 
 #include "bench/bench.h"
+#include "collie/cost_model_json.h"
 #include "collie/error.h"
 #include "collie/params.h"
 #include "util/files.h"
@@ -357,19 +358,6 @@ nlohmann::json rowsJson(const std::vector<Row>& rows) {
   return doc;
 }
 
-nlohmann::json linkJson(const LinkCost& link) {
-  nlohmann::json by_buffer = nlohmann::json::array();
-  for (const BufferBeta& b : link.by_buffer) by_buffer.push_back({b.bytes, b.beta, b.beta_alone});
-  return {{"alpha", link.alpha},
-          {"beta", link.beta},
-          {"beta_one_way", link.beta_one_way},
-          {"alpha_alone", link.alpha_alone},
-          {"beta_alone", link.beta_alone},
-          {"flows", link.flows},
-          {"gap", link.gap},
-          {"by_buffer", by_buffer}};
-}
-
 nlohmann::json fitJson(const LinkFit& fit) {
   nlohmann::json points = nlohmann::json::array();
   for (const auto& [bytes, seconds] : fit.points) points.push_back({bytes, seconds});
@@ -387,26 +375,6 @@ LinkFit fitOf(const nlohmann::json& j) {
   return fit;
 }
 
-// The pair alone, the gap and β by buffer size are absent from a file an older collie wrote
-// (a node of a cluster that runs another build): no sharing of cores then, every message of
-// a stream pays α, and every size the line's β, as before they were measured.
-LinkCost linkOf(const nlohmann::json& j) {
-  std::vector<BufferBeta> by_buffer;
-  const auto& sizes = j.value("by_buffer", nlohmann::json::array());
-  if (!sizes.is_array()) throw InternalError("a calibration's by_buffer is not a list");
-  for (const auto& b : sizes) {
-    if (!b.is_array() || b.size() != 3)
-      throw InternalError("a calibration's by_buffer entry is not [bytes, beta, beta_alone]");
-    by_buffer.push_back({b.at(0).get<double>(), b.at(1).get<double>(), b.at(2).get<double>()});
-  }
-  const std::string problem = byBufferProblem(by_buffer);
-  if (!problem.empty()) throw InternalError("a calibration's " + problem);
-  return {
-      j.at("alpha").get<double>(), j.at("beta").get<double>(), j.at("beta_one_way").get<double>(),
-      j.value("alpha_alone", 0.0), j.value("beta_alone", 0.0), j.value("flows", 0),
-      j.value("gap", 0.0),         std::move(by_buffer)};
-}
-
 nlohmann::json fitsJson(const Result& result) {
   return {{"intra", fitJson(result.fit_intra)},
           {"inter", fitJson(result.fit_inter)},
@@ -422,12 +390,10 @@ void writeJson(const std::string& path, const std::vector<Row>& rows) {
 
 void writeCalibration(const std::string& path, const Result& result) {
   const std::string backend = result.rows.empty() ? "" : result.rows.front().backend;
-  nlohmann::json doc = {{"backend", backend},
-                        {"ranks", result.rows.empty() ? 0 : result.rows.front().ranks},
-                        {"intra", linkJson(result.model.intra)},
-                        {"inter", linkJson(result.model.inter)},
-                        {"gamma", result.model.gamma},
-                        {"fits", fitsJson(result)}};
+  nlohmann::json doc = costModelJson(result.model);
+  doc["backend"] = backend;
+  doc["ranks"] = result.rows.empty() ? 0 : result.rows.front().ranks;
+  doc["fits"] = fitsJson(result);
   detail::writeFileAtomically(path, doc.dump(2) + "\n");
 }
 
@@ -448,10 +414,7 @@ void saveResult(const std::string& path, const Result& result) {
                         {"rows", rowsJson(result.rows)},
                         {"calibrated", result.calibrated},
                         {"fits", fitsJson(result)},
-                        {"model",
-                         {{"intra", linkJson(result.model.intra)},
-                          {"inter", linkJson(result.model.inter)},
-                          {"gamma", result.model.gamma}}}};
+                        {"model", costModelJson(result.model)}};
   detail::writeFileAtomically(path, doc.dump() + "\n");
 }
 
@@ -474,9 +437,7 @@ Result loadResult(const std::string& path) {
     result.fit_inter_one_way = fitOf(doc.at("fits").at("inter_one_way"));
     if (doc.at("fits").contains("intra_alone"))
       result.fit_intra_alone = fitOf(doc.at("fits").at("intra_alone"));
-    result.model.intra = linkOf(doc.at("model").at("intra"));
-    result.model.inter = linkOf(doc.at("model").at("inter"));
-    result.model.gamma = doc.at("model").at("gamma").get<double>();
+    result.model = costModelFromJson(doc.at("model"));
     for (const auto& j : doc.at("rows")) {
       Row r;
       r.run = j.at("run").get<std::string>();

@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 
 #include "collie/error.h"
@@ -20,6 +21,8 @@ auto readRankFile(const std::string& path, const std::string& what, From&& from)
   try {
     return from(nlohmann::json::parse(in));
   } catch (const nlohmann::json::exception& e) {
+    throw InternalError(path + ": unreadable " + what + " from rank 0: " + e.what());
+  } catch (const std::invalid_argument& e) {  // a value `from` refuses
     throw InternalError(path + ": unreadable " + what + " from rank 0: " + e.what());
   }
 }
