@@ -321,8 +321,11 @@ class Batch {
       try {
         request->wait(std::max(left, std::chrono::milliseconds(0)));
       } catch (const CommError& e) {
-        if (place == index) throw;
-        throw CommError(e.what() + std::string(" (") + describe(index) +
+        // A part waited for what was left of the batch's time, perhaps nothing: say the whole.
+        const std::string waited = " (the batch's wait of " + std::to_string(timeout.count()) +
+                                   " ms, the parts before it included)";
+        if (place == index) throw CommError(e.what() + waited);
+        throw CommError(e.what() + waited + " (" + describe(index) +
                         " completes with its batch, and this part of it failed)");
       }
     }
