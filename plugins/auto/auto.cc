@@ -147,8 +147,7 @@ class AutoScheduler : public Scheduler {
                         const CostModel& model) const override {
     std::string ignored;
     Scheduler* chosen = choose(args, topology, &ignored);
-    const double bytes = static_cast<double>(args.bufferBytes());
-    return chosen ? chosen->predictSeconds(args, topology, model.forBuffer(bytes)) : kNoPrediction;
+    return chosen ? predictCollective(*chosen, args, topology, model) : kNoPrediction;
   }
 
  private:
@@ -248,7 +247,6 @@ class AutoScheduler : public Scheduler {
       Scheduler* ruled = rule ? find(rule->choice.name()) : nullptr;
       if (ruled != nullptr && ruled->accepts(args, topology).accepted) return ruled;
     }
-    const CostModel model = model_.forBuffer(static_cast<double>(bytes));
     Scheduler* best = nullptr;
     double best_time = INFINITY;
     for (const auto& [name, scheduler] : candidates_) {
@@ -257,7 +255,7 @@ class AutoScheduler : public Scheduler {
         *reasons += " " + d.reason + ";";
         continue;
       }
-      double t = scheduler->predictSeconds(args, topology, model);
+      double t = predictCollective(*scheduler, args, topology, model_);
       if (best == nullptr || (std::isfinite(t) && t < best_time)) {
         best = scheduler.get();
         best_time = std::isfinite(t) ? t : best_time;

@@ -24,7 +24,10 @@ class Scheduler {
   virtual void run(const CollectiveArgs& args, Backend& backend, const Topology& topology) = 0;
 
   // Predicted seconds for `args` on `topology` under `model` (documented in the plugin's
-  // README), or kNoPrediction. Used by the bench's predicted column and by `auto`.
+  // README), or kNoPrediction. Used by the bench's predicted column, the trainer's and
+  // `auto`, each through predictCollective(), which hands it the model sized for the
+  // collective's buffers; a scheduler that asks another for a part of its collective
+  // (hierarchical) passes that model on as it got it.
   virtual double predictSeconds(const CollectiveArgs& args, const Topology& topology,
                                 const CostModel& model) const {
     (void)args, (void)topology, (void)model;
@@ -37,5 +40,14 @@ class Scheduler {
   // the thread that runs the scheduler, before the collectives it is meant for.
   virtual void useCostModel(const CostModel& model) { (void)model; }
 };
+
+// What `scheduler` predicts for `args`: its predictSeconds under `model` sized for the
+// collective's buffers (CostModel::forBuffer at args.bufferBytes()). The one way the
+// framework and `auto` ask, so that every caller prices a collective at the same size.
+inline double predictCollective(const Scheduler& scheduler, const CollectiveArgs& args,
+                                const Topology& topology, const CostModel& model) {
+  return scheduler.predictSeconds(args, topology,
+                                  model.forBuffer(static_cast<double>(args.bufferBytes())));
+}
 
 }  // namespace collie

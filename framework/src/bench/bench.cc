@@ -197,12 +197,9 @@ class RankBench {
     row.plugin = std::filesystem::path(s.plugin).filename().string();
     // Rank 0's rows are the result; a prediction walks the whole schedule, which thousands of
     // simulated ranks would each walk again for nothing.
-    // The model of this size's buffers (CostModel::forBuffer), as `auto` chooses by.
-    const double bytes = static_cast<double>(args.bufferBytes());
-    row.predicted_us =
-        spec_.calibrate && rank_ == 0
-            ? chosen->predictSeconds(args, comm_.topology(), model_.forBuffer(bytes)) * 1e6
-            : kNoPrediction;
+    row.predicted_us = spec_.calibrate && rank_ == 0
+                           ? predictCollective(*chosen, args, comm_.topology(), model_) * 1e6
+                           : kNoPrediction;
     row.backend = e_.backend.label;
     row.collective = collectiveName(spec_.collective);
     row.ranks = n_;

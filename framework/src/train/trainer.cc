@@ -798,9 +798,7 @@ class RankTrainer {
       std::string why;
       const auto* rule = comm_.select(args, rules_, &why);
       if (rule == nullptr) return kNoPrediction;
-      const double bytes = static_cast<double>(args.bufferBytes());
-      total +=
-          rule->choice.scheduler->predictSeconds(args, comm_.topology(), cost.forBuffer(bytes));
+      total += predictCollective(*rule->choice.scheduler, args, comm_.topology(), cost);
     }
     return total;
   }
