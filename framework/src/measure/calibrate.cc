@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -112,17 +113,33 @@ int sizedBatch(const Backend& backend, Control& control, double seconds, int per
                                      static_cast<double>(kMaxPerBatch)));
 }
 
+// The batches of one probe (an exchange, a ping-pong): `one(count)` runs a batch of `count`
+// repetitions after a barrier and returns this rank's mean seconds per repetition (0 where
+// it sits out). kBatches batches, the first of max(1, iters / kBatches) repetitions, which
+// sizes the others (sizedBatch, from `scale` times its mean: a ping-pong's repetition is
+// half a round trip); each batch's mean on this rank, then a barrier. Collective.
+std::vector<double> timedBatches(const Backend& backend, Control& control, int iters, double scale,
+                                 const std::function<double(int)>& one) {
+  int per_batch = std::max(1, iters / kBatches);
+  std::vector<double> means;
+  for (int batch = 0; batch < kBatches; ++batch) {
+    means.push_back(one(per_batch));
+    if (batch == 0) per_batch = sizedBatch(backend, control, means[0] * scale, per_batch);
+  }
+  control.barrier();
+  return means;
+}
+
 // Each batch's mean time of one exchange of `bytes` for this rank (0 when it sits out), at
-// least `iters` exchanges in all, more where kBatchSeconds asks; a barrier before each
-// batch. An exchange is a step as a collective takes it: each rank posts a step's receive
-// from `from` and its send to `to` once the previous step's receive has completed (as a
-// collective sends on what it received), and waits for the receive; it waits for its own
-// sends only when the batch ends, as a collective does. The next step's receive is not
-// posted ahead: nccl issues everything posted before a wait as one group and completes
-// none of it before all of it, which a receive posted ahead would never let happen. Where a
-// batch has several exchanges its clock starts when the first one's receive completes, so
-// that the ranks' release from the barrier is not timed. An exchange of several `messages`
-// posts them all at once each way, as a ring posts its chunks: a stream.
+// least `iters` exchanges in all, more where kBatchSeconds asks (timedBatches). An exchange is a
+// step as a collective takes it: each rank posts a step's receive from `from` and its send to `to`
+// once the previous step's receive has completed (as a collective sends on what it received), and
+// waits for the receive; it waits for its own sends only when the batch ends, as a collective does.
+// The next step's receive is not posted ahead: nccl issues everything posted before a wait as one
+// group and completes none of it before all of it, which a receive posted ahead would never let
+// happen. Where a batch has several exchanges its clock starts when the first one's receive
+// completes, so that the ranks' release from the barrier is not timed. An exchange of several
+// `messages` posts them all at once each way, as a ring posts its chunks: a stream.
 std::vector<double> exchange(Backend& backend, Control& control, uint64_t bytes, int iters,
                              Partners p, int messages = 1) {
   // The probe moves raw bytes; any dtype of the right size will do. Only a rank that
@@ -134,9 +151,7 @@ std::vector<double> exchange(Backend& backend, Control& control, uint64_t bytes,
     out.push_back(writtenScratch(like, count));
     for (int m = 0; m < messages; ++m) in.push_back(writtenScratch(like, count));
   }
-  int per_batch = std::max(1, iters / kBatches);
-  std::vector<double> means(kBatches, 0);
-  for (int batch = 0; batch < kBatches; ++batch) {
+  return timedBatches(backend, control, iters, 1, [&](int per_batch) {
     // The first exchange untimed, where a batch has several: a batch of one is timed whole
     // (on a slow link an untimed exchange of 4 MiB would double the probe's time, where the
     // ranks' release from the barrier is a small part of it).
@@ -145,25 +160,21 @@ std::vector<double> exchange(Backend& backend, Control& control, uint64_t bytes,
     std::vector<Tag> tags;  // drawn on every rank, so that the control sequence stays in step
     for (int i = 0; i < steps * messages; ++i) tags.push_back(control.nextTag());
     control.barrier();
-    if (p.to >= 0) {
-      std::vector<std::unique_ptr<Request>> sends;
-      double start = clockSeconds(backend);
-      for (int step = 0; step < steps; ++step) {
-        std::vector<std::unique_ptr<Request>> recvs;
-        for (int m = 0; m < messages; ++m)
-          recvs.push_back(backend.irecv(p.from, in[m].view(), tags[step * messages + m]));
-        for (int m = 0; m < messages; ++m)
-          sends.push_back(backend.isend(p.to, out[0].view(), tags[step * messages + m]));
-        waitAll(recvs, backend.timeout());
-        if (step == 0 && untimed_first) start = clockSeconds(backend);
-      }
-      waitAll(sends, backend.timeout());
-      means[batch] = (clockSeconds(backend) - start) / per_batch;
+    if (p.to < 0) return 0.0;
+    std::vector<std::unique_ptr<Request>> sends;
+    double start = clockSeconds(backend);
+    for (int step = 0; step < steps; ++step) {
+      std::vector<std::unique_ptr<Request>> recvs;
+      for (int m = 0; m < messages; ++m)
+        recvs.push_back(backend.irecv(p.from, in[m].view(), tags[step * messages + m]));
+      for (int m = 0; m < messages; ++m)
+        sends.push_back(backend.isend(p.to, out[0].view(), tags[step * messages + m]));
+      waitAll(recvs, backend.timeout());
+      if (step == 0 && untimed_first) start = clockSeconds(backend);
     }
-    if (batch == 0) per_batch = sizedBatch(backend, control, means[0], per_batch);
-  }
-  control.barrier();
-  return means;
+    waitAll(sends, backend.timeout());
+    return (clockSeconds(backend) - start) / per_batch;
+  });
 }
 
 // Messages in the stream that measures the gap, and how many streams are timed.
@@ -185,7 +196,7 @@ double probeGap(Backend& backend, Control& control, Partners mine) {
 
 // A pair alone inside each node: the node's first two ranks bounce a message back and forth
 // while its other ranks sit out. Each batch's mean time of one way (half a round trip), on
-// ranks of a pair; 0 elsewhere.
+// ranks of a pair; 0 elsewhere (timedBatches).
 std::vector<double> pingPong(Backend& backend, Control& control, uint64_t bytes, int iters,
                              const Topology& t) {
   const int rank = backend.rank();
@@ -195,26 +206,20 @@ std::vector<double> pingPong(Backend& backend, Control& control, uint64_t bytes,
   const Buffer like = measurementLike(backend, DType::kF64, control.device());
   const size_t count = std::max<uint64_t>(1, bytes / 8);
   ScratchBuffer data = writtenScratch(like, count);
-  int per_batch = std::max(1, iters / kBatches);
-  std::vector<double> means(kBatches, 0);
-  for (int batch = 0; batch < kBatches; ++batch) {
+  return timedBatches(backend, control, iters, 2, [&](int per_batch) {
     std::vector<Tag> tags;
     for (int i = 0; i < 2 * per_batch; ++i) tags.push_back(control.nextTag());
     control.barrier();
-    if (peer >= 0) {
-      const double start = clockSeconds(backend);
-      for (size_t i = 0; i < tags.size(); i += 2) {
-        // The first rank of the pair sends first; each way is its own tag.
-        if (local == 0) backend.isend(peer, data.view(), tags[i])->wait(backend.timeout());
-        backend.irecv(peer, data.view(), tags[i + (local == 0)])->wait(backend.timeout());
-        if (local == 1) backend.isend(peer, data.view(), tags[i + 1])->wait(backend.timeout());
-      }
-      means[batch] = (clockSeconds(backend) - start) / (2.0 * per_batch);
+    if (peer < 0) return 0.0;
+    const double start = clockSeconds(backend);
+    for (size_t i = 0; i < tags.size(); i += 2) {
+      // The first rank of the pair sends first; each way is its own tag.
+      if (local == 0) backend.isend(peer, data.view(), tags[i])->wait(backend.timeout());
+      backend.irecv(peer, data.view(), tags[i + (local == 0)])->wait(backend.timeout());
+      if (local == 1) backend.isend(peer, data.view(), tags[i + 1])->wait(backend.timeout());
     }
-    if (batch == 0) per_batch = sizedBatch(backend, control, means[0] * 2, per_batch);
-  }
-  control.barrier();
-  return means;
+    return (clockSeconds(backend) - start) / (2.0 * per_batch);
+  });
 }
 
 // One way between nodes: rank 0 streams `iters` messages of `bytes` to the first rank of
@@ -286,7 +291,10 @@ double probeOneWay(Backend& backend, Control& control, Partners exchange_partner
 // started passed 8 bytes around a ring of 4 loopback ranks on 2 CPUs in 12 us a step, and
 // after the large probes in 30 us, which is what the sweep's collectives then took; run
 // smallest first, α came out anywhere between the two from one run to the next (before
-// the loopback woke its waiters outside its lock, which made every step cheaper).
+// the loopback woke its waiters outside its lock, which made every step cheaper). Each
+// size's batches run one after the other. Batches of every size in turn, round after round,
+// were tried: a pair alone no longer met one core for one size and two for the next, but
+// each size's spread over eight calibrations stayed as wide, and the exchange's grew.
 template <typename Batches>
 LinkCost probeSizes(Control& control, uint64_t largest, LinkFit* fit, Batches&& batches) {
   // The first batches after a quiet spell ran slower (8 B took up to 4x the time of 4 KiB on
