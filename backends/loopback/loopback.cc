@@ -315,17 +315,24 @@ class Batch {
   // first failure, told from operation `index`'s side.
   void wait(size_t index, std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
+    bool first = true;
     for (const auto& [request, place] : postAll()) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
+      const auto left = std::max(std::chrono::milliseconds(0),
+                                 std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     deadline - std::chrono::steady_clock::now()));
+      const bool later = !first;
+      first = false;
       try {
-        request->wait(std::max(left, std::chrono::milliseconds(0)));
+        request->wait(left);
       } catch (const CommError& e) {
-        // A part waited for what was left of the batch's time, perhaps nothing: say the whole.
-        const std::string waited = " (the batch's wait of " + std::to_string(timeout.count()) +
-                                   " ms, the parts before it included)";
-        if (place == index) throw CommError(e.what() + waited);
-        throw CommError(e.what() + waited + " (" + describe(index) +
+        // A later part waits for what is left of the batch's time, perhaps nothing: say how
+        // long the batch's wait was in all.
+        const std::string context =
+            later ? "loopback: in a batch's wait of " + std::to_string(timeout.count()) + " ms, " +
+                        std::to_string(left.count()) + " ms left for this part: "
+                  : "";
+        if (place == index) throw CommError(context + e.what());
+        throw CommError(context + e.what() + " (" + describe(index) +
                         " completes with its batch, and this part of it failed)");
       }
     }

@@ -305,7 +305,7 @@ TEST(Loopback, BatchCompletionWaitsForEveryRequestPostedBeforeIt) {
   runBatched(2, exchange, "each");
   EXPECT_TRUE(testing::throwsWith<CommError>(
       [&] { runBatched(2, exchange); },
-      {"timed out", "the batch's wait of 300 ms", "completes with its batch"}));
+      {"in a batch's wait of 300 ms", "timed out", "completes with its batch"}));
 }
 
 // A request given up before its batch was posted is never posted, and the group is aborted:

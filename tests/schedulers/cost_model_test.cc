@@ -11,6 +11,7 @@
 #include "config/rules.h"
 #include "expect.h"
 #include "loopback_job.h"
+#include "measure/calibrate.h"
 #include "run_command.h"
 
 namespace collie {
@@ -227,6 +228,8 @@ TEST(CostModel, ABuffersBetaIsTheProbesEitherSideOfIt) {
   const Topology four = Topology::singleNode(4);
   const double block = 16384, sized = 6 * (10e-6 + block * 0.2e-9) + 0.75 * 65536 * cm.gamma;
   EXPECT_NEAR(ring->predictSeconds(allreduceOf(65536), four, cm.forBuffer(65536)), sized, 1e-12);
+  // predictCollective, how the framework and auto ask, sizes the model so.
+  EXPECT_NEAR(predictCollective(*ring, allreduceOf(65536), four, cm), sized, 1e-12);
   EXPECT_GT(ring->predictSeconds(allreduceOf(65536), four, cm), sized * 1.2);
 }
 
@@ -575,13 +578,32 @@ TEST(CostModelJson, EveryFieldRoundTripsAndOlderFilesReadAsNotMeasured) {
       "intra: 'beta' is not a number");
   refused(R"({"intra": {"alpha": 0, "beta": 0, "flows": 2.5}, "inter": {"alpha": 0, "beta": 0},
  "gamma": 0})",
-          "intra: 'flows' is not a count of flows");
+          "intra: 'flows' is 2.5, not a count of flows");
   refused(R"({"intra": {"alpha": 0, "beta": 0}, "gamma": 0})", "no 'inter'");
   refused(R"({"intra": {"alpha": 0, "beta": 0}, "inter": {"alpha": 0, "beta": 0}})",
           "no number 'gamma'");
   refused(R"({"intra": {"alpha": 0, "beta": 0, "by_buffer": [[4096, 1e-9]]},
  "inter": {"alpha": 0, "beta": 0}, "gamma": 0})",
           "intra: an entry of 'by_buffer' is not [bytes, beta, beta_alone]");
+}
+
+// On one node the level between nodes is the one inside, less what its shared cores add:
+// a flow between nodes has a link of its own.
+TEST(CostModelJson, OneNodesLevelBetweenNodesIsTheLevelInsideWithoutSharedCores) {
+  const LinkCost intra{10e-6, 1e-10, 0, 5e-6, 5e-11, 4, 3e-6, {{1 << 20, 2e-10, 6e-11}}};
+  ASSERT_TRUE(intra.sharesCores());
+  const LinkCost inter = measure::interOnOneNode(intra);
+  EXPECT_EQ(inter.alpha, intra.alpha);
+  EXPECT_EQ(inter.beta, intra.beta);
+  EXPECT_EQ(inter.gap, intra.gap);
+  EXPECT_FALSE(inter.sharesCores());
+  EXPECT_EQ(inter.flows, 0);
+  EXPECT_EQ(inter.alpha_alone, 0);
+  EXPECT_EQ(inter.beta_alone, 0);
+  ASSERT_EQ(inter.by_buffer.size(), 1u);
+  EXPECT_EQ(inter.by_buffer[0].bytes, intra.by_buffer[0].bytes);
+  EXPECT_EQ(inter.by_buffer[0].beta, intra.by_buffer[0].beta);
+  EXPECT_EQ(inter.by_buffer[0].beta_alone, 0);
 }
 
 TEST(Auto, ACalibrationFileReplacesTheBuiltInModel) {
@@ -613,11 +635,11 @@ TEST(Auto, ACalibrationFileReplacesTheBuiltInModel) {
   // Nor a one-way β below zero.
   refused("bad-one-way.json", R"({"intra": {"alpha": 1e-9, "beta": 1e-6},
  "inter": {"alpha": 1e-9, "beta": 1e-6, "beta_one_way": -1e-6}, "gamma": 1e-12})",
-          "inter: 'beta_one_way' is negative or infinite");
+          "inter: 'beta_one_way' is -1e-06: negative or infinite");
   // Nor a negative gap.
   refused("bad-gap.json", R"({"intra": {"alpha": 1e-9, "beta": 1e-6, "gap": -1e-9},
  "inter": {"alpha": 1e-9, "beta": 1e-6}, "gamma": 1e-12})",
-          "intra: 'gap' is negative or infinite");
+          "intra: 'gap' is -1e-09: negative or infinite");
   // Nor β by buffer size out of order, or below zero.
   refused("bad-by-buffer.json", R"({"intra": {"alpha": 1e-9, "beta": 1e-6,
  "by_buffer": [[65536, 1e-9, 0], [4096, 1e-9, 0]]},
@@ -633,7 +655,7 @@ TEST(Auto, ACalibrationFileReplacesTheBuiltInModel) {
   refused("bad-flows.json", R"({"intra": {"alpha": 1e-9,
  "beta": 1e-6, "alpha_alone": 1e-9, "beta_alone": 1e-7, "flows": -4},
  "inter": {"alpha": 1e-9, "beta": 1e-6}, "gamma": 1e-12})",
-          "intra: 'flows' is negative or infinite");
+          "intra: 'flows' is -4: negative or infinite");
 }
 
 TEST(Auto, TheRunsCalibrationReplacesTheBuiltInModelButNotAFile) {

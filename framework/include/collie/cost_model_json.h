@@ -46,7 +46,8 @@ inline LinkCost linkCostFromJson(const nlohmann::json& j) {
     if (!v.is_number()) throw std::invalid_argument(std::string("'") + key + "' is not a number");
     const double x = v.get<double>();
     if (!std::isfinite(x) || x < 0)
-      throw std::invalid_argument(std::string("'") + key + "' is negative or infinite");
+      throw std::invalid_argument(std::string("'") + key + "' is " + v.dump() +
+                                  ": negative or infinite");
     return x;
   };
   LinkCost link;
@@ -57,7 +58,8 @@ inline LinkCost linkCostFromJson(const nlohmann::json& j) {
   link.beta_alone = number("beta_alone", false);
   const double flows = number("flows", false);
   if (flows != std::floor(flows) || flows > 1e6)
-    throw std::invalid_argument("'flows' is not a count of flows");
+    throw std::invalid_argument("'flows' is " + j.at("flows").dump() +
+                                ", not a count of flows (a whole number up to 1000000)");
   link.flows = static_cast<int>(flows);
   link.gap = number("gap", false);
   if (j.contains("by_buffer")) {

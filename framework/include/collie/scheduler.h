@@ -27,7 +27,8 @@ class Scheduler {
   // README), or kNoPrediction. Used by the bench's predicted column, the trainer's and
   // `auto`, each through predictCollective(), which hands it the model sized for the
   // collective's buffers; a scheduler that asks another for a part of its collective
-  // (hierarchical) passes that model on as it got it.
+  // (hierarchical) passes that model on as it got it (sizing it again changes nothing:
+  // forBuffer() keeps no sizes to pick from).
   virtual double predictSeconds(const CollectiveArgs& args, const Topology& topology,
                                 const CostModel& model) const {
     (void)args, (void)topology, (void)model;

@@ -292,9 +292,8 @@ double probeOneWay(Backend& backend, Control& control, Partners exchange_partner
 // after the large probes in 30 us, which is what the sweep's collectives then took; run
 // smallest first, α came out anywhere between the two from one run to the next (before
 // the loopback woke its waiters outside its lock, which made every step cheaper). Each
-// size's batches run one after the other. Batches of every size in turn, round after round,
-// were tried: a pair alone no longer met one core for one size and two for the next, but
-// each size's spread over eight calibrations stayed as wide, and the exchange's grew.
+// size's batches run one after the other: batches of every size in turn, round after
+// round, were tried and not kept (docs/measuring.md).
 template <typename Batches>
 LinkCost probeSizes(Control& control, uint64_t largest, LinkFit* fit, Batches&& batches) {
   // The first batches after a quiet spell ran slower (8 B took up to 4x the time of 4 KiB on
@@ -512,8 +511,12 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
       c.model.inter.gap = probeGap(backend, control, across);
       c.model.inter.beta_one_way = probeOneWay(backend, control, across, rank, &c.inter_one_way);
     }
-    // A level without a pair of ranks (one rank per node; one node) is the other level.
-    if (!c.intra.probed) c.model.intra = c.model.inter;
+    // A level without a pair of ranks (one rank per node; one node) is the other level;
+    // inside a node without the one-way β, which only a flow between nodes meets.
+    if (!c.intra.probed) {
+      c.model.intra = c.model.inter;
+      c.model.intra.beta_one_way = 0;
+    }
   }
   c.model.gamma = probeReduction(backend, control, dtype);
   // Each value is equal on every rank already (each comes from a max over the ranks), but
