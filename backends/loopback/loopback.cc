@@ -328,7 +328,7 @@ class Batch {
         // A later part waits for what is left of the batch's time, perhaps nothing: say how
         // long the batch's wait was in all.
         const std::string context =
-            later ? "loopback: in a batch's wait of " + std::to_string(timeout.count()) + " ms, " +
+            later ? "in a batch's wait of " + std::to_string(timeout.count()) + " ms, " +
                         std::to_string(left.count()) + " ms left for this part: "
                   : "";
         if (place == index) throw CommError(context + e.what());

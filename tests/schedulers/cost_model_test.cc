@@ -589,7 +589,7 @@ TEST(CostModelJson, EveryFieldRoundTripsAndOlderFilesReadAsNotMeasured) {
 
 // On one node the level between nodes is the one inside, less what its shared cores add:
 // a flow between nodes has a link of its own.
-TEST(CostModelJson, OneNodesLevelBetweenNodesIsTheLevelInsideWithoutSharedCores) {
+TEST(CostModel, OneNodesLevelBetweenNodesIsTheLevelInsideWithoutSharedCores) {
   const LinkCost intra{10e-6, 1e-10, 0, 5e-6, 5e-11, 4, 3e-6, {{1 << 20, 2e-10, 6e-11}}};
   ASSERT_TRUE(intra.sharesCores());
   const LinkCost inter = measure::interOnOneNode(intra);

@@ -102,7 +102,7 @@ inline CostModel costModelFromJson(const nlohmann::json& doc) {
     throw std::invalid_argument("no number 'gamma'");
   model.gamma = doc.at("gamma").get<double>();
   if (!std::isfinite(model.gamma) || model.gamma < 0)
-    throw std::invalid_argument("'gamma' is negative or infinite");
+    throw std::invalid_argument("'gamma' is " + doc.at("gamma").dump() + ": negative or infinite");
   return model;
 }
 
