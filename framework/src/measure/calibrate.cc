@@ -194,9 +194,13 @@ double probeGap(Backend& backend, Control& control, Partners mine) {
   return std::max(0.0, (stream - single) / (kStream - 1));
 }
 
-// A pair alone inside each node: the node's first two ranks bounce a message back and forth
-// while its other ranks sit out. Each batch's mean time of one way (half a round trip), on
-// ranks of a pair; 0 elsewhere (timedBatches).
+// A pair alone inside each node: the node's first two ranks send a message back and forth
+// while its other ranks sit out, each from a buffer of its own and into another, as a
+// collective's edge sends what its own rank reduced or received. (Bouncing one buffer made
+// every copy read lines the other rank had just written: on ranks that share cores its price
+// followed where the kernel put the pair, one core or two, and it priced the trees of
+// configs/compare-allreduce.yaml 1.5-5x slow from 64 KiB to 2 MiB.) Each batch's mean time of
+// one way (half a round trip), on ranks of a pair; 0 elsewhere (timedBatches).
 std::vector<double> pingPong(Backend& backend, Control& control, uint64_t bytes, int iters,
                              const Topology& t) {
   const int rank = backend.rank();
@@ -205,7 +209,7 @@ std::vector<double> pingPong(Backend& backend, Control& control, uint64_t bytes,
   const int peer = ranks.size() < 2 || local > 1 ? -1 : ranks[1 - local];
   const Buffer like = measurementLike(backend, DType::kF64, control.device());
   const size_t count = std::max<uint64_t>(1, bytes / 8);
-  ScratchBuffer data = writtenScratch(like, count);
+  ScratchBuffer out = writtenScratch(like, count), in = writtenScratch(like, count);
   return timedBatches(backend, control, iters, 2, [&](int per_batch) {
     std::vector<Tag> tags;
     for (int i = 0; i < 2 * per_batch; ++i) tags.push_back(control.nextTag());
@@ -214,9 +218,9 @@ std::vector<double> pingPong(Backend& backend, Control& control, uint64_t bytes,
     const double start = clockSeconds(backend);
     for (size_t i = 0; i < tags.size(); i += 2) {
       // The first rank of the pair sends first; each way is its own tag.
-      if (local == 0) backend.isend(peer, data.view(), tags[i])->wait(backend.timeout());
-      backend.irecv(peer, data.view(), tags[i + (local == 0)])->wait(backend.timeout());
-      if (local == 1) backend.isend(peer, data.view(), tags[i + 1])->wait(backend.timeout());
+      if (local == 0) backend.isend(peer, out.view(), tags[i])->wait(backend.timeout());
+      backend.irecv(peer, in.view(), tags[i + (local == 0)])->wait(backend.timeout());
+      if (local == 1) backend.isend(peer, out.view(), tags[i + 1])->wait(backend.timeout());
     }
     return (clockSeconds(backend) - start) / (2.0 * per_batch);
   });
