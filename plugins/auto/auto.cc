@@ -147,7 +147,8 @@ class AutoScheduler : public Scheduler {
                         const CostModel& model) const override {
     std::string ignored;
     Scheduler* chosen = choose(args, topology, &ignored);
-    return chosen ? predictCollective(*chosen, args, topology, model) : kNoPrediction;
+    // `model` is sized already, and a bank priced by the caller (predictCollective).
+    return chosen ? chosen->predictSeconds(args, topology, model) : kNoPrediction;
   }
 
  private:

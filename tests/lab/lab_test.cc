@@ -334,6 +334,30 @@ TEST_P(LabBackends, KillingOneHostsRanksFailsTheJobOnTheOtherNamingThem) {
 
 INSTANTIATE_TEST_SUITE_P(Lab, LabBackends, ::testing::ValuesIn(kLabBackends), labBackendName);
 
+// The lab's link is a token bucket (tc's tbf, 128 KB at 1 Gbit/s: lab.cc's tbfArgs): the
+// calibration's round trips after a pause read what it banks, which a wire would not.
+TEST(Lab, TheCalibrationReadsWhatTheLinksTokenBucketBanks) {
+  REQUIRE_LAB();
+  auto out = std::filesystem::temp_directory_path() / ("collie-bank-" + std::to_string(::getpid()));
+  const std::string config = writeTempFile(
+      "bank.yaml",
+      "name: bank\nlaunch: {nproc_per_node: 1, lab: {hosts: 2, rate: 1gbit}}\nbackend: gloo\n"
+      "bench: {schedulers: [ring], min_bytes: 64KiB, max_bytes: 64KiB, iters: 2, repeats: 1, "
+      "calibrate: true, plots: false}\n");
+  auto r = runCollie({"run", config, "--out", out.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(out / "calibration.json");
+  const auto calibration = nlohmann::json::parse(in);
+  EXPECT_EQ(calibration.at("fits").at("inter_bank").at("points").size(), 3u) << calibration;
+  const double bank = calibration.at("inter").at("bank").get<double>();
+  // (Eight calibrations read 108-136 KB.)
+  EXPECT_GT(bank, 0.7 * 128000) << calibration.at("fits").at("inter_bank");
+  EXPECT_LT(bank, 1.3 * 128000) << calibration.at("fits").at("inter_bank");
+  EXPECT_TRUE(testing::contains(r.output, {"when idle (round trips after a pause)"})) << r.output;
+  lab::down();
+  std::filesystem::remove_all(out);
+}
+
 TEST(Lab, TheTwoHostsExerciseTrainsOnOneHostAndAcrossTwo) {
   REQUIRE_LAB();
   auto out = std::filesystem::temp_directory_path() / ("collie-2h-" + std::to_string(::getpid()));

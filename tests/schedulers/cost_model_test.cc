@@ -332,6 +332,41 @@ TEST(CostModel, FlatSchedulesOverTwoNodesPayForTheFlowsThatShareTheLink) {
   EXPECT_NEAR(loadScheduler("tree")->predictSeconds(args, two_nodes, lab), 4 * mb, 0.03 * mb);
 }
 
+TEST(CostModel, ALinkThatBanksSavesWhatItStoodIdleUpToItsBank) {
+  // The closed form: a call of 10 ms whose bytes between nodes take 4 ms of it, the bank
+  // 1 ms. The bank refills in the 6 ms idle, so it saves its whole 1 ms.
+  EXPECT_DOUBLE_EQ(bankedSeconds(10e-3, 4e-3, 1e-3), 9e-3);
+  // A bank of 8 ms could save all 4 ms of the bytes, but only 3 ms stand idle a call
+  // (T = 7 ms, 4 ms of it busy): T = (10 + 4) / 2.
+  EXPECT_DOUBLE_EQ(bankedSeconds(10e-3, 4e-3, 8e-3), 7e-3);
+  EXPECT_DOUBLE_EQ(bankedSeconds(10e-3, 0, 8e-3), 10e-3);  // nothing crosses: nothing saved
+  EXPECT_DOUBLE_EQ(bankedSeconds(10e-3, 4e-3, 0), 10e-3);  // a wire
+  // predictCollective finds the bytes between nodes on the schedule's critical path by
+  // pricing it with them twice as slow. A host-ordered ring of 2 nodes x 2 ranks moves
+  // 1.5 m across each way, one flow a step (the previous test): 1.5 m β of its time.
+  Topology two_nodes = Topology::fromLabels({"a", "a", "b", "b"});
+  CostModel lab = model(10e-6, 1000.0, 1e6);
+  lab.inter = {100e-6, 1.0 / 0.125e9};  // 1 Gbit/s
+  auto ring = loadScheduler("ring");
+  const auto args = allreduceOf(64 << 10);
+  const double plain = ring->predictSeconds(args, two_nodes, lab);
+  EXPECT_DOUBLE_EQ(predictCollective(*ring, args, two_nodes, lab), plain);  // no bank
+  const double link = 1.5 * (64 << 10) * lab.inter.beta;
+  lab.inter.bank = 128e3;
+  const double banked = predictCollective(*ring, args, two_nodes, lab);
+  EXPECT_NEAR(banked, bankedSeconds(plain, link, 128e3 * lab.inter.beta), 0.02 * plain);
+  EXPECT_LT(banked, 0.9 * plain) << "64 KiB fits the bank: the ring saves most of its bytes' time";
+  // On one node nothing crosses a link between nodes, whatever it banks.
+  const Topology one_node = Topology::singleNode(4);
+  EXPECT_DOUBLE_EQ(predictCollective(*ring, args, one_node, lab),
+                   ring->predictSeconds(args, one_node, lab));
+  // A message far past the bank saves at most the bank.
+  const auto large = allreduceOf(64 << 20);
+  const double large_plain = ring->predictSeconds(large, two_nodes, lab);
+  EXPECT_NEAR(predictCollective(*ring, large, two_nodes, lab), large_plain - 128e3 * lab.inter.beta,
+              1e-6);
+}
+
 using Candidates = std::vector<std::pair<std::string, std::shared_ptr<Scheduler>>>;
 
 TEST(CostModel, RecursiveDoublingHalvesTheLatencyAndPaysInBytes) {
@@ -537,7 +572,7 @@ TEST(CostModelJson, EveryFieldRoundTripsAndOlderFilesReadAsNotMeasured) {
   CostModel m;
   m.intra = {1e-5,  2e-10, 3e-10, 4e-6,
              5e-11, 4,     6e-6,  {{4096, 1e-10, 2e-11}, {1 << 20, 3e-10, 4e-11}}};
-  m.inter = {7e-5, 8e-9, 9e-9, 0, 0, 0, 1e-5};
+  m.inter = {7e-5, 8e-9, 9e-9, 0, 0, 0, 1e-5, {}, 128e3};
   m.gamma = 1.5e-10;
   const nlohmann::json text = nlohmann::json::parse(costModelJson(m).dump());
   const CostModel back = costModelFromJson(text);
@@ -549,6 +584,7 @@ TEST(CostModelJson, EveryFieldRoundTripsAndOlderFilesReadAsNotMeasured) {
     EXPECT_EQ(a->beta_alone, b->beta_alone);
     EXPECT_EQ(a->flows, b->flows);
     EXPECT_EQ(a->gap, b->gap);
+    EXPECT_EQ(a->bank, b->bank);
     ASSERT_EQ(a->by_buffer.size(), b->by_buffer.size());
     for (size_t i = 0; i < a->by_buffer.size(); ++i) {
       EXPECT_EQ(a->by_buffer[i].bytes, b->by_buffer[i].bytes);
@@ -565,6 +601,7 @@ TEST(CostModelJson, EveryFieldRoundTripsAndOlderFilesReadAsNotMeasured) {
   EXPECT_FALSE(old.sharesCores());
   EXPECT_EQ(old.gap, 0);
   EXPECT_TRUE(old.by_buffer.empty());
+  EXPECT_EQ(old.bank, 0);
   // What is missing or wrong is named.
   auto refused = [](const std::string& text, const std::string& why) {
     EXPECT_TRUE(testing::throwsWith<std::invalid_argument>(

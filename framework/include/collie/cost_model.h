@@ -59,6 +59,11 @@ inline std::string byBufferProblem(const std::vector<BufferBeta>& by_buffer) {
   return "";
 }
 
+// A link may bank what it did not send: a token bucket (tc's tbf, a cloud instance's burst
+// allowance, a switch port's shaper) lets a direction that stood idle send up to `bank`
+// bytes at once, faster than its rate, and the rate after. The calibration measures it
+// between nodes: the bytes a message sent after a pause passed beyond what the one-way β
+// allows (0: none, a wire). collie::bankedSeconds prices what it saves a collective.
 struct LinkCost {
   double alpha = 0;
   double beta = 0;
@@ -68,6 +73,7 @@ struct LinkCost {
   int flows = 0;
   double gap = 0;
   std::vector<BufferBeta> by_buffer = {};
+  double bank = 0;  // bytes
   // Time of one message of `bytes`.
   double message(double bytes) const { return alpha + beta * bytes; }
   // The per-message part of a stream of `messages` whose first message pays `first`: the
@@ -191,6 +197,21 @@ inline std::vector<double> flowSeconds(const std::vector<Flow>& flows, const Top
     seconds.push_back(link.perMessage(f.messages) + load * link.betaFor(both_ways));
   }
   return seconds;
+}
+
+// A collective's predicted `seconds` where the links between nodes bank `bank_seconds` of
+// their time (LinkCost::bank at its one-way β), `link_seconds` being the part of `seconds`
+// that bytes between nodes take on its critical path. Calls back to back, as the bench and
+// a training step make them, reach a steady state: a direction banks while it stands idle,
+// which is the call's time less the time its bytes take at the rate, and the bank, up to
+// its size, pays for that many of the bytes' seconds in the next call. The saving S is the
+// least of the bytes' time, the bank's and the idle time: S = min(link, bank, T - link)
+// with T = seconds - S, so T = max(seconds - min(link, bank), (seconds + link) / 2). On two
+// lab hosts at 1 Gbit/s (a 128 KB bucket) a ring all-reduce of 64 KiB ran 1.36x faster
+// than the line predicted, and within 15 % of this price.
+inline double bankedSeconds(double seconds, double link_seconds, double bank_seconds) {
+  if (!(link_seconds > 0) || !(bank_seconds > 0)) return seconds;
+  return std::max(seconds - std::min(link_seconds, bank_seconds), (seconds + link_seconds) / 2);
 }
 
 // The time of one step of a schedule in which every flow of `flows` runs at once: the step

@@ -26,13 +26,14 @@ inline nlohmann::json linkCostJson(const LinkCost& link) {
           {"beta_alone", link.beta_alone},
           {"flows", link.flows},
           {"gap", link.gap},
-          {"by_buffer", by_buffer}};
+          {"by_buffer", by_buffer},
+          {"bank", link.bank}};
 }
 
 // A level from linkCostJson's object. α and β are required; the fields measured later are
 // absent from a file an older collie wrote (a node of a cluster that runs another build)
 // and read as not measured: the one-way β as β, no sharing of cores, every message of a
-// stream paying α, the line's β at every size. Throws std::invalid_argument naming what is
+// stream paying α, the line's β at every size, no bank. Throws std::invalid_argument naming what is
 // wrong: a field of the wrong type, a negative or infinite value, by_buffer out of order
 // (byBufferProblem).
 inline LinkCost linkCostFromJson(const nlohmann::json& j) {
@@ -62,6 +63,7 @@ inline LinkCost linkCostFromJson(const nlohmann::json& j) {
                                 ", not a count of flows (a whole number up to 1000000)");
   link.flows = static_cast<int>(flows);
   link.gap = number("gap", false);
+  link.bank = number("bank", false);
   if (j.contains("by_buffer")) {
     const nlohmann::json& sizes = j.at("by_buffer");
     if (!sizes.is_array()) throw std::invalid_argument("'by_buffer' is not a list");

@@ -2,6 +2,8 @@
 // Backend interface and runs over every backend.
 #pragma once
 
+#include <cmath>
+
 #include "collie/backend.h"
 #include "collie/collective.h"
 #include "collie/cost_model.h"
@@ -43,12 +45,23 @@ class Scheduler {
 };
 
 // What `scheduler` predicts for `args`: its predictSeconds under `model` sized for the
-// collective's buffers (CostModel::forBuffer at args.bufferBytes()). The one way the
-// framework and `auto` ask, so that every caller prices a collective at the same size.
+// collective's buffers (CostModel::forBuffer at args.bufferBytes()), and, where the links
+// between nodes bank (LinkCost::bank), less what the bank saves (bankedSeconds). The bytes
+// between nodes on the schedule's critical path are found by pricing it again with them at
+// twice their time: the difference is their time. The one way the framework and `auto`
+// ask, so that every caller prices a collective alike; a scheduler that asks another for a
+// part of its collective calls predictSeconds.
 inline double predictCollective(const Scheduler& scheduler, const CollectiveArgs& args,
                                 const Topology& topology, const CostModel& model) {
-  return scheduler.predictSeconds(args, topology,
-                                  model.forBuffer(static_cast<double>(args.bufferBytes())));
+  const CostModel sized = model.forBuffer(static_cast<double>(args.bufferBytes()));
+  const double seconds = scheduler.predictSeconds(args, topology, sized);
+  if (!(sized.inter.bank > 0) || topology.nodeCount() < 2 || !std::isfinite(seconds))
+    return seconds;
+  CostModel slower = sized;
+  slower.inter.beta *= 2;
+  slower.inter.beta_one_way *= 2;
+  const double link = scheduler.predictSeconds(args, topology, slower) - seconds;
+  return bankedSeconds(seconds, link, sized.inter.bank * sized.inter.betaFor(false));
 }
 
 }  // namespace collie

@@ -93,6 +93,7 @@ class RankBench {
       result.fit_intra = c.intra;
       result.fit_inter = c.inter;
       result.fit_inter_one_way = c.inter_one_way;
+      result.fit_inter_bank = c.inter_bank;
       result.fit_intra_alone = c.intra_alone;
       result.calibrated = true;
       for (auto& s : schedulers_) {

@@ -76,6 +76,7 @@ struct Result {
   bool calibrated = false;
   LinkFit fit_intra, fit_inter;  // how each level's probes fit the model
   LinkFit fit_inter_one_way;     // and the one-way stream between nodes
+  LinkFit fit_inter_bank;        // and the round trips after a pause between nodes
   LinkFit fit_intra_alone;       // and a pair alone inside a node
 };
 

@@ -88,6 +88,11 @@ void header(std::ostream& out, const Row& first, const Result& result) {
             ", one way not resolved (streamed, {} sizes: time did not grow with "
             "size), the exchange's beta used",
             result.fit_inter_one_way.sizes);
+      if (result.fit_inter_bank.probed)
+        out << (m.inter.bank > 0
+                    ? fmt::format(", banks {:.0f} KB when idle (round trips after a pause)",
+                                  m.inter.bank / 1e3)
+                    : std::string(", banks nothing when idle"));
       out << ";";
     }
     out << fmt::format(" gamma {:.3f} GB/s\n", m.gamma > 0 ? 1e-9 / m.gamma : INFINITY);
@@ -379,6 +384,7 @@ nlohmann::json fitsJson(const Result& result) {
   return {{"intra", fitJson(result.fit_intra)},
           {"inter", fitJson(result.fit_inter)},
           {"inter_one_way", fitJson(result.fit_inter_one_way)},
+          {"inter_bank", fitJson(result.fit_inter_bank)},
           {"intra_alone", fitJson(result.fit_intra_alone)}};
 }
 
@@ -435,6 +441,8 @@ Result loadResult(const std::string& path) {
     result.fit_intra = fitOf(doc.at("fits").at("intra"));
     result.fit_inter = fitOf(doc.at("fits").at("inter"));
     result.fit_inter_one_way = fitOf(doc.at("fits").at("inter_one_way"));
+    if (doc.at("fits").contains("inter_bank"))
+      result.fit_inter_bank = fitOf(doc.at("fits").at("inter_bank"));
     if (doc.at("fits").contains("intra_alone"))
       result.fit_intra_alone = fitOf(doc.at("fits").at("intra_alone"));
     result.model = costModelFromJson(doc.at("model"));

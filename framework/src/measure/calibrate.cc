@@ -286,6 +286,69 @@ double probeOneWay(Backend& backend, Control& control, Partners exchange_partner
   return fitLine(points, &fit->residual).beta;
 }
 
+// The bank between nodes (LinkCost::bank): after a pause that lets any bank fill (a token
+// bucket refills at its rate; 20 ms is 2.5 MB at 1 Gbit/s), rank 0 sends one message of
+// each kBankSizes size to its partner, which answers with 8 bytes, kBankRepeats times. The
+// fastest round trip of each size is its link's: a round trip's noise only ever adds (a
+// rank woken late after the pause, TCP's state after the probes before), and between the
+// lab's hosts an 8-byte one took 0.4-3.3 ms, so the median of 15 read a 128 KB bucket as
+// anything from nothing to 155 KB, the fastest of 25 as 108-136 KB in eight calibrations.
+// A size's round trip less an 8-byte one's is what its bytes took. The two largest sizes,
+// both past the bank, pass at the rate: the slope between them is the pace of a message
+// after a pause, measured by this probe itself (the one-way β comes from a stream, which
+// on the lab ran 5-20 % slower and read the same buckets as 88-226 KB). The bank is what
+// the smaller of the two passed beyond that pace, m - 8 - (t(m) - t(8)) / pace: the whole
+// bank up to 256 KiB (a larger one reads as 256 KiB); 0 where that is under a tenth of m,
+// the probes' noise (a wire, a simulated link). Collective; every rank returns rank 0's.
+constexpr uint64_t kBankSizes[] = {8, 256 << 10, 1 << 20};
+constexpr int kBankRepeats = 25;
+constexpr double kBankPause = 20e-3;
+
+double probeBank(Backend& backend, Control& control, Partners exchange_partners, int rank,
+                 LinkFit* fit) {
+  const int peer = exchange_partners.to;
+  const Buffer like = measurementLike(backend, DType::kF64, control.device());
+  std::vector<std::pair<double, double>> points;
+  for (uint64_t bytes : kBankSizes) {
+    std::vector<double> trips;
+    {
+      ScratchBuffer data = writtenScratch(like, std::max<uint64_t>(1, bytes / 8));
+      ScratchBuffer ack = writtenScratch(like, 1);
+      for (int i = 0; i < kBankRepeats; ++i) {
+        const Tag there = control.nextTag(), back = control.nextTag();
+        control.barrier();
+        sleepSeconds(backend, kBankPause);  // every rank: the link stands idle
+        if (peer < 0) continue;
+        if (rank == 0) {
+          const double start = clockSeconds(backend);
+          auto answer = backend.irecv(peer, ack.view(), back);
+          backend.isend(peer, data.view(), there)->wait(backend.timeout());
+          answer->wait(backend.timeout());
+          trips.push_back(clockSeconds(backend) - start);
+        } else {
+          backend.irecv(peer, data.view(), there)->wait(backend.timeout());
+          backend.isend(peer, ack.view(), back)->wait(backend.timeout());
+        }
+      }
+    }
+    const double fastest = trips.empty() ? 0.0 : *std::min_element(trips.begin(), trips.end());
+    const double trip = control.max({fastest})[0];
+    if (trip > 0) points.emplace_back(static_cast<double>(std::max<uint64_t>(bytes, 8)), trip);
+  }
+  fit->probed = points.size() == std::size(kBankSizes);
+  fit->sizes = static_cast<int>(points.size());
+  fit->points = points;
+  fit->residual = 0;
+  if (!fit->probed) return 0;
+  const auto& [small, small_trip] = points[0];
+  const auto& [m, trip] = points[1];
+  const auto& [large, large_trip] = points[2];
+  const double pace = (large_trip - trip) / (large - m);
+  if (!(pace > 0)) return 0;  // the larger message no slower: noise, nothing to read
+  const double banked = std::min(m, m - small - (trip - small_trip) / pace);
+  return banked > 0.1 * m ? banked : 0;
+}
+
 // Every size up to `largest`, each timed by `batches(bytes, iters)` (the batches' means on
 // this rank, 0 where it sits out): the median over batches of the slowest probing rank, and
 // the fitted line. Every rank returns the same.
@@ -389,7 +452,7 @@ std::vector<BufferBeta> byBuffer(const LinkCost& line,
 void pack(const LinkCost& link, std::vector<double>* values) {
   values->insert(values->end(), {link.alpha, link.beta, link.beta_one_way, link.alpha_alone,
                                  link.beta_alone, static_cast<double>(link.flows), link.gap,
-                                 static_cast<double>(link.by_buffer.size())});
+                                 link.bank, static_cast<double>(link.by_buffer.size())});
   for (const BufferBeta& b : link.by_buffer)
     values->insert(values->end(), {b.bytes, b.beta, b.beta_alone});
 }
@@ -407,6 +470,7 @@ LinkCost unpack(const std::vector<double>& values, size_t* at) {
   link.beta_alone = next();
   link.flows = static_cast<int>(next());
   link.gap = next();
+  link.bank = next();
   const size_t sizes = static_cast<size_t>(next());
   for (size_t i = 0; i < sizes; ++i) {
     BufferBeta b;
@@ -514,12 +578,14 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
     if (c.inter.probed) {
       c.model.inter.gap = probeGap(backend, control, across);
       c.model.inter.beta_one_way = probeOneWay(backend, control, across, rank, &c.inter_one_way);
+      c.model.inter.bank = probeBank(backend, control, across, rank, &c.inter_bank);
     }
     // A level without a pair of ranks (one rank per node; one node) is the other level;
-    // inside a node without the one-way β, which only a flow between nodes meets.
+    // inside a node without the one-way β and the bank, which only a flow between nodes meets.
     if (!c.intra.probed) {
       c.model.intra = c.model.inter;
       c.model.intra.beta_one_way = 0;
+      c.model.intra.bank = 0;
     }
   }
   c.model.gamma = probeReduction(backend, control, dtype);

@@ -33,6 +33,7 @@ struct Calibration {
   CostModel model;
   LinkFit intra, inter;
   LinkFit inter_one_way;  // the stream between nodes behind inter.beta_one_way
+  LinkFit inter_bank;     // round trips after a pause, between nodes, behind inter.bank
   LinkFit intra_alone;    // a pair alone inside a node, behind intra.alpha_alone, beta_alone
 };
 
