@@ -335,7 +335,8 @@ TEST_P(LabBackends, KillingOneHostsRanksFailsTheJobOnTheOtherNamingThem) {
 INSTANTIATE_TEST_SUITE_P(Lab, LabBackends, ::testing::ValuesIn(kLabBackends), labBackendName);
 
 // The lab's link is a token bucket (tc's tbf, 128 KB at 1 Gbit/s: lab.cc's tbfArgs): the
-// calibration's round trips after a pause read what it banks, which a wire would not.
+// calibration's round trips after a pause read what it banks, which a wire would not. With
+// one rank per host, that is the link between the hosts' only.
 TEST(Lab, TheCalibrationReadsWhatTheLinksTokenBucketBanks) {
   REQUIRE_LAB();
   auto out = std::filesystem::temp_directory_path() / ("collie-bank-" + std::to_string(::getpid()));
@@ -354,6 +355,14 @@ TEST(Lab, TheCalibrationReadsWhatTheLinksTokenBucketBanks) {
   EXPECT_GT(bank, 0.7 * 128000) << calibration.at("fits").at("inter_bank");
   EXPECT_LT(bank, 1.3 * 128000) << calibration.at("fits").at("inter_bank");
   EXPECT_TRUE(testing::contains(r.output, {"when idle (round trips after a pause)"})) << r.output;
+  // One rank per host: the level inside a host is the one between them, less what only a
+  // flow between hosts meets (the one-way beta and the bank).
+  const auto& intra = calibration.at("intra");
+  const auto& inter = calibration.at("inter");
+  EXPECT_EQ(intra.at("beta").get<double>(), inter.at("beta").get<double>());
+  EXPECT_GT(inter.at("beta_one_way").get<double>(), 0);
+  EXPECT_EQ(intra.at("beta_one_way").get<double>(), 0);
+  EXPECT_EQ(intra.at("bank").get<double>(), 0);
   lab::down();
   std::filesystem::remove_all(out);
 }
@@ -372,11 +381,11 @@ TEST(Lab, TheTwoHostsExerciseTrainsOnOneHostAndAcrossTwo) {
         "as written                     4", "rate=100mbit                   4"}) {
     EXPECT_TRUE(testing::contains(r.output, {row})) << row << "\n" << r.output;
   }
-  // Across the hosts the all-reduce is set against the link between nodes, and the weights
-  // stay identical.
+  // Across the hosts the all-reduce is set against the link between nodes, with what its
+  // token bucket banks, and the weights stay identical.
   EXPECT_TRUE(testing::contains(
       r.output, {"[as written] all-reduce per step", "from the measured link between nodes",
-                 "[rate=100mbit] weights identical"}));
+                 "KB when idle)", "[rate=100mbit] weights identical"}));
   // On the hosts, their interfaces counted what crossed the link: at least half the
   // gradients a step (the host's sums must reach the other host), and nothing
   // off the lab.

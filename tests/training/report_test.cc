@@ -94,6 +94,7 @@ Result everyFieldSet() {
   r.link_alpha = 3e-5;
   r.link_beta = 8e-9;
   r.link_gap = 7e-6;
+  r.link_bank = 128e3;
   r.between_nodes = true;
   r.compute_seconds = {0.2, 0.21};
   r.comm_explained.explained = true;
@@ -213,6 +214,7 @@ TEST_F(ResultFile, KeepsEveryFieldOfAResult) {
   EXPECT_EQ(out.link_alpha, in.link_alpha);
   EXPECT_EQ(out.link_beta, in.link_beta);
   EXPECT_EQ(out.link_gap, in.link_gap);
+  EXPECT_EQ(out.link_bank, in.link_bank);
   EXPECT_EQ(out.between_nodes, in.between_nodes);
   EXPECT_EQ(out.compute_seconds, in.compute_seconds);
   auto explained = [](const CommExplained& e) {
@@ -305,6 +307,7 @@ TEST_F(ResultFile, KeepsTheNamesThatSummaryJsonReadersUse) {
                                           "link_alpha_s",
                                           "link_beta_s_per_byte",
                                           "link_gap_s",
+                                          "link_bank_bytes",
                                           "link_between_nodes",
                                           "compute_s",
                                           "comm_explained",

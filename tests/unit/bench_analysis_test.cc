@@ -1,8 +1,15 @@
 // What the bench concludes from its rows: which scheduler is fastest at a size only when the
 // spread over repeats allows it, crossovers between such sizes, and the rules for `auto`.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
 
 #include "bench/bench.h"
+#include "collie/error.h"
+#include "expect.h"
 #include "measure/calibrate.h"
 
 namespace collie::bench {
@@ -255,6 +262,62 @@ TEST(CostModelFit, NeverNegative) {
   EXPECT_GE(link.alpha, 0);
   EXPECT_GE(link.beta, 0);
   EXPECT_EQ(link.beta, 0);
+}
+
+// The bank a link between nodes keeps while idle, from the fastest round trips after a
+// pause of 8 B, 256 KiB and 1 MiB (1 Gbit/s: 8 ns a byte; a banked byte passes 20x faster).
+TEST(CostModelFit, TheBankIsWhatTheMiddleSizePassedBeyondThePaceOfTheTwoLarger) {
+  const double beta = 8e-9, a = 400e-6;
+  auto trips = [&](double bank) {
+    std::vector<std::pair<double, double>> t;
+    for (double m : {8.0, 262144.0, 1048576.0})
+      t.emplace_back(m, a + std::min(m, bank) * beta / 20 + std::max(0.0, m - bank) * beta);
+    return t;
+  };
+  EXPECT_EQ(measure::bankFromTrips(trips(0), beta), 0) << "a wire banks nothing";
+  // A 128 KB bucket reads as what it saved: its bytes less the time they still took.
+  EXPECT_NEAR(measure::bankFromTrips(trips(128e3), beta), 128e3 * 0.95, 1e3);
+  // The pace is the probe's own: a stream's β 20 % slower changes nothing.
+  EXPECT_NEAR(measure::bankFromTrips(trips(128e3), 1.2 * beta), 128e3 * 0.95, 1e3);
+  // A bank past 256 KiB but short of 1 MiB reads as 256 KiB, one past 1 MiB as 1 MiB (the
+  // larger message too passed at the bank's pace): what each at least is.
+  EXPECT_GT(measure::bankFromTrips(trips(600e3), beta), 0.85 * 262144);
+  EXPECT_LE(measure::bankFromTrips(trips(600e3), beta), 262144);
+  EXPECT_EQ(measure::bankFromTrips(trips(4e6), beta), 1048576);
+  // Noise: 256 KiB 5 % faster on a wire is no bank.
+  auto noisy = trips(0);
+  noisy[1].second *= 0.95;
+  EXPECT_EQ(measure::bankFromTrips(noisy, beta), 0);
+  // Too few sizes (a rank that sat out, a level not probed): nothing to read.
+  EXPECT_EQ(measure::bankFromTrips({{8, a}, {262144, a}}, beta), 0);
+}
+
+// A worker's result file read back by its launcher: a value of the cost model that the
+// model's reader refuses (a negative gap) is an error naming the file, the field and the
+// value, as a file that is not JSON is.
+TEST(BenchResultFile, AModelValueTheReaderRefusesNamesTheFileTheFieldAndTheValue) {
+  Result result;
+  result.calibrated = true;
+  result.model.intra.gap = 1.5e-06;
+  const std::string path =
+      ::testing::TempDir() + "bench-result-" + std::to_string(::getpid()) + ".json";
+  saveResult(path, result);
+  EXPECT_EQ(loadResult(path).model.intra.gap, 1.5e-06);
+  std::string text;
+  {
+    std::ifstream in(path);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const size_t at = text.find("1.5e-06");
+  ASSERT_NE(at, std::string::npos) << text;
+  text.insert(at, "-");
+  std::ofstream(path) << text;
+  EXPECT_TRUE(testing::throwsWith<InternalError>(
+      [&] { loadResult(path); }, {path, "unreadable results", "'gap'", "-1.5e-06"}));
+  std::ofstream(path) << "{";
+  EXPECT_TRUE(
+      testing::throwsWith<InternalError>([&] { loadResult(path); }, {path, "unreadable results"}));
+  std::remove(path.c_str());
 }
 
 }  // namespace

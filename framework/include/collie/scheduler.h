@@ -46,9 +46,11 @@ class Scheduler {
 
 // What `scheduler` predicts for `args`: its predictSeconds under `model` sized for the
 // collective's buffers (CostModel::forBuffer at args.bufferBytes()), and, where the links
-// between nodes bank (LinkCost::bank), less what the bank saves (bankedSeconds). The bytes
-// between nodes on the schedule's critical path are found by pricing it again with them at
-// twice their time: the difference is their time. The one way the framework and `auto`
+// between nodes bank (LinkCost::bank), less what the bank saves (bankedSeconds). The time
+// the bytes between nodes take on the schedule's critical path is β times the prediction's
+// slope in β: priced again with β a thousandth larger, the difference times a thousand (a
+// larger step would find a longer path where a slower link makes another one critical).
+// The one way the framework and `auto`
 // ask, so that every caller prices a collective alike; a scheduler that asks another for a
 // part of its collective calls predictSeconds.
 inline double predictCollective(const Scheduler& scheduler, const CollectiveArgs& args,
@@ -57,10 +59,11 @@ inline double predictCollective(const Scheduler& scheduler, const CollectiveArgs
   const double seconds = scheduler.predictSeconds(args, topology, sized);
   if (!(sized.inter.bank > 0) || topology.nodeCount() < 2 || !std::isfinite(seconds))
     return seconds;
+  constexpr double kStep = 1e-3;
   CostModel slower = sized;
-  slower.inter.beta *= 2;
-  slower.inter.beta_one_way *= 2;
-  const double link = scheduler.predictSeconds(args, topology, slower) - seconds;
+  slower.inter.beta *= 1 + kStep;
+  slower.inter.beta_one_way *= 1 + kStep;
+  const double link = (scheduler.predictSeconds(args, topology, slower) - seconds) / kStep;
   return bankedSeconds(seconds, link, sized.inter.bank * sized.inter.betaFor(false));
 }
 

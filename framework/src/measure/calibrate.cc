@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -209,7 +210,11 @@ std::vector<double> pingPong(Backend& backend, Control& control, uint64_t bytes,
   const int peer = ranks.size() < 2 || local > 1 ? -1 : ranks[1 - local];
   const Buffer like = measurementLike(backend, DType::kF64, control.device());
   const size_t count = std::max<uint64_t>(1, bytes / 8);
-  ScratchBuffer out = writtenScratch(like, count), in = writtenScratch(like, count);
+  std::optional<ScratchBuffer> out, in;  // only on the pair: 16 MiB each at most
+  if (peer >= 0) {
+    out.emplace(writtenScratch(like, count));
+    in.emplace(writtenScratch(like, count));
+  }
   return timedBatches(backend, control, iters, 2, [&](int per_batch) {
     std::vector<Tag> tags;
     for (int i = 0; i < 2 * per_batch; ++i) tags.push_back(control.nextTag());
@@ -218,9 +223,9 @@ std::vector<double> pingPong(Backend& backend, Control& control, uint64_t bytes,
     const double start = clockSeconds(backend);
     for (size_t i = 0; i < tags.size(); i += 2) {
       // The first rank of the pair sends first; each way is its own tag.
-      if (local == 0) backend.isend(peer, out.view(), tags[i])->wait(backend.timeout());
-      backend.irecv(peer, in.view(), tags[i + (local == 0)])->wait(backend.timeout());
-      if (local == 1) backend.isend(peer, out.view(), tags[i + 1])->wait(backend.timeout());
+      if (local == 0) backend.isend(peer, out->view(), tags[i])->wait(backend.timeout());
+      backend.irecv(peer, in->view(), tags[i + (local == 0)])->wait(backend.timeout());
+      if (local == 1) backend.isend(peer, out->view(), tags[i + 1])->wait(backend.timeout());
     }
     return (clockSeconds(backend) - start) / (2.0 * per_batch);
   });
@@ -287,48 +292,45 @@ double probeOneWay(Backend& backend, Control& control, Partners exchange_partner
 }
 
 // The bank between nodes (LinkCost::bank): after a pause that lets any bank fill (a token
-// bucket refills at its rate; 20 ms is 2.5 MB at 1 Gbit/s), rank 0 sends one message of
-// each kBankSizes size to its partner, which answers with 8 bytes, kBankRepeats times. The
-// fastest round trip of each size is its link's: a round trip's noise only ever adds (a
-// rank woken late after the pause, TCP's state after the probes before), and between the
-// lab's hosts an 8-byte one took 0.4-3.3 ms, so the median of 15 read a 128 KB bucket as
-// anything from nothing to 155 KB, the fastest of 25 as 108-136 KB in eight calibrations.
-// A size's round trip less an 8-byte one's is what its bytes took. The two largest sizes,
-// both past the bank, pass at the rate: the slope between them is the pace of a message
-// after a pause, measured by this probe itself (the one-way β comes from a stream, which
-// on the lab ran 5-20 % slower and read the same buckets as 88-226 KB). The bank is what
-// the smaller of the two passed beyond that pace, m - 8 - (t(m) - t(8)) / pace: the whole
-// bank up to 256 KiB (a larger one reads as 256 KiB); 0 where that is under a tenth of m,
-// the probes' noise (a wire, a simulated link). Collective; every rank returns rank 0's.
+// bucket refills at its rate; 20 ms is 2.5 MB at 1 Gbit/s, 25 KB at 10 Mbit/s), rank 0
+// sends one message of each kBankSizes size to its partner, which answers with 8 bytes,
+// kBankRepeats times, and bankFromTrips reads the bank from the fastest round trip of each
+// size. The fastest, because a round trip's noise only ever adds (a rank woken late after
+// the pause, TCP's state after the probes before): between the lab's hosts an 8-byte one
+// took 0.4-3.3 ms, and the median of 15 read a 128 KB bucket as anything from nothing to
+// 155 KB, the fastest of 25 as 108-136 KB in eight calibrations. Simulated time has no
+// noise: one round trip each there. Collective; every rank returns rank 0's.
 constexpr uint64_t kBankSizes[] = {8, 256 << 10, 1 << 20};
 constexpr int kBankRepeats = 25;
 constexpr double kBankPause = 20e-3;
 
 double probeBank(Backend& backend, Control& control, Partners exchange_partners, int rank,
-                 LinkFit* fit) {
+                 double beta_one_way, LinkFit* fit) {
   const int peer = exchange_partners.to;
   const Buffer like = measurementLike(backend, DType::kF64, control.device());
+  const int repeats = simulatedTime(backend) ? 1 : kBankRepeats;
   std::vector<std::pair<double, double>> points;
   for (uint64_t bytes : kBankSizes) {
     std::vector<double> trips;
-    {
-      ScratchBuffer data = writtenScratch(like, std::max<uint64_t>(1, bytes / 8));
-      ScratchBuffer ack = writtenScratch(like, 1);
-      for (int i = 0; i < kBankRepeats; ++i) {
-        const Tag there = control.nextTag(), back = control.nextTag();
-        control.barrier();
-        sleepSeconds(backend, kBankPause);  // every rank: the link stands idle
-        if (peer < 0) continue;
-        if (rank == 0) {
-          const double start = clockSeconds(backend);
-          auto answer = backend.irecv(peer, ack.view(), back);
-          backend.isend(peer, data.view(), there)->wait(backend.timeout());
-          answer->wait(backend.timeout());
-          trips.push_back(clockSeconds(backend) - start);
-        } else {
-          backend.irecv(peer, data.view(), there)->wait(backend.timeout());
-          backend.isend(peer, ack.view(), back)->wait(backend.timeout());
-        }
+    std::optional<ScratchBuffer> data, ack;  // only on the pair
+    if (peer >= 0) {
+      data.emplace(writtenScratch(like, std::max<uint64_t>(1, bytes / 8)));
+      ack.emplace(writtenScratch(like, 1));
+    }
+    for (int i = 0; i < repeats; ++i) {
+      const Tag there = control.nextTag(), back = control.nextTag();
+      control.barrier();
+      sleepSeconds(backend, kBankPause);  // every rank: the link stands idle
+      if (peer < 0) continue;
+      if (rank == 0) {
+        const double start = clockSeconds(backend);
+        auto answer = backend.irecv(peer, ack->view(), back);
+        backend.isend(peer, data->view(), there)->wait(backend.timeout());
+        answer->wait(backend.timeout());
+        trips.push_back(clockSeconds(backend) - start);
+      } else {
+        backend.irecv(peer, data->view(), there)->wait(backend.timeout());
+        backend.isend(peer, ack->view(), back)->wait(backend.timeout());
       }
     }
     const double fastest = trips.empty() ? 0.0 : *std::min_element(trips.begin(), trips.end());
@@ -339,14 +341,7 @@ double probeBank(Backend& backend, Control& control, Partners exchange_partners,
   fit->sizes = static_cast<int>(points.size());
   fit->points = points;
   fit->residual = 0;
-  if (!fit->probed) return 0;
-  const auto& [small, small_trip] = points[0];
-  const auto& [m, trip] = points[1];
-  const auto& [large, large_trip] = points[2];
-  const double pace = (large_trip - trip) / (large - m);
-  if (!(pace > 0)) return 0;  // the larger message no slower: noise, nothing to read
-  const double banked = std::min(m, m - small - (trip - small_trip) / pace);
-  return banked > 0.1 * m ? banked : 0;
+  return bankFromTrips(points, beta_one_way);
 }
 
 // Every size up to `largest`, each timed by `batches(bytes, iters)` (the batches' means on
@@ -484,6 +479,20 @@ LinkCost unpack(const std::vector<double>& values, size_t* at) {
 
 }  // namespace
 
+double bankFromTrips(const std::vector<std::pair<double, double>>& trips, double beta_one_way) {
+  if (trips.size() != 3) return 0;
+  const auto& [small, small_trip] = trips[0];
+  const auto& [m, trip] = trips[1];
+  const auto& [large, large_trip] = trips[2];
+  if (!(small < m && m < large)) return 0;
+  const double pace = (large_trip - trip) / (large - m);
+  // The larger message as fast as the bank passes bytes: the bank holds it too.
+  if (beta_one_way > 0 && pace < beta_one_way / 2) return large;
+  if (!(pace > 0)) return 0;
+  const double banked = std::min(m, m - small - (trip - small_trip) / pace);
+  return banked > 0.1 * m ? banked : 0;
+}
+
 LinkCost calibrateUnderLoad(Backend& backend, Control& control, const Topology& topology,
                             uint64_t message, uint64_t largest, LinkFit* fit) {
   if (backend.size() < 2) return {};
@@ -578,7 +587,8 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
     if (c.inter.probed) {
       c.model.inter.gap = probeGap(backend, control, across);
       c.model.inter.beta_one_way = probeOneWay(backend, control, across, rank, &c.inter_one_way);
-      c.model.inter.bank = probeBank(backend, control, across, rank, &c.inter_bank);
+      c.model.inter.bank =
+          probeBank(backend, control, across, rank, c.model.inter.betaFor(false), &c.inter_bank);
     }
     // A level without a pair of ranks (one rank per node; one node) is the other level;
     // inside a node without the one-way β and the bank, which only a flow between nodes meets.

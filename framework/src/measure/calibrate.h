@@ -1,10 +1,12 @@
 // Calibrates the α-β-γ cost model on the actual backend before a sweep, one link level at a
 // time: inside a node, every node's ranks shift a message around the node's ring at once
 // (as a step of an intra-node collective does, contention included), and then two of them
-// bounce one back and forth alone (what a step with fewer flows meets); between nodes, rank 0
-// and the first rank of another node exchange messages, and then rank 0 streams large ones
-// to it alone (β one way). Each level is probed, synchronised, over several sizes and
-// fitted (fitLine); γ times a local reduction on every rank at once. The bench, the trainer
+// send one back and forth alone, each from a buffer of its own (what a step with fewer flows
+// meets); between nodes, rank 0 and the first rank of another node exchange messages, then
+// rank 0 streams large ones to it alone (β one way), and last sends it single messages after
+// a pause (what the link banks while idle: bankFromTrips). Each level is probed,
+// synchronised, over several sizes and fitted (fitLine); γ times a local reduction on every
+// rank at once. The bench, the trainer
 // and plugin-check share it (and the buffers of a measurement, and a median) from here.
 #pragma once
 
@@ -23,9 +25,10 @@ namespace collie::measure {
 struct LinkFit {
   bool probed = false;  // false: the level has no pair of ranks (it copies the other level)
   int sizes = 0;        // probe sizes fitted
-  double residual = 0;  // RMS of (fit - measured) / measured over them
+  double residual = 0;  // RMS of (fit - measured) / measured over them (0: no line fitted)
   // The probes: (bytes, seconds of one exchange: the median over batches of the slowest
-  // probing rank's mean), by size.
+  // probing rank's mean), by size. The bank's (Calibration::inter_bank): the fastest round
+  // trip of each size.
   std::vector<std::pair<double, double>> points;
 };
 
@@ -45,6 +48,15 @@ Buffer measurementLike(const Backend& backend, DType dtype, int device);
 
 // The median of `values` (NaN when empty).
 double median(std::vector<double> values);
+
+// What a link between nodes banks while idle (LinkCost::bank), in bytes, from the fastest
+// round trips after a pause of 8 B, m and M bytes (`trips`, smallest first; m < M) and the
+// one-way β of a stream: the slope from m to M is the pace of a message after a pause, and
+// the bank what m passed beyond it, m - 8 - (t(m) - t(8)) / pace, at most m. Where M too
+// passed far faster than the stream's β (its pace under half the stream's), the bank holds M
+// as well: M, which it is at least. 0 where the bank is under a tenth of m, the probes'
+// noise (a wire, a simulated link), or where `trips` is not three sizes.
+double bankFromTrips(const std::vector<std::pair<double, double>>& trips, double beta_one_way);
 
 // The largest probe between nodes: 4 MiB, past a lab link's token bucket (128 KB at 1
 // Gbit/s), where the wire decides; a larger one costs a slow link seconds of start-up

@@ -390,8 +390,9 @@ void printDetails(std::ostream& out, const Result& r) {
         << fmt::format("{:.1f}", r.link_alpha * 1e6) << " us"
         << (r.link_gap > 0 ? fmt::format(" then {:.1f} us a message in a stream", r.link_gap * 1e6)
                            : "")
-        << ", " << (r.link_beta > 0 ? fmt::format("{:.3f}", 1e-9 / r.link_beta) : "-")
-        << " GB/s)\n";
+        << ", " << (r.link_beta > 0 ? fmt::format("{:.3f}", 1e-9 / r.link_beta) : "-") << " GB/s"
+        << (r.link_bank > 0 ? fmt::format(", banks {:.0f} KB when idle", r.link_bank / 1e3) : "")
+        << ")\n";
     if (r.predicted_float32_comm_seconds > 0 && !std::isnan(r.predicted_comm_seconds)) {
       const double saved = r.predicted_float32_comm_seconds - r.predicted_comm_seconds;
       out << "# " << tag

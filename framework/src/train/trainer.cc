@@ -1124,7 +1124,11 @@ class RankTrainer {
       late += std::max(0.0, most[flag + 1 + i] - total[arrivals + i] / ranks) /
               static_cast<double>(steps);
     }
-    CostModel latency_free = cost;
+    // The per-message part of a bucket's price: the line's with and without α and the gap,
+    // both without a bank (what a bank saves is not linear in the line's time).
+    CostModel unbanked = cost;
+    unbanked.intra.bank = unbanked.inter.bank = 0;
+    CostModel latency_free = unbanked;
     for (LinkCost* link : {&latency_free.intra, &latency_free.inter})
       link->alpha = link->alpha_alone = link->gap = 0;
     std::vector<BucketTimes> times(buckets);
@@ -1135,7 +1139,8 @@ class RankTrainer {
       }
       const auto& collectives = planned[b];
       times[b].predicted = predictSeconds(collectives, cost);
-      times[b].latency = times[b].predicted - predictSeconds(collectives, latency_free);
+      times[b].latency =
+          predictSeconds(collectives, unbanked) - predictSeconds(collectives, latency_free);
       times[b].predicted_busy = busy ? predictSeconds(collectives, *busy) : 0;
       times[b].elements = static_cast<double>(reducer.bucketNumel(b));
       if (std::isnan(times[b].predicted)) return {};
@@ -1204,6 +1209,7 @@ class RankTrainer {
     r.link_alpha = link.alpha;
     r.link_beta = link.beta;
     r.link_gap = link.gap;
+    r.link_bank = r.between_nodes ? link.bank : 0;
 
     r.token_budgets = spec_.token_budgets;
     r.peak_flops = spec_.peak_flops;

@@ -132,8 +132,9 @@ struct Result {
   // rehearsal before the first step (codec_group.h's RehearsalGroup).
   double predicted_codec_arithmetic_seconds = 0;
   // The slowest level: between nodes when there are several; the gap 0 where not measured;
-  // β as a bucket's buffers are priced (CostModel::forBuffer at train.bucket_bytes).
-  double link_alpha = 0, link_beta = 0, link_gap = 0;
+  // β as a bucket's buffers are priced (CostModel::forBuffer at train.bucket_bytes); what the
+  // link between nodes banks while idle (LinkCost::bank, bytes; 0 inside a node, on a wire).
+  double link_alpha = 0, link_beta = 0, link_gap = 0, link_bank = 0;
   bool between_nodes = false;
   std::vector<double> compute_seconds;  // per rank: forward + backward per step
   // Every step all-reducing every bucket: why the all-reduces took what they took, and the
@@ -237,6 +238,7 @@ void forEachField(R& r, Visit&& visit) {
   visit("link_alpha_s", r.link_alpha);
   visit("link_beta_s_per_byte", r.link_beta);
   visit("link_gap_s", r.link_gap);
+  visit("link_bank_bytes", r.link_bank);
   visit("link_between_nodes", r.between_nodes);
   visit("compute_s", r.compute_seconds);
   visit("comm_explained", r.comm_explained.explained);
