@@ -115,7 +115,10 @@ TEST(DeviceOnly, AHostMessageIsRefusedAndTheControlPlaneStagesIt) {
 // ---- collie's commands over the device-only backend -------------------------------------
 
 // The bench with calibration (probes, barriers, folds), a trace (clock offsets, the trace
-// gather) and the consistency check, on 2 and 3 ranks; every result checked.
+// gather) and the consistency check, on 2 and 3 ranks, and on 2 emulated nodes x 2 ranks,
+// whose calibration probes the level between nodes too (its stream, and its round trips
+// after a pause, each of which posts its answer's receive before waiting on its send);
+// every result checked.
 TEST(DeviceOnly, TheBenchCalibratesTracesAndChecksOnDeviceMemory) {
   const std::string config = writeTempFile(
       "device-only-bench.yaml",
@@ -124,10 +127,11 @@ TEST(DeviceOnly, TheBenchCalibratesTracesAndChecksOnDeviceMemory) {
           "bench: {schedulers: [ring, halving_doubling, tree], min_bytes: 4KiB, "
           "max_bytes: 64KiB, step_factor: 16, iters: 2, warmup_iters: 1, repeats: 1, "
           "calibrate: true, trace: true, plots: false}\n"
-          "matrix: {launch.nproc_per_node: [2, 3]}\n");
+          "matrix: [{launch.nproc_per_node: 2}, {launch.nproc_per_node: 3},\n"
+          "         {launch.nproc_per_node: 4, launch.ranks_per_node: 2}]\n");
   const auto r = runCollie({"run", config, "--out", scratch("bench")}, kEmulated);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(collie::testing::contains(r.output, {"calibrat"}));
+  EXPECT_TRUE(collie::testing::contains(r.output, {"calibrat", "when idle"}));
   EXPECT_TRUE(collie::testing::lacks(r.output, {"WRONG"}));
 }
 

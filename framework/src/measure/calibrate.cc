@@ -305,7 +305,7 @@ constexpr int kBankRepeats = 25;
 constexpr double kBankPause = 20e-3;
 
 double probeBank(Backend& backend, Control& control, Partners exchange_partners, int rank,
-                 double beta_one_way, LinkFit* fit) {
+                 LinkFit* fit) {
   const int peer = exchange_partners.to;
   const Buffer like = measurementLike(backend, DType::kF64, control.device());
   const int repeats = simulatedTime(backend) ? 1 : kBankRepeats;
@@ -341,7 +341,7 @@ double probeBank(Backend& backend, Control& control, Partners exchange_partners,
   fit->sizes = static_cast<int>(points.size());
   fit->points = points;
   fit->residual = 0;
-  return bankFromTrips(points, beta_one_way);
+  return bankFromTrips(points);
 }
 
 // Every size up to `largest`, each timed by `batches(bytes, iters)` (the batches' means on
@@ -479,16 +479,14 @@ LinkCost unpack(const std::vector<double>& values, size_t* at) {
 
 }  // namespace
 
-double bankFromTrips(const std::vector<std::pair<double, double>>& trips, double beta_one_way) {
+double bankFromTrips(const std::vector<std::pair<double, double>>& trips) {
   if (trips.size() != 3) return 0;
   const auto& [small, small_trip] = trips[0];
   const auto& [m, trip] = trips[1];
   const auto& [large, large_trip] = trips[2];
   if (!(small < m && m < large)) return 0;
   const double pace = (large_trip - trip) / (large - m);
-  // The larger message as fast as the bank passes bytes: the bank holds it too.
-  if (beta_one_way > 0 && pace < beta_one_way / 2) return large;
-  if (!(pace > 0)) return 0;
+  if (!(pace > 0)) return 0;  // the larger message no slower: noise, nothing to read
   const double banked = std::min(m, m - small - (trip - small_trip) / pace);
   return banked > 0.1 * m ? banked : 0;
 }
@@ -587,8 +585,7 @@ Calibration calibrate(Backend& backend, Control& control, const Topology& topolo
     if (c.inter.probed) {
       c.model.inter.gap = probeGap(backend, control, across);
       c.model.inter.beta_one_way = probeOneWay(backend, control, across, rank, &c.inter_one_way);
-      c.model.inter.bank =
-          probeBank(backend, control, across, rank, c.model.inter.betaFor(false), &c.inter_bank);
+      c.model.inter.bank = probeBank(backend, control, across, rank, &c.inter_bank);
     }
     // A level without a pair of ranks (one rank per node; one node) is the other level;
     // inside a node without the one-way β and the bank, which only a flow between nodes meets.

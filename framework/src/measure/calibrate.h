@@ -50,13 +50,14 @@ Buffer measurementLike(const Backend& backend, DType dtype, int device);
 double median(std::vector<double> values);
 
 // What a link between nodes banks while idle (LinkCost::bank), in bytes, from the fastest
-// round trips after a pause of 8 B, m and M bytes (`trips`, smallest first; m < M) and the
-// one-way β of a stream: the slope from m to M is the pace of a message after a pause, and
-// the bank what m passed beyond it, m - 8 - (t(m) - t(8)) / pace, at most m. Where M too
-// passed far faster than the stream's β (its pace under half the stream's), the bank holds M
-// as well: M, which it is at least. 0 where the bank is under a tenth of m, the probes'
-// noise (a wire, a simulated link), or where `trips` is not three sizes.
-double bankFromTrips(const std::vector<std::pair<double, double>>& trips, double beta_one_way);
+// round trips after a pause of 8 B, m and M bytes (`trips`, smallest first; m < M): the
+// slope from m to M is the pace of a message after a pause, and the bank what m passed
+// beyond it, m - 8 - (t(m) - t(8)) / pace, at most m. 0 where the bank is under a tenth of
+// m, the probes' noise (a wire, a simulated link), or where `trips` is not three sizes. A
+// bank that holds M too reads as nothing (every size passed at the bank's own pace): telling
+// it from a fast link took the stream's β, which between emulated nodes on one host is
+// noise (it read 2x the exchange's pace there, and a bank of 1 MiB where there is none).
+double bankFromTrips(const std::vector<std::pair<double, double>>& trips);
 
 // The largest probe between nodes: 4 MiB, past a lab link's token bucket (128 KB at 1
 // Gbit/s), where the wire decides; a larger one costs a slow link seconds of start-up
