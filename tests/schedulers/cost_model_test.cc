@@ -341,6 +341,9 @@ TEST(CostModel, ALinkThatBanksSavesWhatItStoodIdleUpToItsBank) {
   EXPECT_DOUBLE_EQ(bankedSeconds(10e-3, 4e-3, 8e-3), 7e-3);
   EXPECT_DOUBLE_EQ(bankedSeconds(10e-3, 0, 8e-3), 10e-3);  // nothing crosses: nothing saved
   EXPECT_DOUBLE_EQ(bankedSeconds(10e-3, 4e-3, 0), 10e-3);  // a wire
+  // A link time that is no part of the call (a prediction not linear in β) saves nothing.
+  EXPECT_DOUBLE_EQ(bankedSeconds(10e-3, 30e-3, 1e-3), 10e-3);
+  EXPECT_DOUBLE_EQ(bankedSeconds(10e-3, INFINITY, 1e-3), 10e-3);
   // predictCollective finds the time of the bytes between nodes on the schedule's critical
   // path from its slope in β. A host-ordered ring of 2 nodes x 2 ranks moves 1.5 m across
   // each way, one flow a step (the previous test): 1.5 m β of its time.

@@ -1,5 +1,6 @@
 // What the bench concludes from its rows: which scheduler is fastest at a size only when the
-// spread over repeats allows it, crossovers between such sizes, and the rules for `auto`.
+// spread over repeats allows it, crossovers between such sizes, and the rules for `auto`;
+// the cost model's fits from the calibration's probes; and a worker's result file read back.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -286,8 +287,11 @@ TEST(CostModelFit, TheBankIsWhatTheMiddleSizePassedBeyondThePaceOfTheTwoLarger) 
   auto noisy = trips(0);
   noisy[1].second *= 0.95;
   EXPECT_EQ(measure::bankFromTrips(noisy), 0);
-  // Too few sizes (a rank that sat out, a level not probed): nothing to read.
+  // Too few sizes (a rank that sat out, a level not probed), or out of order: nothing to read.
   EXPECT_EQ(measure::bankFromTrips({{8, a}, {262144, a}}), 0);
+  auto shuffled = trips(128e3);
+  std::swap(shuffled[1], shuffled[2]);
+  EXPECT_EQ(measure::bankFromTrips(shuffled), 0);
 }
 
 // A worker's result file read back by its launcher: a value of the cost model that the
@@ -299,6 +303,10 @@ TEST(BenchResultFile, AModelValueTheReaderRefusesNamesTheFileTheFieldAndTheValue
   result.model.intra.gap = 1.5e-06;
   const std::string path =
       ::testing::TempDir() + "bench-result-" + std::to_string(::getpid()) + ".json";
+  struct Removed {
+    std::string path;
+    ~Removed() { std::remove(path.c_str()); }
+  } removed{path};
   saveResult(path, result);
   EXPECT_EQ(loadResult(path).model.intra.gap, 1.5e-06);
   std::string text;
@@ -315,7 +323,6 @@ TEST(BenchResultFile, AModelValueTheReaderRefusesNamesTheFileTheFieldAndTheValue
   std::ofstream(path) << "{";
   EXPECT_TRUE(
       testing::throwsWith<InternalError>([&] { loadResult(path); }, {path, "unreadable results"}));
-  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -59,9 +59,10 @@ inline std::string byBufferProblem(const std::vector<BufferBeta>& by_buffer) {
   return "";
 }
 
-// A link may bank what it did not send: a token bucket (tc's tbf, a cloud instance's burst
-// allowance, a switch port's shaper) lets a direction that stood idle send up to `bank`
-// bytes at once, faster than its rate, and the rate after. The calibration measures it
+// A link may bank what it did not send: a token bucket (tc's tbf, a switch port's shaper)
+// lets a direction that stood idle send up to `bank` bytes at once, faster than its rate,
+// and the rate after (a bucket of megabytes, as a cloud instance's burst allowance, is past
+// what the calibration reads: measure::bankFromTrips). The calibration measures it
 // between nodes: the bytes a message sent after a pause passed beyond the pace of larger
 // ones (measure::bankFromTrips; 0: none, a wire). collie::bankedSeconds prices what it saves
 // a collective.
@@ -209,16 +210,16 @@ inline std::vector<double> flowSeconds(const std::vector<Flow>& flows, const Top
 // so it stands idle for the call's time less that: the saving S is the least of the bytes'
 // time, the bank's and the idle time, S = min(link, bank, T - link) with T = seconds - S,
 // so T = max(seconds - min(link, bank), (seconds + link) / 2). That the banked bytes take
-// their whole time is not what a bucket does (they pass at once), but neither do they pass
-// in no time: they still cross TCP and the hosts' cores, at 0.17-0.32 GB/s in the lab's
-// probes against its 0.12 GB/s rate. Counting them as free, T = max(seconds - min(link,
-// bank), link): in one lab run that moved 64 KiB's error over gloo from -39 % to -46 % for
-// the ring (-12 % with no bank) and over UCX from +8 % to -1 % (+16 % with no bank); the
-// data do not choose between the two, and this one saves the less. Before the bank, a ring
-// all-reduce of 64 KiB on two lab hosts at 1 Gbit/s (a 128 KB bucket) ran 1.36x faster than
+// their whole time is not what a bucket does (they pass at once). Counting them as free,
+// T = max(seconds - min(link, bank), link): in one lab run that moved 64 KiB's error over
+// gloo from -39 % to -46 % for the ring (-12 % with no bank) and over UCX from +8 % to -1 %
+// (+16 % with no bank); the data do not choose between the two, and this one saves the
+// less. A `link_seconds` that is not a part of `seconds` (not finite, or longer) saves
+// nothing, so that the result stays between half of `seconds` and `seconds`. Before the bank, a
+// ring all-reduce of 64 KiB on two lab hosts at 1 Gbit/s (a 128 KB bucket) ran 1.36x faster than
 // the line predicted.
 inline double bankedSeconds(double seconds, double link_seconds, double bank_seconds) {
-  if (!(link_seconds > 0) || !(bank_seconds > 0)) return seconds;
+  if (!(link_seconds > 0) || !(link_seconds <= seconds) || !(bank_seconds > 0)) return seconds;
   return std::max(seconds - std::min(link_seconds, bank_seconds), (seconds + link_seconds) / 2);
 }
 

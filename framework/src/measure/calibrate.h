@@ -53,10 +53,12 @@ double median(std::vector<double> values);
 // round trips after a pause of 8 B, m and M bytes (`trips`, smallest first; m < M): the
 // slope from m to M is the pace of a message after a pause, and the bank what m passed
 // beyond it, m - 8 - (t(m) - t(8)) / pace, at most m. 0 where the bank is under a tenth of
-// m, the probes' noise (a wire, a simulated link), or where `trips` is not three sizes. A
-// bank that holds M too reads as nothing (every size passed at the bank's own pace): telling
-// it from a fast link took the stream's β, which between emulated nodes on one host is
-// noise (it read 2x the exchange's pace there, and a bank of 1 MiB where there is none).
+// m, the probes' noise (a wire, a simulated link), or where `trips` is not three sizes in
+// increasing order. A bank between m and M reads as less than m, the less the nearer it is
+// to M (part of M then passed at the bank's pace); one that holds M too reads as nothing
+// (every size passed at the bank's own pace): telling it from a fast link took the stream's
+// β, which between emulated nodes on one host is noise (it read 2x the exchange's pace
+// there, and a bank of 1 MiB where there is none).
 double bankFromTrips(const std::vector<std::pair<double, double>>& trips);
 
 // The largest probe between nodes: 4 MiB, past a lab link's token bucket (128 KB at 1

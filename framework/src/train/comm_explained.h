@@ -21,7 +21,8 @@ struct CommExplained {
   // Their time on the link probed while every rank kept a core busy (busy_probed), else
   // on the idle link.
   double link_busy = 0;
-  int below_knee = 0;  // buckets whose latency is at least their bandwidth's time
+  int below_knee = 0;  // buckets whose latency is at least the rest of their prediction
+                       // (their bytes' time, less what a link's bank saves)
   // Per step, mean over ranks of the time a rank waited for the one that arrived last.
   double waiting = 0;
   bool busy_probed = false;
